@@ -61,6 +61,9 @@ class EtcdFailure(EtcdqError):
         self.code = code or self.code
         self.index = index
         self.cause = cause
+        # Set by the transport when the request was sent more than once, so
+        # this error may be the echo of our own first attempt.
+        self.retried = False
 
 
 class KeyMissing(EtcdFailure):

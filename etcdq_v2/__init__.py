@@ -1,0 +1,21 @@
+"""etcdq_v2: a reliable distributed work queue on the etcd v2 HTTP API.
+
+>>> from etcdq_v2 import Queue
+>>> q = Queue("http://127.0.0.1:2379", "emails")
+>>> q.put({"to": "ada@example.com"})
+>>> with q.claim(timeout=None) as claim:   # completes on exit, fails on exception
+...     send(claim.payload)
+"""
+from .claim import Claim
+from .errors import (AuthError, ConfigError, EtcdqError, InvalidName, InvalidPayload, LockLost,
+                     NotFound, PayloadTooLarge, Unavailable)
+from .queue import ItemInfo, Queue
+from .transport import Transport, connect
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AuthError", "Claim", "ConfigError", "EtcdqError", "InvalidName", "InvalidPayload",
+    "ItemInfo", "LockLost", "NotFound", "PayloadTooLarge", "Queue", "Transport", "Unavailable",
+    "connect", "__version__",
+]

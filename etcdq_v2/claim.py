@@ -1,0 +1,204 @@
+"""A claim on one item, and the heartbeat that keeps its lock alive.
+
+A :class:`Claim` is what :meth:`Queue.claim` hands out.  While it is open, the
+queue's :class:`Heartbeat` thread refreshes its lock every ``lock_ttl / 3``
+seconds with a compare-and-swap refresh (which does not wake watchers).  If a
+refresh finds the lock taken by another claim, or cannot reach etcd before the
+lock would expire, the claim is marked :attr:`Claim.lost` and a warning is
+logged: a handler is never silently running without its lock.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from types import TracebackType
+from typing import Any, Dict, Optional, Type
+
+from .errors import EtcdqError, LockLost, Unavailable
+from .protocol import COMPLETED, ClaimState, Protocol
+
+log = logging.getLogger("etcdq_v2.claim")
+
+
+class Claim:
+    """An item this node holds the lock of, until complete(), release() or fail()."""
+
+    def __init__(self, state: ClaimState, protocol: Protocol, heartbeat: "Heartbeat") -> None:
+        self._state = state
+        self._protocol = protocol
+        self._heartbeat = heartbeat
+        self._mutex = threading.Lock()
+        self._outcome: Optional[str] = None
+        self.lost = False
+        self.confirmed_at = time.monotonic()
+        heartbeat.add(self)
+
+    @property
+    def id(self) -> str:
+        return self._state.id
+
+    @property
+    def payload(self) -> Any:
+        return self._state.item.payload
+
+    @property
+    def attempt(self) -> int:
+        return self._state.item.attempts
+
+    @property
+    def node_id(self) -> str:
+        return self._state.lock.node_id
+
+    @property
+    def outcome(self) -> Optional[str]:
+        """None while open, then "completed", "released", "failed" or "dead-lettered"."""
+        return self._outcome
+
+    def refresh(self) -> None:
+        """Refresh the lock now; LockLost (and :attr:`lost`) if it is no longer ours."""
+        with self._mutex:
+            self._check_open()
+            self._confirm()
+
+    def complete(self, result: Any = None) -> None:
+        """Record the item in completed/ with ``result`` and remove it from work/."""
+        self._end("completed", lambda: self._protocol.finish(self._state, COMPLETED,
+                                                             result=result))
+
+    def release(self, delay: float = 0) -> None:
+        """Give the item back; claimable again after ``delay`` seconds (rounded up)."""
+        self._end("released", lambda: self._protocol.release(self._state, delay))
+
+    def fail(self, reason: str = "") -> None:
+        """This attempt failed: retry after a backoff, or dead-letter at max_attempts."""
+        def fail() -> None:
+            if self._protocol.fail(self._state, str(reason)):
+                self._outcome = "dead-lettered"
+        self._end("failed", fail)
+
+    def __enter__(self) -> "Claim":
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]],
+                 exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+        if self._outcome is not None:
+            return
+        if exc is None:
+            self.complete()
+        else:
+            self.fail(str(exc) or type(exc).__name__)
+
+    def __repr__(self) -> str:
+        return (f"<Claim {self.id} attempt={self.attempt} node={self.node_id!r}"
+                f"{' lost' if self.lost else ''}{' ' + self._outcome if self._outcome else ''}>")
+
+    # -- internals ---------------------------------------------------------------
+    def _end(self, outcome: str, action: Any) -> None:
+        with self._mutex:
+            self._check_open()
+            try:
+                action()
+            except LockLost:
+                self._mark_lost("it was claimed again")
+                self._close("lost")
+                raise
+            if self._outcome is None:
+                self._outcome = outcome
+            self._heartbeat.discard(self)
+
+    def _close(self, outcome: str) -> None:
+        self._outcome = outcome
+        self._heartbeat.discard(self)
+
+    def _check_open(self) -> None:
+        if self._outcome is not None:
+            raise EtcdqError(f"the claim of item {self.id} is already {self._outcome}")
+
+    def _confirm(self) -> None:
+        started = time.monotonic()
+        try:
+            self._protocol.confirm(self._state)
+        except LockLost as exc:
+            self._mark_lost(str(exc))
+            raise
+        self.confirmed_at = started
+
+    def _mark_lost(self, why: str) -> None:
+        if not self.lost:
+            self.lost = True
+            log.warning("lost the lock of item %s (attempt %d): %s",
+                        self.id, self.attempt, why)
+
+    def _beat(self, lock_ttl: float) -> bool:
+        """One heartbeat; False when the heartbeat should forget this claim."""
+        if not self._mutex.acquire(blocking=False):
+            return True  # complete()/release()/fail() is running: it confirms itself
+        try:
+            if self._outcome is not None:
+                return False
+            self._confirm()
+            return True
+        except LockLost:
+            return False
+        except Unavailable as exc:
+            if time.monotonic() - self.confirmed_at >= lock_ttl:
+                self._mark_lost(f"etcd unreachable until the lock expired ({exc})")
+                return False
+            return True
+        finally:
+            self._mutex.release()
+
+
+class Heartbeat:
+    """One thread per queue that refreshes the locks of all its open claims."""
+
+    def __init__(self, lock_ttl: int) -> None:
+        self.lock_ttl = lock_ttl
+        self.interval = max(lock_ttl / 3.0, 0.3)
+        self._due: Dict[Claim, float] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: Optional[threading.Thread] = None
+
+    def add(self, claim: Claim) -> None:
+        with self._cond:
+            self._due[claim] = time.monotonic() + self.interval
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="etcdq-heartbeat",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def discard(self, claim: Claim) -> None:
+        with self._cond:
+            self._due.pop(claim, None)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                due = [claim for claim, at in self._due.items() if at <= now]
+                if not due:
+                    soonest = min(self._due.values(), default=now + self.interval)
+                    self._cond.wait(max(soonest - now, 0.01))
+                    continue
+            for claim in due:
+                self._beat(claim)
+
+    def _beat(self, claim: Claim) -> None:
+        keep = claim._beat(self.lock_ttl)
+        # After a failed try (etcd unreachable), try again soon, not a third of a TTL later.
+        retry = self.interval if claim.confirmed_at >= time.monotonic() - 1 else 1.0
+        with self._cond:
+            if keep and claim in self._due:
+                self._due[claim] = time.monotonic() + min(retry, self.interval)
+            elif not keep:
+                self._due.pop(claim, None)

@@ -1,0 +1,172 @@
+"""What etcdq_v2 stores in etcd values, and how it reads them back.
+
+etcd v2 values are strings, so every value is a compact JSON object.  The
+payload is stored as ``"p": <JSON value>`` or, for ``bytes``, as
+``"b": <base64>`` so that binary payloads round-trip exactly.
+
+Short field names keep listings small: a claim downloads no listing, but a
+consumer's first view of the queue does (etcd has no keys-only listing).
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from .errors import InvalidPayload, PayloadTooLarge
+
+DEFAULT_MAX_PAYLOAD = 1 << 20
+
+
+class Junk(ValueError):
+    """A value that etcdq_v2 did not write (or cannot read). Internal."""
+
+
+def new_token() -> str:
+    """A random token, unique for practical purposes (96 bits)."""
+    return os.urandom(12).hex()
+
+
+def dumps(doc: Dict[str, Any]) -> str:
+    """Compact JSON; raises InvalidPayload for what JSON or UTF-8 can't carry."""
+    try:
+        text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text.encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
+    return text
+
+
+def loads(raw: Optional[str]) -> Dict[str, Any]:
+    """Decode one of our JSON objects, or raise Junk."""
+    try:
+        doc = json.loads(raw or "")
+    except ValueError:
+        raise Junk("not JSON") from None
+    if not isinstance(doc, dict):
+        raise Junk("not a JSON object")
+    return doc
+
+
+def payload_fields(payload: Any) -> Dict[str, Any]:
+    """The fields that carry ``payload``: ``p`` for JSON values, ``b`` for bytes."""
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return {"b": base64.b64encode(bytes(payload)).decode("ascii")}
+    return {"p": payload}
+
+
+def payload_of(doc: Dict[str, Any]) -> Any:
+    """The payload stored in ``doc`` by :func:`payload_fields`."""
+    if "b" in doc:
+        try:
+            return base64.b64decode(doc["b"], validate=True)
+        except (TypeError, ValueError, binascii.Error):
+            raise Junk("bad base64 payload") from None
+    if "p" not in doc:
+        raise Junk("no payload")
+    return doc["p"]
+
+
+@dataclass
+class Item:
+    """An item in ``work/``.
+
+    ``token`` is unique to the put (it finds a POST whose reply was lost),
+    ``attempts`` counts claims so far and ``claim`` is the token of the latest
+    claim: both are written by the claim's compare-and-swap on the item.
+    """
+
+    payload: Any
+    token: str
+    attempts: int = 0
+    claim: Optional[str] = None
+    created: float = field(default_factory=time.time)
+
+    def encode(self, max_bytes: Optional[int] = None) -> str:
+        doc: Dict[str, Any] = {"t": self.token, "a": self.attempts, "ts": round(self.created, 3)}
+        if self.claim:
+            doc["c"] = self.claim
+        doc.update(payload_fields(self.payload))
+        text = dumps(doc)
+        size = len(text.encode("utf-8"))
+        if max_bytes is not None and size > max_bytes:
+            raise PayloadTooLarge(f"encoded item is {size} bytes, over the limit of {max_bytes}")
+        return text
+
+    @classmethod
+    def decode(cls, raw: Optional[str]) -> "Item":
+        doc = loads(raw)
+        token, attempts = doc.get("t"), doc.get("a", 0)
+        if not isinstance(token, str) or not isinstance(attempts, int):
+            raise Junk("not an etcdq_v2 item")
+        claim = doc.get("c")
+        created = doc.get("ts")
+        return cls(payload_of(doc), token, attempts,
+                   claim if isinstance(claim, str) else None,
+                   float(created) if isinstance(created, (int, float)) else 0.0)
+
+
+@dataclass(frozen=True)
+class Lock:
+    """The value of ``locks/<id>``: whose claim it is, or a release delay."""
+
+    node_id: str
+    token: str
+    delay: bool = False
+
+    def encode(self) -> str:
+        doc: Dict[str, Any] = {"n": self.node_id, "c": self.token}
+        if self.delay:
+            doc["d"] = 1
+        return dumps(doc)
+
+    @classmethod
+    def decode(cls, raw: Optional[str]) -> "Lock":
+        doc = loads(raw)
+        node_id, token = doc.get("n"), doc.get("c")
+        if not isinstance(node_id, str) or not isinstance(token, str):
+            raise Junk("not an etcdq_v2 lock")
+        return cls(node_id, token, bool(doc.get("d")))
+
+
+@dataclass
+class Record:
+    """A completion record (``completed/<id>``) or a dead letter (``failed/<id>``)."""
+
+    payload: Any
+    claim: str
+    node_id: str
+    attempts: int
+    created: float
+    finished: float
+    result: Any = None
+    reason: Optional[str] = None
+    requeue_token: Optional[str] = None
+
+    def encode(self) -> str:
+        doc: Dict[str, Any] = {
+            "c": self.claim, "n": self.node_id, "a": self.attempts,
+            "ts": round(self.created, 3), "fin": round(self.finished, 3)}
+        doc.update(payload_fields(self.payload))
+        if self.reason is not None:
+            doc["why"] = self.reason
+        if self.requeue_token:
+            doc["rq"] = self.requeue_token
+        doc["r"] = self.result
+        return dumps(doc)
+
+    @classmethod
+    def decode(cls, raw: Optional[str]) -> "Record":
+        doc = loads(raw)
+        claim, node_id = doc.get("c"), doc.get("n")
+        if not isinstance(claim, str) or not isinstance(node_id, str):
+            raise Junk("not an etcdq_v2 record")
+        reason, requeue = doc.get("why"), doc.get("rq")
+        return cls(payload_of(doc), claim, node_id, int(doc.get("a", 0)),
+                   float(doc.get("ts", 0.0)), float(doc.get("fin", 0.0)),
+                   doc.get("r"), reason if isinstance(reason, str) else None,
+                   requeue if isinstance(requeue, str) else None)

@@ -1,0 +1,428 @@
+"""The queue protocol: every etcd write etcdq_v2 makes, in the order that keeps it safe.
+
+etcd v2 has no multi-key transaction, so each operation below is a sequence
+of single-key conditional writes, ordered so that a crash (or a lost reply)
+between any two of them loses no item, loses no completion record, and never
+hands out an item that has a completion record.  docs/protocol.md says the
+same at more length.
+
+Values (see codec.py): an item carries its put token ``t``, its claim count
+``a`` and the token of its latest claim ``c``; a lock carries the claimer's
+node id and claim token.
+
+put
+    P1. POST ``work/`` with a fresh token.  If the reply is lost, a quorum read
+        settles the cluster's log, then the work/ events since the last index
+        we saw are searched for the token: found -> that is our item; not
+        found -> the POST never applied and is sent again.  No blind resend,
+        no duplicate.
+
+claim(id)            (the caller picked ``id`` from its view of work/ and locks/)
+    C1. PUT ``locks/<id>`` prevExist=false, ttl=lock_ttl, value {node, token}.
+        "Already exists" -> another claim has it (unless our own resent PUT
+        made it: then the value is ours).
+    C2. If the item was claimed before (``a`` >= 1), GET ``completed/<id>`` and
+        ``failed/<id>``: a record there means a finisher crashed between F2 and
+        F3; finish its F3 (delete work/<id>) and F4, hand nothing out.
+        If ``a`` >= max_attempts, dead-letter the item (F1-F4) instead.
+    C3. CAS ``work/<id>`` prevIndex=<index in our view>: a+1, c=token.  This is
+        the check that the item is still there and unchanged, so a stale
+        listing never runs a finished item: a deleted item fails with "not
+        found" and we drop our lock.  The claim now exists only if C3 applied.
+    Crash after C1: the lock expires, the item is free again, nothing counted.
+    Crash after C3: the lock expires, the next claim counts attempt a+2 (a
+    SIGKILLed worker's attempt counts, so max_attempts bounds poison items).
+
+complete / dead-letter (``kind`` = completed or failed)
+    F1. Confirm the claim: refresh ``locks/<id>`` (CAS on our lock value).  If
+        the lock expired, the claim is still ours when ``work/<id>`` still has
+        ``c`` = our token; then re-create the lock.  Otherwise LockLost, and
+        nothing has been written.
+    F2. PUT ``<kind>/<id>`` prevExist=false with the record.  This is the
+        commit point: at most one record per item, ever.
+    F3. compareAndDelete ``work/<id>`` prevIndex=<our C3 index>.
+    F4. compareAndDelete ``locks/<id>`` prevValue=<our lock>.
+    Crash after F1: as after C3.  Crash after F2: work/<id> remains with
+    a >= 1, so the next claimer finds the record in C2 and finishes F3/F4;
+    the item does not run again.  Crash after F3: an orphan lock expires.
+
+release(delay) / fail with retries left
+    R1. delay = 0: compareAndDelete ``locks/<id>`` on our lock value.
+        delay > 0: CAS the lock into a "delay" lock with ttl=delay, so the
+        item is claimable again when etcd (not a client clock) expires it.
+        If our lock had expired, the same checks as F1 apply.
+
+requeue(id)          (a dead letter back to work/)
+    Q1. CAS ``failed/<id>`` adding a requeue token (or reuse one already there).
+    Q2. POST the payload to ``work/`` with that token as its put token (P1).
+    Q3. compareAndDelete ``failed/<id>``.
+    Crash after Q2: the next requeue finds the token in work/ and only does Q3.
+
+Refreshes (heartbeats) are CAS refreshes (refresh=true, prevValue=lock): they
+extend the TTL without notifying watchers.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from .codec import Item, Junk, Lock, Record, new_token
+from .errors import (AlreadyExists, AmbiguousWrite, CompareFailed, EtcdFailure, KeyMissing,
+                     LockLost, NotFound, Unavailable)
+from .keys import Layout, check_item_id
+from .transport import Node, Transport
+
+log = logging.getLogger("etcdq_v2.protocol")
+
+COMPLETED, FAILED = "completed", "failed"
+
+
+@dataclass
+class ClaimState:
+    """What a claim knows about its item: enough to finish it safely."""
+
+    id: str
+    lock: Lock
+    item: Item
+    index: int          # work/<id>'s modifiedIndex after our C3
+    claimed_at: float
+
+
+@dataclass
+class Entry:
+    """One child of a queue directory, as listed: id, modifiedIndex, raw value, TTL."""
+
+    id: str
+    index: int
+    value: Optional[str]
+    ttl: Optional[int] = None
+
+
+def ttl_seconds(seconds: float) -> int:
+    """etcd TTLs are whole seconds: round up, never below 1."""
+    return max(1, math.ceil(seconds))
+
+
+def item_id_of(key: str) -> str:
+    return key.rsplit("/", 1)[-1]
+
+
+class Protocol:
+    """The queue's writes and reads on etcd, for one queue and one node id."""
+
+    def __init__(self, transport: Transport, layout: Layout, *, node_id: str, lock_ttl: int,
+                 max_attempts: Optional[int], max_payload: int,
+                 backoff: Callable[[int], float]) -> None:
+        self.etcd = transport
+        self.layout = layout
+        self.node_id = node_id
+        self.lock_ttl = lock_ttl
+        self.max_attempts = max_attempts
+        self.max_payload = max_payload
+        self.backoff = backoff
+
+    # -- P: put ------------------------------------------------------------
+    def put(self, payload: Any) -> str:
+        item = Item(payload, new_token())
+        return self.post_item(item.encode(self.max_payload), item.token)
+
+    def post_item(self, raw: str, token: str) -> str:
+        """P1, resolving a lost reply by the item's token."""
+        give_up = time.monotonic() + self.etcd.deadline
+        while True:
+            try:
+                return item_id_of(self.etcd.post(self.layout.work, raw).node["key"])
+            except AmbiguousWrite as exc:
+                found = self._find_post(token, exc.index_before)
+                if found:
+                    return found
+                if time.monotonic() > give_up:
+                    raise Unavailable(f"put to {self.layout.work} did not apply "
+                                      f"within {self.etcd.deadline:g}s: {exc}") from None
+                log.info("a POST to %s did not apply; sending it again", self.layout.work)
+
+    def _find_post(self, token: str, index_before: int) -> Optional[str]:
+        """The id of the item with ``token`` if the lost POST applied, else None."""
+        # A quorum read goes through raft: once it is answered, every entry the
+        # cluster will ever commit before it is committed, so the search below
+        # cannot miss a POST that applies later.
+        try:
+            self.etcd.get(self.layout.key("work", "0" * 20), quorum=True)
+            fence = self.etcd.last_index
+        except KeyMissing as exc:
+            fence = exc.index or self.etcd.last_index
+        try:
+            return self._search_events(token, index_before + 1, fence)
+        except EtcdFailure:  # the history no longer covers the window
+            return self._search_listing(token)
+
+    def _search_events(self, token: str, index: int, fence: int) -> Optional[str]:
+        while index <= fence:
+            reply = self.etcd.wait(self.layout.work, index, timeout=0.5)
+            if reply is None or reply.node.get("modifiedIndex", 0) > fence:
+                return None
+            if reply.action == "create" and _token_of(reply.node.get("value")) == token:
+                return item_id_of(reply.node["key"])
+            index = reply.node["modifiedIndex"] + 1
+        return None
+
+    def _search_listing(self, token: str) -> Optional[str]:
+        for entry in self.list("work", quorum=True)[1]:
+            if _token_of(entry.value) == token:
+                return entry.id
+        raise Unavailable("the outcome of a put is unknown: etcd's event history no longer "
+                          "covers it and the item is not in work/")
+
+    # -- C: claim ----------------------------------------------------------
+    def claim(self, item_id: str, index: int, raw: Optional[str]) -> Optional[ClaimState]:
+        """Try to claim one item seen at ``index``; None if someone else has it or it is done.
+
+        Raises Junk if the item is not one of ours (the caller skips it).
+        """
+        lock = Lock(self.node_id, new_token())
+        if not self._create_lock(item_id, lock, self.lock_ttl):
+            return None
+        try:
+            state = self._take_item(item_id, lock, index, raw)
+        except BaseException:
+            self._drop_lock(item_id, lock)
+            raise
+        if state is None:
+            self._drop_lock(item_id, lock)
+        return state
+
+    def _create_lock(self, item_id: str, lock: Lock, ttl: int) -> bool:
+        """C1: True if we now hold ``locks/<id>``."""
+        key = self.layout.key("locks", item_id)
+        try:
+            self.etcd.put(key, lock.encode(), ttl=ttl, prev_exist=False)
+            return True
+        except AlreadyExists as exc:
+            # Our own first PUT may have applied before its reply was lost.
+            return exc.retried and self._lock_value(item_id) == lock.encode()
+
+    def _take_item(self, item_id: str, lock: Lock, index: int,
+                   raw: Optional[str]) -> Optional[ClaimState]:
+        """C2 and C3, re-reading the item when our view of it was stale."""
+        for _ in range(5):
+            if raw is None:
+                entry = self.read("work", item_id)
+                if entry is None:
+                    return None
+                index, raw = entry.index, entry.value
+            item = Item.decode(raw)
+            if item.claim == lock.token:  # our C3 applied; its reply was lost
+                return ClaimState(item_id, lock, item, index, time.time())
+            if item.attempts and self._finished_before(item_id, index):
+                return None
+            if self.max_attempts and item.attempts >= self.max_attempts:
+                self._abandon(item_id, lock, index, item)
+                return None
+            claimed = replace(item, attempts=item.attempts + 1, claim=lock.token)
+            try:
+                reply = self.etcd.put(self.layout.key("work", item_id), claimed.encode(),
+                                      prev_index=index)
+                return ClaimState(item_id, lock, claimed, reply.node["modifiedIndex"], time.time())
+            except CompareFailed:
+                raw = None
+            except KeyMissing:
+                return None
+        return None
+
+    def _finished_before(self, item_id: str, index: int) -> bool:
+        """C2: a record exists, so a finisher crashed after F2: finish its F3."""
+        for kind in (COMPLETED, FAILED):
+            if self.read(kind, item_id) is not None:
+                log.warning("item %s of %s already has a %s record; removing it from work/",
+                            item_id, self.layout.root, kind)
+                self._delete_quietly(self.layout.key("work", item_id), prev_index=index)
+                return True
+        return False
+
+    def _abandon(self, item_id: str, lock: Lock, index: int, item: Item) -> None:
+        """Dead-letter an item whose claims keep ending without complete/fail."""
+        reason = (f"abandoned: claimed {item.attempts} times (max_attempts "
+                  f"{self.max_attempts}) without completing; its workers crashed or hung")
+        log.warning("item %s of %s: %s", item_id, self.layout.root, reason)
+        state = ClaimState(item_id, lock, item, index, time.time())
+        self.finish(state, FAILED, reason=reason)
+
+    # -- F: complete, dead-letter --------------------------------------------
+    def confirm(self, state: ClaimState) -> None:
+        """F1 (and the heartbeat): make sure the lock is ours, or raise LockLost."""
+        key = self.layout.key("locks", state.id)
+        try:
+            self.etcd.put(key, ttl=self.lock_ttl, refresh=True, prev_exist=True,
+                          prev_value=state.lock.encode())
+            return
+        except CompareFailed:
+            raise LockLost(f"item {state.id}: another claim holds the lock") from None
+        except KeyMissing:
+            pass
+        self._still_ours(state)
+        if not self._create_lock(state.id, state.lock, self.lock_ttl):
+            raise LockLost(f"item {state.id}: the lock expired and another claim took it")
+
+    def _still_ours(self, state: ClaimState) -> None:
+        """After our lock expired: the claim is still ours if nobody claimed since."""
+        entry = self.read("work", state.id)
+        try:
+            holder = Item.decode(entry.value).claim if entry else None
+        except Junk:
+            holder = None
+        if holder != state.lock.token:
+            raise LockLost(f"item {state.id}: the lock expired and the item was claimed again"
+                           if entry else f"item {state.id} is no longer in work/")
+
+    def finish(self, state: ClaimState, kind: str, *, result: Any = None,
+               reason: Optional[str] = None) -> None:
+        """F1-F4: record the item in ``kind`` (completed or failed) and remove it."""
+        record = Record(state.item.payload, state.lock.token, self.node_id, state.item.attempts,
+                        state.item.created, time.time(), result, reason)
+        raw = record.encode()
+        self.confirm(state)
+        try:
+            self.etcd.put(self.layout.key(kind, state.id), raw, prev_exist=False)
+        except AlreadyExists:
+            existing = self.read(kind, state.id)
+            if existing is None or existing.value != raw:
+                self._cleanup(state)
+                raise LockLost(f"item {state.id} already has a {kind} record of another claim")
+        self._cleanup(state)
+
+    def _cleanup(self, state: ClaimState) -> None:
+        """F3 and F4: both conditional, so they never remove another claim's keys."""
+        self._delete_quietly(self.layout.key("work", state.id), prev_index=state.index)
+        self._drop_lock(state.id, state.lock)
+
+    # -- R: release, fail ----------------------------------------------------
+    def release(self, state: ClaimState, delay: float = 0) -> None:
+        """R1: the item is claimable again now, or after ``delay`` seconds (etcd's clock)."""
+        key, mine = self.layout.key("locks", state.id), state.lock.encode()
+        if delay <= 0:
+            try:
+                self.etcd.delete(key, prev_value=mine)
+            except KeyMissing:
+                self._still_ours(state)
+            except CompareFailed:
+                raise LockLost(f"item {state.id}: another claim holds the lock") from None
+            return
+        delayed = replace(state.lock, delay=True)
+        try:
+            self.etcd.put(key, delayed.encode(), ttl=ttl_seconds(delay), prev_value=mine)
+        except KeyMissing:
+            self._still_ours(state)
+            if not self._create_lock(state.id, delayed, ttl_seconds(delay)):
+                raise LockLost(f"item {state.id}: another claim took it") from None
+        except CompareFailed as exc:
+            if not (exc.retried and self._lock_value(state.id) == delayed.encode()):
+                raise LockLost(f"item {state.id}: another claim holds the lock") from None
+
+    def fail(self, state: ClaimState, reason: str) -> bool:
+        """Dead-letter the item if it used its attempts, else retry it after a backoff.
+
+        Returns True if the item went to failed/.
+        """
+        if self.max_attempts and state.item.attempts >= self.max_attempts:
+            self.finish(state, FAILED, reason=reason)
+            return True
+        self.release(state, self.backoff(state.item.attempts))
+        return False
+
+    # -- Q: requeue ----------------------------------------------------------
+    def requeue(self, item_id: str) -> str:
+        """Q1-Q3: move dead letter ``item_id`` back to work/ as a new item."""
+        check_item_id(item_id)
+        entry = self.read(FAILED, item_id)
+        if entry is None:
+            raise NotFound(f"no dead letter {item_id} in {self.layout.failed}")
+        record = Record.decode(entry.value)
+        if record.requeue_token:
+            token, index = record.requeue_token, entry.index
+            new_id = self._find_requeued(token)
+        else:
+            token, new_id = new_token(), None
+            marked = replace(record, requeue_token=token)
+            index = self.etcd.put(self.layout.key(FAILED, item_id), marked.encode(),
+                                  prev_index=entry.index).node["modifiedIndex"]
+        if new_id is None:
+            new_id = self.post_item(Item(record.payload, token).encode(), token)
+        self._delete_quietly(self.layout.key(FAILED, item_id), prev_index=index)
+        return new_id
+
+    def _find_requeued(self, token: str) -> Optional[str]:
+        return next((e.id for e in self.list("work", quorum=True)[1]
+                     if _token_of(e.value) == token), None)
+
+    # -- reads -----------------------------------------------------------------
+    def read(self, kind: str, item_id: str) -> Optional[Entry]:
+        """A linearizable read of one key of the queue; None if it does not exist."""
+        try:
+            node = self.etcd.get(self.layout.key(kind, item_id), quorum=True).node
+        except KeyMissing:
+            return None
+        return Entry(item_id, node["modifiedIndex"], node.get("value"), node.get("ttl"))
+
+    def list(self, kind: str, *, quorum: bool = True) -> Tuple[int, List[Entry]]:
+        """``(etcd index, entries)`` of one directory, sorted, junk names skipped."""
+        try:
+            reply = self.etcd.get(self.layout.dir(kind), sorted=True, quorum=quorum)
+        except KeyMissing as exc:
+            return exc.index or 0, []
+        entries = list(self.entries(reply.node.get("nodes") or []))
+        return reply.index, entries
+
+    def entries(self, nodes: List[Node]) -> Iterator[Entry]:
+        for node in nodes:
+            parsed = self.layout.split(node.get("key", ""))
+            if node.get("dir") or parsed is None:
+                continue
+            yield Entry(parsed[1], node["modifiedIndex"], node.get("value"), node.get("ttl"))
+
+    def purge(self, kind: str) -> int:
+        """Delete the records of ``kind`` one by one (never the directory: junk stays)."""
+        removed = 0
+        for entry in self.list(kind)[1]:
+            try:
+                Record.decode(entry.value)
+            except Junk:
+                continue
+            removed += self._delete_quietly(self.layout.key(kind, entry.id),
+                                            prev_index=entry.index)
+        return removed
+
+    def _lock_value(self, item_id: str) -> Optional[str]:
+        entry = self.read("locks", item_id)
+        return entry.value if entry else None
+
+    def _drop_lock(self, item_id: str, lock: Lock) -> None:
+        self._delete_quietly(self.layout.key("locks", item_id), prev_value=lock.encode())
+
+    def _delete_quietly(self, key: str, **condition: Any) -> bool:
+        """A conditional delete whose "already gone / changed" outcome is fine."""
+        try:
+            self.etcd.delete(key, **condition)
+            return True
+        except (KeyMissing, CompareFailed):
+            return False
+
+
+def _token_of(raw: Optional[str]) -> Optional[str]:
+    try:
+        return Item.decode(raw).token
+    except Junk:
+        return None
+
+
+def lock_states(entries: List[Entry]) -> Dict[str, Optional[Lock]]:
+    """Locks by item id; a lock we cannot read counts as held (None), never as free."""
+    locks: Dict[str, Optional[Lock]] = {}
+    for entry in entries:
+        try:
+            locks[entry.id] = Lock.decode(entry.value)
+        except Junk:
+            locks[entry.id] = None
+    return locks

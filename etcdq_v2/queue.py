@@ -1,0 +1,264 @@
+"""The public face of a queue: put, claim, stats, and the operator's verbs.
+
+A :class:`Queue` binds a name to an etcd connection and delegates every etcd
+write to :class:`~etcdq_v2.protocol.Protocol`.  Consumers claim from a
+:class:`~etcdq_v2.view.QueueView` started on the first claim, so a claim
+costs two etcd round trips however long the queue is.
+"""
+from __future__ import annotations
+
+
+import os
+import random
+import socket
+import time
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Dict, Iterable, List, Optional, Type, Union
+
+from .claim import Claim, Heartbeat
+from .codec import DEFAULT_MAX_PAYLOAD, Item, Junk, Record, new_token
+from .errors import ConfigError, InvalidName, NotFound
+from .keys import Layout, check_item_id
+from .protocol import COMPLETED, FAILED, Entry, Protocol, lock_states, ttl_seconds
+from .transport import Transport, connect
+from .view import QueueView
+
+import logging
+
+log = logging.getLogger("etcdq_v2.queue")
+
+STATES = ("pending", "running", "completed", "failed")
+
+#: The most free items at the head of the queue a claim picks among at random.
+#: A lone consumer takes the head (strict FIFO); each lost race doubles its
+#: window and each clean claim narrows it, so concurrent consumers spread over
+#: the head instead of all racing for the first item.
+CLAIM_WINDOW = 16
+
+
+def default_backoff(attempt: int) -> float:
+    """Seconds before a failed item is claimable again: 1, 2, 4, 8, then 15."""
+    return float(min(2 ** (attempt - 1), 15))
+
+
+def default_node_id() -> str:
+    """host name, pid and a random part: unique per Queue instance."""
+    return f"{socket.gethostname()}-{os.getpid()}-{new_token()[:8]}"
+
+
+@dataclass
+class ItemInfo:
+    """One item as ``ls``/``show`` report it."""
+
+    id: str
+    state: str
+    payload: Any
+    attempts: int
+    node_id: Optional[str] = None
+    result: Any = None
+    reason: Optional[str] = None
+    created: Optional[float] = None
+    finished: Optional[float] = None
+
+
+Client = Union[str, Transport, Any]
+
+
+class Queue:
+    """A reliable work queue in etcd v2 under ``{prefix}/{name}/``.
+
+    ``client`` is an ``etcd.Client``, a :class:`Transport` from :func:`connect`,
+    or a string of endpoint URLs.  ``lock_ttl`` is rounded up to whole seconds
+    (etcd's unit); a lock expires 0 to 0.5 s after its TTL.
+    """
+
+    def __init__(self, client: Client, name: str, *, prefix: str = "/etcdq",
+                 lock_ttl: float = 30.0, node_id: Optional[str] = None,
+                 max_attempts: Optional[int] = None,
+                 max_payload_bytes: int = DEFAULT_MAX_PAYLOAD) -> None:
+        self.layout = Layout(prefix, name)
+        if lock_ttl <= 0 or (max_attempts is not None and max_attempts < 1):
+            raise ConfigError("lock_ttl must be > 0 and max_attempts >= 1 (or None)")
+        self.name = name
+        self.lock_ttl = ttl_seconds(lock_ttl)
+        self.node_id = node_id or default_node_id()
+        self.max_attempts = max_attempts
+        self.etcd = _transport(client)
+        self._protocol = Protocol(self.etcd, self.layout, node_id=self.node_id,
+                                  lock_ttl=self.lock_ttl, max_attempts=max_attempts,
+                                  max_payload=max_payload_bytes, backoff=default_backoff)
+        self._heartbeat = Heartbeat(self.lock_ttl)
+        self._view: Optional[QueueView] = None
+        self._window = 1
+
+    # -- producing -----------------------------------------------------------------
+    def put(self, payload: Any) -> str:
+        """Add an item; returns its id.  ``payload``: JSON-serialisable, or bytes."""
+        return self._protocol.put(payload)
+
+    def put_many(self, payloads: Iterable[Any]) -> List[str]:
+        """Add items in order; every payload is checked before the first is written."""
+        encoded = [(item.encode(self._protocol.max_payload), item.token)
+                   for item in (Item(p, new_token()) for p in payloads)]
+        return [self._protocol.post_item(raw, token) for raw, token in encoded]
+
+    # -- consuming -----------------------------------------------------------------
+    def claim(self, timeout: Optional[float] = 0) -> Optional[Claim]:
+        """The next free item, or None.  ``timeout``: 0 don't wait, None forever."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        view = self._ensure_view()
+        while True:
+            version = view.version
+            claim = self._claim_from(view)
+            if claim is not None:
+                return claim
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            view.wait_for_change(version, remaining)
+
+    def _claim_from(self, view: QueueView) -> Optional[Claim]:
+        """Try the free items at the head, in random order, until one is ours."""
+        while True:
+            candidates = view.candidates(self._window)
+            if not candidates:
+                return None
+            item_id, index, raw = random.choice(candidates)
+            view.taken(item_id)
+            try:
+                state = self._protocol.claim(item_id, index, raw)
+            except Junk as exc:
+                log.warning("skipping item %s of %s: %s", item_id, self.layout.root, exc)
+                view.skip(item_id, index)
+                view.untaken(item_id)
+                continue
+            except BaseException:
+                view.untaken(item_id)
+                raise
+            if state is not None:
+                self._window = max(1, self._window - 1)
+                return Claim(state, self._protocol, self._heartbeat)
+            self._window = min(CLAIM_WINDOW, self._window * 2)
+
+    def _ensure_view(self) -> QueueView:
+        if self._view is None:
+            self._view = QueueView(self._protocol)
+        self._view.wait_ready(self.etcd.deadline)
+        return self._view
+
+    # -- inspecting ----------------------------------------------------------------
+    def stats(self) -> Dict[str, int]:
+        """Counts of pending, running, completed and failed items (junk not counted)."""
+        work, locks = self._work_and_locks()
+        running = sum(1 for entry in work if _is_running(locks, entry.id))
+        return {"pending": len(work) - running, "running": running,
+                "completed": len(self._records(COMPLETED)),
+                "failed": len(self._records(FAILED))}
+
+    def items(self, state: str = "pending", limit: Optional[int] = None) -> List[ItemInfo]:
+        """Items in ``state`` (pending, running, completed, failed), oldest first."""
+        if state not in STATES:
+            raise InvalidName(f"unknown state {state!r}: use one of {', '.join(STATES)}")
+        if state in (COMPLETED, FAILED):
+            infos = [_record_info(entry.id, state, record)
+                     for entry, record in self._records(state)]
+        else:
+            work, locks = self._work_and_locks()
+            infos = [_item_info(entry, item, locks) for entry, item in _decoded(work)]
+            infos = [info for info in infos if info.state == state]
+        return infos[:limit] if limit is not None else infos
+
+    def get(self, item_id: str) -> ItemInfo:
+        """One item, wherever it is; NotFound if it is in none of the directories."""
+        check_item_id(item_id)
+        for kind in (COMPLETED, FAILED):
+            entry = self._protocol.read(kind, item_id)
+            if entry is not None:
+                return _record_info(item_id, kind, Record.decode(entry.value))
+        entry = self._protocol.read("work", item_id)
+        if entry is None:
+            raise NotFound(f"no item {item_id} in queue {self.name}")
+        lock = self._protocol.read("locks", item_id)
+        locks = lock_states([lock] if lock else [])
+        return _item_info(entry, Item.decode(entry.value), locks)
+
+    # -- operating -----------------------------------------------------------------
+    def requeue(self, item_id: str) -> str:
+        """Move dead letter ``item_id`` back to work/ (attempts reset); the new id."""
+        return self._protocol.requeue(item_id)
+
+    def purge(self, *, completed: bool = False, failed: bool = False) -> int:
+        """Remove completion records and/or dead letters; how many were removed."""
+        kinds = [kind for kind, chosen in ((COMPLETED, completed), (FAILED, failed)) if chosen]
+        return sum(self._protocol.purge(kind) for kind in kinds)
+
+    def close(self) -> None:
+        """Stop the background threads (open claims stop being refreshed)."""
+        self._heartbeat.close()
+        if self._view is not None:
+            self._view.close()
+
+    def __enter__(self) -> "Queue":
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]],
+                 exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.layout.root} node={self.node_id!r}>"
+
+    # -- helpers -------------------------------------------------------------------
+    def _work_and_locks(self) -> "tuple[List[Entry], Dict[str, Any]]":
+        work = [entry for entry, _ in _decoded(self._protocol.list("work")[1])]
+        return work, lock_states(self._protocol.list("locks")[1])
+
+    def _records(self, kind: str) -> "List[tuple[Entry, Record]]":
+        records = []
+        for entry in self._protocol.list(kind)[1]:
+            try:
+                records.append((entry, Record.decode(entry.value)))
+            except Junk:
+                continue
+        return records
+
+
+def _transport(client: Client) -> Transport:
+    if isinstance(client, Transport):
+        return client
+    if isinstance(client, str):
+        return connect(client)
+    if hasattr(client, "base_uri") and hasattr(client, "http"):
+        return Transport.from_client(client)
+    raise ConfigError(f"expected an etcd.Client, a Transport or endpoint URLs, not {client!r}")
+
+
+def _decoded(entries: List[Entry]) -> "List[tuple[Entry, Item]]":
+    decoded = []
+    for entry in entries:
+        try:
+            decoded.append((entry, Item.decode(entry.value)))
+        except Junk:
+            continue
+    return decoded
+
+
+def _is_running(locks: Dict[str, Any], item_id: str) -> bool:
+    lock = locks.get(item_id)
+    return lock is not None and not lock.delay
+
+
+def _item_info(entry: Entry, item: Item, locks: Dict[str, Any]) -> ItemInfo:
+    running = _is_running(locks, entry.id)
+    return ItemInfo(entry.id, "running" if running else "pending", item.payload, item.attempts,
+                    locks[entry.id].node_id if running else None, created=item.created or None)
+
+
+def _record_info(item_id: str, state: str, record: Record) -> ItemInfo:
+    return ItemInfo(item_id, state, record.payload, record.attempts, record.node_id,
+                    record.result, record.reason, record.created or None,
+                    record.finished or None)
+
+
+
