@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from types import TracebackType
-from typing import Any, Dict, Optional, Type
+from typing import Any, Callable, Dict, Optional, Type
 
 from .errors import EtcdqError, LockLost, Unavailable
 from .protocol import COMPLETED, ClaimState, Protocol
@@ -24,10 +24,12 @@ log = logging.getLogger("etcdq_v2.claim")
 class Claim:
     """An item this node holds the lock of, until complete(), release() or fail()."""
 
-    def __init__(self, state: ClaimState, protocol: Protocol, heartbeat: "Heartbeat") -> None:
+    def __init__(self, state: ClaimState, protocol: Protocol, heartbeat: "Heartbeat",
+                 on_release: Optional[Callable[[str], None]] = None) -> None:
         self._state = state
         self._protocol = protocol
         self._heartbeat = heartbeat
+        self._on_release = on_release
         self._mutex = threading.Lock()
         self._outcome: Optional[str] = None
         self.lost = False
@@ -69,6 +71,8 @@ class Claim:
     def release(self, delay: float = 0) -> None:
         """Give the item back; claimable again after ``delay`` seconds (rounded up)."""
         self._end("released", lambda: self._protocol.release(self._state, delay))
+        if delay <= 0 and self._on_release is not None:
+            self._on_release(self.id)
 
     def fail(self, reason: str = "") -> None:
         """This attempt failed: retry after a backoff, or dead-letter at max_attempts."""

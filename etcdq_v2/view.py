@@ -106,6 +106,12 @@ class QueueView:
                 del self._locks[item_id]
                 self._make_free(item_id)
 
+    def released(self, item_id: str) -> None:
+        """A claim of this process released the item: offer it before etcd's event arrives."""
+        with self._cond:
+            self._locks.pop(item_id, None)
+            self._make_free(item_id)
+
     def skip(self, item_id: str, index: int) -> None:
         """Never offer this version of the item again (it is junk)."""
         with self._cond:

@@ -1,0 +1,50 @@
+"""Several consumer processes drain one queue: every item completes exactly once."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+
+from etcdq_v2 import Queue
+
+CONSUMER = textwrap.dedent("""
+    import json, sys
+    from etcdq_v2 import Queue
+    q = Queue(sys.argv[1], sys.argv[2], lock_ttl=10)
+    handled = []
+    while True:
+        claim = q.claim(timeout=float(sys.argv[3]))
+        if claim is None:
+            break
+        handled.append(claim.id)
+        claim.complete({"by": q.node_id})
+    q.close()
+    print(json.dumps(handled))
+""")
+
+
+def run_consumers(endpoints: str, queue_name: str, count: int, idle: float) -> Counter:
+    consumers = [subprocess.Popen([sys.executable, "-c", CONSUMER, endpoints, queue_name,
+                                   str(idle)], stdout=subprocess.PIPE, text=True)
+                 for _ in range(count)]
+    executed: Counter = Counter()
+    for consumer in consumers:
+        out, _ = consumer.communicate(timeout=300)
+        assert consumer.returncode == 0
+        executed.update(json.loads(out))
+    return executed
+
+
+def test_four_processes_drain_1200_items_exactly_once(etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name) as queue:
+        ids = queue.put_many(range(1200))
+        executed = run_consumers(etcd_url, queue_name, 4, idle=2.0)
+        assert sorted(executed) == ids
+        assert max(executed.values()) == 1, "an item ran twice without any fault"
+        completed = queue.items("completed")
+        assert [info.id for info in completed] == ids
+        assert len({info.node_id for info in completed}) == 4  # all four took part
+        assert queue.stats() == {"pending": 0, "running": 0, "completed": 1200, "failed": 0}
+        assert queue._protocol.list("locks")[1] == []

@@ -1,0 +1,216 @@
+"""Behaviour of one queue against a real etcd: the API the issue names."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from etcdq_v2 import EtcdqError, LockLost, NotFound, Queue
+from etcdq_v2.codec import Lock
+
+from helpers import wait_until
+
+
+@pytest.fixture
+def queue(etcd_url: str, queue_name: str):
+    with Queue(etcd_url, queue_name, lock_ttl=2) as q:
+        yield q
+
+
+def test_items_come_out_in_fifo_order(queue: Queue) -> None:
+    ids = queue.put_many([{"n": n} for n in range(30)])
+    assert ids == sorted(ids)
+    taken = []
+    while True:
+        claim = queue.claim()
+        if claim is None:
+            break
+        taken.append(claim.payload["n"])
+        claim.complete()
+    assert taken == list(range(30))
+
+
+def test_complete_records_the_item_and_removes_it(queue: Queue) -> None:
+    item_id = queue.put("hello")
+    claim = queue.claim()
+    assert (claim.id, claim.payload, claim.attempt) == (item_id, "hello", 1)
+    assert queue.stats() == {"pending": 0, "running": 1, "completed": 0, "failed": 0}
+    claim.complete({"answer": 42})
+    info = queue.get(item_id)
+    assert (info.state, info.result, info.attempts, info.node_id) == \
+        ("completed", {"answer": 42}, 1, queue.node_id)
+    assert queue.stats() == {"pending": 0, "running": 0, "completed": 1, "failed": 0}
+    assert queue.claim() is None
+    with pytest.raises(EtcdqError):
+        claim.complete()
+
+
+def test_claim_costs_two_round_trips_and_complete_four(queue: Queue) -> None:
+    queue.put_many(["a", "b"])
+    queue.claim().complete()  # starts the view
+    queue.etcd.requests.clear()
+    claim = queue.claim()
+    assert sum(queue.etcd.requests.values()) == 2
+    queue.etcd.requests.clear()
+    claim.complete()
+    assert sum(queue.etcd.requests.values()) == 4
+
+
+def test_release_with_delay_hides_the_item_until_etcd_expires_it(queue: Queue) -> None:
+    queue.put("later")
+    claim = queue.claim()
+    started = time.monotonic()
+    claim.release(delay=1)
+    assert queue.claim() is None
+    assert queue.stats()["pending"] == 1
+    again = queue.claim(timeout=5)
+    assert again is not None and again.attempt == 2
+    assert time.monotonic() - started >= 0.9
+    again.complete()
+
+
+def test_release_now_makes_the_item_claimable_at_once(queue: Queue) -> None:
+    queue.put("x")
+    queue.claim().release()
+    claim = queue.claim()
+    assert claim is not None and claim.attempt == 2
+
+
+def test_fail_retries_after_a_backoff_then_dead_letters(etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=2, max_attempts=2) as queue:
+        item_id = queue.put({"poison": True})
+        queue.claim().fail("first")
+        assert queue.claim() is None  # backing off (1 s)
+        second = queue.claim(timeout=5)
+        assert second.attempt == 2
+        second.fail("second")
+        assert queue.stats() == {"pending": 0, "running": 0, "completed": 0, "failed": 1}
+        dead = queue.items("failed")
+        assert [(d.id, d.reason, d.attempts) for d in dead] == [(item_id, "second", 2)]
+        assert queue.claim(timeout=1.5) is None
+
+        new_id = queue.requeue(item_id)
+        assert new_id > item_id
+        assert queue.stats()["failed"] == 0
+        again = queue.claim()
+        assert (again.id, again.payload, again.attempt) == (new_id, {"poison": True}, 1)
+        again.complete()
+        with pytest.raises(NotFound):
+            queue.requeue(item_id)
+
+
+def test_blocking_claim_is_woken_by_a_put(queue: Queue, etcd_url: str) -> None:
+    queue.claim()  # the view is ready
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(queue.claim(timeout=10)))
+    waiter.start()
+    time.sleep(0.2)
+    with Queue(etcd_url, queue.name) as producer:
+        put_at = time.monotonic()
+        producer.put("wake up")
+    waiter.join(10)
+    woke_after = time.monotonic() - put_at
+    assert got and got[0].payload == "wake up"
+    assert woke_after < 2.0  # a watch, not a poll: in practice a few ms
+
+
+def test_claim_timeout_none_waits_and_zero_does_not(queue: Queue) -> None:
+    started = time.monotonic()
+    assert queue.claim(timeout=0) is None
+    assert queue.claim(timeout=0.5) is None
+    assert 0.45 <= time.monotonic() - started < 3
+
+
+def test_context_manager_completes_or_fails(queue: Queue) -> None:
+    ok_id, bad_id = queue.put_many(["ok", "bad"])
+    with queue.claim() as claim:
+        assert claim.id == ok_id
+    with pytest.raises(RuntimeError):
+        with queue.claim() as claim:
+            raise RuntimeError("handler broke")
+    assert queue.get(ok_id).state == "completed"
+    assert queue.get(bad_id).state == "pending"
+    assert claim.outcome == "failed"
+
+
+def test_complete_after_the_lock_expired_still_works(queue: Queue) -> None:
+    item_id = queue.put("slow")
+    claim = queue.claim()
+    queue._heartbeat.discard(claim)  # stop refreshing: simulate a stalled worker
+    wait_until(lambda: queue._protocol.read("locks", item_id) is None, 10,
+               message="the lock to expire")
+    claim.complete("late but fine")
+    assert queue.get(item_id).result == "late but fine"
+
+
+def test_finishing_a_claim_taken_over_raises_lock_lost(etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=1) as slow, \
+            Queue(etcd_url, queue_name, lock_ttl=30) as fast:
+        item_id = slow.put("contested")
+        stale = slow.claim()
+        slow._heartbeat.discard(stale)
+        winner = fast.claim(timeout=10)
+        assert winner.id == item_id and winner.attempt == 2
+        for finish in (stale.complete, stale.release, lambda: stale.fail("x")):
+            with pytest.raises((LockLost, EtcdqError)):
+                finish()
+        assert stale.lost
+        assert fast.stats() == {"pending": 0, "running": 1, "completed": 0, "failed": 0}
+        winner.complete("mine")
+        assert fast.get(item_id).result == "mine"
+
+
+def test_heartbeat_keeps_the_lock_and_detects_its_loss(etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=1) as queue, \
+            Queue(etcd_url, queue_name, lock_ttl=30) as thief:
+        item_id = queue.put("held")
+        claim = queue.claim()
+        time.sleep(2.5)  # several TTLs: only the heartbeat keeps the lock alive
+        assert not claim.lost
+        assert queue.stats()["running"] == 1
+        # Delete the lock behind the claimer's back and let another node take the item.
+        lock_key = queue.layout.key("locks", item_id)
+        queue.etcd.delete(lock_key)
+        taken = thief.claim(timeout=5)
+        assert taken.id == item_id
+        wait_until(lambda: claim.lost, 5, message="the heartbeat to notice the lost lock")
+        with pytest.raises(LockLost):
+            claim.refresh()
+        with pytest.raises(EtcdqError):
+            claim.complete()
+        assert Lock.decode(thief._protocol.read("locks", item_id).value).node_id == thief.node_id
+        taken.complete()
+
+
+def test_payloads_round_trip(queue: Queue) -> None:
+    payloads = [None, 0, -1.5, "ünïcødé ✓", [1, [2, {"a": None}]], {"nested": {"k": [True]}},
+                b"", b"\xff\xfe\x00bin\n", bytes(range(256)), "?#%2F/../x"]
+    queue.put_many(payloads)
+    got = []
+    while (claim := queue.claim()) is not None:
+        got.append(claim.payload)
+        claim.complete()
+    assert got == payloads
+    assert type(got[7]) is bytes
+
+
+def test_get_shows_pending_and_running_items(queue: Queue) -> None:
+    first, second = queue.put_many(["one", "two"])
+    claim = queue.claim()
+    assert queue.get(first).state == "running"
+    assert queue.get(first).node_id == queue.node_id
+    assert queue.get(second).state == "pending"
+    assert [i.id for i in queue.items("pending")] == [second]
+    assert [i.id for i in queue.items("running")] == [first]
+    claim.complete()
+    with pytest.raises(NotFound):
+        queue.get("00000000000000000001")
+
+
+def test_purge_removes_only_records(queue: Queue) -> None:
+    queue.put_many(["a", "b", "c"])
+    for _ in range(2):
+        queue.claim().complete()
+    assert queue.purge(completed=True) == 2
+    assert queue.stats() == {"pending": 1, "running": 0, "completed": 0, "failed": 0}

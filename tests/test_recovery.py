@@ -1,0 +1,126 @@
+"""Crashes between the protocol's writes: nothing lost, nothing finished runs again.
+
+Each test stops the protocol at one point of docs/protocol.md's crash
+analysis (a SIGKILLed process, or the protocol's own steps called up to the
+crash point) and checks what the next consumer sees.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from etcdq_v2 import Queue
+from etcdq_v2.codec import Record
+from etcdq_v2.protocol import COMPLETED, FAILED
+
+from helpers import wait_until
+
+CLAIM_AND_HANG = textwrap.dedent("""
+    import sys, time
+    from etcdq_v2 import Queue
+    q = Queue(sys.argv[1], sys.argv[2], lock_ttl=1)
+    claim = q.claim(timeout=10)
+    print(claim.id, claim.attempt, flush=True)
+    time.sleep(600)
+""")
+
+
+def claim_in_a_process_and_kill_it(etcd_url: str, queue_name: str) -> str:
+    worker = subprocess.Popen([sys.executable, "-c", CLAIM_AND_HANG, etcd_url, queue_name],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        item_id, attempt = worker.stdout.readline().split()
+    finally:
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+        worker.stdout.close()
+    return item_id
+
+
+def test_item_of_a_sigkilled_worker_is_claimed_again_as_attempt_2(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=5) as queue:
+        item_id = queue.put({"job": 1})
+        assert claim_in_a_process_and_kill_it(etcd_url, queue_name) == item_id
+        assert queue.stats()["running"] == 1
+        claim = queue.claim(timeout=10)  # woken by the lock's expire event
+        assert (claim.id, claim.attempt, claim.payload) == (item_id, 2, {"job": 1})
+        claim.complete()
+        assert queue.get(item_id).attempts == 2
+
+
+def test_max_attempts_dead_letters_an_item_that_kills_its_workers(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=1, max_attempts=2) as queue:
+        item_id = queue.put("poison")
+        for _ in range(2):
+            assert claim_in_a_process_and_kill_it(etcd_url, queue_name) == item_id
+            wait_until(lambda: queue.stats()["running"] == 0, 10, message="lock expiry")
+        assert queue.claim(timeout=0.5) is None
+        dead = queue.get(item_id)
+        assert (dead.state, dead.attempts) == ("failed", 2)
+        assert "abandoned" in dead.reason
+        assert queue.stats() == {"pending": 0, "running": 0, "completed": 0, "failed": 1}
+
+
+@pytest.mark.parametrize("kind", [COMPLETED, FAILED])
+def test_crash_after_the_record_before_removing_the_item(
+        etcd_url: str, queue_name: str, kind: str) -> None:
+    """F2 applied, F3 and F4 never did: the item must not run again."""
+    with Queue(etcd_url, queue_name, lock_ttl=1) as crashed, \
+            Queue(etcd_url, queue_name, lock_ttl=30) as survivor:
+        item_id = crashed.put("finish me once")
+        claim = crashed.claim()
+        crashed._heartbeat.discard(claim)
+        state = claim._state
+        record = Record(state.item.payload, state.lock.token, crashed.node_id,
+                        state.item.attempts, state.item.created, 0.0, "done")
+        crashed.etcd.put(crashed.layout.key(kind, item_id), record.encode(), prev_exist=False)
+        # ... and the process dies here.  Its lock expires; the item is still in work/.
+        assert survivor.claim(timeout=4) is None
+        wait_until(lambda: survivor._protocol.read("work", item_id) is None, 5,
+                   message="the survivor to finish the crashed F3")
+        assert survivor.get(item_id).state == kind
+        assert survivor.stats()["pending"] == 0
+
+
+def test_crash_after_removing_the_item_leaves_an_orphan_lock_that_is_ignored(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=1) as queue:
+        item_id, other = queue.put_many(["gone", "next"])
+        claim = queue.claim()
+        queue._heartbeat.discard(claim)
+        protocol, state = queue._protocol, claim._state
+        protocol.confirm(state)
+        protocol.etcd.put(protocol.layout.key(COMPLETED, item_id),
+                          Record("gone", state.lock.token, queue.node_id, 1, 0, 0).encode(),
+                          prev_exist=False)
+        protocol.etcd.delete(protocol.layout.key("work", item_id), prev_index=state.index)
+        # crash before F4: the lock stays until its TTL
+        assert queue.stats() == {"pending": 1, "running": 0, "completed": 1, "failed": 0}
+        assert queue.claim().id == other
+
+
+def test_a_stale_listing_never_runs_a_completed_item(etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name) as first, Queue(etcd_url, queue_name) as second:
+        item_id = first.put("once")
+        index, entries = second._protocol.list("work")
+        stale = entries[0]  # second's view of work/ before the item was finished
+        first.claim().complete("done")
+        assert second._protocol.claim(stale.id, stale.index, stale.value) is None
+        assert second._protocol.read("locks", item_id) is None  # its lock was dropped
+        assert first.get(item_id).result == "done"
+
+
+def test_a_stale_listing_of_a_reclaimed_item_rereads_it(etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=1) as queue:
+        queue.put("again")
+        stale = queue._protocol.list("work")[1][0]
+        queue.claim().release()
+        state = queue._protocol.claim(stale.id, stale.index, stale.value)
+        assert state is not None and state.item.attempts == 2
