@@ -21,16 +21,17 @@ claim(id)            (the caller picked ``id`` from its view of work/ and locks/
     C1. PUT ``locks/<id>`` prevExist=false, ttl=lock_ttl, value {node, token}.
         "Already exists" -> another claim has it (unless our own resent PUT
         made it: then the value is ours).
-    C2. If the item was claimed before (``a`` >= 1), GET ``completed/<id>`` and
+    C2. CAS ``work/<id>`` prevIndex=<index in our view>: a+1, c=token.  This is
+        the check that the item is still there and unchanged, so a stale
+        listing never runs a finished item: a deleted item fails with "not
+        found" and we drop our lock; a changed one is read again.
+    C3. If the item was claimed before (``a`` >= 1), GET ``completed/<id>`` and
         ``failed/<id>``: a record there means a finisher crashed between F2 and
         F3; finish its F3 (delete work/<id>) and F4, hand nothing out.
         If ``a`` >= max_attempts, dead-letter the item (F1-F4) instead.
-    C3. CAS ``work/<id>`` prevIndex=<index in our view>: a+1, c=token.  This is
-        the check that the item is still there and unchanged, so a stale
-        listing never runs a finished item: a deleted item fails with "not
-        found" and we drop our lock.  The claim now exists only if C3 applied.
+        Only now is the claim handed out.
     Crash after C1: the lock expires, the item is free again, nothing counted.
-    Crash after C3: the lock expires, the next claim counts attempt a+2 (a
+    Crash after C2: the lock expires, the next claim counts attempt a+2 (a
     SIGKILLed worker's attempt counts, so max_attempts bounds poison items).
 
 complete / dead-letter (``kind`` = completed or failed)
@@ -40,10 +41,10 @@ complete / dead-letter (``kind`` = completed or failed)
         nothing has been written.
     F2. PUT ``<kind>/<id>`` prevExist=false with the record.  This is the
         commit point: at most one record per item, ever.
-    F3. compareAndDelete ``work/<id>`` prevIndex=<our C3 index>.
+    F3. compareAndDelete ``work/<id>`` prevIndex=<our C2 index>.
     F4. compareAndDelete ``locks/<id>`` prevValue=<our lock>.
-    Crash after F1: as after C3.  Crash after F2: work/<id> remains with
-    a >= 1, so the next claimer finds the record in C2 and finishes F3/F4;
+    Crash after F1: as after C2.  Crash after F2: work/<id> remains with
+    a >= 1, so the next claimer finds the record in C3 and finishes F3/F4;
     the item does not run again.  Crash after F3: an orphan lock expires.
 
 release(delay) / fail with retries left
@@ -87,7 +88,7 @@ class ClaimState:
     id: str
     lock: Lock
     item: Item
-    index: int          # work/<id>'s modifiedIndex after our C3
+    index: int          # work/<id>'s modifiedIndex after our C2
     claimed_at: float
 
 
@@ -206,7 +207,7 @@ class Protocol:
 
     def _take_item(self, item_id: str, lock: Lock, index: int,
                    raw: Optional[str]) -> Optional[ClaimState]:
-        """C2 and C3, re-reading the item when our view of it was stale."""
+        """C2, then C3 on the item as C2 found it (fresh, unlike the view)."""
         for _ in range(5):
             if raw is None:
                 entry = self.read("work", item_id)
@@ -214,40 +215,47 @@ class Protocol:
                     return None
                 index, raw = entry.index, entry.value
             item = Item.decode(raw)
-            if item.claim == lock.token:  # our C3 applied; its reply was lost
-                return ClaimState(item_id, lock, item, index, time.time())
-            if item.attempts and self._finished_before(item_id, index):
-                return None
-            if self.max_attempts and item.attempts >= self.max_attempts:
-                self._abandon(item_id, lock, index, item)
-                return None
+            if item.claim == lock.token:  # our C2 applied; its reply was lost
+                return self._checked(ClaimState(item_id, lock, item, index, time.time()))
             claimed = replace(item, attempts=item.attempts + 1, claim=lock.token)
             try:
                 reply = self.etcd.put(self.layout.key("work", item_id), claimed.encode(),
                                       prev_index=index)
-                return ClaimState(item_id, lock, claimed, reply.node["modifiedIndex"], time.time())
             except CompareFailed:
                 raw = None
+                continue
             except KeyMissing:
                 return None
+            state = ClaimState(item_id, lock, claimed, reply.node["modifiedIndex"], time.time())
+            return self._checked(state)
         return None
 
-    def _finished_before(self, item_id: str, index: int) -> bool:
-        """C2: a record exists, so a finisher crashed after F2: finish its F3."""
+    def _checked(self, state: ClaimState) -> Optional[ClaimState]:
+        """C3: hand out the claim unless the item is finished or out of attempts."""
+        before = state.item.attempts - 1
+        if before and self._finished_before(state):
+            return None
+        if self.max_attempts and before >= self.max_attempts:
+            self._abandon(state, before)
+            return None
+        return state
+
+    def _finished_before(self, state: ClaimState) -> bool:
+        """A record exists, so a finisher crashed after F2: finish its F3."""
         for kind in (COMPLETED, FAILED):
-            if self.read(kind, item_id) is not None:
+            if self.read(kind, state.id) is not None:
                 log.warning("item %s of %s already has a %s record; removing it from work/",
-                            item_id, self.layout.root, kind)
-                self._delete_quietly(self.layout.key("work", item_id), prev_index=index)
+                            state.id, self.layout.root, kind)
+                self._delete_quietly(self.layout.key("work", state.id), prev_index=state.index)
                 return True
         return False
 
-    def _abandon(self, item_id: str, lock: Lock, index: int, item: Item) -> None:
+    def _abandon(self, state: ClaimState, attempts: int) -> None:
         """Dead-letter an item whose claims keep ending without complete/fail."""
-        reason = (f"abandoned: claimed {item.attempts} times (max_attempts "
-                  f"{self.max_attempts}) without completing; its workers crashed or hung")
-        log.warning("item %s of %s: %s", item_id, self.layout.root, reason)
-        state = ClaimState(item_id, lock, item, index, time.time())
+        reason = (f"abandoned: claimed {attempts} times (max_attempts {self.max_attempts}) "
+                  "without completing; its workers crashed or hung")
+        log.warning("item %s of %s: %s", state.id, self.layout.root, reason)
+        state.item = replace(state.item, attempts=attempts)
         self.finish(state, FAILED, reason=reason)
 
     # -- F: complete, dead-letter --------------------------------------------
