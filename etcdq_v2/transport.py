@@ -18,23 +18,24 @@ the configuration (:meth:`Transport.from_client`) — and sends requests itself:
 * a POST whose outcome is unknown raises :class:`AmbiguousWrite`; the
   protocol resolves it by looking for the item's token (never a blind resend);
 * members are rotated under a lock, so many threads may share one Transport.
+
+wire.py carries the bytes (keep-alive HTTP/1.1, one connection per thread
+and member); this module decides what a failure means.
 """
 from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 from collections import Counter
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 from urllib.parse import quote, urlencode, urlsplit
 
-import urllib3
-from urllib3.exceptions import (HTTPError, NewConnectionError, ConnectTimeoutError,
-                                ReadTimeoutError, SSLError)
-
 from .errors import (AlreadyExists, AmbiguousWrite, AuthError, CompareFailed, ConfigError,
                      EtcdFailure, HistoryCleared, KeyMissing, NotADir, NotAFile, Unavailable)
+from .wire import Connection, Lost, Member, NotSent, TLSFailed, tls_context
 
 _ERRORS = {cls.code: cls for cls in (KeyMissing, CompareFailed, AlreadyExists, NotAFile,
                                      NotADir, HistoryCleared)}
@@ -85,7 +86,7 @@ def parse_endpoints(endpoints: Union[str, Sequence[str]]) -> List[str]:
 
 
 class Transport:
-    """A thread-safe client for the etcd v2 keys API over one urllib3 pool.
+    """A thread-safe client for the etcd v2 keys API.
 
     ``timeout`` bounds each request; ``deadline`` (default ``3 * timeout``)
     bounds a whole call including its retries on other members.
@@ -94,22 +95,19 @@ class Transport:
     def __init__(self, endpoints: Union[str, Sequence[str]], *, timeout: float = 5.0,
                  deadline: Optional[float] = None, ca_cert: Optional[str] = None,
                  cert: Optional[str] = None, key: Optional[str] = None,
-                 username: Optional[str] = None, password: Optional[str] = None,
-                 pool_size: int = 32) -> None:
+                 username: Optional[str] = None, password: Optional[str] = None) -> None:
         self.endpoints = parse_endpoints(endpoints)
         if timeout <= 0:
             raise ConfigError("timeout must be positive")
         self.timeout = float(timeout)
         self.deadline = float(deadline) if deadline else 3 * self.timeout
+        tls = tls_context(ca_cert, cert, key) if (ca_cert or cert or key) else None
+        self._members = [Member(url, tls=tls, username=username, password=password)
+                         for url in self.endpoints]
         self._current = 0
         self._lock = threading.Lock()
         self.last_index = 0
         self.requests: Counter = Counter()
-        self._headers = urllib3.make_headers(basic_auth=f"{username}:{password}") \
-            if username is not None else {}
-        self._http = urllib3.PoolManager(
-            num_pools=len(self.endpoints) + 4, maxsize=pool_size, retries=False,
-            **_tls_options(ca_cert, cert, key))
 
     @classmethod
     def from_client(cls, client: Any) -> "Transport":
@@ -149,12 +147,13 @@ class Transport:
              timeout: float = 1.0) -> Optional[Reply]:
         """The first event at or after ``index`` under ``key``, or None after ``timeout``."""
         query = {"wait": True, "waitIndex": index, "recursive": recursive}
+        member = self._member()
         try:
-            return self._send("GET", self._url(self._endpoint(), key, query), None, timeout, False)
+            return self._send(member, "GET", _path(key, query), None, timeout, False)
         except _Transient as exc:
             if exc.timed_out:
                 return None
-            raise Unavailable(str(exc)) from None
+            raise Unavailable(f"watch of {key} at {member.url} failed: {exc}") from None
 
     def stream(self, key: str, *, idle_timeout: Optional[float] = None) -> "EventStream":
         """A live recursive watch of ``key``: every event after it was registered.
@@ -163,77 +162,70 @@ class Transport:
         answer with, so this never asks for a waitIndex; the caller lists the
         directory *after* this returns and skips events the listing includes.
         """
-        endpoint = self._endpoint()
-        url = self._url(endpoint, key, {"wait": True, "recursive": True, "stream": True})
+        member = self._member()
+        path = _path(key, {"wait": True, "recursive": True, "stream": True})
         try:
-            response = self._http.request(
-                "GET", url, headers=self._headers, preload_content=False, redirect=False,
-                timeout=urllib3.Timeout(connect=self.timeout, read=idle_timeout))
-        except SSLError as exc:
-            raise _tls_failure(endpoint, exc) from None
-        except (HTTPError, OSError) as exc:
-            self._failed(endpoint)
-            raise Unavailable(f"cannot watch {key} at {endpoint}: {exc}") from None
-        if response.status != 200:
-            body = response.read()
-            response.release_conn()
-            raise self._error(endpoint, response.status, body)
-        return EventStream(response, int(response.headers.get("X-Etcd-Index", 0)))
+            connection, status, headers = member.stream(path, idle_timeout, self.timeout)
+        except TLSFailed as exc:
+            raise _tls_failure(member.url, exc) from None
+        except (NotSent, Lost) as exc:
+            self._failed(member)
+            raise Unavailable(f"cannot watch {key} at {member.url}: {exc}") from None
+        if status != 200:
+            connection.close()
+            raise self._error(member.url, status, b"")
+        return EventStream(connection, int(headers.get("x-etcd-index", "0") or 0))
 
     def close(self) -> None:
-        self._http.clear()
+        """Close this thread's connections (other threads' close when they end)."""
+        for member in self._members:
+            member.close()
 
     # -- requests and retries ---------------------------------------------
     def _call(self, method: str, key: str, *, query: Optional[Dict[str, Any]] = None,
               form: Optional[Dict[str, Any]] = None) -> Reply:
         give_up = time.monotonic() + self.deadline
+        body = _encode(form) if form is not None else None
+        path = _path(key, query)
         retried, attempt, last = False, 0, ""
         while True:
-            endpoint = self._endpoint()
+            member = self._member()
             remaining = give_up - time.monotonic()
             try:
-                return self._send(method, self._url(endpoint, key, query), form,
+                return self._send(member, method, path, body,
                                   min(self.timeout, max(remaining, 0.05)), retried)
             except _Transient as exc:
-                last = f"{endpoint}: {exc}"
-                self._failed(endpoint)
+                last = f"{member.url}: {exc}"
+                self._failed(member)
                 if exc.sent and method == "POST":
                     raise AmbiguousWrite(f"POST {key} may or may not have applied ({last})",
                                          index_before=self.last_index) from None
                 retried = retried or exc.sent
             attempt += 1
-            pause = min(0.05 * 2 ** attempt, 1.0) if attempt >= len(self.endpoints) else 0.0
+            pause = min(0.05 * 2 ** attempt, 1.0) if attempt >= len(self._members) else 0.0
             if time.monotonic() + pause >= give_up:
                 raise Unavailable(f"etcd did not answer {method} {key} within "
                                   f"{self.deadline:g}s (last error: {last})")
             time.sleep(pause)
 
-    def _send(self, method: str, url: str, form: Optional[Dict[str, Any]], timeout: float,
-              retried: bool) -> Reply:
-        body, headers = None, self._headers
-        if form is not None:
-            body = _encode(form)
-            headers = {**self._headers, "Content-Type": "application/x-www-form-urlencoded"}
-        endpoint = url[:url.index("/v2/")]
+    def _send(self, member: Member, method: str, path: str, body: Optional[str],
+              timeout: float, retried: bool) -> Reply:
         with self._lock:
             self.requests[method] += 1
         try:
-            response = self._http.request(method, url, body=body, headers=headers,
-                                          timeout=urllib3.Timeout(connect=timeout, read=timeout),
-                                          redirect=False)
-        except SSLError as exc:
-            raise _tls_failure(endpoint, exc) from None
-        except (NewConnectionError, ConnectTimeoutError) as exc:
-            raise _Transient(_reason(exc), sent=False) from None
-        except ReadTimeoutError:
-            raise _Transient("timed out waiting for the reply", sent=True, timed_out=True) from None
-        except (HTTPError, OSError) as exc:
-            raise _Transient(_reason(exc), sent=True) from None
-        index = int(response.headers.get("X-Etcd-Index", 0) or 0)
+            response = member.request(method, path, body, timeout)
+        except TLSFailed as exc:
+            raise _tls_failure(member.url, exc) from None
+        except NotSent as exc:
+            raise _Transient(str(exc), sent=False) from None
+        except Lost as exc:
+            raise _Transient(str(exc), sent=True, timed_out=exc.timed_out) from None
         if response.status in (200, 201):
-            self._saw(index)
-            return Reply(json.loads(response.data), index, retried)
-        error = self._error(endpoint, response.status, response.data)
+            index = int(response.headers.get("x-etcd-index") or 0)
+            if index > self.last_index:
+                self.last_index = index
+            return Reply(json.loads(response.body), index, retried)
+        error = self._error(member.url, response.status, response.body)
         if isinstance(error, EtcdFailure):
             error.retried = retried
         raise error
@@ -246,7 +238,7 @@ class Transport:
         except (ValueError, TypeError, AttributeError):
             doc, code = {}, 0
         message = f"{doc.get('message', '')} [{doc.get('cause', '')}]".strip()
-        if status == 401 and code != HistoryCleared.code or code == _NO_PERMISSION:
+        if (status == 401 and code != HistoryCleared.code) or code == _NO_PERMISSION:
             return AuthError(f"etcd at {endpoint} refused access: {message or status}")
         if code in _ERRORS:
             return _ERRORS[code](message, code=code, index=doc.get("index"),
@@ -259,65 +251,53 @@ class Transport:
         return EtcdFailure(f"etcd at {endpoint}: HTTP {status} {message}", code=code,
                            index=doc.get("index"))
 
-    def _url(self, endpoint: str, key: str, query: Optional[Dict[str, Any]]) -> str:
-        url = f"{endpoint}/v2/keys{quote(key)}"
-        params = _encode(query or {})
-        return f"{url}?{params}" if params else url
-
-    def _endpoint(self) -> str:
+    def _member(self) -> Member:
         with self._lock:
-            return self.endpoints[self._current]
+            return self._members[self._current]
 
-    def _failed(self, endpoint: str) -> None:
-        """Move on from ``endpoint`` unless another thread already did."""
+    def _failed(self, member: Member) -> None:
+        """Move on from ``member`` unless another thread already did."""
         with self._lock:
-            if self.endpoints[self._current] == endpoint:
-                self._current = (self._current + 1) % len(self.endpoints)
-
-    def _saw(self, index: int) -> None:
-        if index > self.last_index:
-            self.last_index = index
+            if self._members[self._current] is member:
+                self._current = (self._current + 1) % len(self._members)
 
 
 class EventStream:
-    """The events of one streaming watch, as dicts, until etcd or :meth:`close` ends it."""
+    """The events of one streaming watch, until etcd or :meth:`close` ends it.
 
-    def __init__(self, response: Any, start_index: int) -> None:
-        self._response = response
+    Events under ``skip`` (directories whose events the reader ignores) are
+    dropped before their JSON is decoded: they are often the largest.
+    """
+
+    def __init__(self, connection: Connection, start_index: int) -> None:
+        self._connection = connection
         self.start_index = start_index
-        self._closed = False
 
-    def __iter__(self) -> Iterator[Dict[str, Any]]:
-        buffer = b""
+    def events(self, skip: Sequence[str] = ()) -> Iterator[Dict[str, Any]]:
+        markers = [f'"key":"{prefix}'.encode() for prefix in skip]
         try:
-            for chunk in self._response.stream(1 << 16, decode_content=False):
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        yield json.loads(line)
-        except ReadTimeoutError:
+            for line in self._connection.lines():
+                head = line[:400]
+                if any(marker in head for marker in markers):
+                    continue
+                yield json.loads(line)
+        except socket.timeout:
             return  # idle for idle_timeout: the caller subscribes again
-        except (HTTPError, OSError, ValueError) as exc:
-            if not self._closed:
-                raise Unavailable(f"watch stream broke: {_reason(exc)}") from None
+        except (OSError, ValueError, Lost) as exc:
+            if not self._connection.closed:
+                raise Unavailable(f"watch stream broke: {exc}") from None
         finally:
-            self._response.release_conn()
+            self._connection.close()
 
     def close(self) -> None:
         """Unblock a reader waiting on this stream (from another thread)."""
-        self._closed = True
-        shutdown = getattr(self._response, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
-            return
-        connection = getattr(self._response, "_connection", None)
-        sock = getattr(connection, "sock", None)
-        if sock is not None:
-            try:
-                sock.shutdown(2)
-            except OSError:
-                pass
+        self._connection.close()
+
+
+def _path(key: str, query: Optional[Dict[str, Any]]) -> str:
+    path = f"/v2/keys{quote(key)}"
+    params = _encode(query or {})
+    return f"{path}?{params}" if params else path
 
 
 def _encode(params: Dict[str, Any]) -> str:
@@ -334,29 +314,9 @@ def _encode(params: Dict[str, Any]) -> str:
     return urlencode(pairs)
 
 
-def _tls_options(ca_cert: Optional[str], cert: Optional[str],
-                 key: Optional[str]) -> Dict[str, Any]:
-    options: Dict[str, Any] = {}
-    if ca_cert:
-        options.update(ca_certs=ca_cert, cert_reqs="CERT_REQUIRED")
-    if cert:
-        options["cert_file"] = cert
-        if key:
-            options["key_file"] = key
-    elif key:
-        raise ConfigError("a client key was given without its certificate")
-    return options
-
-
 def _tls_failure(endpoint: str, exc: Exception) -> ConfigError:
-    return ConfigError(f"TLS with {endpoint} failed: {_reason(exc)} "
+    return ConfigError(f"TLS with {endpoint} failed: {exc} "
                        "(check the CA certificate and the client certificate/key)")
-
-
-def _reason(exc: BaseException) -> str:
-    """The innermost useful message of a urllib3 error chain."""
-    reason = getattr(exc, "reason", None)
-    return str(reason or exc).split(": ", 1)[-1] if reason is None else str(reason)
 
 
 def connect(endpoints: Union[str, Sequence[str]], *, ca_cert: Optional[str] = None,

@@ -209,7 +209,7 @@ class QueueView:
             self._load(work, locks)
             self.relists += 1
             floors = {"work": work_index, "locks": locks_index}
-            for event in stream:
+            for event in stream.events(skip=(self._layout.completed, self._layout.failed)):
                 self._apply(event, floors)
         finally:
             stream.close()
