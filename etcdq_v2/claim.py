@@ -141,7 +141,9 @@ class Claim:
         try:
             if self._outcome is not None:
                 return False
-            self._confirm()
+            left = self.confirmed_at + lock_ttl - time.monotonic()
+            with self._protocol.etcd.time_limit(max(left, 0.5)):
+                self._confirm()
             return True
         except LockLost:
             return False

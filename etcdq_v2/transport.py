@@ -30,6 +30,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -106,6 +107,7 @@ class Transport:
                          for url in self.endpoints]
         self._current = 0
         self._lock = threading.Lock()
+        self._limit = threading.local()
         self.last_index = 0
         self.requests: Counter = Counter()
 
@@ -176,6 +178,20 @@ class Transport:
             raise self._error(member.url, status, b"")
         return EventStream(connection, int(headers.get("x-etcd-index", "0") or 0))
 
+    @contextmanager
+    def time_limit(self, seconds: float) -> Iterator[None]:
+        """Calls made by this thread inside the block give up after ``seconds``.
+
+        The heartbeat uses it: a refresh that cannot succeed before the lock
+        would expire is worthless, so it must not wait out the full deadline.
+        """
+        previous = getattr(self._limit, "seconds", None)
+        self._limit.seconds = seconds
+        try:
+            yield
+        finally:
+            self._limit.seconds = previous
+
     def close(self) -> None:
         """Close this thread's connections (other threads' close when they end)."""
         for member in self._members:
@@ -184,7 +200,9 @@ class Transport:
     # -- requests and retries ---------------------------------------------
     def _call(self, method: str, key: str, *, query: Optional[Dict[str, Any]] = None,
               form: Optional[Dict[str, Any]] = None) -> Reply:
-        give_up = time.monotonic() + self.deadline
+        limit = getattr(self._limit, "seconds", None)
+        deadline = min(self.deadline, limit) if limit is not None else self.deadline
+        give_up = time.monotonic() + deadline
         body = _encode(form) if form is not None else None
         path = _path(key, query)
         retried, attempt, last = False, 0, ""
@@ -205,7 +223,7 @@ class Transport:
             pause = min(0.05 * 2 ** attempt, 1.0) if attempt >= len(self._members) else 0.0
             if time.monotonic() + pause >= give_up:
                 raise Unavailable(f"etcd did not answer {method} {key} within "
-                                  f"{self.deadline:g}s (last error: {last})")
+                                  f"{deadline:g}s (last error: {last})")
             time.sleep(pause)
 
     def _send(self, member: Member, method: str, path: str, body: Optional[str],
