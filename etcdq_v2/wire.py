@@ -211,9 +211,12 @@ class Member:
             return sock
         try:
             return self.tls.wrap_socket(sock, server_hostname=self.host)
+        except ssl.SSLCertVerificationError as exc:
+            sock.close()
+            raise TLSFailed(f"certificate verify failed: {exc.verify_message}") from None
         except ssl.SSLError as exc:
             sock.close()
-            raise TLSFailed(getattr(exc, "verify_message", None) or str(exc)) from None
+            raise TLSFailed(str(exc)) from None
         except OSError as exc:
             sock.close()
             raise TLSFailed(f"handshake failed: {exc}") from None
