@@ -52,3 +52,24 @@ def test_leader_sigkill_while_draining_loses_nothing(cluster, queue_name: str) -
         assert queue.stats()["pending"] == 0
         late = [info.payload["late"] for info in completed if isinstance(info.payload, dict)]
         assert len(late) == len(set(late)), "a put was applied twice"
+
+
+def test_everything_survives_a_full_cluster_restart(cluster, queue_name: str) -> None:
+    with Queue(connect(cluster.endpoints, timeout=2.0, deadline=30), queue_name,
+               max_attempts=1) as queue:
+        done, dead, waiting = queue.put_many(["done", "dead", "waiting"])
+        queue.claim().complete("result")
+        queue.claim().fail("broken")
+        before = {state: queue.items(state) for state in ("pending", "completed", "failed")}
+        cluster.stop()
+        for member in cluster.members:
+            member.start(wait=False)
+        for member in cluster.members:
+            member.wait_ready(60)
+        after = wait_until(lambda: {state: queue.items(state)
+                                    for state in ("pending", "completed", "failed")},
+                           30, ignore=(Unavailable,), message="the cluster to serve again")
+        assert after == before
+        assert [i.id for i in after["completed"]] == [done]
+        assert [(i.id, i.reason) for i in after["failed"]] == [(dead, "broken")]
+        assert queue.claim(timeout=5).id == waiting
