@@ -281,24 +281,16 @@ class Transport:
 
 
 class EventStream:
-    """The events of one streaming watch, until etcd or :meth:`close` ends it.
-
-    Events under ``skip`` (directories whose events the reader ignores) are
-    dropped before their JSON is decoded: they are often the largest.
-    """
+    """The events of one streaming watch, until etcd or :meth:`close` ends it."""
 
     def __init__(self, connection: Connection, start_index: int) -> None:
         self._connection = connection
         self.start_index = start_index
 
-    def events(self, skip: Sequence[str] = ()) -> Iterator[Dict[str, Any]]:
-        markers = [f'"key":"{prefix}'.encode() for prefix in skip]
+    def lines(self) -> Iterator[bytes]:
+        """Each event as its raw JSON line; ends quietly after ``idle_timeout``."""
         try:
-            for line in self._connection.lines():
-                head = line[:400]
-                if any(marker in head for marker in markers):
-                    continue
-                yield json.loads(line)
+            yield from self._connection.lines()
         except socket.timeout:
             return  # idle for idle_timeout: the caller subscribes again
         except (OSError, ValueError, Lost) as exc:

@@ -23,7 +23,9 @@ the queue is at the front.
 from __future__ import annotations
 
 import bisect
+import json
 import logging
+import re
 import threading
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
@@ -35,6 +37,8 @@ from .protocol import Protocol
 log = logging.getLogger("etcdq_v2.view")
 
 _REMOVED = ("delete", "compareAndDelete", "expire")
+_HEAD = re.compile(rb'\{"action":"(\w+)","node":\{"key":"([^"]*)"')
+_MODIFIED = re.compile(rb'"modifiedIndex":(\d+)')
 #: Values larger than this are not kept in memory; a claim reads them.
 MAX_CACHED_VALUE = 64 * 1024
 _LOCAL = -1  # a lock this process knows of before etcd's event arrives
@@ -153,19 +157,27 @@ class QueueView:
             self.version += 1
             self._cond.notify_all()
 
-    def _apply(self, event: Dict[str, Any], floors: Dict[str, int]) -> None:
-        node = event.get("node") or {}
-        parsed = self._layout.split(node.get("key", ""))
-        if parsed is None or node.get("dir"):
+    def _apply(self, line: bytes, floors: Dict[str, int]) -> None:
+        """Apply one streamed event (a JSON line) newer than the listing it concerns."""
+        event = _parse(line)
+        if event is None:
+            return
+        action, key, index = event
+        parsed = self._layout.split(key)
+        if parsed is None or parsed[0] not in floors or index <= floors[parsed[0]]:
             return
         kind, item_id = parsed
-        index = node.get("modifiedIndex", 0)
-        if kind not in floors or index <= floors[kind]:
+        removed = action in _REMOVED
+        if kind == "work" and not removed:
+            node = json.loads(line).get("node") or {}
+            if node.get("dir"):
+                return
+            with self._cond:
+                self._apply_item(item_id, index, node.get("value"))
             return
-        removed = event.get("action") in _REMOVED
         with self._cond:
             if kind == "work":
-                self._apply_item(item_id, index, None if removed else node.get("value"))
+                self._items.pop(item_id, None)
             elif removed:
                 if self._locks.get(item_id, index) <= index:
                     self._locks.pop(item_id, None)
@@ -174,9 +186,6 @@ class QueueView:
                 self._locks[item_id] = index
 
     def _apply_item(self, item_id: str, index: int, value: Optional[str]) -> None:
-        if value is None:
-            self._items.pop(item_id, None)
-            return
         self._items[item_id] = (index, _cacheable(value))
         self._make_free(item_id)
 
@@ -209,10 +218,31 @@ class QueueView:
             self._load(work, locks)
             self.relists += 1
             floors = {"work": work_index, "locks": locks_index}
-            for event in stream.events(skip=(self._layout.completed, self._layout.failed)):
-                self._apply(event, floors)
+            for line in stream.lines():
+                self._apply(line, floors)
         finally:
             stream.close()
+
+
+def _parse(line: bytes) -> Optional[Tuple[str, str, int]]:
+    """``(action, key, modifiedIndex)`` of an event, or None for one we ignore.
+
+    Every consumer receives every event of the queue, so this runs often: a
+    regular expression reads the three fields etcd writes first (Go encodes
+    struct fields in order), and JSON is decoded only for what needs the value.
+    A compare-and-swap (a claim's C2, a release delay) changes no item's
+    presence and no lock's, so it is ignored before any decoding.
+    """
+    head = _HEAD.match(line)
+    if head is None:
+        return None
+    action = head.group(1).decode()
+    if action == "compareAndSwap":
+        return None
+    index = _MODIFIED.search(line, head.end())
+    if index is None:
+        return None
+    return action, head.group(2).decode(), int(index.group(1))
 
 
 def _cacheable(value: Optional[str]) -> Optional[str]:
