@@ -1,0 +1,94 @@
+"""pytest fixtures that run real etcd processes for the tests.
+
+The tests exercise etcdq against a real etcd (never a mock), because the
+queue's correctness rests on etcd's exact v2 semantics.  One single-member
+server is shared by the whole session (starting one costs ~1 s); tests that
+need a cluster or that break a server get their own.
+
+The etcd binary is the one :func:`etcdq_v2.server.find_etcd_binary` picks:
+set ``ETCDQ_ETCD_BIN`` to test against another etcd version.
+"""
+from __future__ import annotations
+
+import functools
+import re
+import secrets
+from pathlib import Path
+from typing import Callable, Iterator, Tuple
+
+import pytest
+
+from etcdq_v2.errors import ConfigError
+from etcdq_v2.server import EtcdCluster, EtcdServer, etcd_version, find_etcd_binary
+
+_QUEUE_NAME_MAX = 100
+_UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@functools.lru_cache(maxsize=None)
+def _etcd_binary_and_version() -> Tuple[str, str]:
+    binary = find_etcd_binary()
+    return binary, etcd_version(binary)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say which etcd the run used: v2 behaviour differs between releases."""
+    try:
+        binary, version = _etcd_binary_and_version()
+    except ConfigError as exc:
+        return f"etcd: not available ({exc})"
+    return f"etcd: {version} ({binary})"
+
+
+@pytest.fixture(scope="session")
+def etcd_binary(record_testsuite_property: Callable[[str, object], None]) -> str:
+    """Path of the etcd binary; its version goes into the junit-xml report."""
+    binary, version = _etcd_binary_and_version()
+    record_testsuite_property("etcd_version", version)
+    return binary
+
+
+@pytest.fixture(scope="session")
+def etcd_server(etcd_binary: str, tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[EtcdServer]:
+    """One single-member etcd for the whole session, stopped by PID at the end."""
+    server = EtcdServer(tmp_path_factory.mktemp("etcd") / "data", binary=etcd_binary)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def etcd_url(etcd_server: EtcdServer) -> str:
+    """Client URL of the shared server, brought back first if a test stopped it."""
+    if etcd_server.is_paused:
+        etcd_server.resume()
+    if not etcd_server.is_running():
+        etcd_server.restart()
+    return etcd_server.url
+
+
+@pytest.fixture
+def queue_name(request: pytest.FixtureRequest) -> str:
+    """A queue name unique to this test: ``t-<test name>-<random>``.
+
+    Only ``[A-Za-z0-9._-]``, at most 100 characters, so it is a valid key
+    segment; the test name in it tells whose leftovers a stray key is.
+    """
+    suffix = secrets.token_hex(4)
+    room = _QUEUE_NAME_MAX - len("t--") - len(suffix)
+    label = _UNSAFE_NAME_CHARS.sub("_", request.node.name)[:room]
+    return f"t-{label}-{suffix}"
+
+
+@pytest.fixture
+def cluster(etcd_binary: str, tmp_path: Path) -> Iterator[EtcdCluster]:
+    """A fresh 3-member loopback cluster for this test, stopped afterwards."""
+    members = EtcdCluster(tmp_path / "cluster", 3, binary=etcd_binary)
+    members.start()
+    try:
+        yield members
+    finally:
+        members.stop()

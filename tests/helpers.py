@@ -1,0 +1,39 @@
+"""Small helpers shared by the tests.
+
+Tests against a real etcd must wait for things that happen "soon" (a leader
+election, a key expiring).  A bare ``time.sleep`` either wastes time or is
+too short on a slow CI machine, so every wait polls a condition against a
+deadline and fails with a message saying what was awaited.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional, Tuple, Type, TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.05, *,
+               message: str = "",
+               ignore: Tuple[Type[BaseException], ...] = ()) -> T:
+    """Call ``predicate`` until it returns a truthy value, and return that value.
+
+    Raises AssertionError after ``timeout`` seconds.  Exceptions of the types
+    in ``ignore`` count as "not yet" (e.g. a connection refused while a member
+    restarts); the last one is quoted in the failure message.
+    """
+    deadline = time.monotonic() + timeout
+    last_error: Optional[BaseException] = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except ignore as exc:
+            last_error = exc
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    what = message or getattr(predicate, "__name__", repr(predicate))
+    detail = f"; last error: {last_error!r}" if last_error else ""
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{detail}")
