@@ -298,7 +298,8 @@ class Protocol:
             existing = self.read(kind, state.id)
             if existing is None or existing.value != raw:
                 self._cleanup(state)
-                raise LockLost(f"item {state.id} already has a {kind} record of another claim")
+                raise LockLost(
+                    f"item {state.id} already has a {kind} record of another claim") from None
         self._cleanup(state)
 
     def _cleanup(self, state: ClaimState) -> None:

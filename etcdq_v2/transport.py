@@ -109,7 +109,7 @@ class Transport:
         self._lock = threading.Lock()
         self._limit = threading.local()
         self.last_index = 0
-        self.requests: Counter = Counter()
+        self.requests: Counter[str] = Counter()
 
     @classmethod
     def from_client(cls, client: Any) -> "Transport":

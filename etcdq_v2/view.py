@@ -63,7 +63,7 @@ class QueueView:
         self._ready = False
         self._error: Optional[BaseException] = None
         self._stream: Any = None
-        self._closed = False
+        self._closed = threading.Event()
         self.relists = 0
         self._thread = threading.Thread(target=self._run, name="etcdq-view", daemon=True)
         self._thread.start()
@@ -123,10 +123,10 @@ class QueueView:
 
     def wait_for_change(self, version: int, timeout: Optional[float]) -> None:
         with self._cond:
-            self._cond.wait_for(lambda: self.version != version or self._closed, timeout)
+            self._cond.wait_for(lambda: self.version != version or self._closed.is_set(), timeout)
 
     def close(self) -> None:
-        self._closed = True
+        self._closed.set()
         stream = self._stream
         if stream is not None:
             stream.close()
@@ -192,12 +192,12 @@ class QueueView:
     # -- the background thread -----------------------------------------------------
     def _run(self) -> None:
         pause = 0.1
-        while not self._closed:
+        while not self._closed.is_set():
             try:
                 self._follow()
                 pause = 0.1
             except Exception as exc:  # keep following; claimers see the error
-                if self._closed:
+                if self._closed.is_set():
                     break
                 log.warning("watch of %s failed (%s); listing again", self._layout.root, exc)
                 with self._cond:
@@ -211,7 +211,7 @@ class QueueView:
         stream = self._protocol.etcd.stream(self._layout.root, idle_timeout=self._idle_timeout)
         self._stream = stream
         try:
-            if self._closed:
+            if self._closed.is_set():
                 return
             work_index, work = self._protocol.list("work")
             locks_index, locks = self._protocol.list("locks")
