@@ -11,12 +11,12 @@ from .errors import (AuthError, ConfigError, EtcdqError, InvalidName, InvalidPay
                      NotFound, PayloadTooLarge, Unavailable)
 from .queue import ItemInfo, Queue
 from .transport import Transport, connect
-from .worker import Worker, WorkerStats
+from .worker import Worker, WorkerStats, current_task
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AuthError", "Claim", "ConfigError", "EtcdqError", "InvalidName", "InvalidPayload",
     "ItemInfo", "LockLost", "NotFound", "PayloadTooLarge", "Queue", "Transport", "Unavailable",
-    "Worker", "WorkerStats", "connect", "__version__",
+    "Worker", "WorkerStats", "connect", "current_task", "__version__",
 ]

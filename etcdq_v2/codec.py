@@ -94,7 +94,8 @@ class Item:
         text = dumps(doc)
         size = len(text.encode("utf-8"))
         if max_bytes is not None and size > max_bytes:
-            raise PayloadTooLarge(f"encoded item is {size} bytes, over the limit of {max_bytes}")
+            raise PayloadTooLarge(f"payload too large: the encoded item is {size} bytes, "
+                                  f"over the limit of {max_bytes}")
         return text
 
     @classmethod

@@ -126,16 +126,13 @@ class Protocol:
         self.backoff = backoff
 
     # -- P: put ------------------------------------------------------------
-    def put(self, payload: Any) -> str:
-        item = Item(payload, new_token())
-        return self.post_item(item.encode(self.max_payload), item.token)
-
-    def post_item(self, raw: str, token: str) -> str:
-        """P1, resolving a lost reply by the item's token."""
+    def post_item(self, raw: str, token: str) -> Tuple[str, int]:
+        """P1, resolving a lost reply by the item's token: (id, modifiedIndex)."""
         give_up = time.monotonic() + self.etcd.deadline
         while True:
             try:
-                return item_id_of(self.etcd.post(self.layout.work, raw).node["key"])
+                node = self.etcd.post(self.layout.work, raw).node
+                return item_id_of(node["key"]), node["modifiedIndex"]
             except AmbiguousWrite as exc:
                 found = self._find_post(token, exc.index_before)
                 if found:
@@ -145,8 +142,8 @@ class Protocol:
                                       f"within {self.etcd.deadline:g}s: {exc}") from None
                 log.info("a POST to %s did not apply; sending it again", self.layout.work)
 
-    def _find_post(self, token: str, index_before: int) -> Optional[str]:
-        """The id of the item with ``token`` if the lost POST applied, else None."""
+    def _find_post(self, token: str, index_before: int) -> Optional[Tuple[str, int]]:
+        """(id, index) of the item with ``token`` if the lost POST applied, else None."""
         # A quorum read goes through raft: once it is answered, every entry the
         # cluster will ever commit before it is committed, so the search below
         # cannot miss a POST that applies later.
@@ -160,20 +157,20 @@ class Protocol:
         except EtcdFailure:  # the history no longer covers the window
             return self._search_listing(token)
 
-    def _search_events(self, token: str, index: int, fence: int) -> Optional[str]:
+    def _search_events(self, token: str, index: int, fence: int) -> Optional[Tuple[str, int]]:
         while index <= fence:
             reply = self.etcd.wait(self.layout.work, index, timeout=0.5)
             if reply is None or reply.node.get("modifiedIndex", 0) > fence:
                 return None
             if reply.action == "create" and _token_of(reply.node.get("value")) == token:
-                return item_id_of(reply.node["key"])
+                return item_id_of(reply.node["key"]), reply.node["modifiedIndex"]
             index = reply.node["modifiedIndex"] + 1
         return None
 
-    def _search_listing(self, token: str) -> Optional[str]:
+    def _search_listing(self, token: str) -> Optional[Tuple[str, int]]:
         for entry in self.list("work", quorum=True)[1]:
             if _token_of(entry.value) == token:
-                return entry.id
+                return entry.id, entry.index
         raise Unavailable("the outcome of a put is unknown: etcd's event history no longer "
                           "covers it and the item is not in work/")
 
@@ -358,7 +355,7 @@ class Protocol:
             index = self.etcd.put(self.layout.key(FAILED, item_id), marked.encode(),
                                   prev_index=entry.index).node["modifiedIndex"]
         if new_id is None:
-            new_id = self.post_item(Item(record.payload, token).encode(), token)
+            new_id = self.post_item(Item(record.payload, token).encode(), token)[0]
         self._delete_quietly(self.layout.key(FAILED, item_id), prev_index=index)
         return new_id
 

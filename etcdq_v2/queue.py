@@ -85,6 +85,7 @@ class Queue:
         self.node_id = node_id or default_node_id()
         self.max_attempts = max_attempts
         self.etcd = _transport(client)
+        self._owns_transport = not isinstance(client, Transport)
         self._protocol = Protocol(self.etcd, self.layout, node_id=self.node_id,
                                   lock_ttl=self.lock_ttl, max_attempts=max_attempts,
                                   max_payload=max_payload_bytes, backoff=default_backoff)
@@ -95,13 +96,19 @@ class Queue:
     # -- producing -----------------------------------------------------------------
     def put(self, payload: Any) -> str:
         """Add an item; returns its id.  ``payload``: JSON-serialisable, or bytes."""
-        return self._protocol.put(payload)
+        return self.put_many([payload])[0]
 
     def put_many(self, payloads: Iterable[Any]) -> List[str]:
         """Add items in order; every payload is checked before the first is written."""
         encoded = [(item.encode(self._protocol.max_payload), item.token)
                    for item in (Item(p, new_token()) for p in payloads)]
-        return [self._protocol.post_item(raw, token) for raw, token in encoded]
+        ids = []
+        for raw, token in encoded:
+            item_id, index = self._protocol.post_item(raw, token)
+            if self._view is not None:  # this process may claim it before etcd's event comes
+                self._view.added(item_id, index, raw)
+            ids.append(item_id)
+        return ids
 
     # -- consuming -----------------------------------------------------------------
     def claim(self, timeout: Optional[float] = 0) -> Optional[Claim]:
@@ -198,6 +205,8 @@ class Queue:
         self._heartbeat.close()
         if self._view is not None:
             self._view.close()
+        if self._owns_transport:
+            self.etcd.close()
 
     def __enter__(self) -> "Queue":
         return self

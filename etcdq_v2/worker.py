@@ -1,0 +1,420 @@
+"""The worker runtime: run a handler over a queue's items, and shut down safely.
+
+One item's life in a :class:`Worker`::
+
+    main thread   claim ──► start a supervisor ──► claim again once a slot is free
+    supervisor    start the handler thread, then watch it: finished? lock lost?
+                  timed out? shutdown forced? ──► settle the claim exactly once
+                  (complete / fail / release / nothing when the lock is lost)
+
+Why a supervisor beside every handler thread: Python threads cannot be killed.
+When a handler overruns ``item_timeout``, loses its lock, or is still running
+when a shutdown is forced, the supervisor settles the item without waiting for
+it (a late result is discarded) and sets the task's ``cancelled`` event, which a
+cooperative handler watches through :func:`current_task` to stop early.  A
+handler that ignores it keeps running in its (daemon) thread until it returns
+or the process exits.  This is why ``etcdq work`` runs every item in a
+subprocess: a process *can* be killed, and its handler kills it on
+``cancelled``.
+
+Shutdown, from :meth:`Worker.stop`, SIGTERM or SIGINT:
+
+* graceful (``stop()``, the first signal): no new claims; running items get
+  ``grace_period`` seconds to finish (``None``: as long as they take), then
+  they are released;
+* forced (``stop(grace=False)``, a second signal): running items are released
+  at once (after at most ``CANCEL_WAIT`` seconds for their handlers to notice
+  ``cancelled``, so a killed command is gone before another worker starts it).
+  Python runs a handler once for signals that arrive together, so a second
+  signal counts only once the first was acted on (it is logged).
+
+:meth:`Worker.run` returns only when every claimed item has been settled, so
+no item stays locked after the worker exits -- except when etcd cannot be
+reached to settle it, and then its lock expires after the queue's TTL.  The
+queue's own heartbeat keeps the locks of running items alive meanwhile.
+"""
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Set
+
+from .errors import ConfigError, EtcdqError, InvalidPayload, LockLost, Unavailable
+
+if TYPE_CHECKING:  # pragma: no cover - only for the annotations
+    from .claim import Claim
+    from .queue import Queue
+
+__all__ = ["CANCEL_WAIT", "Handler", "Task", "Worker", "WorkerStats", "current_task"]
+
+log = logging.getLogger("etcdq_v2.worker")
+
+#: A handler takes an item's payload and returns its result (stored with the completion).
+Handler = Callable[[Any], Any]
+
+#: Seconds a cancelled handler gets to return before its item is settled anyway.
+CANCEL_WAIT = 2.0
+
+# How often supervisors look at their handler, and the main thread at signals
+# and the grace deadline: the precision of item_timeout and grace_period.
+_POLL = 0.1
+
+# Pause before claiming again after etcd could not be reached, so an outage
+# is not met with a busy loop (and a flood of log lines).
+_RETRY_DELAY = 1.0
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did with the items it claimed."""
+
+    #: The handler returned and the completion was recorded.
+    completed: int = 0
+    #: The handler raised or overran ``item_timeout``: the queue retries the
+    #: item after a backoff, or dead-letters it per its ``max_attempts``.
+    failed: int = 0
+    #: Nothing could be recorded: another claim holds the lock, or etcd did not
+    #: answer.  The item comes back after its lock's TTL if it is not done.
+    lost: int = 0
+    #: Handed back unfinished at shutdown; claimable again at once.
+    released: int = 0
+
+
+@dataclass(eq=False)
+class Task:
+    """A claimed item in a worker's hands; :func:`current_task` returns it to handlers."""
+
+    claim: "Claim"
+    #: Set when the worker gives up on the item (timeout, lost lock, forced
+    #: shutdown).  A handler that can stop early should watch it.
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    started: float = field(default_factory=time.monotonic)
+    result: Any = None
+    error: Optional[BaseException] = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class _Outcome(enum.Enum):
+    FINISHED = "finished"
+    TIMED_OUT = "timed out"
+    LOST = "lock lost"
+    ABANDONED = "shutdown"
+
+
+_current = threading.local()
+
+
+def current_task() -> Task:
+    """The :class:`Task` the calling handler thread is running.
+
+    Gives a handler what its payload does not carry: ``task.claim.id``,
+    ``task.claim.attempt``, and ``task.cancelled``.  Raises RuntimeError when
+    called outside a handler run by a :class:`Worker`.
+    """
+    task: Optional[Task] = getattr(_current, "task", None)
+    if task is None:
+        raise RuntimeError("current_task() called outside a Worker's handler")
+    return task
+
+
+class Worker:
+    """Claim items from ``queue`` and run ``handler(payload)`` on each.
+
+    ``concurrency`` handlers run at once, each in its own thread.  The handler's
+    return value is the item's result; an exception fails the attempt with
+    ``"ExceptionType: message"`` as the reason.  ``item_timeout`` (seconds)
+    fails an attempt that runs longer, ``grace_period`` bounds a graceful
+    shutdown (see the module docstring), ``claim_timeout`` is how long one
+    claim waits for an item and so how quickly the main loop notices a stop.
+    With ``install_signal_handlers``, :meth:`run` handles SIGTERM and SIGINT
+    while it runs (only possible in the main thread; elsewhere it is skipped).
+    """
+
+    def __init__(self, queue: "Queue", handler: Handler, *, concurrency: int = 1,
+                 item_timeout: Optional[float] = None, grace_period: Optional[float] = None,
+                 claim_timeout: float = 1.0, install_signal_handlers: bool = True) -> None:
+        _check_positive("concurrency", concurrency, allow_zero=False)
+        _check_positive("item_timeout", item_timeout, allow_zero=False)
+        _check_positive("grace_period", grace_period, allow_zero=True)
+        _check_positive("claim_timeout", claim_timeout, allow_zero=True)
+        self.queue = queue
+        self.handler = handler
+        self.concurrency = concurrency
+        self.item_timeout = item_timeout
+        self.grace_period = grace_period
+        self.claim_timeout = claim_timeout
+        self.install_signal_handlers = install_signal_handlers
+        self._stats = WorkerStats()
+        self._stats_lock = threading.Lock()
+        self._tasks: Set[Task] = set()
+        # An RLock: stop() may be called while the main thread holds it.
+        self._changed = threading.Condition(threading.RLock())
+        self._stopping = threading.Event()
+        self._abandon = threading.Event()
+        self._grace_deadline: Optional[float] = None
+        # Written by the signal handler, read by the main thread's loops: plain
+        # ints, because a signal handler must not take a lock the interrupted
+        # code may hold.
+        self._signals_received = 0
+        self._signals_handled = 0
+        self._last_signal = 0
+
+    # -- public --------------------------------------------------------------
+
+    @property
+    def stats(self) -> WorkerStats:
+        """A snapshot of the counts so far."""
+        with self._stats_lock:
+            return replace(self._stats)
+
+    @property
+    def stopping(self) -> bool:
+        """True once a stop was asked for: no new items are claimed."""
+        return self._stopping.is_set()
+
+    def stop(self, grace: bool = True) -> None:
+        """Stop claiming; release running items after ``grace_period``, or at once.
+
+        Returns immediately; :meth:`run` carries the shutdown out and returns
+        when it is done.  Safe from any thread, but not from a signal handler
+        (use ``install_signal_handlers``).
+        """
+        with self._changed:
+            if not self._stopping.is_set() and grace and self.grace_period is not None:
+                self._grace_deadline = time.monotonic() + self.grace_period
+            self._stopping.set()
+            if not grace:
+                self._abandon.set()
+            self._changed.notify_all()
+
+    def run(self, until_empty: bool = False, max_items: Optional[int] = None) -> WorkerStats:
+        """Process items until stopped; return the counts.
+
+        ``until_empty``: return once a claim finds nothing while no handler is
+        running (items waiting out a retry backoff are left for later).
+        ``max_items``: claim at most that many items, then finish them and return.
+        An error that is not etcd being unreachable (say AuthError) releases
+        the running items and propagates.
+        """
+        _check_positive("max_items", max_items, allow_zero=True)
+        log.info("worker %s on queue %r: concurrency %d", self.queue.node_id,
+                 self.queue.name, self.concurrency)
+        with self._signal_handlers():
+            try:
+                self._claim_loop(until_empty, max_items)
+            except BaseException:
+                self._abandon.set()  # hand the items back rather than leave them locked
+                raise
+            finally:
+                self._drain()
+        stats = self.stats
+        log.info("worker %s done: %s", self.queue.node_id, stats)
+        return stats
+
+    # -- the main loop ---------------------------------------------------------
+
+    def _claim_loop(self, until_empty: bool, max_items: Optional[int]) -> None:
+        claimed = 0
+        while max_items is None or claimed < max_items:
+            if not self._wait_for_slot():
+                return
+            try:
+                claim = self.queue.claim(timeout=self.claim_timeout)
+            except Unavailable as exc:
+                log.error("cannot claim from %r: %s; retrying in %g s",
+                          self.queue.name, exc, _RETRY_DELAY)
+                self._stopping.wait(_RETRY_DELAY)
+                continue
+            if claim is None:
+                if until_empty and self._idle():
+                    log.info("queue %r has nothing to claim: stopping", self.queue.name)
+                    return
+                continue
+            self._start(claim)
+            claimed += 1
+
+    def _wait_for_slot(self) -> bool:
+        """Block until fewer than ``concurrency`` items run; False once stopping."""
+        with self._changed:
+            while True:
+                self._handle_signals()
+                if self._stopping.is_set():
+                    return False
+                if len(self._tasks) < self.concurrency:
+                    return True
+                self._changed.wait(_POLL)
+
+    def _idle(self) -> bool:
+        with self._changed:
+            return not self._tasks
+
+    def _start(self, claim: "Claim") -> None:
+        task = Task(claim)
+        with self._changed:
+            self._tasks.add(task)
+        if self._stopping.is_set():
+            # A claim that returned after stop() never reaches the handler.
+            self._abandon_unstarted(task)
+            return
+        threading.Thread(target=self._supervise, args=(task,), daemon=True,
+                         name=f"etcdq-item-{claim.id}").start()
+
+    def _abandon_unstarted(self, task: Task) -> None:
+        task.done.set()
+        self._finish(task, _Outcome.ABANDONED)
+
+    def _drain(self) -> None:
+        """Wait until every task is settled, releasing them when the grace period ends."""
+        with self._changed:
+            while self._tasks:
+                self._handle_signals()
+                if self._grace_expired():
+                    log.warning("grace period of %g s over: releasing %d running item(s)",
+                                self.grace_period, len(self._tasks))
+                    self._abandon.set()
+                self._changed.wait(_POLL)
+
+    def _grace_expired(self) -> bool:
+        return (self._grace_deadline is not None and not self._abandon.is_set()
+                and time.monotonic() >= self._grace_deadline)
+
+    # -- one item ----------------------------------------------------------------
+
+    def _supervise(self, task: Task) -> None:
+        outcome = self._watch(task)
+        if outcome is not _Outcome.FINISHED:
+            task.cancelled.set()
+            # Let a cooperative handler stop (e.g. kill its command) before the
+            # item is released or failed, so it never runs twice at once.
+            task.done.wait(CANCEL_WAIT)
+        self._finish(task, outcome)
+
+    def _watch(self, task: Task) -> _Outcome:
+        threading.Thread(target=self._call_handler, args=(task,), daemon=True,
+                         name=f"etcdq-handler-{task.claim.id}").start()
+        deadline = None if self.item_timeout is None else task.started + self.item_timeout
+        while not task.done.wait(_POLL):
+            if task.claim.lost:
+                return _Outcome.LOST
+            if self._abandon.is_set():
+                return _Outcome.ABANDONED
+            if deadline is not None and time.monotonic() >= deadline:
+                return _Outcome.TIMED_OUT
+        return _Outcome.FINISHED
+
+    def _call_handler(self, task: Task) -> None:
+        _current.task = task
+        try:
+            task.result = self.handler(task.claim.payload)
+        except BaseException as exc:  # a handler's SystemExit is a failure too, not silence
+            task.error = exc
+        finally:
+            _current.task = None
+            task.done.set()
+
+    def _finish(self, task: Task, outcome: _Outcome) -> None:
+        try:
+            self._settle(task, outcome)
+        finally:
+            with self._changed:
+                self._tasks.discard(task)
+                self._changed.notify_all()
+
+    def _settle(self, task: Task, outcome: _Outcome) -> None:
+        """Record the item's outcome in etcd, exactly once, and count it."""
+        claim = task.claim
+        try:
+            if outcome is _Outcome.LOST or claim.lost:
+                self._count(task, "lost", "its lock was lost; result discarded")
+            elif outcome is _Outcome.ABANDONED:
+                claim.release()
+                self._count(task, "released", "released at shutdown")
+            elif outcome is _Outcome.TIMED_OUT:
+                self._fail(task, f"timed out after {self.item_timeout:g} s")
+            elif task.error is not None:
+                self._fail(task, _describe(task.error))
+            else:
+                self._complete(task)
+        except LockLost:
+            self._count(task, "lost", "another claim holds its lock; nothing recorded")
+        except EtcdqError as exc:
+            self._count(task, "lost", f"could not record its outcome ({exc}); "
+                                      "it comes back after the lock TTL")
+
+    def _complete(self, task: Task) -> None:
+        try:
+            task.claim.complete(task.result)
+        except InvalidPayload as exc:
+            self._fail(task, f"result cannot be stored: {exc}")
+            return
+        self._count(task, "completed", f"completed in {time.monotonic() - task.started:.2f} s")
+
+    def _fail(self, task: Task, reason: str) -> None:
+        task.claim.fail(reason)
+        self._count(task, "failed", f"failed: {reason}")
+
+    def _count(self, task: Task, what: str, message: str) -> None:
+        with self._stats_lock:
+            setattr(self._stats, what, getattr(self._stats, what) + 1)
+        level = logging.INFO if what in ("completed", "released") else logging.WARNING
+        log.log(level, "item %s (attempt %d) %s", task.claim.id, task.claim.attempt, message)
+
+    # -- signals ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _signal_handlers(self) -> Iterator[None]:
+        if not self.install_signal_handlers:
+            yield
+            return
+        if threading.current_thread() is not threading.main_thread():
+            log.debug("not in the main thread: SIGTERM/SIGINT handlers not installed")
+            yield
+            return
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        self._last_signal = signum
+        self._signals_received += 1
+
+    def _handle_signals(self) -> None:
+        """Turn signals received since the last look into stop() calls (main thread)."""
+        received = self._signals_received
+        if received == self._signals_handled:
+            return
+        self._signals_handled = received
+        name = signal.Signals(self._last_signal).name
+        if received == 1:
+            grace = "as long as they take" if self.grace_period is None \
+                else f"{self.grace_period:g} s"
+            log.warning("%s: no new claims; running items get %s to finish "
+                        "(signal again to release them now)", name, grace)
+            self.stop(grace=True)
+        else:
+            log.warning("%s again: releasing running items now", name)
+            self.stop(grace=False)
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _check_positive(name: str, value: Optional[float], *, allow_zero: bool) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{name} must be {bound}, not {value!r}")

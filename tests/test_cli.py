@@ -1,0 +1,520 @@
+"""The ``etcdq`` command line, run as a subprocess against a real etcd.
+
+Every verb, the exit codes of user errors, ``work`` with a real command
+(results, failures, a timeout, SIGTERM), ``server``, and ``demo`` end to end
+on an embedded etcd in a bare environment.  State is checked through the
+Python API, so a CLI that printed the right thing but did the wrong thing fails.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import queue as queue_module
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+import pytest
+
+from etcdq_v2 import Queue
+from etcdq_v2.cli import EXIT_CODES, StatusLine
+from etcdq_v2.server import TemporaryEtcd, free_port
+
+from helpers import wait_until
+
+BOUND = 20.0
+VERBS = ("put", "work", "stats", "ls", "show", "requeue", "purge", "server", "demo")
+
+Run = Callable[..., "subprocess.CompletedProcess[Any]"]
+
+# Fails every third item, prints text for n == 2, echoes raw bytes payloads as hex,
+# and otherwise reports what the worker told it through the environment.
+JOB = """
+import json, os, sys
+data = sys.stdin.buffer.read()
+try:
+    n = json.loads(data)["n"]
+except ValueError:
+    print(json.dumps({"raw": data.hex()}))
+    sys.exit(0)
+if n % 3 == 0:
+    print("line one\\nboom %d" % n, file=sys.stderr)
+    sys.exit(3)
+if n == 2:
+    print("plain text")
+    sys.exit(0)
+print(json.dumps({"n": n, "queue": os.environ["ETCDQ_QUEUE"],
+                  "item": os.environ["ETCDQ_ITEM_ID"], "attempt": os.environ["ETCDQ_ATTEMPT"]}))
+"""
+
+# Writes "<its pid> <its child's pid>" to pids-<item id> in the directory given,
+# then waits for a file named "go" there (at most 30 s) and prints "finished".
+BLOCKING_JOB = """
+import os, subprocess, sys, time
+directory = sys.argv[1]
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+path = os.path.join(directory, "pids-" + os.environ["ETCDQ_ITEM_ID"])
+with open(path + ".tmp", "w") as out:
+    out.write("%d %d" % (os.getpid(), child.pid))
+os.replace(path + ".tmp", path)
+deadline = time.monotonic() + 30
+while not os.path.exists(os.path.join(directory, "go")) and time.monotonic() < deadline:
+    time.sleep(0.05)
+child.kill()
+print("finished")
+"""
+
+
+def run_etcdq(args: Sequence[str], *, env: Optional[Dict[str, str]] = None,
+              input: Any = None, timeout: float = 60.0,
+              cwd: Optional[Path] = None) -> "subprocess.CompletedProcess[Any]":
+    """``python -m etcdq_v2 ARGS``; bytes in, bytes out, else text."""
+    return subprocess.run([sys.executable, "-m", "etcdq_v2", *args], input=input,
+                          capture_output=True, text=not isinstance(input, bytes),
+                          timeout=timeout, cwd=cwd,
+                          env=env if env is not None else dict(os.environ))
+
+
+@pytest.fixture
+def etcdq(etcd_url: str) -> Run:
+    """Run etcdq on the shared etcd, given through ETCDQ_ENDPOINTS as a user would."""
+    def run(*args: str, **kwargs: Any) -> "subprocess.CompletedProcess[Any]":
+        env = {**os.environ, "ETCDQ_ENDPOINTS": etcd_url, **kwargs.pop("env", {})}
+        return run_etcdq(args, env=env, **kwargs)
+    return run
+
+
+@pytest.fixture
+def queue(etcd_url: str, queue_name: str) -> Iterator[Queue]:
+    with Queue(etcd_url, queue_name, max_attempts=1) as q:
+        yield q
+
+
+def ok(done: "subprocess.CompletedProcess[str]") -> str:
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def assert_user_error(done: "subprocess.CompletedProcess[str]", code: int,
+                      *fragments: str) -> None:
+    """One line ``etcdq: error: ...`` naming the problem, the given exit code, no traceback."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == code, f"exit {done.returncode}\n{done.stderr}"
+    assert len(lines) == 1 and lines[0].startswith("etcdq: error: "), done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def payloads(queue: Queue, state: str = "pending") -> List[Any]:
+    return [info.payload for info in queue.items(state)]
+
+
+def take(queue: Queue, timeout: float = BOUND) -> Any:
+    """The next item's claim (waiting: a claim may not see a put of a moment ago)."""
+    claim = queue.claim(timeout=timeout)
+    assert claim is not None, "nothing to claim"
+    return claim
+
+
+def fail_items(queue: Queue, count: int) -> List[str]:
+    """``count`` dead letters (the queue has max_attempts=1)."""
+    ids = queue.put_many([{"n": n} for n in range(count)])
+    for _ in ids:
+        take(queue).fail("on purpose")
+    return ids
+
+
+class Lines:
+    """A process's output lines, read in a thread so that each wait can be bounded."""
+
+    def __init__(self, stream: Optional[IO[str]]) -> None:
+        assert stream is not None, "start the process with that stream piped"
+        self._lines: "queue_module.Queue[Optional[str]]" = queue_module.Queue()
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream: IO[str]) -> None:
+        for line in stream:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def next(self, timeout: float = BOUND) -> str:
+        line = self._lines.get(timeout=timeout)
+        assert line is not None, "the output ended"
+        return line
+
+
+def find(pattern: str, text: str) -> "re.Match[str]":
+    match = re.search(pattern, text)
+    assert match, f"no {pattern!r} in:\n{text}"
+    return match
+
+
+def is_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie awaiting its reaper counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def wait_all_gone(pids_file: Path) -> None:
+    """Wait until the command and the child it started, listed in ``pids_file``, have ended."""
+    pids = [int(pid) for pid in pids_file.read_text().split()]
+    wait_until(lambda: all(is_gone(pid) for pid in pids), BOUND,
+               message=f"processes {pids} to end")
+
+
+def serves_v2(url: str) -> bool:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        opener.open(f"{url}/v2/keys/", timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+# -- help -------------------------------------------------------------------------------
+
+def test_help_lists_every_verb_and_exit_code() -> None:
+    text = ok(run_etcdq(["--help"]))
+    for verb in VERBS:
+        assert re.search(rf"^\s+{verb}\s", text, re.MULTILINE), verb
+    for code, meaning in EXIT_CODES:
+        assert re.search(rf"^\s+{code}\s+{re.escape(meaning)}", text, re.MULTILINE), code
+
+
+def test_the_console_script_is_installed() -> None:
+    script = Path(sys.executable).with_name("etcdq")
+    assert "usage: etcdq" in ok(subprocess.run([str(script), "work", "--help"],
+                                               capture_output=True, text=True, timeout=30))
+
+
+# -- put, stats, ls, show -----------------------------------------------------------------
+
+def test_put_parses_each_argument_as_json_else_as_a_string(etcdq: Run, queue: Queue) -> None:
+    out = ok(etcdq("put", queue.name, "1", '"s"', '{"a": [1]}', "hello world", "NaN"))
+    assert out.split() == [info.id for info in queue.items()]
+    assert payloads(queue) == [1, "s", {"a": [1]}, "hello world", "NaN"]
+
+
+def test_put_dash_reads_one_payload_per_line_from_stdin(etcdq: Run, queue: Queue) -> None:
+    out = ok(etcdq("put", queue.name, "-", "--json", input='1\n{"x": 2}\n\ntext\n'))
+    assert json.loads(out) == [info.id for info in queue.items()]
+    assert payloads(queue) == [1, {"x": 2}, "text"]
+
+
+def test_stats_prints_the_four_counts(etcdq: Run, queue: Queue) -> None:
+    queue.put_many([{"n": 1}, {"n": 2}])
+    claim = take(queue)
+    assert json.loads(ok(etcdq("stats", queue.name, "--json"))) == \
+        {"pending": 1, "running": 1, "completed": 0, "failed": 0}
+    assert ok(etcdq("stats", queue.name)).split() == \
+        ["pending", "1", "running", "1", "completed", "0", "failed", "0"]
+    claim.complete()
+
+
+def test_stats_watch_prints_a_line_per_refresh_until_ctrl_c(etcd_url: str, queue: Queue) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "etcdq_v2", "--endpoints", etcd_url, "stats", queue.name,
+         "--watch", "--interval", "0.1", "--json"], stdout=subprocess.PIPE, text=True)
+    try:
+        lines = Lines(process.stdout)
+        assert json.loads(lines.next())["pending"] == 0
+        queue.put("x")
+        wait_until(lambda: json.loads(lines.next())["pending"] == 1, BOUND,
+                   message="a refresh showing the new item")
+        process.send_signal(signal.SIGINT)
+        assert process.wait(BOUND) == 0
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_ls_lists_items_of_a_state(etcdq: Run, queue: Queue) -> None:
+    ids = queue.put_many([{"n": n} for n in range(3)])
+    take(queue).complete({"r": 0})
+    table = ok(etcdq("ls", queue.name)).splitlines()
+    assert table[0].split() == ["ID", "ATTEMPTS", "NODE", "CREATED", "PAYLOAD"]
+    assert [row.split()[0] for row in table[1:]] == ids[1:]
+    assert len(ok(etcdq("ls", queue.name, "--limit", "1")).splitlines()) == 2
+    [done] = json.loads(ok(etcdq("ls", queue.name, "--state", "completed", "--json")))
+    assert (done["id"], done["state"], done["payload"], done["result"]) == \
+        (ids[0], "completed", {"n": 0}, {"r": 0})
+
+
+def test_show_prints_one_item(etcdq: Run, queue: Queue) -> None:
+    item_id = queue.put(b"\x00\xffraw")
+    fields = dict(line.split(":", 1) for line in ok(etcdq("show", queue.name, item_id))
+                  .splitlines())
+    assert (fields["id"].strip(), fields["state"].strip()) == (item_id, "pending")
+    shown = json.loads(ok(etcdq("show", queue.name, item_id, "--json")))
+    assert base64.b64decode(shown["payload"]["base64"]) == b"\x00\xffraw"
+
+
+# -- requeue, purge -----------------------------------------------------------------------
+
+def test_requeue_moves_dead_letters_back(etcdq: Run, queue: Queue) -> None:
+    first, *others = fail_items(queue, 3)
+    out = ok(etcdq("requeue", queue.name, first))
+    new_id = queue.items()[0].id
+    assert out.strip() == f"{first} -> {new_id}"
+    assert (queue.stats()["pending"], queue.stats()["failed"]) == (1, 2)
+    moved = json.loads(ok(etcdq("requeue", queue.name, "--all-failed", "--json")))
+    assert sorted(entry["id"] for entry in moved) == sorted(others)
+    assert (queue.stats()["pending"], queue.stats()["failed"]) == (3, 0)
+
+
+def test_purge_asks_for_confirmation_unless_yes(etcdq: Run, queue: Queue) -> None:
+    fail_items(queue, 1)
+    queue.put("done")
+    take(queue).complete()
+    declined = etcdq("purge", queue.name, "--completed", input="n\n")
+    prompt, error = declined.stderr.splitlines()
+    assert prompt == f"Remove 1 completed record(s) of queue {queue.name!r}? [y/N] "
+    assert (declined.returncode, error) == (1, "etcdq: error: purge not confirmed; nothing removed")
+    assert queue.stats()["completed"] == 1
+    assert ok(etcdq("purge", queue.name, "--completed", input="y\n")).strip() == \
+        "removed 1 record(s)"
+    assert json.loads(ok(etcdq("purge", queue.name, "--all", "--yes", "--json"))) == \
+        {"removed": 1}
+    assert queue.stats() == {"pending": 0, "running": 0, "completed": 0, "failed": 0}
+
+
+# -- user errors ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [["stats", "q"], ["put", "q", "1"], ["ls", "q"],
+                                  ["work", "q", "--", "true"]], ids=lambda a: a[0])
+def test_an_unreachable_endpoint_exits_3(args: List[str]) -> None:
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    done = run_etcdq(["--endpoints", endpoint, "--request-timeout", "0.5", *args])
+    assert_user_error(done, 3, endpoint)
+
+
+@pytest.mark.parametrize("args", [["stats", "bad/name"], ["put", "..", "1"],
+                                  ["ls", "x" * 129], ["work", "a b", "--", "true"]],
+                         ids=lambda a: a[0])
+def test_a_bad_queue_name_exits_2(etcdq: Run, args: List[str]) -> None:
+    assert_user_error(etcdq(*args), 2, "invalid queue name")
+
+
+def test_a_bad_payload_exits_2_and_writes_nothing(etcdq: Run, queue: Queue) -> None:
+    assert_user_error(etcdq("put", queue.name, "-", input="1\n" + "x" * (2 << 20) + "\n"),
+                      2, "over the limit")
+    done = etcdq("put", queue.name, "-", input=b"\xff\xfe\n")
+    assert done.returncode == 2 and b"not UTF-8" in done.stderr
+    assert queue.stats()["pending"] == 0
+
+
+def test_a_missing_item_exits_5(etcdq: Run, queue: Queue) -> None:
+    missing = "9" * 20
+    assert_user_error(etcdq("show", queue.name, missing), 5, missing)
+    assert_user_error(etcdq("requeue", queue.name, missing), 5, missing)
+    assert_user_error(etcdq("show", queue.name, "abc"), 2, "item id")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["work", "q"], "command"),
+    (["work", "q", "--", "/no/such/program"], "/no/such/program"),
+    (["purge", "q"], "--completed"),
+    (["requeue", "q"], "--all-failed"),
+    (["put", "q"], "nothing to put"),
+    (["frobnicate"], "invalid choice"),
+    (["stats"], "QUEUE"),
+])
+def test_usage_errors_exit_2_with_one_line(etcdq: Run, args: List[str], fragment: str) -> None:
+    assert_user_error(etcdq(*args), 2, fragment)
+
+
+def test_refused_credentials_exit_4() -> None:
+    with TemporaryEtcd() as server:
+        _enable_auth(server.url, "rootpw")
+        base = ["--endpoints", server.url, "stats", "q"]
+        assert_user_error(run_etcdq(["--username", "root", "--password", "wrong", *base]), 4,
+                          "refused")
+        assert_user_error(run_etcdq(base), 4, "refused")
+        ok(run_etcdq(base, env={**os.environ, "ETCDQ_USERNAME": "root",
+                                "ETCDQ_PASSWORD": "rootpw"}))
+
+
+def _enable_auth(url: str, root_password: str) -> None:
+    """etcd v2 auth with a root user, and the guest role's default full access revoked."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    root = base64.b64encode(f"root:{root_password}".encode()).decode()
+    for path, body, auth in [
+        ("/v2/auth/users/root", {"user": "root", "password": root_password}, False),
+        ("/v2/auth/enable", None, False),
+        ("/v2/auth/roles/guest",
+         {"role": "guest", "revoke": {"kv": {"read": ["/*"], "write": ["/*"]}}}, True),
+    ]:
+        request = urllib.request.Request(
+            url + path, method="PUT", data=json.dumps(body).encode() if body else b"",
+            headers={"Content-Type": "application/json",
+                     **({"Authorization": f"Basic {root}"} if auth else {})})
+        opener.open(request, timeout=10).close()
+
+
+# -- work ---------------------------------------------------------------------------------
+
+def test_work_runs_the_command_once_per_item(etcdq: Run, queue: Queue, tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    ids = queue.put_many([{"n": n} for n in range(1, 7)])
+    raw_id = queue.put(b"\x00\xffraw")
+    out = ok(etcdq("work", queue.name, "--until-empty", "--concurrency", "3", "--json",
+                   "--max-attempts", "1", "--", sys.executable, str(script)))
+    assert json.loads(out) == {"completed": 5, "failed": 2, "lost": 0, "released": 0}
+    results = {info.id: info.result for info in queue.items("completed")}
+    assert results.pop(raw_id) == {"raw": b"\x00\xffraw".hex()}
+    assert results.pop(ids[1]) == "plain text"
+    assert results == {item_id: {"n": n, "queue": queue.name, "item": item_id, "attempt": "1"}
+                       for n, item_id in enumerate(ids, 1) if n % 3 and n != 2}
+    reasons = {info.payload["n"]: info.reason for info in queue.items("failed")}
+    assert set(reasons) == {3, 6}
+    assert reasons[3] is not None and reasons[3].startswith("CommandFailed: exit status 3: ")
+    assert reasons[3].endswith("line one\nboom 3")
+
+
+def test_work_timeout_kills_the_command_and_its_children(
+        etcdq: Run, queue: Queue, tmp_path: Path) -> None:
+    script = tmp_path / "block.py"
+    script.write_text(BLOCKING_JOB)
+    item_id = queue.put({"n": 0})
+    began = time.monotonic()
+    ok(etcdq("work", queue.name, "--until-empty", "--timeout", "1", "--max-attempts", "1",
+             "--", sys.executable, str(script), str(tmp_path)))
+    assert time.monotonic() - began < 15
+    info = queue.get(item_id)
+    assert (info.state, info.reason) == ("failed", "timed out after 1 s")
+    wait_all_gone(tmp_path / f"pids-{item_id}")
+
+
+def _start_worker(etcd_url: str, queue: Queue, tmp_path: Path,
+                  *options: str) -> "subprocess.Popen[str]":
+    script = tmp_path / "block.py"
+    script.write_text(BLOCKING_JOB)
+    return subprocess.Popen(
+        [sys.executable, "-m", "etcdq_v2", "--endpoints", etcd_url, "work", queue.name,
+         *options, "--", sys.executable, str(script), str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_command(tmp_path: Path) -> Path:
+    """The pids file the blocking job writes once it runs."""
+    found = wait_until(lambda: next(tmp_path.glob("pids-*[0-9]"), None), BOUND,
+                       message="the command to start")
+    assert found is not None
+    return found
+
+
+def test_sigterm_lets_the_running_command_finish_and_takes_no_more(
+        etcd_url: str, queue: Queue, tmp_path: Path) -> None:
+    ids = queue.put_many([{"n": n} for n in range(3)])
+    worker = _start_worker(etcd_url, queue, tmp_path)
+    try:
+        log = Lines(worker.stderr)
+        _wait_for_command(tmp_path)
+        worker.send_signal(signal.SIGTERM)
+        wait_until(lambda: "no new claims" in log.next(), BOUND,
+                   message="the worker to acknowledge SIGTERM")
+        (tmp_path / "go").touch()
+        assert worker.wait(BOUND) == 0
+    finally:
+        worker.kill()
+        worker.wait()
+    assert queue.get(ids[0]).result == "finished"
+    assert queue.stats() == {"pending": 2, "running": 0, "completed": 1, "failed": 0}
+
+
+@pytest.mark.parametrize("grace, signals", [("0.5", 1), ("60", 2)],
+                         ids=["grace expires", "second SIGTERM"])
+def test_sigterm_then_terminates_the_command_and_releases_its_item(
+        etcd_url: str, queue_name: str, tmp_path: Path, grace: str, signals: int) -> None:
+    with Queue(etcd_url, queue_name) as queue:  # no max_attempts: the item must come back
+        item_id = queue.put({"n": 0})
+        worker = _start_worker(etcd_url, queue, tmp_path, "--grace", grace)
+        try:
+            log = Lines(worker.stderr)
+            pids = _wait_for_command(tmp_path)
+            # Wait for each signal's own log line: two signals sent back to back may
+            # reach Python's handler as one.
+            for acknowledged in ["SIGTERM: no new claims", "SIGTERM again: releasing"][:signals]:
+                worker.send_signal(signal.SIGTERM)
+                wait_until(lambda: acknowledged in log.next(), BOUND,  # noqa: B023 (called now)
+                           message=f"the worker to log {acknowledged!r}")
+            assert worker.wait(BOUND) == 0
+        finally:
+            worker.kill()
+            worker.wait()
+        assert queue.stats() == {"pending": 1, "running": 0, "completed": 0, "failed": 0}
+        wait_all_gone(pids)
+        again = take(queue, timeout=2)  # released: no lock TTL (30 s) to wait out
+        assert (again.id, again.attempt) == (item_id, 2)
+        again.complete()
+
+
+# -- server and demo --------------------------------------------------------------------
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_redraws_one_line_on_a_terminal_and_prints_lines_elsewhere() -> None:
+    terminal, log = Terminal(), io.StringIO()
+    for out in (terminal, log):
+        line = StatusLine(out)
+        line.update("1/3")
+        line.event("killed one")
+        line.update("2/3")
+        line.close()
+    assert terminal.getvalue() == "\r1/3\x1b[K\r\x1b[Kkilled one\n\r2/3\x1b[K\n"
+    assert log.getvalue() == "1/3\nkilled one\n2/3\n"
+
+
+def test_server_runs_etcd_in_the_foreground_until_ctrl_c(tmp_path: Path) -> None:
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "etcdq_v2", "server", "--data-dir", str(tmp_path / "data"),
+         "--port", str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        url = Lines(server.stdout).next(timeout=60).strip()
+        assert url == f"http://127.0.0.1:{port}"
+        ok(run_etcdq(["--endpoints", url, "put", "q", "1"]))
+        server.send_signal(signal.SIGINT)
+        assert server.wait(BOUND) == 0
+        assert not serves_v2(url)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_demo_runs_end_to_end_on_an_embedded_etcd_in_a_bare_environment(
+        tmp_path: Path) -> None:
+    env = {"PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"]),
+           "HOME": str(tmp_path), "ETCDQ_ENDPOINTS": f"http://127.0.0.1:{free_port()}"}
+    if "ETCDQ_ETCD_BIN" in os.environ:  # the tox matrix picks the etcd version
+        env["ETCDQ_ETCD_BIN"] = os.environ["ETCDQ_ETCD_BIN"]
+    began = time.monotonic()
+    out = ok(run_etcdq(["demo"], env=env, cwd=tmp_path, timeout=120))
+    assert time.monotonic() - began < 90
+    etcd_pid = int(find(r"started a throwaway etcd at \S+ \(pid (\d+)\)", out).group(1))
+    killed = find(r"SIGKILLed worker-\d \(pid \d+\) holding (.*?);", out).group(1)
+    assert "Final stats: pending 0  running 0  completed 300  failed 0" in out
+    assert "Each item completed exactly once: yes" in out
+    reclaimed = int(find(r"Items reclaimed after the SIGKILL.*: (\d+)", out).group(1))
+    assert reclaimed >= 1, killed
+    find(r"300 items in [\d.]+ s = [\d.]+ items/s", out)
+    wait_until(lambda: is_gone(etcd_pid), BOUND, message="the demo's etcd to be stopped")

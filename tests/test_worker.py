@@ -1,0 +1,394 @@
+"""The Worker against a real etcd: results, failures, concurrency, timeouts,
+every shutdown path (stop(), signals, grace expiry) and lost locks.
+
+Handlers here block on events the test controls, so each test decides when
+an item is "in flight"; every wait is bounded.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+import urllib.request
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Iterator, List
+
+import pytest
+
+from etcdq_v2 import ConfigError, Queue, connect
+from etcdq_v2.server import TemporaryEtcd
+from etcdq_v2.worker import CANCEL_WAIT, Worker, current_task
+
+from helpers import wait_until
+
+BOUND = 15.0  # seconds any single wait in these tests may take before it counts as a hang
+LOCK_TTL = 3  # short, so that a lost lock is noticed within a second (heartbeat = TTL/3)
+
+
+@pytest.fixture
+def make_queue(etcd_url: str, queue_name: str) -> Iterator[Callable[..., Queue]]:
+    """Queues on this test's queue name (the same name: several nodes of one queue)."""
+    opened: List[Queue] = []
+
+    def make(**options: Any) -> Queue:
+        options.setdefault("lock_ttl", LOCK_TTL)
+        queue = Queue(etcd_url, queue_name, **options)
+        opened.append(queue)
+        return queue
+
+    yield make
+    for queue in opened:
+        queue.close()
+
+
+@pytest.fixture
+def queue(make_queue: Callable[..., Queue]) -> Queue:
+    """max_attempts=1: a failure is final, so its reason is there to read in failed/.
+
+    (Any claim counts as an attempt, a released or stolen one too: tests that
+    claim an item twice use ``make_queue()``.)
+    """
+    return make_queue(max_attempts=1)
+
+
+@pytest.fixture
+def background() -> Iterator[Callable[[Callable[[], Any]], "Future[Any]"]]:
+    """Run a helper in a thread; its exception is re-raised by the test at the end."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures: List["Future[Any]"] = []
+
+        def submit(function: Callable[[], Any]) -> "Future[Any]":
+            futures.append(pool.submit(function))
+            return futures[-1]
+
+        yield submit
+        for future in futures:
+            future.result(timeout=BOUND)
+
+
+@pytest.fixture
+def signal_guard() -> Iterator[List[int]]:
+    """Signals that reach the test instead of the worker are recorded here, not fatal.
+
+    Without this, a worker that failed to install its handlers would let
+    SIGTERM kill the whole test run; the worker replaces these handlers while
+    it runs and must put them back.
+    """
+    leaked: List[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: leaked.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield leaked
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def make_worker(queue: Queue, handler: Callable[[Any], Any], **options: Any) -> Worker:
+    options.setdefault("claim_timeout", 0.2)
+    return Worker(queue, handler, **options)
+
+
+class Gate:
+    """A handler that says when it started and then waits for the test, or for cancel."""
+
+    def __init__(self, result: Any = "done") -> None:
+        self.started = threading.Event()
+        self.proceed = threading.Event()
+        self.saw_cancel = threading.Event()
+        self.result = result
+
+    def __call__(self, payload: Any) -> Any:
+        self.started.set()
+        task = current_task()
+        deadline = time.monotonic() + BOUND
+        while not self.proceed.is_set() and time.monotonic() < deadline:
+            if task.cancelled.wait(0.02):
+                self.saw_cancel.set()
+                break
+        return self.result
+
+
+def results(queue: Queue) -> dict:
+    return {info.payload["n"]: info.result for info in queue.items("completed")}
+
+
+# -- results and failures -----------------------------------------------------------
+
+def test_handler_results_are_recorded_with_the_completion(queue: Queue) -> None:
+    ids = queue.put_many([{"n": n} for n in range(5)])
+    seen_ids = []
+
+    def double(payload: Any) -> Any:
+        seen_ids.append(current_task().claim.id)
+        return payload["n"] * 2
+
+    stats = make_worker(queue, double).run(until_empty=True)
+    assert (stats.completed, stats.failed, stats.lost, stats.released) == (5, 0, 0, 0)
+    assert results(queue) == {n: n * 2 for n in range(5)}
+    assert sorted(seen_ids) == ids
+
+
+def test_handler_exception_fails_the_item_with_its_type_and_message(queue: Queue) -> None:
+    queue.put_many([{"n": n} for n in range(4)])
+
+    def odd_fails(payload: Any) -> Any:
+        if payload["n"] % 2:
+            raise ValueError(f"odd {payload['n']}")
+        return "ok"
+
+    stats = make_worker(queue, odd_fails).run(until_empty=True)
+    assert (stats.completed, stats.failed) == (2, 2)
+    reasons = {info.payload["n"]: info.reason for info in queue.items("failed")}
+    assert reasons == {1: "ValueError: odd 1", 3: "ValueError: odd 3"}
+
+
+def test_a_result_that_cannot_be_stored_fails_the_item(queue: Queue) -> None:
+    queue.put({"n": 0})
+    stats = make_worker(queue, lambda payload: {1, 2}).run(until_empty=True)
+    assert (stats.completed, stats.failed) == (0, 1)
+    [dead] = queue.items("failed")
+    assert (dead.reason or "").startswith("result cannot be stored")
+
+
+def test_concurrency_runs_that_many_handlers_at_once_and_no_more(queue: Queue) -> None:
+    queue.put_many([{"n": n} for n in range(6)])
+    barrier = threading.Barrier(3, timeout=BOUND)  # breaks unless 3 handlers meet
+    lock = threading.Lock()
+    running, most = [0], [0]
+
+    def meet(payload: Any) -> Any:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        barrier.wait()
+        time.sleep(0.05)  # let any extra handler the worker wrongly starts show up
+        with lock:
+            running[0] -= 1
+        return "met"
+
+    stats = make_worker(queue, meet, concurrency=3).run(until_empty=True)
+    assert (stats.completed, most[0]) == (6, 3)
+
+
+def test_max_items_claims_that_many_then_returns(queue: Queue) -> None:
+    queue.put_many([{"n": n} for n in range(5)])
+    stats = make_worker(queue, lambda payload: None).run(max_items=2)
+    assert stats.completed == 2
+    assert queue.stats()["pending"] == 3
+
+
+def test_item_timeout_fails_the_item_cancels_the_handler_and_drops_its_result(
+        queue: Queue) -> None:
+    item_id = queue.put({"n": 0})
+    gate = Gate(result="too late")
+    began = time.monotonic()
+    stats = make_worker(queue, gate, item_timeout=0.5).run(until_empty=True)
+    assert time.monotonic() - began < 0.5 + CANCEL_WAIT + 3
+    assert (stats.completed, stats.failed) == (0, 1)
+    assert gate.saw_cancel.is_set()
+    info = queue.get(item_id)
+    assert (info.state, info.reason, info.result) == ("failed", "timed out after 0.5 s", None)
+
+
+def test_the_lock_is_kept_alive_while_a_long_handler_runs(
+        make_queue: Callable[..., Queue], background: Callable) -> None:
+    queue, thief = make_queue(lock_ttl=1), make_queue()
+    item_id = queue.put({"n": 0})
+    gate = Gate(result="slow")
+    stolen = background(lambda: gate.started.wait(BOUND) and thief.claim(timeout=2.5))
+    background(lambda: stolen.result(timeout=BOUND) or gate.proceed.set())
+    stats = make_worker(queue, gate).run(max_items=1)
+    assert stolen.result() is None  # 2.5 s = several 1 s TTLs, and the item was never free
+    assert (stats.completed, stats.lost) == (1, 0)
+    assert (queue.get(item_id).attempts, queue.get(item_id).result) == (1, "slow")
+
+
+def test_the_worker_keeps_claiming_through_an_etcd_outage(
+        background: Callable, caplog: pytest.LogCaptureFixture) -> None:
+    with TemporaryEtcd() as server, Queue(connect(server.url, timeout=0.3), "outage") as queue:
+        queue.put({"n": 0})
+        server.pause()
+
+        def resume_once_the_worker_noticed() -> None:
+            wait_until(lambda: any("cannot claim" in record.getMessage()
+                                   for record in caplog.records), BOUND,
+                       message="the worker to log the outage")
+            server.resume()
+
+        background(resume_once_the_worker_noticed)
+        with caplog.at_level(logging.ERROR, logger="etcdq_v2"):
+            stats = make_worker(queue, lambda payload: "after").run(max_items=1)
+        assert stats.completed == 1
+
+
+def test_current_task_outside_a_handler_raises() -> None:
+    with pytest.raises(RuntimeError):
+        current_task()
+
+
+@pytest.mark.parametrize("options", [{"concurrency": 0}, {"item_timeout": 0},
+                                     {"grace_period": -1}, {"claim_timeout": -1}])
+def test_bad_options_raise_config_error(queue: Queue, options: dict) -> None:
+    with pytest.raises(ConfigError):
+        Worker(queue, lambda payload: None, **options)
+
+
+# -- shutdown ---------------------------------------------------------------------------
+
+def _send(signum: int) -> Callable[[Worker], None]:
+    return lambda worker: os.kill(os.getpid(), signum)
+
+
+@pytest.mark.parametrize("stop", [lambda worker: worker.stop(), _send(signal.SIGTERM),
+                                  _send(signal.SIGINT)], ids=["stop()", "SIGTERM", "SIGINT"])
+def test_graceful_stop_finishes_the_running_item_and_claims_no_more(
+        queue: Queue, background: Callable, signal_guard: List[int],
+        stop: Callable[[Worker], None]) -> None:
+    queue.put_many([{"n": n} for n in range(3)])
+    gate = Gate()
+    worker = make_worker(queue, gate)
+
+    def stop_then_let_finish() -> None:
+        assert gate.started.wait(BOUND)
+        stop(worker)
+        wait_until(lambda: worker.stopping, BOUND, message="the worker to stop claiming")
+        gate.proceed.set()
+
+    background(stop_then_let_finish)
+    stats = worker.run()
+    assert (stats.completed, stats.released) == (1, 0)
+    assert not gate.saw_cancel.is_set()
+    assert queue.stats() == {"pending": 2, "running": 0, "completed": 1, "failed": 0}
+    assert signal_guard == []
+
+
+@pytest.mark.parametrize("grace_period, stop", [
+    (0.3, lambda worker: worker.stop()),
+    (None, lambda worker: worker.stop(grace=False)),
+], ids=["grace expires", "stop(grace=False)"])
+def test_items_still_running_at_the_end_of_the_grace_are_released(
+        make_queue: Callable[..., Queue], background: Callable, grace_period: Any,
+        stop: Callable[[Worker], None]) -> None:
+    queue = make_queue()
+    item_id = queue.put({"n": 0})
+    gate = Gate()
+    worker = make_worker(queue, gate, grace_period=grace_period)
+
+    def stop_when_started() -> None:
+        assert gate.started.wait(BOUND)
+        stop(worker)
+
+    background(stop_when_started)
+    began = time.monotonic()
+    stats = worker.run()
+    assert time.monotonic() - began < CANCEL_WAIT + 3
+    assert (stats.completed, stats.released) == (0, 1)
+    assert gate.saw_cancel.is_set()
+    assert queue.stats()["running"] == 0
+    again = queue.claim(timeout=LOCK_TTL - 1)  # released, not waiting out the lock TTL
+    assert again is not None and (again.id, again.attempt) == (item_id, 2)
+    again.release()
+
+
+def test_a_second_signal_releases_at_once(queue: Queue, background: Callable,
+                                         signal_guard: List[int]) -> None:
+    queue.put({"n": 0})
+    gate = Gate()
+    worker = make_worker(queue, gate)  # no grace limit: only the second signal ends it
+
+    def signal_twice() -> None:
+        assert gate.started.wait(BOUND)
+        os.kill(os.getpid(), signal.SIGINT)
+        wait_until(lambda: worker.stopping, BOUND, message="the first signal to be handled")
+        assert not gate.saw_cancel.is_set()
+        os.kill(os.getpid(), signal.SIGINT)
+
+    background(signal_twice)
+    stats = worker.run()
+    assert (stats.completed, stats.released) == (0, 1)
+    assert gate.saw_cancel.is_set()
+    assert queue.stats()["running"] == 0
+    assert signal_guard == []
+
+
+def test_an_item_claimed_as_the_stop_comes_is_released_unhandled(
+        make_queue: Callable[..., Queue]) -> None:
+    queue = make_queue()
+    queue.put({"n": 0})
+    handled: List[Any] = []
+
+    class StopArrivesDuringTheClaim:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(queue, name)
+
+        def claim(self, timeout: float) -> Any:
+            claim = queue.claim(timeout=BOUND)
+            worker.stop()
+            return claim
+
+    worker = make_worker(StopArrivesDuringTheClaim(), handled.append)  # type: ignore[arg-type]
+    stats = worker.run()
+    assert (handled, stats.released) == ([], 1)
+    assert queue.stats()["pending"] == 1
+
+
+def test_signal_handlers_are_put_back_after_run(queue: Queue, signal_guard: List[int]) -> None:
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    make_worker(queue, lambda payload: None).run(until_empty=True)
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_a_worker_outside_the_main_thread_runs_without_signal_handlers(queue: Queue) -> None:
+    queue.put({"n": 0})
+    worker = make_worker(queue, lambda payload: "ok")
+    with ThreadPoolExecutor(1) as pool:
+        stats = pool.submit(worker.run, until_empty=True).result(timeout=BOUND)
+    assert stats.completed == 1
+
+
+# -- lost locks ---------------------------------------------------------------------------
+
+def _steal(etcd_url: str, queue: Queue, thief: Queue, item_id: str) -> Any:
+    """Delete the item's lock behind the worker's back and claim the item as another node."""
+    request = urllib.request.Request(f"{etcd_url}/v2/keys/etcdq/{queue.name}/locks/{item_id}",
+                                     method="DELETE")
+    urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=5).close()
+    claim = wait_until(lambda: thief.claim(timeout=0.2), BOUND, message="the thief's claim")
+    assert claim is not None and (claim.id, claim.attempt) == (item_id, 2)
+    return claim
+
+
+def test_a_lock_lost_while_the_handler_runs_cancels_it_and_records_nothing(
+        etcd_url: str, make_queue: Callable[..., Queue], background: Callable,
+        caplog: pytest.LogCaptureFixture) -> None:
+    queue, thief = make_queue(), make_queue()
+    item_id = queue.put({"n": 0})
+    gate = Gate(result="mine")
+    worker = make_worker(queue, gate)
+    stolen = background(lambda: gate.started.wait(BOUND) and _steal(etcd_url, queue, thief,
+                                                                     item_id))
+    with caplog.at_level(logging.WARNING, logger="etcdq_v2"):
+        stats = worker.run(max_items=1)
+    assert (stats.completed, stats.lost) == (0, 1)
+    assert gate.saw_cancel.is_set()  # the heartbeat noticed; the handler was told to stop
+    assert any(record.name.startswith("etcdq_v2") and item_id in record.getMessage()
+               and "lost" in record.getMessage() for record in caplog.records)
+    stolen.result(timeout=BOUND).complete("theirs")  # the thief's claim is intact
+    assert queue.get(item_id).result == "theirs"
+
+
+def test_a_lock_taken_before_complete_records_nothing(
+        etcd_url: str, make_queue: Callable[..., Queue]) -> None:
+    queue, thief = make_queue(), make_queue()
+    item_id = queue.put({"n": 0})
+    stolen = []
+
+    def lose_the_lock_then_return(payload: Any) -> Any:
+        stolen.append(_steal(etcd_url, queue, thief, item_id))
+        return "mine"
+
+    stats = make_worker(queue, lose_the_lock_then_return).run(max_items=1)
+    assert (stats.completed, stats.lost) == (0, 1)
+    stolen[0].complete("theirs")
+    assert queue.get(item_id).result == "theirs"
