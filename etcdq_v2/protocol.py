@@ -292,12 +292,19 @@ class Protocol:
         try:
             self.etcd.put(self.layout.key(kind, state.id), raw, prev_exist=False)
         except AlreadyExists:
-            existing = self.read(kind, state.id)
-            if existing is None or existing.value != raw:
+            # Ours if an earlier try of this finish (or a resent PUT) wrote it.
+            if not self._is_our_record(kind, state):
                 self._cleanup(state)
                 raise LockLost(
                     f"item {state.id} already has a {kind} record of another claim") from None
         self._cleanup(state)
+
+    def _is_our_record(self, kind: str, state: ClaimState) -> bool:
+        existing = self.read(kind, state.id)
+        try:
+            return existing is not None and Record.decode(existing.value).claim == state.lock.token
+        except Junk:
+            return False
 
     def _cleanup(self, state: ClaimState) -> None:
         """F3 and F4: both conditional, so they never remove another claim's keys."""
@@ -343,9 +350,11 @@ class Protocol:
         """Q1-Q3: move dead letter ``item_id`` back to work/ as a new item."""
         check_item_id(item_id)
         entry = self.read(FAILED, item_id)
-        if entry is None:
-            raise NotFound(f"no dead letter {item_id} in {self.layout.failed}")
-        record = Record.decode(entry.value)
+        try:
+            record = Record.decode(entry.value if entry else None)
+        except Junk:
+            raise NotFound(f"no dead letter {item_id} in {self.layout.failed}") from None
+        assert entry is not None  # Record.decode(None) raised Junk above
         if record.requeue_token:
             token, index = record.requeue_token, entry.index
             new_id = self._find_requeued(token)

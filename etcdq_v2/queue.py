@@ -179,16 +179,18 @@ class Queue:
     def get(self, item_id: str) -> ItemInfo:
         """One item, wherever it is; NotFound if it is in none of the directories."""
         check_item_id(item_id)
-        for kind in (COMPLETED, FAILED):
-            entry = self._protocol.read(kind, item_id)
-            if entry is not None:
-                return _record_info(item_id, kind, Record.decode(entry.value))
-        entry = self._protocol.read("work", item_id)
-        if entry is None:
-            raise NotFound(f"no item {item_id} in queue {self.name}")
+        try:
+            for kind in (COMPLETED, FAILED):
+                entry = self._protocol.read(kind, item_id)
+                if entry is not None:
+                    return _record_info(item_id, kind, Record.decode(entry.value))
+            entry = self._protocol.read("work", item_id)
+            item = Item.decode(entry.value if entry else None)
+        except Junk:
+            raise NotFound(f"no item {item_id} in queue {self.name}") from None
+        assert entry is not None
         lock = self._protocol.read("locks", item_id)
-        locks = lock_states([lock] if lock else [])
-        return _item_info(entry, Item.decode(entry.value), locks)
+        return _item_info(entry, item, lock_states([lock] if lock else []))
 
     # -- operating -----------------------------------------------------------------
     def requeue(self, item_id: str) -> str:

@@ -72,3 +72,15 @@ def test_junk_records_do_not_break_inspection(queue: Queue) -> None:
     assert [i.id for i in queue.items("pending")] == [item_id]
     assert queue.items("completed") == []
     assert queue.items("failed") == []
+
+
+def test_junk_at_an_item_id_is_not_found_never_a_crash(queue: Queue) -> None:
+    from etcdq_v2 import NotFound
+    junk_id = "7" * 20
+    queue.etcd.put(queue.layout.key("failed", junk_id), "not a record")
+    queue.etcd.put(queue.layout.key("work", "8" * 20), "not an item")
+    for call in (lambda: queue.requeue(junk_id), lambda: queue.get(junk_id),
+                 lambda: queue.get("8" * 20)):
+        with pytest.raises(NotFound):
+            call()
+    assert queue.etcd.get(queue.layout.key("failed", junk_id)).node["value"] == "not a record"

@@ -223,3 +223,21 @@ def test_a_put_is_claimable_at_once_by_the_same_queue(queue: Queue) -> None:
         claim = queue.claim(timeout=0)
         assert claim is not None and claim.id == item_id
         claim.complete()
+
+
+def test_complete_can_be_retried_after_an_unavailable_etcd(queue: Queue, monkeypatch) -> None:
+    from etcdq_v2 import Unavailable
+    item_id = queue.put("retry me")
+    claim = queue.claim()
+    real_delete = queue.etcd.delete
+
+    def failing_delete(*args, **kwargs):  # the record is written, then etcd goes away
+        raise Unavailable("etcd went away")
+
+    monkeypatch.setattr(queue.etcd, "delete", failing_delete)
+    with pytest.raises(Unavailable):
+        claim.complete("first try")
+    monkeypatch.setattr(queue.etcd, "delete", real_delete)
+    claim.complete("second try")  # our own record is recognised, not "another claim's"
+    assert queue.get(item_id).result == "first try"
+    assert queue.stats() == {"pending": 0, "running": 0, "completed": 1, "failed": 0}
