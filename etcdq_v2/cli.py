@@ -1,18 +1,19 @@
 """The ``etcdq`` command line (also ``python -m etcdq_v2``).
 
 A thin layer: every verb parses its arguments, opens a :class:`Queue` and
-calls one or two of its methods (``work`` wraps a :class:`Worker`, ``server``
-and ``demo`` call :mod:`etcdq_v2.server`).  What is particular to the shell
-lives here:
+calls one or two of its methods (``work`` wraps a :class:`Worker` around a
+:class:`~etcdq_v2.command.CommandHandler`, ``server`` calls
+:mod:`etcdq_v2.server`, ``demo`` calls :mod:`etcdq_v2.demo`).  What is
+particular to the shell lives here:
 
 * user errors print one line ``etcdq: error: ...`` and exit with a distinct
   code (:data:`EXIT_CODES`, shown in ``--help``); never a traceback for an
   :class:`EtcdqError`;
 * global options may come before or after the verb (``etcdq stats q --json``),
   and take their defaults from ``ETCDQ_*`` environment variables;
-* ``work`` runs a command per item in a subprocess of its own process group,
-  because a process can be killed on a timeout or a forced shutdown where a
-  Python thread cannot.
+* ``work`` runs a command per item in a subprocess of its own process group
+  (:mod:`etcdq_v2.command`), because a process can be killed on a timeout or
+  a forced shutdown where a Python thread cannot.
 """
 from __future__ import annotations
 
@@ -23,22 +24,17 @@ import dataclasses
 import json
 import logging
 import os
-import secrets
-import shlex
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
-from typing import IO, Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
 
+from .command import CommandHandler, check_command
+from .demo import StatusLine, format_counts, run_demo
 from .errors import (AuthError, ConfigError, EtcdqError, InvalidName, InvalidPayload, NotFound,
                      Unavailable)
 from .queue import ItemInfo, Queue
 from .transport import connect
-from .worker import Worker, current_task
+from .worker import Worker
 
 PROG = "etcdq"
 DEFAULT_ENDPOINTS = "http://127.0.0.1:2379"
@@ -416,11 +412,6 @@ def print_json(value: Any) -> None:
     print(json.dumps(value, default=_json_default, ensure_ascii=False))
 
 
-def format_counts(counts: Dict[str, int]) -> str:
-    """``pending 3  running 1  ...`` in the dict's order."""
-    return "  ".join(f"{name} {count}" for name, count in counts.items())
-
-
 def _format_value(value: Any, width: Optional[int] = None) -> str:
     if isinstance(value, bytes):
         text = "base64:" + base64.b64encode(value).decode("ascii")
@@ -620,117 +611,14 @@ def _confirm_purge(queue: Queue, completed: bool, failed: bool) -> bool:
 
 
 # --------------------------------------------------------------------------
-# work: one subprocess per item
+# work, server, demo
 # --------------------------------------------------------------------------
-
-#: Seconds between SIGTERM and SIGKILL when a command is stopped.
-KILL_DELAY = 1.0
-#: How much of a failed command's stderr is kept as the failure reason.
-STDERR_TAIL = 2000
-_POLL = 0.1
-
-
-class CommandFailed(Exception):
-    """The command exited non-zero, was killed, or could not start."""
-
-
-class CommandHandler:
-    """A :class:`Worker` handler that runs ``argv`` once per item.
-
-    The command runs in a new session (process group), so that a timeout or
-    a forced shutdown can kill it and everything it started, and so that a
-    Ctrl-C in the worker's terminal reaches the worker, which decides.
-    """
-
-    def __init__(self, argv: Sequence[str], queue_name: str) -> None:
-        self.argv = list(argv)
-        self.queue_name = queue_name
-
-    def __call__(self, payload: Any) -> Any:
-        task = current_task()
-        env = {**os.environ, "ETCDQ_QUEUE": self.queue_name, "ETCDQ_ITEM_ID": task.claim.id,
-               "ETCDQ_ATTEMPT": str(task.claim.attempt)}
-        try:
-            process = subprocess.Popen(self.argv, stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       env=env, start_new_session=True)
-        except OSError as exc:
-            raise CommandFailed(f"cannot run {self.argv[0]}: {exc}") from None
-        stdout, stderr = _communicate(process, _stdin_bytes(payload), task.cancelled)
-        if process.returncode != 0:
-            raise CommandFailed(_failure_reason(process.returncode, stderr))
-        return command_result(stdout)
-
-
-def _stdin_bytes(payload: Any) -> bytes:
-    if isinstance(payload, bytes):
-        return payload
-    return json.dumps(payload, ensure_ascii=False).encode("utf-8")
-
-
-def _communicate(process: "subprocess.Popen[bytes]", data: bytes,
-                 cancelled: Any) -> Tuple[bytes, bytes]:
-    """Feed stdin and collect output, killing the process group once ``cancelled`` is set."""
-    feed: Optional[bytes] = data
-    while True:
-        try:
-            return process.communicate(feed, timeout=_POLL)
-        except subprocess.TimeoutExpired:
-            feed = None  # communicate() keeps sending what it started with
-        if cancelled.is_set():
-            return _stop_group(process)
-
-
-def _stop_group(process: "subprocess.Popen[bytes]") -> Tuple[bytes, bytes]:
-    _signal_group(process, signal.SIGTERM)
-    try:
-        return process.communicate(timeout=KILL_DELAY)
-    except subprocess.TimeoutExpired:
-        _signal_group(process, signal.SIGKILL)
-        return process.communicate()
-
-
-def _signal_group(process: "subprocess.Popen[bytes]", signum: int) -> None:
-    try:
-        os.killpg(process.pid, signum)
-    except ProcessLookupError:
-        pass  # the whole group is gone already
-
-
-def _failure_reason(returncode: int, stderr: bytes) -> str:
-    status = f"killed by {signal.Signals(-returncode).name}" if returncode < 0 \
-        else f"exit status {returncode}"
-    tail = stderr.decode("utf-8", "replace").strip()[-STDERR_TAIL:]
-    return f"{status}: {tail}" if tail else status
-
-
-def command_result(stdout: bytes) -> Any:
-    """A command's stdout as an item result: JSON if it parses, else text, else bytes."""
-    try:
-        text = stdout.decode("utf-8")
-    except UnicodeDecodeError:
-        return stdout
-    if not text.strip():
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text.rstrip("\r\n")
-
-
-def _check_command(argv: List[str]) -> List[str]:
-    if not argv:
-        raise UsageError("give the command to run after --, e.g. etcdq work QUEUE -- ./job.sh")
-    program = argv[0]
-    found = program if os.sep in program else shutil.which(program)
-    if not found or not os.access(found, os.X_OK) or os.path.isdir(found):
-        raise UsageError(f"command not found or not executable: {program}")
-    return argv
-
 
 def cmd_work(args: argparse.Namespace) -> int:
     """``etcdq work``: a Worker whose handler is a CommandHandler."""
-    command = _check_command(args.command)
+    if not args.command:
+        raise UsageError("give the command to run after --, e.g. etcdq work QUEUE -- ./job.sh")
+    command = check_command(args.command)
     options = {"lock_ttl": args.lock_ttl, "node_id": args.node_id,
                "max_attempts": args.max_attempts}
     with open_queue(args, **options) as queue:
@@ -747,222 +635,23 @@ def cmd_work(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# --------------------------------------------------------------------------
-# server and demo
-# --------------------------------------------------------------------------
-
 def cmd_server(args: argparse.Namespace) -> int:
     """``etcdq server``: etcd in the foreground until Ctrl-C."""
     from .server import run_foreground
     return run_foreground(args.data_dir, args.port)
 
 
-class StatusLine:
-    """One line redrawn in place on a terminal; elsewhere, a line per update at most every
-    ``every`` seconds, so a log file gets a readable trace instead of carriage returns."""
-
-    def __init__(self, out: IO[str], every: float = 0.0) -> None:
-        self.out = out
-        self.tty = out.isatty()
-        self.every = every
-        self._last = 0.0
-        self._drawn = False
-
-    def update(self, text: str, *, final: bool = False) -> None:
-        if self.tty:
-            self.out.write(f"\r{text}\x1b[K")
-            self._drawn = True
-        elif final or time.monotonic() - self._last >= self.every:
-            self.out.write(text + "\n")
-            self._last = time.monotonic()
-        self.out.flush()
-
-    def event(self, text: str) -> None:
-        """A line that stays, printed above the status line."""
-        if self._drawn:
-            self.out.write("\r\x1b[K")
-            self._drawn = False
-        self.out.write(text + "\n")
-        self.out.flush()
-
-    def close(self) -> None:
-        if self._drawn:
-            self.out.write("\n")
-            self._drawn = False
-        self.out.flush()
-
-
-#: What each demo item runs: reads {"n": N}, pretends to work, prints N squared.
-_DEMO_ITEM = ("import json, sys, time; n = json.load(sys.stdin)['n']; time.sleep(0.05); "
-              "print(json.dumps({'n': n, 'square': n * n}))")
-_DEMO_DEADLINE = 60.0
-_DEMO_CONCURRENCY = 2
-_DEMO_TICK = 0.2
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     """``etcdq demo``: on the etcd at --endpoints, or on a throwaway one."""
-    from .server import ensure_etcd
     if args.items < 1 or args.workers < 2:
         raise UsageError("the demo needs --items >= 1 and --workers >= 2")
-    started = ensure_etcd(args.endpoints)
-    try:
-        if started is None:
-            print(f"Using the etcd at {args.endpoints}.")
-        else:
-            print(f"No etcd answered at {args.endpoints}: started a throwaway etcd at "
-                  f"{started.url} (pid {started.pid}), removed at the end.")
-            args.endpoints = started.url
-        return _Demo(args).run()
-    finally:
-        if started is not None:
-            started.stop()
 
+    def on(endpoints: str) -> argparse.Namespace:
+        return argparse.Namespace(**{**vars(args), "endpoints": endpoints})
 
-class _Demo:
-    """Enqueue, start worker processes, SIGKILL one mid-way, verify, report."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.name = f"demo-{secrets.token_hex(3)}"
-        self.workers: List["subprocess.Popen[bytes]"] = []
-        self.logs = Path(tempfile.mkdtemp(prefix="etcdq-demo-"))
-        self.victim: Optional[int] = None
-        self.victim_items: List[str] = []
-        self.status = StatusLine(sys.stdout, every=1.0)
-
-    def run(self) -> int:
-        with open_queue(self.args, self.name, lock_ttl=self.args.lock_ttl) as queue:
-            ids = queue.put_many({"n": n} for n in range(self.args.items))
-            print(f"Queued {len(ids)} items in queue {self.name!r}; starting "
-                  f"{self.args.workers} workers:\n  {self._worker_description()}")
-            began = time.monotonic()
-            try:
-                self._start_workers()
-                finished = self._watch(queue, began)
-            finally:
-                self._stop_workers()
-            elapsed = time.monotonic() - began
-            verified = self._report(queue, ids, elapsed, finished)
-            queue.purge(completed=True, failed=True)
-        shutil.rmtree(self.logs, ignore_errors=True)
-        return EXIT_OK if verified else EXIT_FAILURE
-
-    # -- workers -------------------------------------------------------------
-
-    def _worker_argv(self, number: int) -> List[str]:
-        return [sys.executable, "-m", "etcdq_v2", "-q", "work", self.name,
-                "--concurrency", str(_DEMO_CONCURRENCY), "--lock-ttl", f"{self.args.lock_ttl:g}",
-                "--node-id", f"worker-{number}", "--grace", "5",
-                "--", sys.executable, "-c", _DEMO_ITEM]
-
-    def _worker_description(self) -> str:
-        middle = shlex.join(self._worker_argv(0)[3:-3]).replace("worker-0", "worker-N")
-        return f"etcdq {middle} python -c '<sleep 0.05 s, print n squared>'"
-
-    def _start_workers(self) -> None:
-        env = {**os.environ, **_worker_environment(self.args),
-               "PYTHONPATH": os.pathsep.join(filter(None, [
-                   str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))}
-        for number in range(1, self.args.workers + 1):
-            with open(self.logs / f"worker-{number}.log", "wb") as log_file:
-                self.workers.append(subprocess.Popen(
-                    self._worker_argv(number), env=env, stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL, stderr=log_file))
-
-    def _stop_workers(self) -> None:
-        for process in self.workers:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.workers:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-    def _check_workers(self) -> None:
-        for number, process in enumerate(self.workers, 1):
-            if number != self.victim and process.poll() is not None:
-                tail = (self.logs / f"worker-{number}.log").read_text(errors="replace")[-2000:]
-                raise EtcdqError(f"demo worker {number} exited with status "
-                                 f"{process.returncode}:\n{tail}")
-
-    # -- progress ------------------------------------------------------------
-
-    def _watch(self, queue: Queue, began: float) -> bool:
-        """Show progress until every item is completed; False if the deadline passed."""
-        total = self.args.items
-        while time.monotonic() - began < _DEMO_DEADLINE:
-            self._check_workers()
-            counts = queue.stats()
-            if self.victim is None and counts["completed"] >= total // 3:
-                self._kill_a_worker(queue)
-            self._report_reclaims(queue)
-            done = counts["completed"] + counts["failed"] >= total and counts["running"] == 0
-            self.status.update(self._progress(counts, began), final=done)
-            if done:
-                self.status.close()
-                return True
-            time.sleep(_DEMO_TICK)
-        self.status.close()
-        return False
-
-    def _progress(self, counts: Dict[str, int], began: float) -> str:
-        total, done = self.args.items, counts["completed"]
-        bar = "#" * (30 * done // total)
-        alive = sum(process.poll() is None for process in self.workers)
-        rate = done / max(time.monotonic() - began, 1e-6)
-        return (f"[{bar:<30}] {done}/{total} completed  {counts['running']} running  "
-                f"{counts['failed']} failed  {alive}/{len(self.workers)} workers  "
-                f"{rate:.0f} items/s")
-
-    def _kill_a_worker(self, queue: Queue) -> None:
-        running = queue.items("running")
-        holders = [info.node_id for info in running]
-        number = next((n for n in range(1, len(self.workers) + 1)
-                       if f"worker-{n}" in holders), 1)
-        self.workers[number - 1].kill()
-        self.workers[number - 1].wait()
-        self.victim = number
-        self.victim_items = [info.id for info in running if info.node_id == f"worker-{number}"]
-        held = ", ".join(self.victim_items) or "no items at that instant"
-        self.status.event(f"SIGKILLed worker-{number} (pid {self.workers[number - 1].pid}) "
-                          f"holding {held}; its items come back when its "
-                          f"{self.args.lock_ttl:g} s lock expires.")
-
-    def _report_reclaims(self, queue: Queue) -> None:
-        for item_id in list(self.victim_items):
-            info = queue.get(item_id)
-            if info.state != "completed":
-                continue
-            self.victim_items.remove(item_id)
-            if info.node_id == f"worker-{self.victim}":
-                self.status.event(f"Item {item_id} had been completed just before the kill.")
-            else:
-                self.status.event(f"Item {item_id} reclaimed: completed by {info.node_id} "
-                                  f"on attempt {info.attempts}.")
-
-    # -- verdict -------------------------------------------------------------
-
-    def _report(self, queue: Queue, ids: List[str], elapsed: float, finished: bool) -> bool:
-        counts = queue.stats()
-        records = queue.items("completed")
-        completed_ids = [info.id for info in records]
-        results_right = all(info.result == {"n": info.payload["n"],
-                                            "square": info.payload["n"] ** 2}
-                            for info in records)
-        once = (finished and sorted(completed_ids) == sorted(ids) and results_right
-                and counts["pending"] == counts["running"] == counts["failed"] == 0)
-        reclaimed = sum(1 for info in records if info.attempts > 1)
-        print(f"Final stats: {format_counts(counts)}")
-        print(f"{len(completed_ids)} items in {elapsed:.1f} s = {len(completed_ids) / elapsed:.1f}"
-              f" items/s with {len(self.workers)} worker processes, 1 SIGKILLed mid-way")
-        print(f"Items reclaimed after the SIGKILL (completed on a later attempt): {reclaimed}")
-        print(f"Each item completed exactly once: {'yes' if once else 'NO'} "
-              f"({len(set(completed_ids))} completion records for {len(ids)} items, "
-              f"results {'all right' if results_right else 'WRONG'})")
-        if not finished:
-            print(f"The demo did not finish within {_DEMO_DEADLINE:g} s; worker logs "
-                  f"were in {self.logs}", file=sys.stderr)
-        return once
+    verified = run_demo(
+        args.endpoints, items=args.items, workers=args.workers, lock_ttl=args.lock_ttl,
+        open_queue=lambda endpoints, name, lock_ttl: open_queue(on(endpoints), name,
+                                                                lock_ttl=lock_ttl),
+        worker_environment=lambda endpoints: _worker_environment(on(endpoints)))
+    return EXIT_OK if verified else EXIT_FAILURE

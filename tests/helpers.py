@@ -7,7 +7,9 @@ deadline and fails with a message saying what was awaited.
 """
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import Callable, Optional, Tuple, Type, TypeVar
 
 T = TypeVar("T")
@@ -37,3 +39,16 @@ def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.0
     what = message or getattr(predicate, "__name__", repr(predicate))
     detail = f"; last error: {last_error!r}" if last_error else ""
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{detail}")
+
+
+def is_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie awaiting its reaper counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"

@@ -25,10 +25,11 @@ from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence
 import pytest
 
 from etcdq_v2 import Queue
-from etcdq_v2.cli import EXIT_CODES, StatusLine
+from etcdq_v2.cli import EXIT_CODES
+from etcdq_v2.demo import StatusLine
 from etcdq_v2.server import TemporaryEtcd, free_port
 
-from helpers import wait_until
+from helpers import is_gone, wait_until
 
 BOUND = 20.0
 VERBS = ("put", "work", "stats", "ls", "show", "requeue", "purge", "server", "demo")
@@ -155,19 +156,6 @@ def find(pattern: str, text: str) -> "re.Match[str]":
     match = re.search(pattern, text)
     assert match, f"no {pattern!r} in:\n{text}"
     return match
-
-
-def is_gone(pid: int) -> bool:
-    """True once ``pid`` has exited (a zombie awaiting its reaper counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def wait_all_gone(pids_file: Path) -> None:

@@ -24,7 +24,7 @@ from etcdq_v2.errors import ConfigError, Unavailable
 from etcdq_v2.server import (ENV_BINARY, EtcdCluster, EtcdServer, MemberAddress,
                              cluster_flags, ensure_etcd, etcd_version, find_etcd_binary,
                              free_port)
-from helpers import wait_until
+from helpers import is_gone, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Loopback only: never let an http_proxy from the environment see these requests.
@@ -65,14 +65,6 @@ def followed_leader(base_url: str) -> str:
     return str(_request(f"{base_url}/v2/members/leader", timeout=2.0)["peerURLs"][0])
 
 
-def process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 # -- single member ---------------------------------------------------------
 
 def test_single_member_serves_v2_keys(etcd_url: str, queue_name: str) -> None:
@@ -84,10 +76,10 @@ def test_single_member_serves_v2_keys(etcd_url: str, queue_name: str) -> None:
 def test_stop_ends_the_process_by_pid(etcd_binary: str, tmp_path: Path) -> None:
     with EtcdServer(tmp_path / "data", binary=etcd_binary) as server:
         pid = server.pid
-        assert pid is not None and process_exists(pid)
+        assert pid is not None and not is_gone(pid)
         assert server.url.startswith("http://127.0.0.1:")
     assert not server.is_running()
-    assert not process_exists(pid)
+    assert is_gone(pid)
     assert not serves_v2(server.url)
 
 
