@@ -31,7 +31,7 @@ setup(
             "ruff>=0.6",
             "mypy>=1.10",
         ],
-        "bench": ["matplotlib>=3"],
+        "bench": ["matplotlib>=3", "kazoo>=2.9"],
     },
     entry_points={"console_scripts": ["etcdq = etcdq_v2.cli:main"]},
     classifiers=[

@@ -1,0 +1,72 @@
+"""The benchmark's PNG: items/s against consumers, and claims/s against queue length.
+
+matplotlib is optional (``pip install 'etcdq_v2[bench]'``): without it,
+:func:`draw` writes nothing and says so.
+"""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+
+from .designs import DESIGNS
+from .measure import ClaimCostRun, DrainRun
+from .report import group
+
+R = TypeVar("R")
+#: x values, median y values, and the distances from each median down to the
+#: lowest and up to the highest run (matplotlib's asymmetric error bars).
+Series = Tuple[List[int], List[float], List[float], List[float]]
+
+
+def _series(runs: Sequence[R], design: Callable[[R], str], x: Callable[[R], int],
+            y: Callable[[R], float]) -> Dict[str, Series]:
+    """One series per design."""
+    series: Dict[str, Series] = {}
+    for (name, setting), same in group(runs, lambda run: (design(run), x(run))).items():
+        values = [y(run) for run in same]
+        median = statistics.median(values)
+        xs, medians, below, above = series.setdefault(name, ([], [], [], []))
+        xs.append(setting)
+        medians.append(median)
+        below.append(median - min(values))
+        above.append(max(values) - median)
+    return series
+
+
+def _panel(axes: Any, series: Dict[str, Series], xlabel: str, ylabel: str) -> None:
+    for name, (xs, medians, below, above) in series.items():
+        # One colour per design in both panels: matplotlib's Cn cycle, by DESIGNS order.
+        axes.errorbar(xs, medians, yerr=[below, above], marker="o", capsize=3,
+                      color=f"C{list(DESIGNS).index(name)}", label=DESIGNS[name].label)
+    axes.set_xscale("log")
+    axes.set_xticks(sorted({x for xs, *_ in series.values() for x in xs}))
+    axes.xaxis.set_major_formatter("{x:,.0f}")
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize="small")
+
+
+def draw(drains: Sequence[DrainRun], claim_costs: Sequence[ClaimCostRun],
+         path: Path) -> Optional[str]:
+    """Write the PNG to ``path``; return a note instead if matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")  # no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'etcdq_v2[bench]'): no PNG written"
+    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    _panel(left, _series(drains, lambda r: r.design, lambda r: r.consumers,
+                         lambda r: r.items_per_s),
+           "consumer processes", "items/s (drain; median, min–max)")
+    left.set_ylim(bottom=0)
+    _panel(right, _series(claim_costs, lambda r: r.design, lambda r: r.pending,
+                          lambda r: r.claims_per_s),
+           "pending items", "claims/s (one consumer; median, min–max)")
+    right.set_yscale("log")  # the literal design falls by orders of magnitude
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return None

@@ -1,0 +1,285 @@
+"""Run the whole benchmark: ``python bench/run.py [--quick] [--full] [--out bench/results]``.
+
+Starts its own servers (a fresh etcd per section, ZooKeeper for the Kazoo
+peer when available), runs every section, prints one markdown table per
+section to stdout (progress goes to stderr), and writes into ``--out``:
+``results.json`` (every run's raw figures), ``tables.md`` (what was printed)
+and ``bench.png`` (when matplotlib is installed).  bench/README.md explains
+each table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+if __package__ in (None, ""):
+    # Run as a script: make the ``bench`` package importable.  Its modules use
+    # package imports, and spawned worker processes import them by that name.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import measure, plot, report  # noqa: E402
+from bench.designs import DESIGNS, ETCDQ, Target  # noqa: E402
+from bench.servers import ZooKeeperUnavailable, etcd_server, zookeeper_server  # noqa: E402
+from etcdq_v2.server import etcd_version, find_etcd_binary  # noqa: E402
+
+#: Designs raced with more consumers than the drains use, for the contention table.
+CONTENTION_DESIGNS = ("literal", ETCDQ)
+#: Prefixes of the row names in Results.skipped: which table a skipped row belongs to.
+RAW, DRAIN, CLAIM_COST, WAKE = "raw write rate: ", "drain: ", "claim cost: ", "wake latency: "
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much of everything to run; ``--quick`` and ``--full`` pick one."""
+
+    repeats: int
+    drain_items: int
+    raw_seconds: float
+    probe_claims: int        # claims timed per claim-cost probe ...
+    probe_budget_s: float    # ... or fewer, if these seconds run out first
+    literal_lengths: Tuple[int, ...]
+    idle_s: float            # how long the blocked consumer is watched for polling
+    drain_consumers: Tuple[int, ...] = (1, 4, 8)
+    contention_consumers: Tuple[int, ...] = (8, 32)
+    etcdq_lengths: Tuple[int, ...] = (1_000, 10_000, 100_000)
+    wrk_connections: int = 64
+    wake_puts: int = 50
+
+    @classmethod
+    def choose(cls, quick: bool, full: bool, repeats: Optional[int]) -> "Plan":
+        if quick:
+            plan = cls(repeats=1, drain_items=500, raw_seconds=2, probe_claims=200,
+                       probe_budget_s=2, literal_lengths=(1_000, 10_000), idle_s=1)
+        else:
+            plan = cls(repeats=3, drain_items=2000, raw_seconds=3, probe_claims=300,
+                       probe_budget_s=4, literal_lengths=(1_000, 10_000), idle_s=2)
+        if full:
+            # The literal design at 100,000 pending: ~10 claims/s, each listing 20 MB.
+            plan = replace(plan, literal_lengths=(1_000, 10_000, 100_000))
+        return replace(plan, repeats=repeats) if repeats else plan
+
+
+@dataclass
+class Results:
+    """Every run of every section, as measured."""
+
+    raw: Dict[str, List[float]] = field(default_factory=dict)
+    drains: List[measure.DrainRun] = field(default_factory=list)
+    claim_costs: List[measure.ClaimCostRun] = field(default_factory=list)
+    wakes: List[measure.WakeRun] = field(default_factory=list)
+    skipped: Dict[str, str] = field(default_factory=dict)  # row name -> why it did not run
+
+    def skipped_in(self, section: str) -> Dict[str, str]:
+        """The skipped rows of one section (a row-name prefix), without the prefix."""
+        return {name[len(section):]: why for name, why in self.skipped.items()
+                if name.startswith(section)}
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def row(results: Results, name: str) -> Iterator[None]:
+    """Run one row of a table; if it cannot run here or fails, note why and carry on.
+
+    One design failing (the core is still changing) must not lose every
+    other design's figures; the traceback still goes to stderr.
+    """
+    try:
+        yield
+    except ZooKeeperUnavailable as exc:
+        results.skipped[name] = str(exc)
+        progress(f"{name}: skipped: {exc}")
+    except Exception as exc:
+        traceback.print_exc()
+        last_line = (str(exc).strip().splitlines() or [""])[-1]
+        results.skipped[name] = f"failed: {type(exc).__name__}: {last_line}"
+        progress(f"{name}: FAILED")
+
+
+@contextmanager
+def server_for(design: str, workdir: Path) -> Iterator[str]:
+    """A fresh server of the kind ``design`` needs; yields its address."""
+    if DESIGNS[design].backend == "zookeeper":
+        with zookeeper_server(workdir) as hosts:
+            yield hosts
+    else:
+        with etcd_server(workdir) as server:
+            yield server.url
+
+
+# -- sections ------------------------------------------------------------------------------
+
+def run_raw(plan: Plan, workdir: Path, results: Results) -> None:
+    processes = max(plan.drain_consumers)
+    python_rows: Dict[str, Callable[[str], float]] = {
+        "Python loop, urllib3, 1 keep-alive connection":
+            lambda url: measure.python_write_rate(url, plan.raw_seconds),
+        f"{processes} Python loops in {processes} processes, 1 connection each":
+            lambda url: measure.parallel_python_write_rate(url, plan.raw_seconds, processes),
+    }
+    wrk_row = f"wrk, {plan.wrk_connections} keep-alive connections"
+    with etcd_server(workdir) as server:
+        for name, rate in python_rows.items():
+            with row(results, RAW + name):
+                results.raw[name] = [rate(server.url) for _ in range(plan.repeats)]
+        missing = measure.wrk_missing()
+        if missing:
+            results.skipped[RAW + wrk_row] = missing
+            return
+        with row(results, RAW + wrk_row):
+            results.raw[wrk_row] = [
+                measure.wrk_write_rate(server.url, plan.raw_seconds, plan.wrk_connections)
+                for _ in range(plan.repeats)]
+
+
+def _consumer_counts(plan: Plan, design: str) -> List[int]:
+    extra = plan.contention_consumers if design in CONTENTION_DESIGNS else ()
+    return sorted(set(plan.drain_consumers) | set(extra))
+
+
+def run_drains(plan: Plan, workdir: Path, results: Results) -> None:
+    for design in DESIGNS:
+        with row(results, DRAIN + design), server_for(design, workdir) as address:
+            for consumers in _consumer_counts(plan, design):
+                for repeat in range(plan.repeats):
+                    progress(f"drain: {design}, {consumers} consumers, run {repeat + 1}")
+                    target = Target(design, address, f"drain-{consumers}-{repeat}")
+                    results.drains.append(measure.drain(target, plan.drain_items, consumers))
+
+
+def run_claim_costs(plan: Plan, workdir: Path, results: Results) -> None:
+    for design, lengths in ((ETCDQ, plan.etcdq_lengths), ("literal", plan.literal_lengths)):
+        with row(results, CLAIM_COST + design), etcd_server(workdir) as server:
+            queue = measure.QueueAtLength(Target(design, server.url, "claims"))
+            for pending in lengths:
+                for repeat in range(plan.repeats):
+                    progress(f"claim cost: {design}, {pending:,} pending, run {repeat + 1}")
+                    results.claim_costs.append(
+                        queue.probe(pending, plan.probe_claims, plan.probe_budget_s))
+
+
+def run_wake(plan: Plan, workdir: Path, results: Results) -> None:
+    with row(results, WAKE + ETCDQ), etcd_server(workdir) as server:
+        for repeat in range(plan.repeats):
+            progress(f"wake latency: run {repeat + 1}")
+            results.wakes.append(
+                measure.wake_latency(server.url, f"wake-{repeat}", plan.wake_puts, plan.idle_s))
+
+
+# -- output ----------------------------------------------------------------------------------
+
+def tables(plan: Plan, results: Results) -> List[Tuple[str, str]]:
+    """(title, markdown table) for every section, in the order they are printed."""
+    drains = [run for run in results.drains if run.consumers in plan.drain_consumers]
+    contention = [run for run in results.drains if run.consumers in plan.contention_consumers
+                  and DESIGNS[run.design].backend == "etcd"]
+    per_item = [run for run in results.drains
+                if run.consumers in (min(plan.drain_consumers), max(plan.drain_consumers))]
+    sections = [
+        ("1. Raw etcd write rate", report.raw_table(results.raw, results.skipped_in(RAW))),
+        (f"2. Drain throughput: {plan.drain_items:,} items, consumer processes",
+         report.drain_table(drains, results.skipped_in(DRAIN))),
+        ("3. Claim cost against queue length (one consumer process)",
+         report.claim_cost_table(results.claim_costs)),
+        ("4. Contention: consumers racing for the head of the queue",
+         report.contention_table(contention)),
+        ("5. Blocking-claim wake latency (etcdq_v2)", report.wake_table(results.wakes)),
+        ("6. etcd operations per item, counted by etcd itself, put to done",
+         report.operations_table(per_item)),
+        ("Targets of issue 4", report.targets_table(
+            drains, results.claim_costs, results.wakes, max(plan.drain_consumers))),
+    ]
+    if results.skipped:
+        sections.append(("Not measured", report.markdown_table(
+            ["row", "why"], [[name, why] for name, why in results.skipped.items()])))
+    return sections
+
+
+def metadata(plan: Plan, argv: Sequence[str], seconds: float) -> Dict[str, Any]:
+    binary = find_etcd_binary()
+    return {
+        "command": " ".join(["python", "bench/run.py", *argv]),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "wall_seconds": round(seconds, 1),
+        "plan": asdict(plan),
+        "etcd": f"{etcd_version(binary)} ({binary})",
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
+    }
+
+
+def write_outputs(out: Path, results: Results, printed: str,
+                  meta: Dict[str, Any]) -> List[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    raw = {"meta": meta, "skipped": results.skipped, "raw_write_rate": results.raw,
+           "drains": [asdict(run) for run in results.drains],
+           "claim_costs": [asdict(run) for run in results.claim_costs],
+           "wakes": [asdict(run) for run in results.wakes]}
+    written = [out / "results.json", out / "tables.md"]
+    written[0].write_text(json.dumps(raw, indent=1) + "\n")
+    written[1].write_text(printed)
+    note = plot.draw(results.drains, results.claim_costs, out / "bench.png")
+    if note:
+        print(f"\n_{note}_")
+    else:
+        written.append(out / "bench.png")
+    return written
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer items and one run per configuration (a few minutes)")
+    parser.add_argument("--full", action="store_true",
+                        help="also time the literal design at 100,000 pending (slow)")
+    parser.add_argument("--repeats", type=int, help="runs per configuration (default 3, 1 quick)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results",
+                        help="directory for results.json, tables.md, bench.png")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the servers' data directories and logs")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parse_args(argv)
+    plan = Plan.choose(args.quick, args.full, args.repeats)
+    began = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="etcdq-bench-"))
+    results = Results()
+    try:
+        for name, section in (("raw write rate", run_raw), ("drains", run_drains),
+                              ("claim cost", run_claim_costs), ("wake latency", run_wake)):
+            progress(f"section: {name}")
+            section(plan, workdir, results)
+        meta = metadata(plan, argv, time.monotonic() - began)
+        printed = "".join(f"### {title}\n\n{table}\n\n" for title, table in tables(plan, results))
+        printed += (f"_`{meta['command']}`: {meta['wall_seconds']:.0f} s, etcd {meta['etcd']}, "
+                    f"Python {meta['python']}, {meta['machine']}._\n")
+        print(printed, end="", flush=True)
+        for path in write_outputs(args.out, results, printed, meta):
+            progress(f"wrote {path}")
+    finally:
+        if args.keep:
+            progress(f"kept server data and logs in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    progress(f"done in {time.monotonic() - began:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

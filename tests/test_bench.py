@@ -1,0 +1,29 @@
+"""Smoke test of bench/: each etcd peer drains a tiny queue with two consumer processes.
+
+Speed is never asserted here (bench/run.py measures it); this keeps the
+benchmark importable and its baselines working while the code around them
+changes.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+# bench/ is a package beside etcdq_v2 in the checkout, not an installed one.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import measure  # noqa: E402
+from bench.designs import DESIGNS, Target, peer_names  # noqa: E402
+
+ETCD_PEERS = [name for name in peer_names() if DESIGNS[name].backend == "etcd"]
+
+
+@pytest.mark.parametrize("peer", ETCD_PEERS)
+def test_peer_drains_every_item(etcd_url: str, queue_name: str, peer: str) -> None:
+    run = measure.drain(Target(peer, etcd_url, queue_name), items=20, consumers=2)
+
+    assert run.missing == 0, f"{peer} left {run.missing} of 20 items unprocessed"
+    assert run.claims >= 20
+    assert run.etcd_ops is not None and run.etcd_ops.writes >= 20  # at least the puts
