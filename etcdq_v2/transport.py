@@ -31,12 +31,13 @@ import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 from urllib.parse import quote, urlencode, urlsplit
 
 from .errors import (AlreadyExists, AmbiguousWrite, AuthError, CompareFailed, ConfigError,
-                     EtcdFailure, HistoryCleared, KeyMissing, NotADir, NotAFile, Unavailable)
-from .wire import Connection, Lost, Member, NotSent, TLSFailed, tls_context
+                     EtcdFailure, EtcdqError, HistoryCleared, KeyMissing, NotADir, NotAFile,
+                     Unavailable)
+from .wire import Connection, Lost, Member, NotSent, Response, TLSFailed, tls_context
 
 _ERRORS = {cls.code: cls for cls in (KeyMissing, CompareFailed, AlreadyExists, NotAFile,
                                      NotADir, HistoryCleared)}
@@ -145,6 +146,37 @@ class Transport:
                  "recursive": recursive}
         return self._call("DELETE", key, query=query)
 
+    def delete_all(self, deletes: Sequence[Tuple[str, Dict[str, Any]]]
+                   ) -> List[Union[Reply, EtcdqError]]:
+        """Conditional deletes ``(key, {"prevValue"|"prevIndex": ...})``, sent at once.
+
+        They travel on parallel connections, so etcd commits them together;
+        one that fails on the way is redone alone, with the usual retries.
+        Each result is the reply or the EtcdqError its delete raised.
+        """
+        member = self._member()
+        with self._lock:
+            self.requests["DELETE"] += len(deletes)
+        requests = [("DELETE", _path(key, query), None) for key, query in deletes]
+        results: List[Union[Reply, EtcdqError]] = []
+        for (key, query), answer in zip(deletes, member.request_all(requests, self.timeout)):
+            try:
+                if isinstance(answer, Exception):
+                    raise _Transient(str(answer), sent=isinstance(answer, Lost))
+                results.append(self._reply(member, answer, retried=False))
+            except _Transient:
+                results.append(self._outcome("DELETE", key, query))
+            except EtcdqError as exc:
+                results.append(exc)
+        return results
+
+    def _outcome(self, method: str, key: str,
+                 query: Dict[str, Any]) -> Union[Reply, EtcdqError]:
+        try:
+            return self._call(method, key, query=query)
+        except EtcdqError as exc:
+            return exc
+
     def wait(self, key: str, index: int, *, recursive: bool = True,
              timeout: float = 1.0) -> Optional[Reply]:
         """The first event at or after ``index`` under ``key``, or None after ``timeout``."""
@@ -238,6 +270,10 @@ class Transport:
             raise _Transient(str(exc), sent=False) from None
         except Lost as exc:
             raise _Transient(str(exc), sent=True, timed_out=exc.timed_out) from None
+        return self._reply(member, response, retried)
+
+    def _reply(self, member: Member, response: Response, retried: bool) -> Reply:
+        """The Reply of a success; raises the error (or _Transient) of a failure."""
         if response.status in (200, 201):
             index = int(response.headers.get("x-etcd-index") or 0)
             if index > self.last_index:

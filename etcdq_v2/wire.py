@@ -18,7 +18,7 @@ import base64
 import socket
 import ssl
 import threading
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 from urllib.parse import urlsplit
 
 from .errors import ConfigError
@@ -78,8 +78,8 @@ class Connection:
         self._pos = 0
         self.closed = False
 
-    def exchange(self, request: bytes) -> Response:
-        self.sock.sendall(request)
+    def receive(self) -> Response:
+        """The next reply on this connection."""
         status, headers = self.read_head()
         if "chunked" in headers.get("transfer-encoding", ""):
             body = b"".join(self.chunks())
@@ -170,24 +170,52 @@ class Member:
     def request(self, method: str, path: str, body: Optional[str],
                 timeout: float) -> Response:
         """One request on this thread's keep-alive connection."""
-        connection = self._connection(timeout)
+        result = self.request_all([(method, path, body)], timeout)[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def request_all(self, requests: Sequence[Tuple[str, str, Optional[str]]],
+                    timeout: float) -> List[Union[Response, Exception]]:
+        """Send each request on a connection of its own, then read the replies.
+
+        The member works on them at once, so their writes can share one raft
+        entry batch and one WAL fsync.  A failed request comes back as its
+        NotSent or Lost exception.
+        """
+        sent: List[Union[Connection, Exception]] = []
+        for slot, (method, path, body) in enumerate(requests):
+            try:
+                connection = self._connection(slot, timeout)
+                connection.sock.sendall(self._encode(method, path, body))
+                sent.append(connection)
+            except NotSent as exc:
+                sent.append(exc)
+            except OSError as exc:
+                self._drop(slot)
+                sent.append(Lost(f"{type(exc).__name__}: {exc}"))
+        return [self._receive(slot, connection) if isinstance(connection, Connection)
+                else connection for slot, connection in enumerate(sent)]
+
+    def _encode(self, method: str, path: str, body: Optional[str]) -> bytes:
         if body is None:
-            request = f"{method} {path} HTTP/1.1\r\n{self._headers}\r\n".encode("ascii")
-        else:
-            data = body.encode("ascii")  # form-encoded: ASCII by construction
-            request = (f"{method} {path} HTTP/1.1\r\n{self._headers}Content-Type: "
-                       f"application/x-www-form-urlencoded\r\nContent-Length: {len(data)}"
-                       "\r\n\r\n").encode("ascii") + data
+            return f"{method} {path} HTTP/1.1\r\n{self._headers}\r\n".encode("ascii")
+        data = body.encode("ascii")  # form-encoded: ASCII by construction
+        return (f"{method} {path} HTTP/1.1\r\n{self._headers}Content-Type: "
+                f"application/x-www-form-urlencoded\r\nContent-Length: {len(data)}"
+                "\r\n\r\n").encode("ascii") + data
+
+    def _receive(self, slot: int, connection: Connection) -> Union[Response, Exception]:
         try:
-            response = connection.exchange(request)
+            response = connection.receive()
         except socket.timeout:
-            self._drop()
-            raise Lost("timed out waiting for the reply", timed_out=True) from None
+            self._drop(slot)
+            return Lost("timed out waiting for the reply", timed_out=True)
         except (OSError, ValueError, IndexError, Lost) as exc:
-            self._drop()
-            raise Lost(f"{type(exc).__name__}: {exc}") from None
+            self._drop(slot)
+            return Lost(f"{type(exc).__name__}: {exc}")
         if response.headers.get("connection", "").lower() == "close":
-            self._drop()
+            self._drop(slot)
         return response
 
     def stream(self, path: str, idle_timeout: Optional[float],
@@ -205,13 +233,22 @@ class Member:
             raise Lost(f"{type(exc).__name__}: {exc}") from None
 
     def close(self) -> None:
-        self._drop()
+        for slot in range(len(self._slots())):
+            self._drop(slot)
 
-    def _connection(self, timeout: float) -> Connection:
-        connection: Optional[Connection] = getattr(self._local, "connection", None)
+    def _slots(self) -> List[Optional[Connection]]:
+        slots: Optional[List[Optional[Connection]]] = getattr(self._local, "slots", None)
+        if slots is None:
+            slots = self._local.slots = []
+        return slots
+
+    def _connection(self, slot: int, timeout: float) -> Connection:
+        slots = self._slots()
+        while len(slots) <= slot:
+            slots.append(None)
+        connection = slots[slot]
         if connection is None:
-            connection = Connection(self._connect(timeout))
-            self._local.connection = connection
+            connection = slots[slot] = Connection(self._connect(timeout))
         else:
             connection.sock.settimeout(timeout)
         return connection
@@ -236,8 +273,9 @@ class Member:
             sock.close()
             raise TLSFailed(f"handshake failed: {exc}") from None
 
-    def _drop(self) -> None:
-        connection: Optional[Connection] = getattr(self._local, "connection", None)
-        self._local.connection = None
+    def _drop(self, slot: int) -> None:
+        slots = self._slots()
+        connection = slots[slot] if slot < len(slots) else None
         if connection is not None:
+            slots[slot] = None
             connection.close()
