@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from etcdq_v2 import (ConfigError, EtcdqError, InvalidName, InvalidPayload, PayloadTooLarge,
                       Queue, Unavailable, connect)
+from etcdq_v2.errors import KeyMissing
 from etcdq_v2.keys import Layout, check_item_id
 from etcdq_v2.server import EtcdServer, free_port
 
@@ -156,3 +157,16 @@ def test_etcd_without_the_v2_api_is_a_clear_config_error(tmp_path, etcd_binary: 
     finally:
         process.kill()
         process.wait()
+
+
+@given(st.text(max_size=40))
+@SETTINGS
+def test_any_item_id_given_to_show_or_requeue_is_refused_or_not_found(
+        queue: Queue, text: str) -> None:
+    from etcdq_v2 import NotFound
+    for call in (queue.get, queue.requeue):
+        with pytest.raises((InvalidName, NotFound)):
+            call(text)
+    # Nothing was written: the queue's directory was never even created.
+    with pytest.raises(KeyMissing):
+        queue.etcd.get(queue.layout.root)

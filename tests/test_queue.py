@@ -241,3 +241,16 @@ def test_complete_can_be_retried_after_an_unavailable_etcd(queue: Queue, monkeyp
     claim.complete("second try")  # our own record is recognised, not "another claim's"
     assert queue.get(item_id).result == "first try"
     assert queue.stats() == {"pending": 0, "running": 0, "completed": 1, "failed": 0}
+
+
+def test_a_python_etcd_client_is_accepted(etcd_url: str, queue_name: str) -> None:
+    import etcd
+    from urllib.parse import urlsplit
+    parts = urlsplit(etcd_url)
+    client = etcd.Client(host=parts.hostname, port=parts.port, protocol="http")
+    with Queue(client, queue_name) as queue:
+        item_id = queue.put("via python-etcd's configuration")
+        claim = queue.claim(timeout=5)
+        assert claim.id == item_id
+        claim.complete()
+        assert queue.etcd.endpoints == [etcd_url]
