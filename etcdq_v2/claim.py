@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from types import TracebackType
-from typing import Any, Callable, Dict, Optional, Type
+from typing import Any, Dict, Optional, Protocol as Protocol_, Type
 
 from .errors import EtcdqError, LockLost, Unavailable
 from .protocol import COMPLETED, ClaimState, Protocol
@@ -21,19 +21,26 @@ from .protocol import COMPLETED, ClaimState, Protocol
 log = logging.getLogger("etcdq_v2.claim")
 
 
+class ViewHints(Protocol_):
+    """What a claim tells its queue's view, which would learn it from etcd a little later."""
+
+    def released(self, item_id: str) -> None: ...
+
+    def finished(self, item_id: str) -> None: ...
+
+
 class Claim:
     """An item this node holds the lock of, until complete(), release() or fail()."""
 
     def __init__(self, state: ClaimState, protocol: Protocol, heartbeat: "Heartbeat",
-                 on_release: Optional[Callable[[str], None]] = None) -> None:
+                 view: Optional["ViewHints"] = None) -> None:
         self._state = state
         self._protocol = protocol
         self._heartbeat = heartbeat
-        self._on_release = on_release
+        self._view = view
         self._mutex = threading.Lock()
         self._outcome: Optional[str] = None
         self.lost = False
-        self.confirmed_at = time.monotonic()
         heartbeat.add(self)
 
     @property
@@ -67,12 +74,14 @@ class Claim:
         """Record the item in completed/ with ``result`` and remove it from work/."""
         self._end("completed", lambda: self._protocol.finish(self._state, COMPLETED,
                                                              result=result))
+        if self._view is not None:
+            self._view.finished(self.id)
 
     def release(self, delay: float = 0) -> None:
         """Give the item back; claimable again after ``delay`` seconds (rounded up)."""
         self._end("released", lambda: self._protocol.release(self._state, delay))
-        if delay <= 0 and self._on_release is not None:
-            self._on_release(self.id)
+        if delay <= 0 and self._view is not None:
+            self._view.released(self.id)
 
     def fail(self, reason: str = "") -> None:
         """This attempt failed: retry after a backoff, or dead-letter at max_attempts."""
@@ -80,6 +89,8 @@ class Claim:
             if self._protocol.fail(self._state, str(reason)):
                 self._outcome = "dead-lettered"
         self._end("failed", fail)
+        if self._outcome == "dead-lettered" and self._view is not None:
+            self._view.finished(self.id)
 
     def __enter__(self) -> "Claim":
         return self
@@ -119,14 +130,17 @@ class Claim:
         if self._outcome is not None:
             raise EtcdqError(f"the claim of item {self.id} is already {self._outcome}")
 
+    @property
+    def confirmed_at(self) -> float:
+        """time.monotonic() when the lock was last proved ours (-inf after a failure)."""
+        return self._state.confirmed
+
     def _confirm(self) -> None:
-        started = time.monotonic()
         try:
             self._protocol.confirm(self._state)
         except LockLost as exc:
             self._mark_lost(str(exc))
             raise
-        self.confirmed_at = started
 
     def _mark_lost(self, why: str) -> None:
         if not self.lost:

@@ -42,7 +42,8 @@ complete / dead-letter (``kind`` = completed or failed)
     F2. PUT ``<kind>/<id>`` prevExist=false with the record.  This is the
         commit point: at most one record per item, ever.
     F3. compareAndDelete ``work/<id>`` prevIndex=<our C2 index>.
-    F4. compareAndDelete ``locks/<id>`` prevValue=<our lock>.
+    F4. compareAndDelete ``locks/<id>`` prevValue=<our lock>.  F3 and F4 are
+        independent and are sent together.
     Crash after F1: as after C2.  Crash after F2: work/<id> remains with
     a >= 1, so the next claimer finds the record in C3 and finishes F3/F4;
     the item does not run again.  Crash after F3: an orphan lock expires.
@@ -89,7 +90,7 @@ class ClaimState:
     lock: Lock
     item: Item
     index: int          # work/<id>'s modifiedIndex after our C2
-    claimed_at: float
+    confirmed: float    # time.monotonic() before the request that last proved the lock ours
 
 
 @dataclass
@@ -181,10 +182,11 @@ class Protocol:
         Raises Junk if the item is not one of ours (the caller skips it).
         """
         lock = Lock(self.node_id, new_token())
+        started = time.monotonic()
         if not self._create_lock(item_id, lock, self.lock_ttl):
             return None
         try:
-            state = self._take_item(item_id, lock, index, raw)
+            state = self._take_item(item_id, lock, index, raw, started)
         except BaseException:
             self._drop_lock(item_id, lock)
             raise
@@ -202,8 +204,8 @@ class Protocol:
             # Our own first PUT may have applied before its reply was lost.
             return exc.retried and self._lock_value(item_id) == lock.encode()
 
-    def _take_item(self, item_id: str, lock: Lock, index: int,
-                   raw: Optional[str]) -> Optional[ClaimState]:
+    def _take_item(self, item_id: str, lock: Lock, index: int, raw: Optional[str],
+                   locked: float) -> Optional[ClaimState]:
         """C2, then C3 on the item as C2 found it (fresh, unlike the view)."""
         for _ in range(5):
             if raw is None:
@@ -213,7 +215,7 @@ class Protocol:
                 index, raw = entry.index, entry.value
             item = Item.decode(raw)
             if item.claim == lock.token:  # our C2 applied; its reply was lost
-                return self._checked(ClaimState(item_id, lock, item, index, time.time()))
+                return self._checked(ClaimState(item_id, lock, item, index, locked))
             claimed = replace(item, attempts=item.attempts + 1, claim=lock.token)
             try:
                 reply = self.etcd.put(self.layout.key("work", item_id), claimed.encode(),
@@ -223,7 +225,7 @@ class Protocol:
                 continue
             except KeyMissing:
                 return None
-            state = ClaimState(item_id, lock, claimed, reply.node["modifiedIndex"], time.time())
+            state = ClaimState(item_id, lock, claimed, reply.node["modifiedIndex"], locked)
             return self._checked(state)
         return None
 
@@ -258,6 +260,15 @@ class Protocol:
     # -- F: complete, dead-letter --------------------------------------------
     def confirm(self, state: ClaimState) -> None:
         """F1 (and the heartbeat): make sure the lock is ours, or raise LockLost."""
+        started = time.monotonic()
+        try:
+            self._refresh_or_retake(state)
+        except LockLost:
+            state.confirmed = float("-inf")
+            raise
+        state.confirmed = started
+
+    def _refresh_or_retake(self, state: ClaimState) -> None:
         key = self.layout.key("locks", state.id)
         try:
             self.etcd.put(key, ttl=self.lock_ttl, refresh=True, prev_exist=True,

@@ -145,7 +145,7 @@ class Queue:
                 raise
             if state is not None:
                 self._window = max(1, self._window - 1)
-                return Claim(state, self._protocol, self._heartbeat, view.released)
+                return Claim(state, self._protocol, self._heartbeat, view)
             self._window = min(CLAIM_WINDOW, self._window * 2)
 
     def _ensure_view(self) -> QueueView:

@@ -122,6 +122,15 @@ class QueueView:
             self._locks.pop(item_id, None)
             self._make_free(item_id)
 
+    def finished(self, item_id: str) -> None:
+        """A claim of this process completed or dead-lettered the item: it is gone.
+
+        F3 and F4 are committed together and their events may come in either
+        order; without this, the lock's removal could offer the item again.
+        """
+        with self._cond:
+            self._items.pop(item_id, None)
+
     def skip(self, item_id: str, index: int) -> None:
         """Never offer this version of the item again (it is junk)."""
         with self._cond:

@@ -46,15 +46,17 @@ def test_complete_records_the_item_and_removes_it(queue: Queue) -> None:
         claim.complete()
 
 
-def test_claim_costs_two_round_trips_and_complete_four(queue: Queue) -> None:
+def test_claim_costs_two_requests_and_complete_four_in_three_round_trips(
+        queue: Queue) -> None:
     queue.put_many(["a", "b"])
     queue.claim().complete()  # starts the view
     queue.etcd.requests.clear()
     claim = queue.claim()
-    assert sum(queue.etcd.requests.values()) == 2
+    assert queue.etcd.requests == {"PUT": 2}  # C1 lock, C2 item
     queue.etcd.requests.clear()
     claim.complete()
-    assert sum(queue.etcd.requests.values()) == 4
+    # F1 refresh, F2 record, then F3 and F4 sent together
+    assert queue.etcd.requests == {"PUT": 2, "DELETE": 2}
 
 
 def test_release_with_delay_hides_the_item_until_etcd_expires_it(queue: Queue) -> None:
@@ -229,15 +231,15 @@ def test_complete_can_be_retried_after_an_unavailable_etcd(queue: Queue, monkeyp
     from etcdq_v2 import Unavailable
     item_id = queue.put("retry me")
     claim = queue.claim()
-    real_delete = queue.etcd.delete
+    real_delete_all = queue.etcd.delete_all
 
-    def failing_delete(*args, **kwargs):  # the record is written, then etcd goes away
+    def failing_delete_all(*args, **kwargs):  # the record is written, then etcd goes away
         raise Unavailable("etcd went away")
 
-    monkeypatch.setattr(queue.etcd, "delete", failing_delete)
+    monkeypatch.setattr(queue.etcd, "delete_all", failing_delete_all)
     with pytest.raises(Unavailable):
         claim.complete("first try")
-    monkeypatch.setattr(queue.etcd, "delete", real_delete)
+    monkeypatch.setattr(queue.etcd, "delete_all", real_delete_all)
     claim.complete("second try")  # our own record is recognised, not "another claim's"
     assert queue.get(item_id).result == "first try"
     assert queue.stats() == {"pending": 0, "running": 0, "completed": 1, "failed": 0}
