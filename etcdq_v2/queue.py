@@ -7,7 +7,7 @@ costs two etcd round trips however long the queue is.
 """
 from __future__ import annotations
 
-
+import logging
 import os
 import random
 import socket
@@ -23,8 +23,6 @@ from .keys import Layout, check_item_id
 from .protocol import COMPLETED, FAILED, Entry, Protocol, lock_states, ttl_seconds
 from .transport import Transport, connect
 from .view import QueueView
-
-import logging
 
 log = logging.getLogger("etcdq_v2.queue")
 
