@@ -13,7 +13,8 @@ import logging
 import threading
 import time
 from types import TracebackType
-from typing import Any, Dict, Optional, Protocol as Protocol_, Type
+from typing import Any, Dict, Optional, Type
+from typing import Protocol as TypingProtocol
 
 from .errors import EtcdqError, LockLost, Unavailable
 from .protocol import COMPLETED, ClaimState, Protocol
@@ -21,7 +22,7 @@ from .protocol import COMPLETED, ClaimState, Protocol
 log = logging.getLogger("etcdq_v2.claim")
 
 
-class ViewHints(Protocol_):
+class ViewHints(TypingProtocol):
     """What a claim tells its queue's view, which would learn it from etcd a little later."""
 
     def released(self, item_id: str) -> None: ...

@@ -146,19 +146,24 @@ def test_complete_after_the_lock_expired_still_works(queue: Queue) -> None:
     assert queue.get(item_id).result == "late but fine"
 
 
-def test_finishing_a_claim_taken_over_raises_lock_lost(etcd_url: str, queue_name: str) -> None:
-    with Queue(etcd_url, queue_name, lock_ttl=1) as slow, \
+@pytest.mark.parametrize("finish", ["complete", "release", "release-later", "fail"])
+def test_finishing_a_claim_taken_over_raises_lock_lost_and_changes_nothing(
+        etcd_url: str, queue_name: str, finish: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=1, max_attempts=2) as slow, \
             Queue(etcd_url, queue_name, lock_ttl=30) as fast:
         item_id = slow.put("contested")
         stale = slow.claim()
         slow._heartbeat.discard(stale)
         winner = fast.claim(timeout=10)
         assert winner.id == item_id and winner.attempt == 2
-        for finish in (stale.complete, stale.release, lambda: stale.fail("x")):
-            with pytest.raises((LockLost, EtcdqError)):
-                finish()
+        calls = {"complete": stale.complete, "release": stale.release,
+                 "release-later": lambda: stale.release(delay=5),
+                 "fail": lambda: stale.fail("x")}  # attempt 1 of 2: would back off
+        with pytest.raises(LockLost):
+            calls[finish]()
         assert stale.lost
         assert fast.stats() == {"pending": 0, "running": 1, "completed": 0, "failed": 0}
+        assert fast.get(item_id).node_id == fast.node_id
         winner.complete("mine")
         assert fast.get(item_id).result == "mine"
 
