@@ -147,11 +147,14 @@ class Record:
     result: Any = None
     reason: Optional[str] = None
     requeue_token: Optional[str] = None
+    token: Optional[str] = None  # the item's put token: finds a put whose reply was lost
 
     def encode(self) -> str:
         doc: Dict[str, Any] = {
             "c": self.claim, "n": self.node_id, "a": self.attempts,
             "ts": round(self.created, 3), "fin": round(self.finished, 3)}
+        if self.token:
+            doc["t"] = self.token
         doc.update(payload_fields(self.payload))
         if self.reason is not None:
             doc["why"] = self.reason
@@ -166,8 +169,9 @@ class Record:
         claim, node_id = doc.get("c"), doc.get("n")
         if not isinstance(claim, str) or not isinstance(node_id, str):
             raise Junk("not an etcdq_v2 record")
-        reason, requeue = doc.get("why"), doc.get("rq")
+        reason, requeue, token = doc.get("why"), doc.get("rq"), doc.get("t")
         return cls(payload_of(doc), claim, node_id, int(doc.get("a", 0)),
                    float(doc.get("ts", 0.0)), float(doc.get("fin", 0.0)),
                    doc.get("r"), reason if isinstance(reason, str) else None,
-                   requeue if isinstance(requeue, str) else None)
+                   requeue if isinstance(requeue, str) else None,
+                   token if isinstance(token, str) else None)

@@ -92,7 +92,3 @@ class HistoryCleared(EtcdFailure):
 
 class AmbiguousWrite(Unavailable):
     """A POST may or may not have been applied (reply lost). Internal."""
-
-    def __init__(self, message: str, *, index_before: int) -> None:
-        super().__init__(message)
-        self.index_before = index_before

@@ -11,11 +11,10 @@ Values (see codec.py): an item carries its put token ``t``, its claim count
 node id and claim token.
 
 put
-    P1. POST ``work/`` with a fresh token.  If the reply is lost, a quorum read
-        settles the cluster's log, then the work/ events since the last index
-        we saw are searched for the token: found -> that is our item; not
-        found -> the POST never applied and is sent again.  No blind resend,
-        no duplicate.
+    P1. POST ``work/`` with a fresh token.  If the reply is lost, quorum
+        listings of work/, completed/ and failed/ are searched for the token:
+        found -> that is our item; not found -> Unavailable (the request may
+        still apply later, so it is never resent: no duplicate, ever).
 
 claim(id)            (the caller picked ``id`` from its view of work/ and locks/)
     C1. PUT ``locks/<id>`` prevExist=false, ttl=lock_ttl, value {node, token}.
@@ -69,10 +68,10 @@ import logging
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from .codec import Item, Junk, Lock, Record, new_token
-from .errors import (AlreadyExists, AmbiguousWrite, CompareFailed, EtcdFailure, EtcdqError,
+from .errors import (AlreadyExists, AmbiguousWrite, CompareFailed, EtcdqError,
                      KeyMissing, LockLost, NotFound, Unavailable)
 from .keys import Layout, check_item_id
 from .transport import Node, Transport
@@ -128,52 +127,36 @@ class Protocol:
 
     # -- P: put ------------------------------------------------------------
     def post_item(self, raw: str, token: str) -> Tuple[str, int]:
-        """P1, resolving a lost reply by the item's token: (id, modifiedIndex)."""
-        give_up = time.monotonic() + self.etcd.deadline
-        while True:
-            try:
-                node = self.etcd.post(self.layout.work, raw).node
-                return item_id_of(node["key"]), node["modifiedIndex"]
-            except AmbiguousWrite as exc:
-                found = self._find_post(token, exc.index_before)
-                if found:
-                    return found
-                if time.monotonic() > give_up:
-                    raise Unavailable(f"put to {self.layout.work} did not apply "
-                                      f"within {self.etcd.deadline:g}s: {exc}") from None
-                log.info("a POST to %s did not apply; sending it again", self.layout.work)
+        """P1: (id, modifiedIndex) of the new item; a lost reply is resolved by token.
 
-    def _find_post(self, token: str, index_before: int) -> Optional[Tuple[str, int]]:
-        """(id, index) of the item with ``token`` if the lost POST applied, else None."""
-        # A quorum read goes through raft: once it is answered, every entry the
-        # cluster will ever commit before it is committed, so the search below
-        # cannot miss a POST that applies later.
+        When the POST may or may not have applied, the queue is searched for
+        its token (quorum listings: they go through raft, so everything the
+        cluster committed before them is in them).  Found: that is the item.
+        Not found: it is not stored now, but the request may still be sitting
+        in a frozen member and apply later, so sending it again could store
+        it twice.  Unavailable says so instead; the index is 0 for an item
+        that was already finished.
+        """
         try:
-            self.etcd.get(self.layout.key("work", "0" * 20), quorum=True)
-            fence = self.etcd.last_index
-        except KeyMissing as exc:
-            fence = exc.index or self.etcd.last_index
-        try:
-            return self._search_events(token, index_before + 1, fence)
-        except EtcdFailure:  # the history no longer covers the window
-            return self._search_listing(token)
+            node = self.etcd.post(self.layout.work, raw).node
+            return item_id_of(node["key"]), node["modifiedIndex"]
+        except AmbiguousWrite as exc:
+            found = self.find_put(token)
+            if found is None:
+                raise Unavailable(
+                    f"a put to {self.layout.work} may or may not be stored ({exc}): it is not "
+                    "in the queue now, but a delayed request could still add it, once") from None
+            log.info("a put whose reply was lost was stored as %s", found[0])
+            return found
 
-    def _search_events(self, token: str, index: int, fence: int) -> Optional[Tuple[str, int]]:
-        while index <= fence:
-            reply = self.etcd.wait(self.layout.work, index, timeout=0.5)
-            if reply is None or reply.node.get("modifiedIndex", 0) > fence:
-                return None
-            if reply.action == "create" and _token_of(reply.node.get("value")) == token:
-                return item_id_of(reply.node["key"]), reply.node["modifiedIndex"]
-            index = reply.node["modifiedIndex"] + 1
+    def find_put(self, token: str) -> Optional[Tuple[str, int]]:
+        """(id, index) of the item put with ``token``, wherever it is now."""
+        for kind, decode in (("work", Item.decode), (COMPLETED, Record.decode),
+                             (FAILED, Record.decode)):
+            for entry in self.list(kind)[1]:
+                if _token_of(decode, entry.value) == token:
+                    return entry.id, entry.index if kind == "work" else 0
         return None
-
-    def _search_listing(self, token: str) -> Optional[Tuple[str, int]]:
-        for entry in self.list("work", quorum=True)[1]:
-            if _token_of(entry.value) == token:
-                return entry.id, entry.index
-        raise Unavailable("the outcome of a put is unknown: etcd's event history no longer "
-                          "covers it and the item is not in work/")
 
     # -- C: claim ----------------------------------------------------------
     def claim(self, item_id: str, index: int, raw: Optional[str]) -> Optional[ClaimState]:
@@ -297,7 +280,7 @@ class Protocol:
                reason: Optional[str] = None) -> None:
         """F1-F4: record the item in ``kind`` (completed or failed) and remove it."""
         record = Record(state.item.payload, state.lock.token, self.node_id, state.item.attempts,
-                        state.item.created, time.time(), result, reason)
+                        state.item.created, time.time(), result, reason, token=state.item.token)
         raw = record.encode()
         self.confirm(state)
         try:
@@ -377,7 +360,8 @@ class Protocol:
         assert entry is not None  # Record.decode(None) raised Junk above
         if record.requeue_token:
             token, index = record.requeue_token, entry.index
-            new_id = self._find_requeued(token)
+            found = self.find_put(token)
+            new_id = found[0] if found else None
         else:
             token, new_id = new_token(), None
             marked = replace(record, requeue_token=token)
@@ -388,9 +372,6 @@ class Protocol:
         self._delete_quietly(self.layout.key(FAILED, item_id), prev_index=index)
         return new_id
 
-    def _find_requeued(self, token: str) -> Optional[str]:
-        return next((e.id for e in self.list("work", quorum=True)[1]
-                     if _token_of(e.value) == token), None)
 
     # -- reads -----------------------------------------------------------------
     def read(self, kind: str, item_id: str) -> Optional[Entry]:
@@ -445,9 +426,10 @@ class Protocol:
             return False
 
 
-def _token_of(raw: Optional[str]) -> Optional[str]:
+def _token_of(decode: Callable[[Optional[str]], Union[Item, Record]],
+              raw: Optional[str]) -> Optional[str]:
     try:
-        return Item.decode(raw).token
+        return decode(raw).token
     except Junk:
         return None
 

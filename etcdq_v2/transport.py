@@ -109,7 +109,6 @@ class Transport:
         self._current = 0
         self._lock = threading.Lock()
         self._limit = threading.local()
-        self.last_index = 0
         self.requests: Counter[str] = Counter()
 
     @classmethod
@@ -177,18 +176,6 @@ class Transport:
         except EtcdqError as exc:
             return exc
 
-    def wait(self, key: str, index: int, *, recursive: bool = True,
-             timeout: float = 1.0) -> Optional[Reply]:
-        """The first event at or after ``index`` under ``key``, or None after ``timeout``."""
-        query = {"wait": True, "waitIndex": index, "recursive": recursive}
-        member = self._member()
-        try:
-            return self._send(member, "GET", _path(key, query), None, timeout, False)
-        except _Transient as exc:
-            if exc.timed_out:
-                return None
-            raise Unavailable(f"watch of {key} at {member.url} failed: {exc}") from None
-
     def stream(self, key: str, *, idle_timeout: Optional[float] = None) -> "EventStream":
         """A live recursive watch of ``key``: every event after it was registered.
 
@@ -248,8 +235,8 @@ class Transport:
                 last = f"{member.url}: {exc}"
                 self._failed(member)
                 if exc.sent and method == "POST":
-                    raise AmbiguousWrite(f"POST {key} may or may not have applied ({last})",
-                                         index_before=self.last_index) from None
+                    raise AmbiguousWrite(f"POST {key} may or may not have applied ({last})"
+                                         ) from None
                 retried = retried or exc.sent
             attempt += 1
             pause = min(0.05 * 2 ** attempt, 1.0) if attempt >= len(self._members) else 0.0
@@ -276,8 +263,6 @@ class Transport:
         """The Reply of a success; raises the error (or _Transient) of a failure."""
         if response.status in (200, 201):
             index = int(response.headers.get("x-etcd-index") or 0)
-            if index > self.last_index:
-                self.last_index = index
             return Reply(json.loads(response.body), index, retried)
         error = self._error(member.url, response.status, response.body)
         if isinstance(error, EtcdFailure):
@@ -337,6 +322,10 @@ class EventStream:
 
     def close(self) -> None:
         """Unblock a reader waiting on this stream (from another thread)."""
+        self._connection.interrupt()
+
+    def release(self) -> None:
+        """Close the connection: for the reading thread, once it is done reading."""
         self._connection.close()
 
 

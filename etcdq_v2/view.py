@@ -169,6 +169,7 @@ class QueueView:
             self._free = [e.id for e in work if e.id not in self._locks]
             self._in_free = set(self._free)
             self._ready, self._error = True, None
+            self.relists += 1
             self.version += 1
             self._cond.notify_all()
 
@@ -231,12 +232,11 @@ class QueueView:
             work_index, work = self._protocol.list("work")
             locks_index, locks = self._protocol.list("locks")
             self._load(work, locks)
-            self.relists += 1
             floors = {"work": work_index, "locks": locks_index}
             for line in stream.lines():
                 self._apply(line, floors)
         finally:
-            stream.close()
+            stream.release()
 
 
 def _parse(line: bytes) -> Optional[Tuple[str, str, int]]:

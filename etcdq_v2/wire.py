@@ -116,13 +116,21 @@ class Connection:
                 *complete, pending = pending.split(b"\n")
                 yield from (line for line in complete if line)
 
-    def close(self) -> None:
-        """Also unblocks a reader in another thread."""
+    def interrupt(self) -> None:
+        """Wake a reader blocked on this connection (from another thread).
+
+        Only shuts the socket down: closing it here could let the operating
+        system reuse its descriptor for a new connection while the reader is
+        still about to wait on it.  The reader closes it (:meth:`close`).
+        """
         self.closed = True
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+    def close(self) -> None:
+        self.interrupt()
         self.sock.close()
 
     def _take(self, length: int) -> bytes:

@@ -67,9 +67,55 @@ def test_a_dropped_watch_while_over_1000_events_happen_misses_nothing(
         ids = producer.put_many(range(300))  # ... while 1,200+ events pass
         for n in range(900):
             producer.etcd.put("/etcdq-noise/key", str(n))
-        wait_until(lambda: view.relists > relists, 10, message="the view to list again")
+        wait_until(lambda: view.relists > relists, 30, message="the view to list again")
         got = []
         while (claim := consumer.claim(timeout=2)) is not None:
             got.append(claim.id)
             claim.complete()
         assert sorted(got) == ids
+
+
+def lose_post_replies(queue: Queue, monkeypatch, *, applied: bool) -> None:
+    """The next POSTs reach etcd (or not) but their replies are lost on the way back."""
+    from etcdq_v2.wire import Lost
+    for member in queue.etcd._members:
+        real = member.request_all
+
+        def request_all(requests, timeout, real=real):
+            if requests[0][0] != "POST":
+                return real(requests, timeout)
+            if applied:
+                real(requests, timeout)
+            return [Lost("the reply was lost")]
+
+        monkeypatch.setattr(member, "request_all", request_all)
+
+
+def test_a_put_whose_reply_is_lost_is_found_by_its_token(
+        etcd_url: str, queue_name: str, monkeypatch) -> None:
+    with Queue(etcd_url, queue_name) as queue:
+        lose_post_replies(queue, monkeypatch, applied=True)
+        item_id = queue.put({"once": True})
+        monkeypatch.undo()
+        assert [info.id for info in queue.items("pending")] == [item_id]
+        assert queue.get(item_id).payload == {"once": True}
+
+
+def test_a_lost_put_that_did_not_apply_is_unavailable_never_resent(
+        etcd_url: str, queue_name: str, monkeypatch) -> None:
+    with Queue(etcd_url, queue_name) as queue:
+        lose_post_replies(queue, monkeypatch, applied=False)
+        with pytest.raises(Unavailable, match="may or may not be stored"):
+            queue.put("lost")
+        monkeypatch.undo()
+        assert queue.stats()["pending"] == 0
+
+
+def test_a_lost_put_already_finished_by_a_consumer_is_found_in_completed(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name) as queue:
+        item_id = queue.put("quick")
+        token = queue._protocol.read("work", item_id).value
+        queue.claim().complete()
+        from etcdq_v2.codec import Item
+        assert queue._protocol.find_put(Item.decode(token).token) == (item_id, 0)
