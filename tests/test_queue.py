@@ -102,19 +102,18 @@ def test_fail_retries_after_a_backoff_then_dead_letters(etcd_url: str, queue_nam
             queue.requeue(item_id)
 
 
-def test_blocking_claim_is_woken_by_a_put(queue: Queue, etcd_url: str) -> None:
+def test_blocking_claim_is_woken_by_a_put_without_polling(queue: Queue, etcd_url: str) -> None:
     queue.claim()  # the view is ready
     got = []
-    waiter = threading.Thread(target=lambda: got.append(queue.claim(timeout=10)))
+    waiter = threading.Thread(target=lambda: got.append(queue.claim(timeout=30)))
     waiter.start()
-    time.sleep(0.2)
+    queue.etcd.requests.clear()
+    waiter.join(1.0)  # blocked for a second ...
+    assert waiter.is_alive() and sum(queue.etcd.requests.values()) == 0  # ... sending nothing
     with Queue(etcd_url, queue.name) as producer:
-        put_at = time.monotonic()
-        producer.put("wake up")
-    waiter.join(10)
-    woke_after = time.monotonic() - put_at
-    assert got and got[0].payload == "wake up"
-    assert woke_after < 2.0  # a watch, not a poll: in practice a few ms
+        item_id = producer.put("wake up")
+    waiter.join(30)
+    assert got and got[0].id == item_id  # woken by the watch's event, well before 30 s
 
 
 def test_claim_timeout_none_waits_and_zero_does_not(queue: Queue) -> None:
