@@ -64,6 +64,7 @@ extend the TTL without notifying watchers.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -171,7 +172,8 @@ class Protocol:
         try:
             state = self._take_item(item_id, lock, index, raw, started)
         except BaseException:
-            self._drop_lock(item_id, lock)
+            with contextlib.suppress(EtcdqError):  # else the lock simply expires
+                self._drop_lock(item_id, lock)
             raise
         if state is None:
             self._drop_lock(item_id, lock)
