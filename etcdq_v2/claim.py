@@ -117,15 +117,12 @@ class Claim:
                 action()
             except LockLost:
                 self._mark_lost("it was claimed again")
-                self._close("lost")
+                self._outcome = "lost"
+                self._heartbeat.discard(self)
                 raise
-            if self._outcome is None:
+            if self._outcome is None:  # fail() may have set "dead-lettered"
                 self._outcome = outcome
             self._heartbeat.discard(self)
-
-    def _close(self, outcome: str) -> None:
-        self._outcome = outcome
-        self._heartbeat.discard(self)
 
     def _check_open(self) -> None:
         if self._outcome is not None:
@@ -149,24 +146,24 @@ class Claim:
             log.warning("lost the lock of item %s (attempt %d): %s",
                         self.id, self.attempt, why)
 
-    def _beat(self, lock_ttl: float) -> bool:
-        """One heartbeat; False when the heartbeat should forget this claim."""
+    def _beat(self, lock_ttl: float, interval: float) -> Optional[float]:
+        """One heartbeat: seconds until the next, or None to forget this claim."""
         if not self._mutex.acquire(blocking=False):
-            return True  # complete()/release()/fail() is running: it confirms itself
+            return interval  # complete()/release()/fail() is running: it confirms itself
         try:
             if self._outcome is not None:
-                return False
+                return None
             left = self.confirmed_at + lock_ttl - time.monotonic()
             with self._protocol.etcd.time_limit(max(left, 0.5)):
                 self._confirm()
-            return True
+            return interval
         except LockLost:
-            return False
+            return None
         except Unavailable as exc:
             if time.monotonic() - self.confirmed_at >= lock_ttl:
                 self._mark_lost(f"etcd unreachable until the lock expired ({exc})")
-                return False
-            return True
+                return None
+            return min(1.0, interval)  # try again soon, not a third of a TTL later
         finally:
             self._mutex.release()
 
@@ -215,11 +212,9 @@ class Heartbeat:
                 self._beat(claim)
 
     def _beat(self, claim: Claim) -> None:
-        keep = claim._beat(self.lock_ttl)
-        # After a failed try (etcd unreachable), try again soon, not a third of a TTL later.
-        retry = self.interval if claim.confirmed_at >= time.monotonic() - 1 else 1.0
+        delay = claim._beat(self.lock_ttl, self.interval)
         with self._cond:
-            if keep and claim in self._due:
-                self._due[claim] = time.monotonic() + min(retry, self.interval)
-            elif not keep:
+            if delay is None:
                 self._due.pop(claim, None)
+            elif claim in self._due:
+                self._due[claim] = time.monotonic() + delay

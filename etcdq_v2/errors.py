@@ -55,12 +55,10 @@ class EtcdFailure(EtcdqError):
 
     code = 0
 
-    def __init__(self, message: str, *, code: int = 0, index: Optional[int] = None,
-                 cause: str = "") -> None:
+    def __init__(self, message: str, *, code: int = 0, index: Optional[int] = None) -> None:
         super().__init__(message)
         self.code = code or self.code
         self.index = index
-        self.cause = cause
         # Set by the transport when the request was sent more than once, so
         # this error may be the echo of our own first attempt.
         self.retried = False
@@ -76,18 +74,6 @@ class CompareFailed(EtcdFailure):
 
 class AlreadyExists(EtcdFailure):
     code = 105
-
-
-class NotAFile(EtcdFailure):
-    code = 102
-
-
-class NotADir(EtcdFailure):
-    code = 104
-
-
-class HistoryCleared(EtcdFailure):
-    code = 401
 
 
 class AmbiguousWrite(Unavailable):

@@ -69,7 +69,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .codec import Item, Junk, Lock, Record, new_token
 from .errors import (AlreadyExists, AmbiguousWrite, CompareFailed, EtcdqError,
@@ -95,21 +95,16 @@ class ClaimState:
 
 @dataclass
 class Entry:
-    """One child of a queue directory, as listed: id, modifiedIndex, raw value, TTL."""
+    """One child of a queue directory, as listed: id, modifiedIndex, raw value."""
 
     id: str
     index: int
     value: Optional[str]
-    ttl: Optional[int] = None
 
 
 def ttl_seconds(seconds: float) -> int:
     """etcd TTLs are whole seconds: round up, never below 1."""
     return max(1, math.ceil(seconds))
-
-
-def item_id_of(key: str) -> str:
-    return key.rsplit("/", 1)[-1]
 
 
 class Protocol:
@@ -140,7 +135,7 @@ class Protocol:
         """
         try:
             node = self.etcd.post(self.layout.work, raw).node
-            return item_id_of(node["key"]), node["modifiedIndex"]
+            return node["key"].rsplit("/", 1)[-1], node["modifiedIndex"]
         except AmbiguousWrite as exc:
             found = self.find_put(token)
             if found is None:
@@ -152,10 +147,9 @@ class Protocol:
 
     def find_put(self, token: str) -> Optional[Tuple[str, int]]:
         """(id, index) of the item put with ``token``, wherever it is now."""
-        for kind, decode in (("work", Item.decode), (COMPLETED, Record.decode),
-                             (FAILED, Record.decode)):
-            for entry in self.list(kind)[1]:
-                if _token_of(decode, entry.value) == token:
+        for kind in ("work", COMPLETED, FAILED):
+            for entry, decoded in self.decoded(kind):
+                if decoded.token == token:
                     return entry.id, entry.index if kind == "work" else 0
         return None
 
@@ -382,7 +376,7 @@ class Protocol:
             node = self.etcd.get(self.layout.key(kind, item_id), quorum=True).node
         except KeyMissing:
             return None
-        return Entry(item_id, node["modifiedIndex"], node.get("value"), node.get("ttl"))
+        return Entry(item_id, node["modifiedIndex"], node.get("value"))
 
     def list(self, kind: str, *, quorum: bool = True) -> Tuple[int, List[Entry]]:
         """``(etcd index, entries)`` of one directory, sorted, junk names skipped."""
@@ -398,19 +392,25 @@ class Protocol:
             parsed = self.layout.split(node.get("key", ""))
             if node.get("dir") or parsed is None:
                 continue
-            yield Entry(parsed[1], node["modifiedIndex"], node.get("value"), node.get("ttl"))
+            yield Entry(parsed[1], node["modifiedIndex"], node.get("value"))
+
+    def decoded(self, kind: str) -> Iterator[Tuple[Entry, Any]]:
+        """``(entry, Item or Record)`` for the entries of ``kind`` that are ours.
+
+        work/ holds Items, completed/ and failed/ Records; a value etcdq_v2
+        did not write (junk) is skipped.
+        """
+        decode = Item.decode if kind == "work" else Record.decode
+        for entry in self.list(kind)[1]:
+            try:
+                yield entry, decode(entry.value)
+            except Junk:
+                continue
 
     def purge(self, kind: str) -> int:
         """Delete the records of ``kind`` one by one (never the directory: junk stays)."""
-        removed = 0
-        for entry in self.list(kind)[1]:
-            try:
-                Record.decode(entry.value)
-            except Junk:
-                continue
-            removed += self._delete_quietly(self.layout.key(kind, entry.id),
-                                            prev_index=entry.index)
-        return removed
+        return sum(self._delete_quietly(self.layout.key(kind, entry.id), prev_index=entry.index)
+                   for entry, _ in self.decoded(kind))
 
     def _lock_value(self, item_id: str) -> Optional[str]:
         entry = self.read("locks", item_id)
@@ -426,14 +426,6 @@ class Protocol:
             return True
         except (KeyMissing, CompareFailed):
             return False
-
-
-def _token_of(decode: Callable[[Optional[str]], Union[Item, Record]],
-              raw: Optional[str]) -> Optional[str]:
-    try:
-        return decode(raw).token
-    except Junk:
-        return None
 
 
 def lock_states(entries: List[Entry]) -> Dict[str, Optional[Lock]]:

@@ -156,10 +156,10 @@ class Queue:
     def stats(self) -> Dict[str, int]:
         """Counts of pending, running, completed and failed items (junk not counted)."""
         work, locks = self._work_and_locks()
-        running = sum(1 for entry in work if _is_running(locks, entry.id))
+        running = sum(1 for entry, _ in work if _is_running(locks, entry.id))
         return {"pending": len(work) - running, "running": running,
-                "completed": len(self._records(COMPLETED)),
-                "failed": len(self._records(FAILED))}
+                "completed": sum(1 for _ in self._protocol.decoded(COMPLETED)),
+                "failed": sum(1 for _ in self._protocol.decoded(FAILED))}
 
     def items(self, state: str = "pending", limit: Optional[int] = None) -> List[ItemInfo]:
         """Items in ``state`` (pending, running, completed, failed), oldest first."""
@@ -167,10 +167,10 @@ class Queue:
             raise InvalidName(f"unknown state {state!r}: use one of {', '.join(STATES)}")
         if state in (COMPLETED, FAILED):
             infos = [_record_info(entry.id, state, record)
-                     for entry, record in self._records(state)]
+                     for entry, record in self._protocol.decoded(state)]
         else:
             work, locks = self._work_and_locks()
-            infos = [_item_info(entry, item, locks) for entry, item in _decoded(work)]
+            infos = [_item_info(entry, item, locks) for entry, item in work]
             infos = [info for info in infos if info.state == state]
         return infos[:limit] if limit is not None else infos
 
@@ -181,12 +181,12 @@ class Queue:
             # Records first: after a crash inside complete() an item can be in
             # work/ and completed/ at once, and completed/ is the truth.  Then
             # again after work/, in case the item finished in between.
-            record = self._record_info(item_id)
+            record = self._find_record(item_id)
             if record is not None:
                 return record
             entry = self._protocol.read("work", item_id)
             if entry is None:
-                record = self._record_info(item_id)
+                record = self._find_record(item_id)
                 if record is None:
                     raise NotFound(f"no item {item_id} in queue {self.name}")
                 return record
@@ -196,7 +196,7 @@ class Queue:
         lock = self._protocol.read("locks", item_id)
         return _item_info(entry, item, lock_states([lock] if lock else []))
 
-    def _record_info(self, item_id: str) -> Optional[ItemInfo]:
+    def _find_record(self, item_id: str) -> Optional[ItemInfo]:
         for kind in (COMPLETED, FAILED):
             entry = self._protocol.read(kind, item_id)
             if entry is not None:
@@ -232,18 +232,8 @@ class Queue:
         return f"<Queue {self.layout.root} node={self.node_id!r}>"
 
     # -- helpers -------------------------------------------------------------------
-    def _work_and_locks(self) -> "tuple[List[Entry], Dict[str, Any]]":
-        work = [entry for entry, _ in _decoded(self._protocol.list("work")[1])]
-        return work, lock_states(self._protocol.list("locks")[1])
-
-    def _records(self, kind: str) -> "List[tuple[Entry, Record]]":
-        records = []
-        for entry in self._protocol.list(kind)[1]:
-            try:
-                records.append((entry, Record.decode(entry.value)))
-            except Junk:
-                continue
-        return records
+    def _work_and_locks(self) -> "tuple[List[tuple[Entry, Item]], Dict[str, Any]]":
+        return list(self._protocol.decoded("work")), lock_states(self._protocol.list("locks")[1])
 
 
 def _transport(client: Client) -> Transport:
@@ -254,16 +244,6 @@ def _transport(client: Client) -> Transport:
     if hasattr(client, "base_uri") and hasattr(client, "http"):
         return Transport.from_client(client)
     raise ConfigError(f"expected an etcd.Client, a Transport or endpoint URLs, not {client!r}")
-
-
-def _decoded(entries: List[Entry]) -> "List[tuple[Entry, Item]]":
-    decoded = []
-    for entry in entries:
-        try:
-            decoded.append((entry, Item.decode(entry.value)))
-        except Junk:
-            continue
-    return decoded
 
 
 def _is_running(locks: Dict[str, Any], item_id: str) -> bool:

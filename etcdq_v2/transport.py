@@ -35,12 +35,10 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 from urllib.parse import quote, urlencode, urlsplit
 
 from .errors import (AlreadyExists, AmbiguousWrite, AuthError, CompareFailed, ConfigError,
-                     EtcdFailure, EtcdqError, HistoryCleared, KeyMissing, NotADir, NotAFile,
-                     Unavailable)
+                     EtcdFailure, EtcdqError, KeyMissing, Unavailable)
 from .wire import Connection, Lost, Member, NotSent, Response, TLSFailed, tls_context
 
-_ERRORS = {cls.code: cls for cls in (KeyMissing, CompareFailed, AlreadyExists, NotAFile,
-                                     NotADir, HistoryCleared)}
+_ERRORS = {cls.code: cls for cls in (KeyMissing, CompareFailed, AlreadyExists)}
 _RAFT_INTERNAL = 300
 _NO_PERMISSION = 110
 
@@ -50,14 +48,12 @@ Node = Dict[str, Any]
 class Reply:
     """One answer of etcd: the action, the node, the previous node, the index."""
 
-    __slots__ = ("action", "node", "prev_node", "index", "retried")
+    __slots__ = ("action", "node", "index")
 
-    def __init__(self, doc: Dict[str, Any], index: int, retried: bool) -> None:
+    def __init__(self, doc: Dict[str, Any], index: int) -> None:
         self.action: str = doc.get("action", "")
         self.node: Node = doc.get("node") or {}
-        self.prev_node: Optional[Node] = doc.get("prevNode")
         self.index = index
-        self.retried = retried
 
 
 class _Transient(Exception):
@@ -122,9 +118,8 @@ class Transport:
                    username=client.username, password=client.password)
 
     # -- the keys API ------------------------------------------------------
-    def get(self, key: str, *, recursive: bool = False, sorted: bool = False,
-            quorum: bool = False) -> Reply:
-        query = {"recursive": recursive, "sorted": sorted, "quorum": quorum}
+    def get(self, key: str, *, sorted: bool = False, quorum: bool = False) -> Reply:
+        query = {"sorted": sorted, "quorum": quorum}
         return self._call("GET", key, query=query)
 
     def put(self, key: str, value: Optional[str] = None, *, ttl: Optional[int] = None,
@@ -139,10 +134,8 @@ class Transport:
         return self._call("POST", key, form={"value": value})
 
     def delete(self, key: str, *, prev_value: Optional[str] = None,
-               prev_index: Optional[int] = None, dir: bool = False,
-               recursive: bool = False) -> Reply:
-        query = {"prevValue": prev_value, "prevIndex": prev_index, "dir": dir,
-                 "recursive": recursive}
+               prev_index: Optional[int] = None) -> Reply:
+        query = {"prevValue": prev_value, "prevIndex": prev_index}
         return self._call("DELETE", key, query=query)
 
     def delete_all(self, deletes: Sequence[Tuple[str, Dict[str, Any]]]
@@ -186,7 +179,7 @@ class Transport:
         member = self._member()
         path = _path(key, {"wait": True, "recursive": True, "stream": True})
         try:
-            connection, status, headers = member.stream(path, idle_timeout, self.timeout)
+            connection, status = member.stream(path, idle_timeout, self.timeout)
         except TLSFailed as exc:
             raise _tls_failure(member.url, exc) from None
         except (NotSent, Lost) as exc:
@@ -195,7 +188,7 @@ class Transport:
         if status != 200:
             connection.close()
             raise self._error(member.url, status, b"")
-        return EventStream(connection, int(headers.get("x-etcd-index", "0") or 0))
+        return EventStream(connection)
 
     @contextmanager
     def time_limit(self, seconds: float) -> Iterator[None]:
@@ -263,7 +256,7 @@ class Transport:
         """The Reply of a success; raises the error (or _Transient) of a failure."""
         if response.status in (200, 201):
             index = int(response.headers.get("x-etcd-index") or 0)
-            return Reply(json.loads(response.body), index, retried)
+            return Reply(json.loads(response.body), index)
         error = self._error(member.url, response.status, response.body)
         if isinstance(error, EtcdFailure):
             error.retried = retried
@@ -277,11 +270,10 @@ class Transport:
         except (ValueError, TypeError, AttributeError):
             doc, code = {}, 0
         message = f"{doc.get('message', '')} [{doc.get('cause', '')}]".strip()
-        if (status == 401 and code != HistoryCleared.code) or code == _NO_PERMISSION:
+        if status == 401 or code == _NO_PERMISSION:
             return AuthError(f"etcd at {endpoint} refused access: {message or status}")
         if code in _ERRORS:
-            return _ERRORS[code](message, code=code, index=doc.get("index"),
-                                 cause=str(doc.get("cause", "")))
+            return _ERRORS[code](message, code=code, index=doc.get("index"))
         if code == _RAFT_INTERNAL or status >= 500:
             return _Transient(f"HTTP {status} {message}", sent=True)
         if status == 404 and not doc:
@@ -304,9 +296,8 @@ class Transport:
 class EventStream:
     """The events of one streaming watch, until etcd or :meth:`close` ends it."""
 
-    def __init__(self, connection: Connection, start_index: int) -> None:
+    def __init__(self, connection: Connection) -> None:
         self._connection = connection
-        self.start_index = start_index
 
     def lines(self) -> Iterator[bytes]:
         """Each event as its raw JSON line; ends quietly after ``idle_timeout``."""

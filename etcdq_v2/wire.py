@@ -227,15 +227,15 @@ class Member:
         return response
 
     def stream(self, path: str, idle_timeout: Optional[float],
-               connect_timeout: float) -> Tuple[Connection, int, Dict[str, str]]:
-        """Send a streaming GET on a socket of its own; (connection, status, headers)."""
+               connect_timeout: float) -> Tuple[Connection, int]:
+        """Send a streaming GET on a socket of its own; (connection, status)."""
         connection = Connection(self._connect(connect_timeout))
         request = f"GET {path} HTTP/1.1\r\n{self._headers}Connection: close\r\n\r\n"
         try:
             connection.sock.sendall(request.encode("ascii"))
-            status, headers = connection.read_head()
+            status, _ = connection.read_head()
             connection.sock.settimeout(idle_timeout)
-            return connection, status, headers
+            return connection, status
         except (OSError, ValueError, IndexError, Lost) as exc:
             connection.close()
             raise Lost(f"{type(exc).__name__}: {exc}") from None
