@@ -113,11 +113,15 @@ class Queue:
         """The next free item, or None.  ``timeout``: 0 don't wait, None forever."""
         deadline = None if timeout is None else time.monotonic() + timeout
         view = self._ensure_view()
+        view.check_locks()
         while True:
             version = view.version
             claim = self._claim_from(view)
             if claim is not None:
                 return claim
+            view.starved(self.etcd.deadline)  # may free items whose locks went meanwhile
+            if view.version != version:
+                continue
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return None

@@ -15,6 +15,7 @@ blocks, so one system call serves many of the small events etcd sends.
 from __future__ import annotations
 
 import base64
+import re
 import socket
 import ssl
 import threading
@@ -24,6 +25,9 @@ from urllib.parse import urlsplit
 from .errors import ConfigError
 
 _BLOCK = 1 << 16
+#: The reply headers anything here reads (etcd sends several more).
+_HEADER = re.compile(rb"\r\n(content-length|transfer-encoding|connection|x-etcd-index)"
+                     rb"[ \t]*:[ \t]*([^\r]*?)[ \t]*(?=\r\n|$)", re.IGNORECASE)
 
 
 class NotSent(Exception):
@@ -76,7 +80,13 @@ class Connection:
         self.sock = sock
         self._buffer = bytearray()
         self._pos = 0
+        self._timeout: Optional[float] = sock.gettimeout()
         self.closed = False
+
+    def set_timeout(self, timeout: Optional[float]) -> None:
+        if timeout != self._timeout:  # a system call: skipped when nothing changes
+            self.sock.settimeout(timeout)
+            self._timeout = timeout
 
     def receive(self) -> Response:
         """The next reply on this connection."""
@@ -88,13 +98,11 @@ class Connection:
         return Response(status, headers, body)
 
     def read_head(self) -> Tuple[int, Dict[str, str]]:
-        head = self._take_until(b"\r\n\r\n").decode("latin-1")
-        status_line, *lines = head.split("\r\n")
-        headers = {}
-        for line in lines:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        return int(status_line.split(" ", 2)[1]), headers
+        """The status and the headers we use; one regular expression finds them all."""
+        head = self._take_until(b"\r\n\r\n")
+        headers = {name.lower().decode("ascii"): value.decode("latin-1")
+                   for name, value in _HEADER.findall(head)}
+        return int(head.split(b" ", 2)[1]), headers
 
     def chunks(self) -> Iterator[bytes]:
         """The chunks of a chunked body, as they arrive, until the last one."""
@@ -107,14 +115,21 @@ class Connection:
             self._take_until(b"\r\n")
             yield chunk
 
-    def lines(self) -> Iterator[bytes]:
-        """Each non-empty line of a chunked body; ends with the body or close()."""
-        pending = b""
+    def blocks(self) -> Iterator[bytes]:
+        """A chunked body as blocks of whole lines; ends with the body or close().
+
+        A block holds every complete line received so far, so when events
+        come fast one call (and one lock of the caller's) serves many.
+        """
+        pending = bytearray()
         for data in self.chunks():
             pending += data
-            if b"\n" in pending:
-                *complete, pending = pending.split(b"\n")
-                yield from (line for line in complete if line)
+            if len(self._buffer) > self._pos:
+                continue  # more has arrived already: take it into this block
+            end = pending.rfind(b"\n") + 1
+            if end:
+                yield bytes(pending[:end])
+                del pending[:end]
 
     def interrupt(self) -> None:
         """Wake a reader blocked on this connection (from another thread).
@@ -234,7 +249,7 @@ class Member:
         try:
             connection.sock.sendall(request.encode("ascii"))
             status, _ = connection.read_head()
-            connection.sock.settimeout(idle_timeout)
+            connection.set_timeout(idle_timeout)
             return connection, status
         except (OSError, ValueError, IndexError, Lost) as exc:
             connection.close()
@@ -257,8 +272,7 @@ class Member:
         connection = slots[slot]
         if connection is None:
             connection = slots[slot] = Connection(self._connect(timeout))
-        else:
-            connection.sock.settimeout(timeout)
+        connection.set_timeout(timeout)
         return connection
 
     def _connect(self, timeout: float) -> socket.socket:

@@ -1,0 +1,66 @@
+"""The consumer's view: what another process writes reaches it, and freed items come back.
+
+A view follows work/ always and locks/ only while its process finds nothing
+to claim (docs/protocol.md, "The consumer's view"); these tests pin down each
+way an item reaches a consumer whose view is already running.
+"""
+from __future__ import annotations
+
+from etcdq_v2 import Queue
+from etcdq_v2.view import BACKLOG
+
+from helpers import wait_until
+
+#: Values whose JSON encoding has escapes, non-ASCII text, and one too large
+#: for the view to keep (a claim reads that one).
+TRICKY_PAYLOADS = ['"', "\\", 'a"}\n{"b', "é ü \u2028 \U0001F600", {"k": "\"}"}, [None, 1.5],
+                   b"\x00\xff\"\\", "x" * 70_000]
+
+
+def test_items_put_by_another_process_reach_a_running_view_intact(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name) as consumer, Queue(etcd_url, queue_name) as producer:
+        assert consumer.claim() is None  # the view is up; what follows comes as events
+        ids = producer.put_many(TRICKY_PAYLOADS)
+        got = []
+        for _ in TRICKY_PAYLOADS:
+            claim = consumer.claim(timeout=5)
+            assert claim is not None
+            got.append((claim.id, claim.payload))
+            claim.complete()
+        assert got == list(zip(ids, TRICKY_PAYLOADS))
+
+
+def test_a_waiting_consumer_gets_an_item_another_process_releases(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name) as consumer, Queue(etcd_url, queue_name) as holder:
+        item_id = holder.put("released elsewhere")
+        held = holder.claim()
+        assert consumer.claim() is None  # it is held: the consumer follows locks/ now
+        held.release()
+        # The lock TTL is 30 s, so only the locks/ stream can bring it back this soon.
+        claim = consumer.claim(timeout=10)
+        assert claim is not None and claim.id == item_id and claim.attempt == 2
+
+
+def test_an_expired_lock_is_noticed_under_a_steady_backlog(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=1) as consumer:
+        first, *rest = consumer.put_many(range(BACKLOG + 10))
+        with Queue(etcd_url, queue_name, lock_ttl=1) as crashed:
+            assert crashed.claim().id == first
+        # ``crashed`` stopped refreshing its lock, which expires in 1-1.5 s.
+        # The consumer always finds free items, so it never follows locks/:
+        # only its periodic listing of locks/ can show the item free again.
+
+        def claims_the_first_item() -> bool:
+            claim = consumer.claim()
+            assert claim is not None
+            if claim.id == first:
+                return True
+            claim.release()
+            return False
+
+        wait_until(claims_the_first_item, 10, interval=0.1,
+                   message="the crashed claim's item to come back")
+        assert consumer._view._lock_follower is None  # the backlog kept locks/ unfollowed
