@@ -32,7 +32,7 @@ STATES = ("pending", "running", "completed", "failed")
 #: A lone consumer takes the head (strict FIFO); each lost race doubles its
 #: window and each clean claim narrows it, so concurrent consumers spread over
 #: the head instead of all racing for the first item.
-CLAIM_WINDOW = 16
+CLAIM_WINDOW = 64
 
 
 def default_backoff(attempt: int) -> float:

@@ -47,14 +47,24 @@ Node = Dict[str, Any]
 
 
 class Reply:
-    """One answer of etcd: the action, the node, the previous node, the index."""
+    """One answer of etcd: its node (decoded when first asked for) and etcd's index.
 
-    __slots__ = ("action", "node", "index")
+    Most writes' replies are never read (a lock create, a record), so their
+    JSON is not decoded.
+    """
 
-    def __init__(self, doc: Dict[str, Any], index: int) -> None:
-        self.action: str = doc.get("action", "")
-        self.node: Node = doc.get("node") or {}
+    __slots__ = ("_body", "_node", "index")
+
+    def __init__(self, body: bytes, index: int) -> None:
+        self._body = body
+        self._node: Optional[Node] = None
         self.index = index
+
+    @property
+    def node(self) -> Node:
+        if self._node is None:
+            self._node = json.loads(self._body.decode("utf-8")).get("node") or {}
+        return self._node
 
 
 class _Transient(Exception):
@@ -257,7 +267,7 @@ class Transport:
         """The Reply of a success; raises the error (or _Transient) of a failure."""
         if response.status in (200, 201):
             index = int(response.headers.get("x-etcd-index") or 0)
-            return Reply(json.loads(response.body), index)
+            return Reply(response.body, index)
         error = self._error(member.url, response.status, response.body)
         if isinstance(error, EtcdFailure):
             error.retried = retried
