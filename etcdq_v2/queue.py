@@ -119,7 +119,9 @@ class Queue:
             claim = self._claim_from(view)
             if claim is not None:
                 return claim
-            view.starved(self.etcd.deadline)  # may free items whose locks went meanwhile
+            # Nothing free: follow locks/ from now on.  Its first listing may
+            # show items freed meanwhile: wait for it (one request's timeout).
+            view.starved(self.etcd.timeout)
             if view.version != version:
                 continue
             remaining = None if deadline is None else deadline - time.monotonic()

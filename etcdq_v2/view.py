@@ -128,6 +128,8 @@ class QueueView:
         """A claim found nothing: make sure locks/ is followed, and its listing is in."""
         with self._cond:
             follower = self._lock_follower
+            if self._work.stopped:  # closed: start nothing new
+                return
             if follower is None:
                 follower = self._lock_follower = _Follower(
                     self, self._layout.locks, self._list_locks, self._apply_locks,
