@@ -82,6 +82,10 @@ log = logging.getLogger("etcdq_v2.protocol")
 COMPLETED, FAILED = "completed", "failed"
 
 
+class Gone(Exception):
+    """The item a claim tried is no longer in work/, or is finished. Internal."""
+
+
 @dataclass
 class ClaimState:
     """What a claim knows about its item: enough to finish it safely."""
@@ -155,9 +159,10 @@ class Protocol:
 
     # -- C: claim ----------------------------------------------------------
     def claim(self, item_id: str, index: int, raw: Optional[str]) -> Optional[ClaimState]:
-        """Try to claim one item seen at ``index``; None if someone else has it or it is done.
+        """Try to claim one item seen at ``index``; None if another claim has it.
 
-        Raises Junk if the item is not one of ours (the caller skips it).
+        Raises Gone if the item is no longer in work/ or is finished, and
+        Junk if it is not one of ours (the caller skips it).
         """
         lock = Lock(self.node_id, new_token())
         started = time.monotonic()
@@ -190,7 +195,7 @@ class Protocol:
             if raw is None:
                 entry = self.read("work", item_id)
                 if entry is None:
-                    return None
+                    raise Gone(item_id)
                 index, raw = entry.index, entry.value
             item = Item.decode(raw)
             if item.claim == lock.token:  # our C2 applied; its reply was lost
@@ -203,19 +208,19 @@ class Protocol:
                 raw = None
                 continue
             except KeyMissing:
-                return None
+                raise Gone(item_id) from None
             state = ClaimState(item_id, lock, claimed, reply.node["modifiedIndex"], locked)
             return self._checked(state)
         return None
 
-    def _checked(self, state: ClaimState) -> Optional[ClaimState]:
+    def _checked(self, state: ClaimState) -> ClaimState:
         """C3: hand out the claim unless the item is finished or out of attempts."""
         before = state.item.attempts - 1
         if before and self._finished_before(state):
-            return None
+            raise Gone(state.id)
         if self.max_attempts and before >= self.max_attempts:
             self._abandon(state, before)
-            return None
+            raise Gone(state.id)
         return state
 
     def _finished_before(self, state: ClaimState) -> bool:
@@ -345,8 +350,11 @@ class Protocol:
         return False
 
     # -- Q: requeue ----------------------------------------------------------
-    def requeue(self, item_id: str) -> str:
-        """Q1-Q3: move dead letter ``item_id`` back to work/ as a new item."""
+    def requeue(self, item_id: str) -> Tuple[str, int, str]:
+        """Q1-Q3: move dead letter ``item_id`` back to work/ as a new item.
+
+        Returns the new item's id, index (0 if it was already finished) and value.
+        """
         check_item_id(item_id)
         entry = self.read(FAILED, item_id)
         try:
@@ -354,19 +362,19 @@ class Protocol:
         except Junk:
             raise NotFound(f"no dead letter {item_id} in {self.layout.failed}") from None
         assert entry is not None  # Record.decode(None) raised Junk above
+        found: Optional[Tuple[str, int]] = None
         if record.requeue_token:
             token, index = record.requeue_token, entry.index
             found = self.find_put(token)
-            new_id = found[0] if found else None
         else:
-            token, new_id = new_token(), None
+            token = new_token()
             marked = replace(record, requeue_token=token)
             index = self.etcd.put(self.layout.key(FAILED, item_id), marked.encode(),
                                   prev_index=entry.index).node["modifiedIndex"]
-        if new_id is None:
-            new_id = self.post_item(Item(record.payload, token).encode(), token)[0]
+        raw = Item(record.payload, token).encode()
+        new_id, new_index = found or self.post_item(raw, token)
         self._delete_quietly(self.layout.key(FAILED, item_id), prev_index=index)
-        return new_id
+        return new_id, new_index, raw
 
 
     # -- reads -----------------------------------------------------------------

@@ -20,7 +20,7 @@ from .claim import Claim, Heartbeat
 from .codec import DEFAULT_MAX_PAYLOAD, Item, Junk, Record, new_token
 from .errors import ConfigError, InvalidName, NotFound
 from .keys import Layout, check_item_id
-from .protocol import COMPLETED, FAILED, Entry, Protocol, lock_states, ttl_seconds
+from .protocol import COMPLETED, FAILED, Entry, Gone, Protocol, lock_states, ttl_seconds
 from .transport import Transport, connect
 from .view import QueueView
 
@@ -33,6 +33,8 @@ STATES = ("pending", "running", "completed", "failed")
 #: window and each clean claim narrows it, so concurrent consumers spread over
 #: the head instead of all racing for the first item.
 CLAIM_WINDOW = 64
+#: Items found gone in a row, within one claim, that show the view is behind.
+STALE_VIEW = 3
 
 
 def default_backoff(attempt: int) -> float:
@@ -131,6 +133,7 @@ class Queue:
 
     def _claim_from(self, view: QueueView) -> Optional[Claim]:
         """Try the free items at the head, in random order, until one is ours."""
+        gone = 0
         while True:
             candidates = view.candidates(self._window)
             if not candidates:
@@ -139,6 +142,15 @@ class Queue:
             view.taken(item_id)
             try:
                 state = self._protocol.claim(item_id, index, raw)
+            except Gone:
+                view.gone(item_id)
+                gone += 1
+                if gone == STALE_VIEW:
+                    # etcd drops a watcher that cannot keep up, and a busy
+                    # process may be slow to notice: list again rather than
+                    # try each item the view still holds.
+                    view.relist(self.etcd.deadline)
+                continue
             except Junk as exc:
                 log.warning("skipping item %s of %s: %s", item_id, self.layout.root, exc)
                 view.skip(item_id, index)
@@ -212,7 +224,10 @@ class Queue:
     # -- operating -----------------------------------------------------------------
     def requeue(self, item_id: str) -> str:
         """Move dead letter ``item_id`` back to work/ (attempts reset); the new id."""
-        return self._protocol.requeue(item_id)
+        new_id, index, raw = self._protocol.requeue(item_id)
+        if self._view is not None and index:  # claimable here at once, like a put
+            self._view.added(new_id, index, raw)
+        return new_id
 
     def purge(self, *, completed: bool = False, failed: bool = False) -> int:
         """Remove completion records and/or dead letters; how many were removed."""

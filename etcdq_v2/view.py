@@ -2,8 +2,8 @@
 
 Listing work/ on every claim costs time and memory in proportion to the
 queue's length (etcd v2 sends every value with a listing).  Instead, each
-Queue keeps one view, built once and then updated by a *streaming* watch of
-work/ (``?wait=true&recursive=true&stream=true``: one HTTP response, one JSON
+Queue keeps one view, built once and then updated by a *streaming* watch
+(``?wait=true&recursive=true&stream=true``: one HTTP response, one JSON
 event per line):
 
 1. open the stream first (etcd registers it at its current index S);
@@ -14,18 +14,22 @@ Nothing is missed between 1 and 2, and nothing is applied twice.  If the
 stream ends (etcd drops a watcher that falls 100 events behind, a member
 dies) the view starts again at 1.
 
-Which items are locked.  Every claim changes its item in work/ (C2), so the
-work/ stream alone shows items being taken.  An item is free again only when
-its lock goes (released, expired), which shows in locks/ alone.  Watching
-locks/ all the time would nearly double what every consumer receives and
-etcd sends (each claim's lock create and delete, to every consumer), so
-locks/ is followed the same way (stream, list, apply) only while this
-process finds nothing to claim, and not while it has a backlog of free
-items.  Meanwhile, if items are known taken, locks/ is listed once per lock
-TTL, so an item whose worker died comes back under a steady backlog too.
+Which items are locked.  Every claim changes its item in work/ (C2), so a
+watch of work/ alone shows items being taken.  An item is free again only
+when its lock goes (released, expired), which shows in locks/ alone.
+Watching the whole queue directory all the time would send every consumer
+each claim's lock create and delete and each completion record too: more
+than twice the events etcd sends and every consumer parses.  So a view
+watches work/ while it has a backlog of free items, and the whole directory
+(one stream, so events stay in etcd's order) only while its process finds
+nothing to claim; each switch subscribes and lists again.  While it watches
+work/ only and knows of taken items, it lists locks/ once per lock TTL, so
+an item whose worker died comes back under a steady backlog too.
 
 A claim never trusts the view: the lock create (C1) and the compare-and-swap
 on the item (C2) decide, so a stale view costs a retry, never a wrong answer.
+A claim that finds items gone tells the view (:meth:`QueueView.gone`); a few
+in a row and the view lists again (:meth:`QueueView.relist`).
 
 Free items (in work/, not locked) are kept in a sorted list: new items always
 sort last (their ids are etcd indexes), so appending is cheap and the head of
@@ -39,7 +43,7 @@ import logging
 import re
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from .errors import EtcdqError, Unavailable
 from .keys import Layout
@@ -57,9 +61,10 @@ _EVENT = re.compile(rb'\{"action":"(\w+)","node":\{"key":"([^"]*)"'
                     rb'[^{}]*?"modifiedIndex":(\d+)')
 _REMOVED = (b"delete", b"compareAndDelete", b"expire")
 _CLAIMED = b"compareAndSwap"  # on work/: a claim's C2 (nothing else CASes an item)
+_WRITTEN = (b"create", b"set", b"update")
 #: Values larger than this are not kept in memory; a claim reads them.
 MAX_CACHED_VALUE = 64 * 1024
-#: Free items that count as a backlog: with that many, locks/ is not followed.
+#: Free items that count as a backlog: with that many, only work/ is watched.
 BACKLOG = 32
 #: Seconds a follower waits after applying events, so that the next come in one block.
 COALESCE = 0.005
@@ -69,7 +74,7 @@ Candidate = Tuple[str, int, Optional[str]]
 
 
 class QueueView:
-    """work/ and the locked items of one queue, updated in background threads."""
+    """work/ and the locked items of one queue, updated in a background thread."""
 
     def __init__(self, protocol: Protocol, *, idle_timeout: float = 60.0) -> None:
         self._protocol = protocol
@@ -86,10 +91,11 @@ class QueueView:
         self._ready = False
         self._error: Optional[BaseException] = None
         self.relists = 0
-        self._work = _Follower(self, self._layout.work, self._list_work, self._apply_work,
-                               idle_timeout)
-        self._lock_follower: Optional[_Follower] = None
         self._idle_timeout = idle_timeout
+        self._closed = False
+        self.watching_locks = False
+        self._follower = _Follower(self, self._layout.work, idle_timeout)
+        self._follower.start()
 
     # -- for claimers ----------------------------------------------------------
     def wait_ready(self, timeout: float) -> None:
@@ -121,25 +127,17 @@ class QueueView:
             del self._free[:stale]
             backlog = len(self._in_free) >= BACKLOG
         if backlog:
-            self._stop_following_locks()
+            self._watch(locks=False)
         return found
 
     def starved(self, timeout: float) -> None:
-        """A claim found nothing: make sure locks/ is followed, and its listing is in."""
-        with self._cond:
-            follower = self._lock_follower
-            if self._work.stopped:  # closed: start nothing new
-                return
-            if follower is None:
-                follower = self._lock_follower = _Follower(
-                    self, self._layout.locks, self._list_locks, self._apply_locks,
-                    self._idle_timeout)
-        follower.wait_listed(timeout)
+        """A claim found nothing: watch locks/ too, and wait for the new listing."""
+        self._watch(locks=True).wait_listed(timeout)
 
     def check_locks(self) -> None:
-        """List locks/ once per lock TTL while it is not followed and items are taken."""
+        """List locks/ once per lock TTL while it is not watched and items are taken."""
         with self._cond:
-            due = (self._lock_follower is None
+            due = (not self.watching_locks
                    and time.monotonic() - self._locks_listed >= self._protocol.lock_ttl
                    and any(index != _LOCAL for index in self._locks.values()))
         if due:
@@ -179,6 +177,24 @@ class QueueView:
             self._items.pop(item_id, None)
             self._locks.pop(item_id, None)
 
+    def gone(self, item_id: str) -> None:
+        """A claim found the item gone from work/ (or finished): never offer it again."""
+        with self._cond:
+            self._items.pop(item_id, None)
+            self._locks.pop(item_id, None)
+
+    def relist(self, timeout: float) -> None:
+        """Subscribe and list again now, and wait (up to ``timeout``) for the listing."""
+        with self._cond:
+            if self._closed:
+                return
+            old = self._follower
+            new = self._follower = _Follower(self, old.directory, self._idle_timeout)
+            self._ready, self._error = False, None
+        old.stop()
+        new.start()
+        self.wait_ready(timeout)
+
     def skip(self, item_id: str, index: int) -> None:
         """Never offer this version of the item again (it is junk)."""
         with self._cond:
@@ -186,13 +202,26 @@ class QueueView:
 
     def wait_for_change(self, version: int, timeout: Optional[float]) -> None:
         with self._cond:
-            self._cond.wait_for(lambda: self.version != version or self._work.stopped, timeout)
+            self._cond.wait_for(lambda: self.version != version or self._closed, timeout)
 
     def close(self) -> None:
-        self._work.stop()
-        self._stop_following_locks()
         with self._cond:
+            self._closed = True
             self._cond.notify_all()
+        self._follower.stop()
+
+    def _watch(self, *, locks: bool) -> "_Follower":
+        """Watch the whole queue directory (``locks``) or work/ only: the follower doing it."""
+        with self._cond:
+            old = self._follower
+            if self.watching_locks == locks or self._closed:
+                return old
+            directory = self._layout.root if locks else self._layout.work
+            new = self._follower = _Follower(self, directory, self._idle_timeout)
+            self.watching_locks = locks
+        old.stop()
+        new.start()
+        return new
 
     # -- the state ---------------------------------------------------------------
     def _is_free(self, item_id: str) -> bool:
@@ -226,102 +255,88 @@ class QueueView:
     def _reconcile_locks(self, index: int, locks: List[Entry]) -> None:
         """Apply a listing of locks/ taken at ``index``."""
         listed = {entry.id: entry.index for entry in locks}
-        with self._cond:
-            for item_id in [i for i in self._locks if i not in listed]:
-                self._unlocked(item_id, index)
-            for item_id, lock_index in listed.items():
-                self._locked(item_id, lock_index)
-            self._locks_listed = time.monotonic()
+        for item_id in [i for i in self._locks if i not in listed]:
+            self._unlocked(item_id, index)
+        for item_id, lock_index in listed.items():
+            self._locked(item_id, lock_index)
+        self._locks_listed = time.monotonic()
 
     # -- listings and events (follower threads) --------------------------------------
-    def _list_work(self) -> int:
+    def _list(self, follower: "_Follower") -> Dict[str, int]:
+        """List work/, then locks/: the etcd index of each listing, by directory.
+
+        Only the current follower's listing is applied: one that was replaced
+        meanwhile must not overwrite what its successor has.
+        """
         work_index, work = self._protocol.list("work")
+        locks_index, locks = self._protocol.list("locks")
         with self._cond:
+            if follower is not self._follower:
+                return {}
             self._items = {e.id: (e.index, _cacheable(e.value)) for e in work}
             self._free = [e.id for e in work]
             self._in_free = set(self._free)
-        self._list_locks()
-        with self._cond:
+            self._reconcile_locks(locks_index, locks)
             self._ready, self._error = True, None
             self.relists += 1
             self.version += 1
             self._cond.notify_all()
-        return work_index
+        return {"work": work_index, "locks": locks_index}
 
-    def _list_locks(self) -> int:
+    def _list_locks(self) -> None:
         index, locks = self._protocol.list("locks")
-        self._reconcile_locks(index, locks)
-        return index
-
-    def _apply_work(self, block: bytes, floor: int) -> None:
         with self._cond:
-            for action, item_id, value, index in self._events(block, floor):
-                if action in _REMOVED:
-                    self._items.pop(item_id, None)
-                    self._locks.pop(item_id, None)
-                elif action == _CLAIMED:
-                    if item_id in self._items:
-                        self._items[item_id] = (index, None)  # a claim reads it afresh
-                        self._locked(item_id, index)
-                elif value is not None:
-                    self._apply_item(item_id, index, _unescape(value))
+            self._reconcile_locks(index, locks)
 
-    def _apply_locks(self, block: bytes, floor: int) -> None:
+    def _apply(self, block: bytes, floors: Dict[str, int], follower: "_Follower") -> None:
+        """Apply a block of events, each only if newer than its directory's listing."""
         with self._cond:
-            for action, item_id, _, index in self._events(block, floor):
-                if action in _REMOVED:
-                    self._unlocked(item_id, index)
-                elif action != _CLAIMED:  # a CAS keeps the item locked (a release delay)
-                    self._locked(item_id, index)
+            if follower is not self._follower:
+                return  # replaced: its successor's listing covers these events
+            for action, key, value, is_dir, index in _EVENT.findall(block):
+                parsed = self._layout.split(key.decode("utf-8", "replace"))
+                number = int(index)
+                if parsed is None or is_dir or number <= floors.get(parsed[0], number):
+                    continue  # not an item, or already in the listing, or completed/failed
+                if parsed[0] == "work":
+                    self._apply_work(action, parsed[1], value, number)
+                elif action in _REMOVED:
+                    self._unlocked(parsed[1], number)
+                elif action != _CLAIMED:  # a lock's CAS keeps it locked (a release delay)
+                    self._locked(parsed[1], number)
 
-    def _events(self, block: bytes, floor: int
-                ) -> List[Tuple[bytes, str, Optional[bytes], int]]:
-        """(action, item id, raw JSON value, index) of events newer than ``floor``.
-
-        Events of keys that are not items (sub-directories, other names) are
-        left out; so is a directory's value.
-        """
-        events = []
-        for action, key, value, is_dir, index in _EVENT.findall(block):
-            number = int(index)
-            parsed = self._layout.split(key.decode("utf-8", "replace"))
-            if number > floor and parsed is not None and not is_dir:
-                events.append((action, parsed[1], value if action in (b"create", b"set", b"update")
-                               else None, number))
-        return events
+    def _apply_work(self, action: bytes, item_id: str, value: bytes, index: int) -> None:
+        if action in _REMOVED:
+            self._items.pop(item_id, None)
+            self._locks.pop(item_id, None)
+        elif action == _CLAIMED:
+            if item_id in self._items:
+                self._items[item_id] = (index, None)  # a claim reads it afresh
+                self._locked(item_id, index)
+        elif action in _WRITTEN:
+            self._apply_item(item_id, index, _unescape(value))
 
     def _failed(self, exc: BaseException) -> None:
         with self._cond:
             self._error = exc
             self._cond.notify_all()
 
-    def _stop_following_locks(self) -> None:
-        with self._cond:
-            follower, self._lock_follower = self._lock_follower, None
-        if follower is not None:
-            follower.stop()
-
 
 class _Follower:
-    """One directory followed in a thread of its own: subscribe, list, apply events."""
+    """One watch of the view, in a thread of its own: subscribe, list, apply events."""
 
-    def __init__(self, view: QueueView, directory: str, listing: Callable[[], int],
-                 apply: Callable[[bytes, int], None], idle_timeout: float) -> None:
+    def __init__(self, view: QueueView, directory: str, idle_timeout: float) -> None:
         self._view = view
-        self._directory = directory
-        self._listing = listing
-        self._apply = apply
+        self.directory = directory
         self._idle_timeout = idle_timeout
         self._listed = threading.Event()
         self._stop = threading.Event()
         self._stream: Optional[EventStream] = None
-        name = f"etcdq-view-{directory.rsplit('/', 1)[-1]}"
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._thread = threading.Thread(target=self._run, name="etcdq-view", daemon=True)
 
-    @property
-    def stopped(self) -> bool:
-        return self._stop.is_set()
+    def start(self) -> None:
+        """Start following; only once the view knows this is its follower."""
+        self._thread.start()
 
     def wait_listed(self, timeout: float) -> None:
         self._listed.wait(timeout)
@@ -345,23 +360,23 @@ class _Follower:
             except Exception as exc:  # keep following; claimers see the error
                 if self._stop.is_set():
                     break
-                log.warning("watch of %s failed (%s); listing again", self._directory, exc)
+                log.warning("watch of %s failed (%s); listing again", self.directory, exc)
                 self._view._failed(exc)
                 time.sleep(pause)
                 pause = min(pause * 2, 2.0)
 
     def _follow(self) -> None:
         """One round: subscribe, list, then apply events until the stream ends."""
-        stream = self._view._protocol.etcd.stream(self._directory,
+        stream = self._view._protocol.etcd.stream(self.directory,
                                                   idle_timeout=self._idle_timeout)
         self._stream = stream
         try:
             if self._stop.is_set():
                 return
-            floor = self._listing()
+            floors = self._view._list(self)
             self._listed.set()
             for block in stream.blocks():
-                self._apply(block, floor)
+                self._view._apply(block, floors, self)
                 # Each wake-up of this thread (a context switch, the GIL taken
                 # from the claimer) cost more than parsing the events; a short
                 # pause lets the next few arrive together.  An event after a

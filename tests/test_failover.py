@@ -31,7 +31,7 @@ def test_leader_sigkill_while_draining_loses_nothing(cluster, queue_name: str) -
         producer.start()
         executed: Counter = Counter()
         drain = threading.Thread(target=lambda: executed.update(
-            run_consumers(cluster.endpoints, queue_name, 3, idle=8.0)))
+            run_consumers(cluster.endpoints, queue_name, 3, idle=8.0)[0]))
         drain.start()
         wait_until(lambda: queue.stats()["completed"] >= 50, 60, message="draining to start",
                    ignore=(Unavailable,))

@@ -63,7 +63,7 @@ def test_a_dropped_watch_while_over_1000_events_happen_misses_nothing(
         consumer.claim()  # the view is up
         view = consumer._view
         relists = view.relists
-        view._work.drop_stream()  # the connection drops ...
+        view._follower.drop_stream()  # the connection drops ...
         ids = producer.put_many(range(300))  # ... while 1,200+ events pass
         for n in range(900):
             producer.etcd.put("/etcdq-noise/key", str(n))

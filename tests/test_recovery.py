@@ -16,7 +16,7 @@ import pytest
 
 from etcdq_v2 import Queue
 from etcdq_v2.codec import Record
-from etcdq_v2.protocol import COMPLETED, FAILED
+from etcdq_v2.protocol import COMPLETED, FAILED, Gone
 
 from helpers import wait_until
 
@@ -112,7 +112,8 @@ def test_a_stale_listing_never_runs_a_completed_item(etcd_url: str, queue_name: 
         index, entries = second._protocol.list("work")
         stale = entries[0]  # second's view of work/ before the item was finished
         first.claim().complete("done")
-        assert second._protocol.claim(stale.id, stale.index, stale.value) is None
+        with pytest.raises(Gone):
+            second._protocol.claim(stale.id, stale.index, stale.value)
         assert second._protocol.read("locks", item_id) is None  # its lock was dropped
         assert first.get(item_id).result == "done"
 

@@ -63,4 +63,23 @@ def test_an_expired_lock_is_noticed_under_a_steady_backlog(
 
         wait_until(claims_the_first_item, 10, interval=0.1,
                    message="the crashed claim's item to come back")
-        assert consumer._view._lock_follower is None  # the backlog kept locks/ unfollowed
+        assert not consumer._view.watching_locks  # the backlog kept locks/ unwatched
+
+
+def test_a_view_that_fell_behind_lists_again_instead_of_trying_each_stale_item(
+        etcd_url: str, queue_name: str, monkeypatch) -> None:
+    with Queue(etcd_url, queue_name) as consumer, Queue(etcd_url, queue_name) as other:
+        other.put_many(range(10))
+        view = consumer._ensure_view()  # it lists the ten items ...
+        monkeypatch.setattr(view, "_apply", lambda *args: None)  # ... then hears nothing
+        while (claim := other.claim()) is not None:
+            claim.complete()
+        fresh = other.put("fresh")
+        relists = view.relists
+        consumer.etcd.requests.clear()
+        claim = consumer.claim(timeout=5)
+        assert claim is not None and claim.id == fresh
+        assert view.relists == relists + 1
+        # Three items found gone (lock create, item CAS each), then the fresh one:
+        # not one try for each of the ten finished items the view still held.
+        assert consumer.etcd.requests["PUT"] == 3 * 2 + 2
