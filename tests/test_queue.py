@@ -175,11 +175,14 @@ def test_heartbeat_keeps_the_lock_and_detects_its_loss(etcd_url: str, queue_name
         time.sleep(2.5)  # several TTLs: only the heartbeat keeps the lock alive
         assert not claim.lost
         assert queue.stats()["running"] == 1
-        # Delete the lock behind the claimer's back and let another node take the item.
-        lock_key = queue.layout.key("locks", item_id)
-        queue.etcd.delete(lock_key)
+        # Delete the lock behind the claimer's back and let another node take the
+        # item.  The heartbeat is held meanwhile: it would re-create a lock that
+        # vanished while the item is still ours, and could win the race.
+        queue._heartbeat.discard(claim)
+        queue.etcd.delete(queue.layout.key("locks", item_id))
         taken = thief.claim(timeout=5)
         assert taken.id == item_id
+        queue._heartbeat.add(claim)
         wait_until(lambda: claim.lost, 5, message="the heartbeat to notice the lost lock")
         with pytest.raises(LockLost):
             claim.refresh()
