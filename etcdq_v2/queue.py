@@ -105,8 +105,7 @@ class Queue:
         ids = []
         for raw, token in encoded:
             item_id, index = self._protocol.post_item(raw, token)
-            if self._view is not None:  # this process may claim it before etcd's event comes
-                self._view.added(item_id, index, raw)
+            self._offer(item_id, index, raw)
             ids.append(item_id)
         return ids
 
@@ -143,7 +142,7 @@ class Queue:
             try:
                 state = self._protocol.claim(item_id, index, raw)
             except Gone:
-                view.gone(item_id)
+                view.finished(item_id)
                 gone += 1
                 if gone == STALE_VIEW:
                     # etcd drops a watcher that cannot keep up, and a busy
@@ -225,8 +224,8 @@ class Queue:
     def requeue(self, item_id: str) -> str:
         """Move dead letter ``item_id`` back to work/ (attempts reset); the new id."""
         new_id, index, raw = self._protocol.requeue(item_id)
-        if self._view is not None and index:  # claimable here at once, like a put
-            self._view.added(new_id, index, raw)
+        if index:  # 0: it was requeued and finished before
+            self._offer(new_id, index, raw)
         return new_id
 
     def purge(self, *, completed: bool = False, failed: bool = False) -> int:
@@ -253,6 +252,11 @@ class Queue:
         return f"<Queue {self.layout.root} node={self.node_id!r}>"
 
     # -- helpers -------------------------------------------------------------------
+    def _offer(self, item_id: str, index: int, raw: str) -> None:
+        """An item this process wrote to work/: claimable here before etcd's event comes."""
+        if self._view is not None:
+            self._view.added(item_id, index, raw)
+
     def _work_and_locks(self) -> "tuple[List[tuple[Entry, Item]], Dict[str, Any]]":
         return list(self._protocol.decoded("work")), lock_states(self._protocol.list("locks")[1])
 

@@ -28,7 +28,7 @@ an item whose worker died comes back under a steady backlog too.
 
 A claim never trusts the view: the lock create (C1) and the compare-and-swap
 on the item (C2) decide, so a stale view costs a retry, never a wrong answer.
-A claim that finds items gone tells the view (:meth:`QueueView.gone`); a few
+A claim that finds items gone tells the view (:meth:`QueueView.finished`); a few
 in a row and the view lists again (:meth:`QueueView.relist`).
 
 Free items (in work/, not locked) are kept in a sorted list: new items always
@@ -125,7 +125,7 @@ class QueueView:
             for item_id in self._free[:stale]:
                 self._in_free.discard(item_id)
             del self._free[:stale]
-            backlog = len(self._in_free) >= BACKLOG
+            backlog = self.watching_locks and len(self._in_free) >= BACKLOG
         if backlog:
             self._watch(locks=False)
         return found
@@ -168,31 +168,22 @@ class QueueView:
             self._make_free(item_id)
 
     def finished(self, item_id: str) -> None:
-        """A claim of this process completed or dead-lettered the item: it is gone.
+        """The item is gone: this process completed or dead-lettered it, or a
+        claim found it gone.  Never offer it again.
 
         F3 and F4 are committed together and their events may come in either
         order; without this, the lock's removal could offer the item again.
         """
         with self._cond:
-            self._items.pop(item_id, None)
-            self._locks.pop(item_id, None)
-
-    def gone(self, item_id: str) -> None:
-        """A claim found the item gone from work/ (or finished): never offer it again."""
-        with self._cond:
-            self._items.pop(item_id, None)
-            self._locks.pop(item_id, None)
+            self._forget(item_id)
 
     def relist(self, timeout: float) -> None:
         """Subscribe and list again now, and wait (up to ``timeout``) for the listing."""
         with self._cond:
             if self._closed:
                 return
-            old = self._follower
-            new = self._follower = _Follower(self, old.directory, self._idle_timeout)
             self._ready, self._error = False, None
-        old.stop()
-        new.start()
+        self._replace_follower(locks=self.watching_locks)
         self.wait_ready(timeout)
 
     def skip(self, item_id: str, index: int) -> None:
@@ -213,8 +204,15 @@ class QueueView:
     def _watch(self, *, locks: bool) -> "_Follower":
         """Watch the whole queue directory (``locks``) or work/ only: the follower doing it."""
         with self._cond:
+            if self.watching_locks == locks:
+                return self._follower
+        return self._replace_follower(locks=locks)
+
+    def _replace_follower(self, *, locks: bool) -> "_Follower":
+        """A new follower (subscribe, list, apply) in place of the current one."""
+        with self._cond:
             old = self._follower
-            if self.watching_locks == locks or self._closed:
+            if self._closed:
                 return old
             directory = self._layout.root if locks else self._layout.work
             new = self._follower = _Follower(self, directory, self._idle_timeout)
@@ -236,6 +234,10 @@ class QueueView:
                 self._in_free.add(item_id)
             self.version += 1
             self._cond.notify_all()
+
+    def _forget(self, item_id: str) -> None:
+        self._items.pop(item_id, None)
+        self._locks.pop(item_id, None)
 
     def _apply_item(self, item_id: str, index: int, value: Optional[str]) -> None:
         self._items[item_id] = (index, _cacheable(value))
@@ -307,8 +309,7 @@ class QueueView:
 
     def _apply_work(self, action: bytes, item_id: str, value: bytes, index: int) -> None:
         if action in _REMOVED:
-            self._items.pop(item_id, None)
-            self._locks.pop(item_id, None)
+            self._forget(item_id)
         elif action == _CLAIMED:
             if item_id in self._items:
                 self._items[item_id] = (index, None)  # a claim reads it afresh
