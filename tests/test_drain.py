@@ -62,7 +62,7 @@ def test_many_consumers_at_the_end_of_a_drain_do_not_race_for_finished_items(
     # while most consumers have nothing left and watch locks/ as well.  A
     # view that offered a finished item again each time some claim's lock
     # came and went made them race for it until their views caught up:
-    # tens of requests per item instead of about six.
+    # tens of requests per item instead of about five.
     with Queue(etcd_url, queue_name) as queue:
         ids = queue.put_many(range(2000))
         executed, requests = run_consumers(etcd_url, queue_name, 32, idle=1.0)

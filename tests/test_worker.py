@@ -380,12 +380,20 @@ def test_a_lock_lost_while_the_handler_runs_cancels_it_and_records_nothing(
 
 def test_a_lock_taken_before_complete_records_nothing(
         etcd_url: str, make_queue: Callable[..., Queue]) -> None:
-    queue, thief = make_queue(), make_queue()
+    queue, thief = make_queue(lock_ttl=1), make_queue()
     item_id = queue.put({"n": 0})
     stolen = []
 
     def lose_the_lock_then_return(payload: Any) -> Any:
-        stolen.append(_steal(etcd_url, queue, thief, item_id))
+        # The way a lock is lost under the protocol: its TTL runs out while the
+        # heartbeat is held (only a lock's owner ever deletes it), and another
+        # node claims the item.  complete() must find out before recording.
+        queue._heartbeat.discard(current_task().claim)
+        wait_until(lambda: queue._protocol.read("locks", item_id) is None, BOUND,
+                   message="the lock's expiry")
+        claim = wait_until(lambda: thief.claim(timeout=0.2), BOUND, message="the thief's claim")
+        assert (claim.id, claim.attempt) == (item_id, 2)
+        stolen.append(claim)
         return "mine"
 
     stats = make_worker(queue, lose_the_lock_then_return).run(max_items=1)
