@@ -136,13 +136,24 @@ class Transport:
     def put(self, key: str, value: Optional[str] = None, *, ttl: Optional[int] = None,
             prev_exist: Optional[bool] = None, prev_value: Optional[str] = None,
             prev_index: Optional[int] = None, refresh: bool = False) -> Reply:
-        form = {"value": value, "ttl": ttl, "prevExist": prev_exist, "prevValue": prev_value,
-                "prevIndex": prev_index, "refresh": refresh}
-        return self._call("PUT", key, form=form)
+        # Spelled out rather than a dict through _encode: this is every claim's
+        # and completion's request, and the generic loop cost more than the rest.
+        fields = [] if value is None else [f"value={_quote(value, _FORM_QUOTING)}"]
+        if ttl is not None:
+            fields.append(f"ttl={ttl}")
+        if prev_exist is not None:
+            fields.append("prevExist=true" if prev_exist else "prevExist=false")
+        if prev_value is not None:
+            fields.append(f"prevValue={_quote(prev_value, _FORM_QUOTING)}")
+        if prev_index is not None:
+            fields.append(f"prevIndex={prev_index}")
+        if refresh:
+            fields.append("refresh=true")
+        return self._call("PUT", key, body="&".join(fields))
 
     def post(self, key: str, value: str) -> Reply:
         """Create an in-order key under ``key``; never resent once it may have applied."""
-        return self._call("POST", key, form={"value": value})
+        return self._call("POST", key, body=f"value={_quote(value, _FORM_QUOTING)}")
 
     def delete(self, key: str, *, prev_value: Optional[str] = None,
                prev_index: Optional[int] = None) -> Reply:
@@ -222,11 +233,10 @@ class Transport:
 
     # -- requests and retries ---------------------------------------------
     def _call(self, method: str, key: str, *, query: Optional[Dict[str, Any]] = None,
-              form: Optional[Dict[str, Any]] = None) -> Reply:
+              body: Optional[str] = None) -> Reply:
         limit = getattr(self._limit, "seconds", None)
         deadline = min(self.deadline, limit) if limit is not None else self.deadline
         give_up = time.monotonic() + deadline
-        body = _encode(form) if form is not None else None
         path = _path(key, query)
         retried, attempt, last = False, 0, ""
         while True:
@@ -354,7 +364,7 @@ def _quote(text: str, table: List[str]) -> str:
 
 def _path(key: str, query: Optional[Dict[str, Any]]) -> str:
     path = f"/v2/keys{_quote(key, _PATH_QUOTING)}"
-    params = _encode(query or {})
+    params = _encode(query) if query else ""
     return f"{path}?{params}" if params else path
 
 

@@ -18,6 +18,8 @@ import base64
 import re
 import socket
 import ssl
+import struct
+import sys
 import threading
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 from urllib.parse import urlsplit
@@ -25,6 +27,8 @@ from urllib.parse import urlsplit
 from .errors import ConfigError
 
 _BLOCK = 1 << 16
+#: Where SO_RCVTIMEO takes a struct timeval (Windows takes milliseconds).
+_KERNEL_TIMEOUTS = sys.platform.startswith("linux") or sys.platform == "darwin"
 #: The reply headers anything here reads (etcd sends several more).
 _HEADER = re.compile(rb"\r\n(content-length|transfer-encoding|connection|x-etcd-index)"
                      rb"[ \t]*:[ \t]*([^\r]*?)[ \t]*(?=\r\n|$)", re.IGNORECASE)
@@ -74,19 +78,38 @@ class Connection:
 
     The buffer is a bytearray read from an offset, so a large listing (tens
     of MB at 100,000 pending items) is read in time linear in its size.
+
+    With ``kernel_timeouts`` the socket stays in blocking mode and the kernel
+    enforces the timeout (SO_RCVTIMEO/SO_SNDTIMEO): Python's own timeout mode
+    polls the socket before every send and receive, two more system calls per
+    request.  A kernel timeout surfaces as BlockingIOError, not socket.timeout.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, kernel_timeouts: bool = False) -> None:
         self.sock = sock
         self._buffer = bytearray()
         self._pos = 0
-        self._timeout: Optional[float] = sock.gettimeout()
+        self._kernel_timeouts = kernel_timeouts and _KERNEL_TIMEOUTS and isinstance(
+            sock, socket.socket) and not isinstance(sock, ssl.SSLSocket)
+        self._timeout: Optional[float] = None
         self.closed = False
+        if self._kernel_timeouts:
+            self.set_timeout(sock.gettimeout())
+        else:
+            self._timeout = sock.gettimeout()
 
     def set_timeout(self, timeout: Optional[float]) -> None:
-        if timeout != self._timeout:  # a system call: skipped when nothing changes
+        if timeout == self._timeout:  # a system call: skipped when nothing changes
+            return
+        if self._kernel_timeouts and timeout is not None:
+            self.sock.settimeout(None)
+            seconds = int(timeout)
+            value = struct.pack("ll", seconds, int((timeout - seconds) * 1e6))
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+        else:
             self.sock.settimeout(timeout)
-            self._timeout = timeout
+        self._timeout = timeout
 
     def receive(self) -> Response:
         """The next reply on this connection."""
@@ -193,7 +216,7 @@ class Member:
     def request(self, method: str, path: str, body: Optional[str],
                 timeout: float) -> Response:
         """One request on this thread's keep-alive connection."""
-        result = self.request_all([(method, path, body)], timeout)[0]
+        result = self._receive(0, self._send(0, method, path, body, timeout))
         if isinstance(result, Exception):
             raise result
         return result
@@ -206,19 +229,22 @@ class Member:
         entry batch and one WAL fsync.  A failed request comes back as its
         NotSent or Lost exception.
         """
-        sent: List[Union[Connection, Exception]] = []
-        for slot, (method, path, body) in enumerate(requests):
-            try:
-                connection = self._connection(slot, timeout)
-                connection.sock.sendall(self._encode(method, path, body))
-                sent.append(connection)
-            except NotSent as exc:
-                sent.append(exc)
-            except OSError as exc:
-                self._drop(slot)
-                sent.append(Lost(f"{type(exc).__name__}: {exc}"))
-        return [self._receive(slot, connection) if isinstance(connection, Connection)
-                else connection for slot, connection in enumerate(sent)]
+        sent = [self._send(slot, method, path, body, timeout)
+                for slot, (method, path, body) in enumerate(requests)]
+        return [self._receive(slot, connection) for slot, connection in enumerate(sent)]
+
+    def _send(self, slot: int, method: str, path: str, body: Optional[str],
+              timeout: float) -> Union[Connection, Exception]:
+        """The connection the request went out on, or why it did not."""
+        try:
+            connection = self._connection(slot, timeout)
+            connection.sock.sendall(self._encode(method, path, body))
+            return connection
+        except NotSent as exc:
+            return exc
+        except OSError as exc:
+            self._drop(slot)
+            return Lost(f"{type(exc).__name__}: {exc}")
 
     def _encode(self, method: str, path: str, body: Optional[str]) -> bytes:
         if body is None:
@@ -228,10 +254,13 @@ class Member:
                 f"application/x-www-form-urlencoded\r\nContent-Length: {len(data)}"
                 "\r\n\r\n").encode("ascii") + data
 
-    def _receive(self, slot: int, connection: Connection) -> Union[Response, Exception]:
+    def _receive(self, slot: int, connection: Union[Connection, Exception]
+                 ) -> Union[Response, Exception]:
+        if isinstance(connection, Exception):
+            return connection
         try:
             response = connection.receive()
-        except socket.timeout:
+        except (socket.timeout, BlockingIOError):
             self._drop(slot)
             return Lost("timed out waiting for the reply", timed_out=True)
         except (OSError, ValueError, IndexError, Lost) as exc:
@@ -271,7 +300,7 @@ class Member:
             slots.append(None)
         connection = slots[slot]
         if connection is None:
-            connection = slots[slot] = Connection(self._connect(timeout))
+            connection = slots[slot] = Connection(self._connect(timeout), kernel_timeouts=True)
         connection.set_timeout(timeout)
         return connection
 

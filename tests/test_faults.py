@@ -79,16 +79,16 @@ def lose_post_replies(queue: Queue, monkeypatch, *, applied: bool) -> None:
     """The next POSTs reach etcd (or not) but their replies are lost on the way back."""
     from etcdq_v2.wire import Lost
     for member in queue.etcd._members:
-        real = member.request_all
+        real = member.request
 
-        def request_all(requests, timeout, real=real):
-            if requests[0][0] != "POST":
-                return real(requests, timeout)
+        def request(method, path, body, timeout, real=real):
+            if method != "POST":
+                return real(method, path, body, timeout)
             if applied:
-                real(requests, timeout)
-            return [Lost("the reply was lost")]
+                real(method, path, body, timeout)
+            raise Lost("the reply was lost")
 
-        monkeypatch.setattr(member, "request_all", request_all)
+        monkeypatch.setattr(member, "request", request)
 
 
 def test_a_put_whose_reply_is_lost_is_found_by_its_token(
