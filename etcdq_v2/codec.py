@@ -31,10 +31,14 @@ def new_token() -> str:
     return os.urandom(12).hex()
 
 
+#: One encoder for every value: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def dumps(doc: Dict[str, Any]) -> str:
     """Compact JSON; raises InvalidPayload for what JSON or UTF-8 can't carry."""
     try:
-        text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _ENCODER.encode(doc)
         text.encode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None

@@ -215,7 +215,7 @@ class Protocol:
                 continue
             except KeyMissing:
                 raise Gone(item_id) from None
-            state = ClaimState(item_id, lock, claimed, reply.node["modifiedIndex"], locked)
+            state = ClaimState(item_id, lock, claimed, reply.written_index, locked)
             return self._checked(state)
         return None
 

@@ -66,6 +66,13 @@ class Reply:
             self._node = json.loads(self._body.decode("utf-8")).get("node") or {}
         return self._node
 
+    @property
+    def written_index(self) -> int:
+        """A write's modifiedIndex.  etcd sends it as the X-Etcd-Index header
+        (each write has an index of its own), so the JSON is decoded only if
+        that header is missing."""
+        return self.index or int(self.node["modifiedIndex"])
+
 
 class _Transient(Exception):
     """A failure worth another try; ``sent`` tells if the request may have applied."""
