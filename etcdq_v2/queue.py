@@ -159,8 +159,10 @@ class Queue:
                 view.untaken(item_id)
                 raise
             if state is not None:
+                view.locked_at(item_id, state.index)  # free again if our lock expires
                 self._window = max(1, self._window - 1)
                 return Claim(state, self._protocol, self._heartbeat, view)
+            view.locked_at(item_id, 0)  # another claim's lock
             self._window = min(CLAIM_WINDOW, self._window * 2)
 
     def _ensure_view(self) -> QueueView:

@@ -14,17 +14,19 @@ Nothing is missed between 1 and 2, and nothing is applied twice.  If the
 stream ends (etcd drops a watcher that falls 100 events behind, a member
 dies) the view starts again at 1.
 
-Which items are locked.  Every claim changes its item in work/ (C2), so a
-watch of work/ alone shows items being taken.  An item is free again only
-when its lock goes (released, expired), which shows in locks/ alone.
-Watching the whole queue directory all the time would send every consumer
-each claim's lock create and delete and each completion record too: more
-than twice the events etcd sends and every consumer parses.  So a view
-watches work/ while it has a backlog of free items, and the whole directory
-(one stream, so events stay in etcd's order) only while its process finds
-nothing to claim; each switch subscribes and lists again.  While it watches
-work/ only and knows of taken items, it lists locks/ once per lock TTL, so
-an item whose worker died comes back under a steady backlog too.
+What is watched.  The whole queue directory shows everything: new items,
+claims (lock create, item CAS), completions (record, item delete, lock
+delete), releases and expiries; but etcd sends each of those 5 events per
+item to every consumer, and that fan-out was the largest cost of a busy
+queue.  So a view watches the whole directory (one stream, so events stay in
+etcd's order) only while its process finds nothing to claim.  While it has
+a backlog of free items it watches completed/ only: one event per item, and
+the one that matters most, since a finished item must leave the view.  It
+then learns that an item is taken only by losing the race for it (C1
+"already exists"), and that an item is free again (released, its worker
+dead) from a listing of locks/, made once per lock TTL while it knows of
+taken items.  Items put by other processes wait for the next listing; the
+backlog is older than them anyway.  Each switch subscribes and lists again.
 
 A claim never trusts the view: the lock create (C1) and the compare-and-swap
 on the item (C2) decide, so a stale view costs a retry, never a wrong answer.
@@ -61,14 +63,15 @@ _EVENT = re.compile(rb'\{"action":"(\w+)","node":\{"key":"([^"]*)"'
                     rb'[^{}]*?"modifiedIndex":(\d+)')
 _REMOVED = (b"delete", b"compareAndDelete", b"expire")
 _CLAIMED = b"compareAndSwap"  # on work/: a claim's C2 (nothing else CASes an item)
+_RECORDS = ("completed", "failed")
 _WRITTEN = (b"create", b"set", b"update")
 #: Values larger than this are not kept in memory; a claim reads them.
 MAX_CACHED_VALUE = 64 * 1024
-#: Free items that count as a backlog: with that many, only work/ is watched.
+#: Free items that count as a backlog: with that many, only completed/ is watched.
 BACKLOG = 32
 #: Seconds a follower waits after applying events, so that the next come in one block.
 COALESCE = 0.005
-_LOCAL = -1  # a lock this process knows of before etcd's event arrives
+_LOCAL = -1  # a claim attempt of this process is under way: no etcd index yet
 
 Candidate = Tuple[str, int, Optional[str]]
 
@@ -81,7 +84,7 @@ class QueueView:
         self._layout: Layout = protocol.layout
         self._cond = threading.Condition()
         self._items: Dict[str, Tuple[int, Optional[str]]] = {}
-        #: Locked items: id -> index of the newest sign of it (lock or C2), or _LOCAL.
+        #: Locked items: id -> etcd index of the newest sign of the lock, or _LOCAL.
         self._locks: Dict[str, int] = {}
         self._free: List[str] = []
         self._in_free: Set[str] = set()
@@ -94,7 +97,7 @@ class QueueView:
         self._idle_timeout = idle_timeout
         self._closed = False
         self.watching_locks = False
-        self._follower = _Follower(self, self._layout.work, idle_timeout)
+        self._follower = _Follower(self, self._layout.completed, idle_timeout)
         self._follower.start()
 
     # -- for claimers ----------------------------------------------------------
@@ -131,7 +134,7 @@ class QueueView:
         return found
 
     def starved(self, timeout: float) -> None:
-        """A claim found nothing: watch locks/ too, and wait for the new listing."""
+        """A claim found nothing: watch the whole queue directory, and wait for its listing."""
         self._watch(locks=True).wait_listed(timeout)
 
     def check_locks(self) -> None:
@@ -147,6 +150,15 @@ class QueueView:
         """A claim of this process holds the item, or lost the race for it."""
         with self._cond:
             self._locks.setdefault(item_id, _LOCAL)
+
+    def locked_at(self, item_id: str, index: int) -> None:
+        """After :meth:`taken`: the item's lock existed at etcd index ``index``
+        (0: at some time before now), so a later listing of locks/ without it
+        shows the item free again.  The view may never see that lock's events:
+        it watches completed/ only while it has a backlog."""
+        with self._cond:
+            if self._locks.get(item_id) == _LOCAL:
+                self._locks[item_id] = index
 
     def untaken(self, item_id: str) -> None:
         """Undo :meth:`taken` after a claim attempt failed before reaching etcd."""
@@ -202,7 +214,7 @@ class QueueView:
         self._follower.stop()
 
     def _watch(self, *, locks: bool) -> "_Follower":
-        """Watch the whole queue directory (``locks``) or work/ only: the follower doing it."""
+        """Watch the whole queue directory (``locks``) or completed/ only: its follower."""
         with self._cond:
             if self.watching_locks == locks:
                 return self._follower
@@ -214,7 +226,7 @@ class QueueView:
             old = self._follower
             if self._closed:
                 return old
-            directory = self._layout.root if locks else self._layout.work
+            directory = self._layout.root if locks else self._layout.completed
             new = self._follower = _Follower(self, directory, self._idle_timeout)
             self.watching_locks = locks
         old.stop()
@@ -297,9 +309,14 @@ class QueueView:
                 return  # replaced: its successor's listing covers these events
             for action, key, value, is_dir, index in _EVENT.findall(block):
                 parsed = self._layout.split(key.decode("utf-8", "replace"))
+                if parsed is None or is_dir:
+                    continue  # not an item
+                if parsed[0] in _RECORDS:
+                    self._forget(parsed[1])  # finished for good, whatever the listing said
+                    continue
                 number = int(index)
-                if parsed is None or is_dir or number <= floors.get(parsed[0], number):
-                    continue  # not an item, or already in the listing, or completed/failed
+                if number <= floors[parsed[0]]:
+                    continue  # already in the listing
                 if parsed[0] == "work":
                     self._apply_work(action, parsed[1], value, number)
                 elif action in _REMOVED:

@@ -1,8 +1,9 @@
 """The consumer's view: what another process writes reaches it, and freed items come back.
 
-A view follows work/ always and locks/ only while its process finds nothing
-to claim (docs/protocol.md, "The consumer's view"); these tests pin down each
-way an item reaches a consumer whose view is already running.
+A view follows completed/ while it has a backlog, and the whole queue
+directory while its process finds nothing to claim (docs/protocol.md, "The
+consumer's view"); these tests pin down each way an item reaches a consumer
+whose view is already running.
 """
 from __future__ import annotations
 
@@ -15,6 +16,19 @@ from helpers import wait_until
 #: for the view to keep (a claim reads that one).
 TRICKY_PAYLOADS = ['"', "\\", 'a"}\n{"b', "é ü \u2028 \U0001F600", {"k": "\"}"}, [None, 1.5],
                    b"\x00\xff\"\\", "x" * 70_000]
+
+
+def claim_until(consumer: Queue, item_id: str, message: str) -> None:
+    """Claim (and release) other items until ``item_id`` comes; 10 s at most."""
+    def claims_it() -> bool:
+        claim = consumer.claim()
+        assert claim is not None
+        if claim.id == item_id:
+            return True
+        claim.release()
+        return False
+
+    wait_until(claims_it, 10, interval=0.1, message=message)
 
 
 def test_items_put_by_another_process_reach_a_running_view_intact(
@@ -52,18 +66,36 @@ def test_an_expired_lock_is_noticed_under_a_steady_backlog(
         # ``crashed`` stopped refreshing its lock, which expires in 1-1.5 s.
         # The consumer always finds free items, so it never follows locks/:
         # only its periodic listing of locks/ can show the item free again.
-
-        def claims_the_first_item() -> bool:
-            claim = consumer.claim()
-            assert claim is not None
-            if claim.id == first:
-                return True
-            claim.release()
-            return False
-
-        wait_until(claims_the_first_item, 10, interval=0.1,
-                   message="the crashed claim's item to come back")
+        claim_until(consumer, first, "the crashed claim's item to come back")
         assert not consumer._view.watching_locks  # the backlog kept locks/ unwatched
+
+
+def test_a_claim_whose_lock_expired_gives_its_item_back_to_its_own_queue(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=1) as consumer:
+        first, *rest = consumer.put_many(range(BACKLOG + 10))
+        stalled = consumer.claim()
+        assert stalled.id == first
+        consumer._heartbeat.discard(stalled)  # as for a hung handler: the lock runs out
+        claim_until(consumer, first, "the stalled claim's item to come back")
+        assert not consumer._view.watching_locks
+
+
+def test_an_item_whose_race_was_lost_comes_back_when_its_holder_releases_it(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=1) as consumer, \
+            Queue(etcd_url, queue_name) as holder:
+        consumer.put_many(range(BACKLOG + 10))
+        consumer.claim().complete()  # the view is up, with a backlog: it follows completed/
+        held = holder.claim()
+        # The consumer hears nothing of that claim; it tries the head, loses the race, and
+        # takes the next item instead.
+        other = consumer.claim()
+        assert other.id != held.id and not consumer._view.watching_locks
+        other.release()
+        held.release()  # nor does it hear of this: a listing of locks/ must show it
+        claim_until(consumer, held.id, "the released item to come back")
+        assert not consumer._view.watching_locks
 
 
 def test_a_view_that_fell_behind_lists_again_instead_of_trying_each_stale_item(
