@@ -62,7 +62,8 @@ class Claim:
 
     @property
     def outcome(self) -> Optional[str]:
-        """None while open, then "completed", "released", "failed" or "dead-lettered"."""
+        """None while open, then "completed", "released", "failed", "dead-lettered",
+        "lost" or "abandoned"."""
         return self._outcome
 
     def refresh(self) -> None:
@@ -92,6 +93,19 @@ class Claim:
         self._end("failed", fail)
         if self._outcome == "dead-lettered" and self._view is not None:
             self._view.finished(self.id)
+
+    def abandon(self) -> None:
+        """Stop refreshing the lock, without writing anything to etcd.
+
+        The item comes back when its lock expires, as a crashed worker's
+        does.  For when complete(), release() or fail() could not reach etcd
+        and will not be retried: otherwise the heartbeat would keep the lock,
+        and so the item, for as long as this process runs.
+        """
+        with self._mutex:
+            if self._outcome is None:
+                self._outcome = "abandoned"
+            self._heartbeat.discard(self)
 
     def __enter__(self) -> "Claim":
         return self

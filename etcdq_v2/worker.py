@@ -346,6 +346,7 @@ class Worker:
         except LockLost:
             self._count(task, "lost", "another claim holds its lock; nothing recorded")
         except EtcdqError as exc:
+            claim.abandon()  # else its heartbeat would hold the item as long as we run
             self._count(task, "lost", f"could not record its outcome ({exc}); "
                                       "it comes back after the lock TTL")
 

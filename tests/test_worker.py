@@ -378,6 +378,25 @@ def test_a_lock_lost_while_the_handler_runs_cancels_it_and_records_nothing(
     assert queue.get(item_id).result == "theirs"
 
 
+def test_an_outcome_etcd_refused_leaves_the_item_to_come_back_after_the_lock_ttl(
+        make_queue: Callable[..., Queue], monkeypatch) -> None:
+    from etcdq_v2 import Unavailable
+    queue, other = make_queue(lock_ttl=1), make_queue()
+    item_id = queue.put({"n": 0})
+
+    def etcd_went_away(*args: Any, **kwargs: Any) -> None:
+        raise Unavailable("etcd went away")
+
+    monkeypatch.setattr(queue._protocol, "finish", etcd_went_away)
+    stats = make_worker(queue, lambda payload: "done").run(max_items=1)
+    assert (stats.completed, stats.lost) == (0, 1)
+    # The worker gave the claim up: its heartbeat no longer holds the lock, so the
+    # item comes back within a TTL (the queue, and its heartbeat, are still open).
+    claim = wait_until(lambda: other.claim(timeout=0.2), BOUND, message="the item to come back")
+    assert (claim.id, claim.attempt) == (item_id, 2)
+    claim.complete()
+
+
 def test_a_lock_taken_before_complete_records_nothing(
         etcd_url: str, make_queue: Callable[..., Queue]) -> None:
     queue, thief = make_queue(lock_ttl=1), make_queue()
