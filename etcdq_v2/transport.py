@@ -376,14 +376,13 @@ def _path(key: str, query: Optional[Dict[str, Any]]) -> str:
 
 
 def _encode(params: Dict[str, Any]) -> str:
-    """Form/query encoding with etcd's spelling of booleans.
+    """Query encoding with etcd's spelling of booleans; None and False are left out.
 
-    None is left out, and so is False except for prevExist, where false is
-    the condition "must not exist yet".
+    (PUT forms, where prevExist=false is a condition, are built by Transport.put.)
     """
     pairs = []
     for name, value in params.items():
-        if value is None or (value is False and name != "prevExist"):
+        if value is None or value is False:
             continue
         text = str(value).lower() if isinstance(value, bool) else str(value)
         pairs.append(f"{name}={_quote(text, _FORM_QUOTING)}")

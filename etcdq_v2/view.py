@@ -96,9 +96,13 @@ class QueueView:
         self.relists = 0
         self._idle_timeout = idle_timeout
         self._closed = False
-        self.watching_locks = False
         self._follower = _Follower(self, self._layout.completed, idle_timeout)
         self._follower.start()
+
+    @property
+    def watching_locks(self) -> bool:
+        """True while the whole queue directory (locks/ too) is watched, not completed/ only."""
+        return self._follower.directory == self._layout.root
 
     # -- for claimers ----------------------------------------------------------
     def wait_ready(self, timeout: float) -> None:
@@ -228,7 +232,6 @@ class QueueView:
                 return old
             directory = self._layout.root if locks else self._layout.completed
             new = self._follower = _Follower(self, directory, self._idle_timeout)
-            self.watching_locks = locks
         old.stop()
         new.start()
         return new

@@ -89,14 +89,11 @@ class Connection:
         self.sock = sock
         self._buffer = bytearray()
         self._pos = 0
-        self._kernel_timeouts = kernel_timeouts and _KERNEL_TIMEOUTS and isinstance(
-            sock, socket.socket) and not isinstance(sock, ssl.SSLSocket)
-        self._timeout: Optional[float] = None
+        self._kernel_timeouts = (kernel_timeouts and _KERNEL_TIMEOUTS
+                                 and not isinstance(sock, ssl.SSLSocket))
+        self._timeout: Optional[float] = None if self._kernel_timeouts else sock.gettimeout()
         self.closed = False
-        if self._kernel_timeouts:
-            self.set_timeout(sock.gettimeout())
-        else:
-            self._timeout = sock.gettimeout()
+        self.set_timeout(sock.gettimeout())  # in kernel mode: moves it to the kernel
 
     def set_timeout(self, timeout: Optional[float]) -> None:
         if timeout == self._timeout:  # a system call: skipped when nothing changes
