@@ -7,8 +7,9 @@
 ...     send(claim.payload)
 """
 from .claim import Claim
-from .errors import (AuthError, ConfigError, EtcdqError, InvalidName, InvalidPayload, LockLost,
-                     NotFound, PayloadTooLarge, Unavailable)
+from .errors import (AuthError, ClaimClosed, ConfigError, EtcdqError, EtcdRejected,
+                     InvalidArgument, InvalidName, InvalidPayload, LockLost, NotFound,
+                     PayloadTooLarge, Unavailable)
 from .queue import ItemInfo, Queue
 from .transport import Transport, connect
 from .worker import Worker, WorkerStats, current_task
@@ -16,7 +17,8 @@ from .worker import Worker, WorkerStats, current_task
 __version__ = "0.1.0"
 
 __all__ = [
-    "AuthError", "Claim", "ConfigError", "EtcdqError", "InvalidName", "InvalidPayload",
+    "AuthError", "Claim", "ClaimClosed", "ConfigError", "EtcdRejected", "EtcdqError",
+    "InvalidArgument", "InvalidName", "InvalidPayload",
     "ItemInfo", "LockLost", "NotFound", "PayloadTooLarge", "Queue", "Transport", "Unavailable",
     "Worker", "WorkerStats", "connect", "current_task", "__version__",
 ]

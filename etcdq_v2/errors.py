@@ -1,13 +1,35 @@
 """The one exception hierarchy of etcdq_v2.
 
-Every failure the library reports is an :class:`EtcdqError`; no python-etcd or
-urllib3 exception ever reaches the caller.  The transport turns etcd's error
-codes into the private :class:`EtcdFailure` family, which the protocol layer
-interprets and never lets escape.
+Every failure the library reports is an :class:`EtcdqError`; no python-etcd,
+urllib3, socket or ssl exception ever reaches the caller::
+
+    EtcdqError
+    ├── InvalidName          (also ValueError)  a queue name, prefix or item id
+    ├── InvalidArgument      (also ValueError)  an argument outside its allowed set
+    ├── InvalidPayload       (also ValueError)  not JSON-serialisable, not bytes
+    │   └── PayloadTooLarge                     over max_payload_bytes; nothing written
+    ├── ConfigError          (also ValueError)  endpoints, TLS files or certificates, TTLs
+    ├── LockLost                                another claim holds the item
+    ├── ClaimClosed                             the claim already completed, failed, ...
+    ├── NotFound             (also LookupError) no such item
+    ├── AuthError                               etcd refused the credentials or the access
+    ├── Unavailable                             etcd did not answer within the deadline
+    └── EtcdRejected                            etcd refused a request for another reason
+
+Where lower-level errors become these:
+
+* wire.py raises its own small set (``NotSent``, ``Lost``, ``TLSFailed``);
+  transport.py translates them, and etcd's error replies, in one place (its
+  ``_translated`` context manager);
+* the private :class:`EtcdFailure` family (etcd's "key not found", "compare
+  failed", "already exists") is what the protocol layer reasons about.  Every
+  public entry point runs inside :func:`public_errors`, which turns one that
+  was not handled into :class:`EtcdRejected`, so none escapes.
 """
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from typing import Iterator, Optional
 
 
 class EtcdqError(Exception):
@@ -16,6 +38,10 @@ class EtcdqError(Exception):
 
 class InvalidName(EtcdqError, ValueError):
     """A queue name, prefix or item id that cannot be used as a key segment."""
+
+
+class InvalidArgument(EtcdqError, ValueError):
+    """An argument outside its allowed set, such as an unknown item state."""
 
 
 class InvalidPayload(EtcdqError, ValueError):
@@ -28,6 +54,10 @@ class PayloadTooLarge(InvalidPayload):
 
 class LockLost(EtcdqError):
     """The claim's lock is held by another claim (or the item is gone)."""
+
+
+class ClaimClosed(EtcdqError):
+    """complete, fail, release or refresh on a claim that has already ended."""
 
 
 class NotFound(EtcdqError, LookupError):
@@ -46,8 +76,22 @@ class ConfigError(EtcdqError, ValueError):
     """A bad argument to connect() or Queue(): endpoint URL, TLS files, TTL."""
 
 
+class EtcdRejected(EtcdqError):
+    """etcd refused a request for a reason none of the other errors names.
+
+    For example a key of the queue's layout that someone replaced by a
+    directory.  ``code`` is etcd's errorCode (0 if it gave none) and
+    ``index`` the etcd index of the reply.
+    """
+
+    def __init__(self, message: str, *, code: int = 0, index: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.index = index
+
+
 class EtcdFailure(EtcdqError):
-    """etcd answered with an error code the caller did not expect.
+    """etcd answered with an error code the caller did not expect. Internal.
 
     Subclasses name the codes the protocol reasons about.  ``index`` is the
     etcd index the error reply carried.
@@ -65,16 +109,36 @@ class EtcdFailure(EtcdqError):
 
 
 class KeyMissing(EtcdFailure):
+    """etcd error 100. Internal."""
+
     code = 100
 
 
 class CompareFailed(EtcdFailure):
+    """etcd error 101. Internal."""
+
     code = 101
 
 
 class AlreadyExists(EtcdFailure):
+    """etcd error 105. Internal."""
+
     code = 105
 
 
 class AmbiguousWrite(Unavailable):
     """A POST may or may not have been applied (reply lost). Internal."""
+
+
+@contextlib.contextmanager
+def public_errors() -> Iterator[None]:
+    """Every public entry point's guard: no internal error leaves the library.
+
+    An :class:`EtcdFailure` that reaches here was not one the protocol could
+    act on; it becomes :class:`EtcdRejected` with etcd's code and index.
+    """
+    try:
+        yield
+    except EtcdFailure as exc:
+        raise EtcdRejected(f"etcd refused the request: {exc}", code=exc.code,
+                           index=exc.index) from None
