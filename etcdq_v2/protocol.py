@@ -92,6 +92,14 @@ class Gone(Exception):
     """The item a claim tried is no longer in work/, or is finished. Internal."""
 
 
+class Taken(Exception):
+    """Another claim holds the item's lock; it existed at etcd index ``index``. Internal."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.index = index
+
+
 @dataclass
 class ClaimState:
     """What a claim knows about its item: enough to finish it safely."""
@@ -165,15 +173,15 @@ class Protocol:
 
     # -- C: claim ----------------------------------------------------------
     def claim(self, item_id: str, index: int, raw: Optional[str]) -> Optional[ClaimState]:
-        """Try to claim one item seen at ``index``; None if another claim has it.
+        """Try to claim one item seen at ``index``; None if it kept changing under us.
 
-        Raises Gone if the item is no longer in work/ or is finished, and
-        Junk if it is not one of ours (the caller skips it).
+        Raises Taken if another claim holds its lock, Gone if the item is no
+        longer in work/ or is finished, and Junk if it is not one of ours (the
+        caller skips it).
         """
         lock = Lock(self.node_id, new_token())
         started = time.monotonic()
-        if not self._create_lock(item_id, lock, self.lock_ttl):
-            return None
+        self._create_lock(item_id, lock, self.lock_ttl)
         try:
             state = self._take_item(item_id, lock, index, raw, started)
         except BaseException:
@@ -184,15 +192,15 @@ class Protocol:
             self._drop_lock(item_id, lock)
         return state
 
-    def _create_lock(self, item_id: str, lock: Lock, ttl: int) -> bool:
-        """C1: True if we now hold ``locks/<id>``."""
+    def _create_lock(self, item_id: str, lock: Lock, ttl: int) -> None:
+        """C1: create ``locks/<id>``, or raise Taken with the index etcd saw it at."""
         key = self.layout.key("locks", item_id)
         try:
             self.etcd.put(key, lock.encode(), ttl=ttl, prev_exist=False)
-            return True
         except AlreadyExists as exc:
             # Our own first PUT may have applied before its reply was lost.
-            return exc.retried and self._lock_value(item_id) == lock.encode()
+            if not (exc.retried and self._lock_value(item_id) == lock.encode()):
+                raise Taken(exc.index or 0) from None
 
     def _take_item(self, item_id: str, lock: Lock, index: int, raw: Optional[str],
                    locked: float) -> Optional[ClaimState]:
@@ -280,8 +288,11 @@ class Protocol:
         except KeyMissing:
             pass
         self._still_ours(state)
-        if not self._create_lock(state.id, state.lock, self.lock_ttl):
-            raise LockLost(f"item {state.id}: the lock expired and another claim took it")
+        try:
+            self._create_lock(state.id, state.lock, self.lock_ttl)
+        except Taken:
+            raise LockLost(f"item {state.id}: the lock expired and another claim took it"
+                           ) from None
 
     def _still_ours(self, state: ClaimState) -> None:
         """After our lock expired: the claim is still ours if nobody claimed since."""
@@ -350,7 +361,9 @@ class Protocol:
             self.etcd.put(key, delayed.encode(), ttl=ttl_seconds(delay), prev_value=mine)
         except KeyMissing:
             self._still_ours(state)
-            if not self._create_lock(state.id, delayed, ttl_seconds(delay)):
+            try:
+                self._create_lock(state.id, delayed, ttl_seconds(delay))
+            except Taken:
                 raise LockLost(f"item {state.id}: another claim took it") from None
         except CompareFailed as exc:
             if not (exc.retried and self._lock_value(state.id) == delayed.encode()):

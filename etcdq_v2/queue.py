@@ -20,7 +20,8 @@ from .claim import Claim, Heartbeat
 from .codec import DEFAULT_MAX_PAYLOAD, Item, Junk, Record, new_token
 from .errors import ConfigError, InvalidName, NotFound
 from .keys import Layout, check_item_id
-from .protocol import COMPLETED, FAILED, Entry, Gone, Protocol, lock_states, ttl_seconds
+from .protocol import (COMPLETED, FAILED, Entry, Gone, Protocol, Taken, lock_states,
+                       ttl_seconds)
 from .transport import Transport, connect
 from .view import QueueView
 
@@ -150,6 +151,10 @@ class Queue:
                     # try each item the view still holds.
                     view.relist(self.etcd.deadline)
                 continue
+            except Taken as exc:
+                view.locked_at(item_id, exc.index)  # free again once a listing lacks it
+                self._window = min(CLAIM_WINDOW, self._window * 2)
+                continue
             except Junk as exc:
                 log.warning("skipping item %s of %s: %s", item_id, self.layout.root, exc)
                 view.skip(item_id, index)
@@ -162,8 +167,7 @@ class Queue:
                 view.locked_at(item_id, state.index)  # free again if our lock expires
                 self._window = max(1, self._window - 1)
                 return Claim(state, self._protocol, self._heartbeat, view)
-            view.locked_at(item_id, 0)  # another claim's lock
-            self._window = min(CLAIM_WINDOW, self._window * 2)
+            view.locked_at(item_id, 0)  # it kept changing under us: after a listing
 
     def _ensure_view(self) -> QueueView:
         if self._view is None:
