@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any, Dict, Optional, Type
 from typing import Protocol as TypingProtocol
 
-from .errors import EtcdqError, LockLost, Unavailable
+from .errors import ClaimClosed, LockLost, public_errors
 from .protocol import COMPLETED, ClaimState, Protocol
 
 log = logging.getLogger("etcdq_v2.claim")
@@ -66,12 +66,14 @@ class Claim:
         "lost" or "abandoned"."""
         return self._outcome
 
+    @public_errors()
     def refresh(self) -> None:
         """Refresh the lock now; LockLost (and :attr:`lost`) if it is no longer ours."""
         with self._mutex:
             self._check_open()
             self._confirm()
 
+    @public_errors()
     def complete(self, result: Any = None) -> None:
         """Record the item in completed/ with ``result`` and remove it from work/."""
         self._end("completed", lambda: self._protocol.finish(self._state, COMPLETED,
@@ -79,12 +81,14 @@ class Claim:
         if self._view is not None:
             self._view.finished(self.id)
 
+    @public_errors()
     def release(self, delay: float = 0) -> None:
         """Give the item back; claimable again after ``delay`` seconds (rounded up)."""
         self._end("released", lambda: self._protocol.release(self._state, delay))
         if delay <= 0 and self._view is not None:
             self._view.released(self.id)
 
+    @public_errors()
     def fail(self, reason: str = "") -> None:
         """This attempt failed: retry after a backoff, or dead-letter at max_attempts."""
         def fail() -> None:
@@ -140,7 +144,7 @@ class Claim:
 
     def _check_open(self) -> None:
         if self._outcome is not None:
-            raise EtcdqError(f"the claim of item {self.id} is already {self._outcome}")
+            raise ClaimClosed(f"the claim of item {self.id} is already {self._outcome}")
 
     @property
     def confirmed_at(self) -> float:
@@ -173,13 +177,18 @@ class Claim:
             return interval
         except LockLost:
             return None
-        except Unavailable as exc:
-            if time.monotonic() - self.confirmed_at >= lock_ttl:
-                self._mark_lost(f"etcd unreachable until the lock expired ({exc})")
-                return None
-            return min(1.0, interval)  # try again soon, not a third of a TTL later
+        except Exception as exc:  # Unavailable, or anything unforeseen: never fatal
+            return self._beat_failed(exc, lock_ttl, interval)
         finally:
             self._mutex.release()
+
+    def _beat_failed(self, exc: Exception, lock_ttl: float, interval: float) -> Optional[float]:
+        """A refresh that did not get an answer: lost once the lock would have expired."""
+        if time.monotonic() - self.confirmed_at >= lock_ttl:
+            self._mark_lost(f"its lock could not be refreshed before it expired ({exc!r})")
+            return None
+        log.info("refreshing the lock of item %s failed (%r); trying again", self.id, exc)
+        return min(1.0, interval)  # try again soon, not a third of a TTL later
 
 
 class Heartbeat:
@@ -214,6 +223,18 @@ class Heartbeat:
             self._cond.notify()
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException:
+            # It cannot go on: say so, and void the claims it was keeping alive.
+            log.exception("the heartbeat thread stopped; its claims are marked lost")
+            with self._cond:
+                claims, self._due = list(self._due), {}
+            for claim in claims:
+                claim._mark_lost("the heartbeat thread stopped")
+            raise
+
+    def _loop(self) -> None:
         while True:
             with self._cond:
                 if self._closed:
@@ -228,7 +249,11 @@ class Heartbeat:
                 self._beat(claim)
 
     def _beat(self, claim: Claim) -> None:
-        delay = claim._beat(self.lock_ttl, self.interval)
+        try:
+            delay = claim._beat(self.lock_ttl, self.interval)
+        except Exception as exc:  # Claim._beat catches its own: this would be a bug
+            log.exception("the heartbeat of item %s failed: %r", claim.id, exc)
+            delay = min(1.0, self.interval)
         with self._cond:
             if delay is None:
                 self._due.pop(claim, None)

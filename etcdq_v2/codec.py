@@ -20,6 +20,8 @@ from typing import Any, Dict, Optional
 from .errors import InvalidPayload, PayloadTooLarge
 
 DEFAULT_MAX_PAYLOAD = 1 << 20
+#: The record kinds, which are also the outcomes a fenced commit writes into an item.
+OUTCOMES = ("completed", "failed")
 
 
 class Junk(ValueError):
@@ -82,6 +84,9 @@ class Item:
     ``token`` is unique to the put (it finds a POST whose reply was lost),
     ``attempts`` counts claims so far and ``claim`` is the token of the latest
     claim: both are written by the claim's compare-and-swap on the item.
+    ``outcome`` ("completed" or "failed") is set by the fenced commit F1,
+    which rewrites the item as its :class:`Record` plus ``"o"``: from then on
+    the item is finished, whatever happens to the steps after it.
     """
 
     payload: Any
@@ -89,6 +94,7 @@ class Item:
     attempts: int = 0
     claim: Optional[str] = None
     created: float = field(default_factory=time.time)
+    outcome: Optional[str] = None
 
     def encode(self, max_bytes: Optional[int] = None) -> str:
         doc: Dict[str, Any] = {"t": self.token, "a": self.attempts, "ts": round(self.created, 3)}
@@ -108,11 +114,11 @@ class Item:
         token, attempts = doc.get("t"), doc.get("a", 0)
         if not isinstance(token, str) or not isinstance(attempts, int):
             raise Junk("not an etcdq_v2 item")
-        claim = doc.get("c")
-        created = doc.get("ts")
+        claim, created, outcome = doc.get("c"), doc.get("ts"), doc.get("o")
         return cls(payload_of(doc), token, attempts,
                    claim if isinstance(claim, str) else None,
-                   float(created) if isinstance(created, (int, float)) else 0.0)
+                   float(created) if isinstance(created, (int, float)) else 0.0,
+                   outcome if outcome in OUTCOMES else None)
 
 
 @dataclass(frozen=True)
@@ -153,10 +159,13 @@ class Record:
     requeue_token: Optional[str] = None
     token: Optional[str] = None  # the item's put token: finds a put whose reply was lost
 
-    def encode(self) -> str:
+    def encode(self, outcome: Optional[str] = None) -> str:
+        """The record's value; with ``outcome``, the value of its item once committed."""
         doc: Dict[str, Any] = {
             "c": self.claim, "n": self.node_id, "a": self.attempts,
             "ts": round(self.created, 3), "fin": round(self.finished, 3)}
+        if outcome is not None:
+            doc["o"] = outcome
         if self.token:
             doc["t"] = self.token
         doc.update(payload_fields(self.payload))

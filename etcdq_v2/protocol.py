@@ -34,22 +34,27 @@ claim(id)            (the caller picked ``id`` from its view of work/ and locks/
     SIGKILLed worker's attempt counts, so max_attempts bounds poison items).
 
 complete / dead-letter (``kind`` = completed or failed)
-    F1. Confirm the claim: refresh ``locks/<id>`` (CAS on our lock value).  If
-        the lock expired, the claim is still ours when ``work/<id>`` still has
-        ``c`` = our token; then re-create the lock.  Otherwise LockLost, and
-        nothing has been written.
-        Skipped while the lock is certainly ours: it was created or refreshed
-        less than lock_ttl/2 ago (:meth:`Protocol.holds_lease`).  A lock goes
-        only by expiring (only its owner deletes it), so the skipped refresh
-        could only have succeeded; a quick item completes in 3 writes, not 4.
-    F2. PUT ``<kind>/<id>`` prevExist=false with the record.  This is the
-        commit point: at most one record per item, ever.
-    F3. compareAndDelete ``work/<id>`` prevIndex=<our C2 index>.
+    F1. The fenced commit: CAS ``work/<id>`` prevIndex=<our C2 index>, writing
+        the record plus ``"o": kind`` into the item.  etcd compares the index,
+        so this applies only if no claim took the item since ours (any later
+        C2 changed the index), however late the request arrives: a held or
+        resent request of a stale claim fails, and the caller gets LockLost
+        with nothing written.  Only one CAS from that index can apply, so the
+        item has exactly one outcome across completed/ and failed/.
+        "Compare failed"/"not found" on a resent request is read back: the
+        item (or, once finished, its record) carrying our token is ours.
+    F2. PUT ``<kind>/<id>`` prevExist=false with the record (the value F1 wrote,
+        less "o").  "Already exists" with our claim token is a resent PUT or a
+        claimer that finished our item for us (below): fine.
+    F3. compareAndDelete ``work/<id>`` prevIndex=<F1's index>.
     F4. compareAndDelete ``locks/<id>`` prevValue=<our lock>.  F3 and F4 are
         independent and are sent together.
-    Crash after F1: as after C2.  Crash after F2: work/<id> remains with
-    a >= 1, so the next claimer finds the record in C3 and finishes F3/F4;
-    the item does not run again.  Crash after F3: an orphan lock expires.
+    Crash after F1 or F2: the item stays in work/ with its outcome; when the
+    lock expires the next claimer's C2 finds "o", does F2 and F3 itself and
+    hands nothing out: the item never runs again.  Crash after F3: an orphan
+    lock expires.  F1 needs no lock check before it (no refresh): the index
+    is the fence, so a claim whose lock merely expired, with nobody claiming
+    the item since, still completes.
 
 release(delay) / fail with retries left
     R1. delay = 0: compareAndDelete ``locks/<id>`` on our lock value.
@@ -84,8 +89,6 @@ from .transport import Node, Transport
 log = logging.getLogger("etcdq_v2.protocol")
 
 COMPLETED, FAILED = "completed", "failed"
-#: F1 is skipped within this fraction of lock_ttl of the lock's last write (see holds_lease).
-LEASE = 0.5
 
 
 class Gone(Exception):
@@ -212,6 +215,9 @@ class Protocol:
                     raise Gone(item_id)
                 index, raw = entry.index, entry.value
             item = Item.decode(raw)
+            if item.outcome:  # its finisher committed F1 and stopped: finish for it
+                self.finish_committed(item_id, Entry(item_id, index, raw), None)
+                raise Gone(item_id)
             if item.claim == lock.token:  # our C2 applied; its reply was lost
                 return self._checked(ClaimState(item_id, lock, item, index, locked))
             claimed = replace(item, attempts=item.attempts + 1, claim=lock.token)
@@ -233,12 +239,14 @@ class Protocol:
         if before and self._finished_before(state):
             raise Gone(state.id)
         if self.max_attempts and before >= self.max_attempts:
-            self._abandon(state, before)
+            with contextlib.suppress(LockLost):  # another claim took it meanwhile
+                self._abandon(state, before)
             raise Gone(state.id)
         return state
 
     def _finished_before(self, state: ClaimState) -> bool:
-        """A record exists, so a finisher crashed after F2: finish its F3."""
+        """A record without a committed item: written by 0.1.0, whose F2 was the
+        commit, before a crash; remove the item (its F3)."""
         for kind in (COMPLETED, FAILED):
             if self.read(kind, state.id) is not None:
                 log.warning("item %s of %s already has a %s record; removing it from work/",
@@ -255,9 +263,9 @@ class Protocol:
         state.item = replace(state.item, attempts=attempts)
         self.finish(state, FAILED, reason=reason)
 
-    # -- F: complete, dead-letter --------------------------------------------
+    # -- heartbeat ---------------------------------------------------------------
     def confirm(self, state: ClaimState) -> None:
-        """F1 (and the heartbeat): make sure the lock is ours, or raise LockLost."""
+        """The heartbeat and Claim.refresh(): make sure the lock is ours, or raise LockLost."""
         started = time.monotonic()
         try:
             self._refresh_or_retake(state)
@@ -265,17 +273,6 @@ class Protocol:
             state.confirmed = float("-inf")
             raise
         state.confirmed = started
-
-    def holds_lease(self, state: ClaimState) -> bool:
-        """True while the lock is certainly still ours, so F1 may be skipped.
-
-        Only a lock's owner deletes or changes it (every delete and CAS of a
-        lock is conditional on its value), so our lock can only go by expiring,
-        and it cannot expire sooner than ``lock_ttl`` after the request that
-        last created or refreshed it was sent.  Half a TTL leaves the other half
-        for clock skew between etcd members.
-        """
-        return time.monotonic() - state.confirmed < self.lock_ttl * LEASE
 
     def _refresh_or_retake(self, state: ClaimState) -> None:
         key = self.layout.key("locks", state.id)
@@ -305,23 +302,71 @@ class Protocol:
             raise LockLost(f"item {state.id}: the lock expired and the item was claimed again"
                            if entry else f"item {state.id} is no longer in work/")
 
+    # -- F: complete, dead-letter --------------------------------------------
     def finish(self, state: ClaimState, kind: str, *, result: Any = None,
                reason: Optional[str] = None) -> None:
-        """F1-F4: record the item in ``kind`` (completed or failed) and remove it."""
+        """F1-F4: commit ``kind`` (completed or failed) on the item, record it, remove it."""
         record = Record(state.item.payload, state.lock.token, self.node_id, state.item.attempts,
                         state.item.created, time.time(), result, reason, token=state.item.token)
-        raw = record.encode()
-        if not self.holds_lease(state):
-            self.confirm(state)
+        committed = self._commit(state, record.encode(outcome=kind))
+        if committed is not None:
+            self.finish_committed(state.id, committed, state.lock)
+
+    def _commit(self, state: ClaimState, marked: str) -> Optional[Entry]:
+        """F1: the item as committed, None if it is already finished, or LockLost."""
+        key = self.layout.key("work", state.id)
         try:
-            self.etcd.put(self.layout.key(kind, state.id), raw, prev_exist=False)
+            reply = self.etcd.put(key, marked, prev_index=state.index)
+            return Entry(state.id, reply.written_index, marked)
+        except (CompareFailed, KeyMissing):
+            # A resent CAS, or an earlier call of ours, may have applied: read it back.
+            return self._our_commit(state)
+
+    def _our_commit(self, state: ClaimState) -> Optional[Entry]:
+        """After F1 failed: our committed item, None if our record exists, else LockLost."""
+        entry = self.read("work", state.id)
+        if entry is not None:
+            try:
+                item = Item.decode(entry.value)
+            except Junk:
+                item = None
+            if item is not None and item.outcome and item.claim == state.lock.token:
+                return entry
+        elif any(self._is_our_record(kind, state) for kind in (COMPLETED, FAILED)):
+            return None  # a claimer found our commit and finished it for us
+        raise LockLost(f"item {state.id}: another claim took it, or it is finished")
+
+    def finish_committed(self, item_id: str, entry: Entry, lock: Optional[Lock]) -> None:
+        """F2-F4 for an item whose F1 applied: by its finisher, or by a claimer after a crash."""
+        item = Item.decode(entry.value)
+        assert item.outcome is not None
+        record = Record.decode(entry.value).encode()
+        try:
+            self.etcd.put(self.layout.key(item.outcome, item_id), record, prev_exist=False)
         except AlreadyExists:
-            # Ours if an earlier try of this finish (or a resent PUT) wrote it.
-            if not self._is_our_record(kind, state):
-                self._cleanup(state)
-                raise LockLost(
-                    f"item {state.id} already has a {kind} record of another claim") from None
-        self._cleanup(state)
+            self._check_record(item_id, item)
+        deletes: List[Tuple[str, Dict[str, Any]]] = [
+            (self.layout.key("work", item_id), {"prevIndex": entry.index})]
+        if lock is not None:
+            deletes.append((self.layout.key("locks", item_id), {"prevValue": lock.encode()}))
+        for outcome in self.etcd.delete_all(deletes):
+            # Both are conditional: "not found"/"compare failed" means already done.
+            if isinstance(outcome, EtcdqError) and not isinstance(
+                    outcome, (KeyMissing, CompareFailed)):
+                raise outcome
+
+    def _check_record(self, item_id: str, item: Item) -> None:
+        """F2 found a record: ours (resent, or written by a claimer) or one of 0.1.0's."""
+        assert item.outcome is not None
+        existing = self.read(item.outcome, item_id)
+        try:
+            holder = Record.decode(existing.value).claim if existing else None
+        except Junk:
+            holder = None
+        if holder != item.claim:
+            log.warning("item %s of %s has a %s record of another claim, written before "
+                        "commits were fenced; keeping it", item_id, self.layout.root,
+                        item.outcome)
 
     def _is_our_record(self, kind: str, state: ClaimState) -> bool:
         existing = self.read(kind, state.id)
@@ -329,20 +374,6 @@ class Protocol:
             return existing is not None and Record.decode(existing.value).claim == state.lock.token
         except Junk:
             return False
-
-    def _cleanup(self, state: ClaimState) -> None:
-        """F3 and F4: both conditional, so they never remove another claim's keys.
-
-        They are independent (F4 after F3 or before it leaves the same safe
-        states: an orphan lock, or an item that the next claimer finds
-        finished), so they are sent together and etcd commits them together.
-        """
-        for outcome in self.etcd.delete_all([
-                (self.layout.key("work", state.id), {"prevIndex": state.index}),
-                (self.layout.key("locks", state.id), {"prevValue": state.lock.encode()})]):
-            if isinstance(outcome, EtcdqError) and not isinstance(
-                    outcome, (KeyMissing, CompareFailed)):
-                raise outcome
 
     # -- R: release, fail ----------------------------------------------------
     def release(self, state: ClaimState, delay: float = 0) -> None:
@@ -447,9 +478,35 @@ class Protocol:
                 continue
 
     def purge(self, kind: str) -> int:
-        """Delete the records of ``kind`` one by one (never the directory: junk stays)."""
-        return sum(self._delete_quietly(self.layout.key(kind, entry.id), prev_index=entry.index)
-                   for entry, _ in self.decoded(kind))
+        """Delete the records of ``kind`` one by one (never the directory: junk stays).
+
+        An item still in work/ with such a record, or committed to ``kind``
+        (its finisher crashed after F1 or F2; 0.1.0's after its F2), is
+        removed first, as its F3: a record must never go while its item could
+        still be claimed, or the item would run again.  An item changed since
+        the listing keeps its record until the next purge.
+        """
+        in_work = {entry.id: (entry, item) for entry, item in self.decoded("work")}
+        removed = 0
+        for entry, _ in self.decoded(kind):
+            pending = in_work.pop(entry.id, None)
+            if pending is None or self._remove_item(pending[0]):
+                removed += self._delete_quietly(self.layout.key(kind, entry.id),
+                                                prev_index=entry.index)
+        for entry, item in in_work.values():
+            if item.outcome == kind:
+                removed += self._remove_item(entry)
+        return removed
+
+    def _remove_item(self, entry: Entry) -> bool:
+        """F3 on a listed item: True once it is gone, False if it changed meanwhile."""
+        try:
+            self.etcd.delete(self.layout.key("work", entry.id), prev_index=entry.index)
+        except KeyMissing:
+            pass
+        except CompareFailed:
+            return False
+        return True
 
     def _lock_value(self, item_id: str) -> Optional[str]:
         entry = self.read("locks", item_id)

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Optional, Type, Union
 
 from .claim import Claim, Heartbeat
 from .codec import DEFAULT_MAX_PAYLOAD, Item, Junk, Record, new_token
-from .errors import ConfigError, InvalidName, NotFound
+from .errors import ConfigError, InvalidArgument, NotFound, public_errors
 from .keys import Layout, check_item_id
 from .protocol import (COMPLETED, FAILED, Entry, Gone, Protocol, Taken, lock_states,
                        ttl_seconds)
@@ -99,6 +99,7 @@ class Queue:
         """Add an item; returns its id.  ``payload``: JSON-serialisable, or bytes."""
         return self.put_many([payload])[0]
 
+    @public_errors()
     def put_many(self, payloads: Iterable[Any]) -> List[str]:
         """Add items in order; every payload is checked before the first is written."""
         encoded = [(item.encode(self._protocol.max_payload), item.token)
@@ -111,6 +112,7 @@ class Queue:
         return ids
 
     # -- consuming -----------------------------------------------------------------
+    @public_errors()
     def claim(self, timeout: Optional[float] = 0) -> Optional[Claim]:
         """The next free item, or None.  ``timeout``: 0 don't wait, None forever."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -176,27 +178,39 @@ class Queue:
         return self._view
 
     # -- inspecting ----------------------------------------------------------------
+    @public_errors()
     def stats(self) -> Dict[str, int]:
         """Counts of pending, running, completed and failed items (junk not counted)."""
         work, locks = self._work_and_locks()
-        running = sum(1 for entry, _ in work if _is_running(locks, entry.id))
-        return {"pending": len(work) - running, "running": running,
-                "completed": sum(1 for _ in self._protocol.decoded(COMPLETED)),
-                "failed": sum(1 for _ in self._protocol.decoded(FAILED))}
+        waiting = [entry for entry, item in work if not item.outcome]
+        running = sum(1 for entry in waiting if _is_running(locks, entry.id))
+        finished = {kind: {entry.id for entry, _ in self._protocol.decoded(kind)}
+                    for kind in (COMPLETED, FAILED)}
+        for entry, item in work:  # committed (F1), not yet recorded (F2)
+            if item.outcome:
+                finished[item.outcome].add(entry.id)
+        return {"pending": len(waiting) - running, "running": running,
+                COMPLETED: len(finished[COMPLETED]), FAILED: len(finished[FAILED])}
 
+    @public_errors()
     def items(self, state: str = "pending", limit: Optional[int] = None) -> List[ItemInfo]:
         """Items in ``state`` (pending, running, completed, failed), oldest first."""
         if state not in STATES:
-            raise InvalidName(f"unknown state {state!r}: use one of {', '.join(STATES)}")
+            raise InvalidArgument(f"unknown state {state!r}: use one of {', '.join(STATES)}")
+        work, locks = self._work_and_locks()
         if state in (COMPLETED, FAILED):
-            infos = [_record_info(entry.id, state, record)
-                     for entry, record in self._protocol.decoded(state)]
+            infos = {entry.id: _record_info(entry.id, state, record)
+                     for entry, record in self._protocol.decoded(state)}
+            for entry, item in work:
+                if item.outcome == state and entry.id not in infos:
+                    infos[entry.id] = _record_info(entry.id, state, Record.decode(entry.value))
+            found = [infos[item_id] for item_id in sorted(infos)]
         else:
-            work, locks = self._work_and_locks()
-            infos = [_item_info(entry, item, locks) for entry, item in work]
-            infos = [info for info in infos if info.state == state]
-        return infos[:limit] if limit is not None else infos
+            found = [_item_info(entry, item, locks) for entry, item in work if not item.outcome]
+            found = [info for info in found if info.state == state]
+        return found[:limit] if limit is not None else found
 
+    @public_errors()
     def get(self, item_id: str) -> ItemInfo:
         """One item, wherever it is; NotFound if it is in none of the directories."""
         check_item_id(item_id)
@@ -214,6 +228,8 @@ class Queue:
                     raise NotFound(f"no item {item_id} in queue {self.name}")
                 return record
             item = Item.decode(entry.value)
+            if item.outcome:  # committed (F1), not yet recorded (F2)
+                return _record_info(item_id, item.outcome, Record.decode(entry.value))
         except Junk:
             raise NotFound(f"no item {item_id} in queue {self.name}") from None
         lock = self._protocol.read("locks", item_id)
@@ -227,6 +243,7 @@ class Queue:
         return None
 
     # -- operating -----------------------------------------------------------------
+    @public_errors()
     def requeue(self, item_id: str) -> str:
         """Move dead letter ``item_id`` back to work/ (attempts reset); the new id."""
         new_id, index, raw = self._protocol.requeue(item_id)
@@ -234,6 +251,7 @@ class Queue:
             self._offer(new_id, index, raw)
         return new_id
 
+    @public_errors()
     def purge(self, *, completed: bool = False, failed: bool = False) -> int:
         """Remove completion records and/or dead letters; how many were removed."""
         kinds = [kind for kind, chosen in ((COMPLETED, completed), (FAILED, failed)) if chosen]

@@ -46,7 +46,7 @@ def test_complete_records_the_item_and_removes_it(queue: Queue) -> None:
         claim.complete()
 
 
-def test_claim_costs_two_requests_and_complete_three_in_two_round_trips(
+def test_claim_costs_two_requests_and_complete_four_in_three_round_trips(
         queue: Queue) -> None:
     queue.put_many(["a", "b"])
     queue.claim().complete()  # starts the view
@@ -55,24 +55,27 @@ def test_claim_costs_two_requests_and_complete_three_in_two_round_trips(
     assert queue.etcd.requests == {"PUT": 2}  # C1 lock, C2 item
     queue.etcd.requests.clear()
     claim.complete()
-    # The lock was created just now, so F1 is skipped: F2 record, then F3 and
-    # F4 sent together.
-    assert queue.etcd.requests == {"PUT": 1, "DELETE": 2}
+    # F1 the fenced commit on the item, F2 the record, then F3 and F4 sent together.
+    assert queue.etcd.requests == {"PUT": 2, "DELETE": 2}
 
 
-def test_complete_confirms_the_lock_once_half_its_ttl_has_passed(
+def test_a_commit_that_etcd_applies_after_another_claim_is_refused(
         etcd_url: str, queue_name: str) -> None:
-    with Queue(etcd_url, queue_name, lock_ttl=1) as queue:
-        queue.put("slow")
-        claim = queue.claim()
-        queue._heartbeat.discard(claim)  # no refresh: only complete() may confirm the lock
-        wait_until(lambda: time.monotonic() - claim.confirmed_at > 0.5, 5,
-                   message="half the lock's TTL")
-        queue.etcd.requests.clear()
-        claim.complete()
-        # F1 refresh first, then F2 record, F3 and F4
-        assert queue.etcd.requests == {"PUT": 2, "DELETE": 2}
-        assert queue.get(claim.id).state == "completed"
+    """The stale claim believes its lease (its clock says the lock is fresh, as when
+    its write was held in flight): only etcd's compare on the item can refuse it."""
+    with Queue(etcd_url, queue_name, lock_ttl=1, max_attempts=2) as slow, \
+            Queue(etcd_url, queue_name, lock_ttl=30, max_attempts=2) as fast:
+        item_id = slow.put("contested")
+        stale = slow.claim()
+        slow._heartbeat.discard(stale)
+        winner = fast.claim(timeout=10)
+        assert (winner.id, winner.attempt) == (item_id, 2)
+        winner.fail("attempt 2 of 2: dead-lettered")
+        stale._state.confirmed = time.monotonic()  # "the lock is certainly still mine"
+        with pytest.raises(LockLost):
+            stale.complete("too late")
+        assert fast.stats() == {"pending": 0, "running": 0, "completed": 0, "failed": 1}
+        assert fast.get(item_id).reason == "attempt 2 of 2: dead-lettered"
 
 
 def test_release_with_delay_hides_the_item_until_etcd_expires_it(queue: Queue) -> None:

@@ -68,10 +68,75 @@ def test_max_attempts_dead_letters_an_item_that_kills_its_workers(
         assert queue.stats() == {"pending": 0, "running": 0, "completed": 0, "failed": 1}
 
 
+def commit_then_crash(queue: Queue, kind: str, *, record: bool) -> str:
+    """Claim an item and stop complete() after F1 (the commit), or after F2 too."""
+    claim = queue.claim()
+    queue._heartbeat.discard(claim)
+    protocol, state = queue._protocol, claim._state
+    outcome = Record(state.item.payload, state.lock.token, queue.node_id, state.item.attempts,
+                     state.item.created, 0.0, "done", token=state.item.token)
+    committed = protocol._commit(state, outcome.encode(outcome=kind))
+    assert committed is not None
+    if record:
+        protocol.etcd.put(protocol.layout.key(kind, claim.id), outcome.encode(),
+                          prev_exist=False)
+    return claim.id  # ... and the process dies here; its lock expires
+
+
+@pytest.mark.parametrize("record", [False, True], ids=["after-F1", "after-F2"])
 @pytest.mark.parametrize("kind", [COMPLETED, FAILED])
-def test_crash_after_the_record_before_removing_the_item(
+def test_crash_after_the_commit_never_runs_the_item_again(
+        etcd_url: str, queue_name: str, kind: str, record: bool) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=1) as crashed, \
+            Queue(etcd_url, queue_name, lock_ttl=30) as survivor:
+        crashed.put("finish me once")
+        item_id = commit_then_crash(crashed, kind, record=record)
+        assert survivor.get(item_id).state == kind  # the commit is the truth at once
+        assert survivor.claim(timeout=4) is None  # finds the commit, finishes it
+        wait_until(lambda: survivor._protocol.read("work", item_id) is None, 5,
+                   message="the survivor to finish the crashed item")
+        info = survivor.get(item_id)
+        assert (info.state, info.result) == (kind, "done")
+        assert survivor.stats() == {"pending": 0, "running": 0,
+                                    "completed": int(kind == COMPLETED),
+                                    "failed": int(kind == FAILED)}
+
+
+@pytest.mark.parametrize("record", [False, True], ids=["after-F1", "after-F2"])
+def test_purge_after_a_crashed_commit_never_runs_the_item_again(
+        etcd_url: str, queue_name: str, record: bool) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=1) as crashed, \
+            Queue(etcd_url, queue_name, lock_ttl=30) as survivor:
+        crashed.put("finish me once")
+        item_id = commit_then_crash(crashed, COMPLETED, record=record)
+        survivor.purge(completed=True)
+        assert survivor.claim(timeout=3) is None
+        assert survivor._protocol.read("work", item_id) is None or \
+            survivor.get(item_id).state == COMPLETED
+
+
+def test_purge_of_a_record_written_by_0_1_0_removes_its_item_first(
+        etcd_url: str, queue_name: str) -> None:
+    """0.1.0 committed with the record (F2) alone; a crash left its item in work/."""
+    with Queue(etcd_url, queue_name, lock_ttl=1) as crashed, \
+            Queue(etcd_url, queue_name, lock_ttl=30) as survivor:
+        item_id = crashed.put("finish me once")
+        claim = crashed.claim()
+        crashed._heartbeat.discard(claim)
+        state = claim._state
+        record = Record(state.item.payload, state.lock.token, crashed.node_id, 1, 0.0, 0.0, "ok")
+        crashed.etcd.put(crashed.layout.key(COMPLETED, item_id), record.encode(),
+                         prev_exist=False)
+        assert survivor.purge(completed=True) == 1
+        assert survivor.claim(timeout=3) is None
+        assert survivor._protocol.read("work", item_id) is None
+
+
+@pytest.mark.parametrize("kind", [COMPLETED, FAILED])
+def test_crash_after_a_0_1_0_record_before_removing_the_item(
         etcd_url: str, queue_name: str, kind: str) -> None:
-    """F2 applied, F3 and F4 never did: the item must not run again."""
+    """0.1.0's F2 applied (its commit: a record, the item unchanged), F3 and F4
+    never did: the item must not run again."""
     with Queue(etcd_url, queue_name, lock_ttl=1) as crashed, \
             Queue(etcd_url, queue_name, lock_ttl=30) as survivor:
         item_id = crashed.put("finish me once")
