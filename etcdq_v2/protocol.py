@@ -413,31 +413,64 @@ class Protocol:
 
     # -- Q: requeue ----------------------------------------------------------
     def requeue(self, item_id: str) -> Tuple[str, int, str]:
-        """Q1-Q3: move dead letter ``item_id`` back to work/ as a new item.
+        """Q0-Q4: move dead letter ``item_id`` back to work/ as a new item.
 
         Returns the new item's id, index (0 if it was already finished) and value.
         """
         check_item_id(item_id)
+        lock = self._lock_dead_letter(item_id)
+        try:
+            (token, index), record, earlier = self._requeue_token(item_id)
+            raw = Item(record.payload, token).encode()
+            found = self.find_put(token) if earlier else None
+            new_id, new_index = found or self.post_item(raw, token)
+            self._delete_quietly(self.layout.key(FAILED, item_id), prev_index=index)
+            return new_id, new_index, raw
+        finally:
+            self._drop_lock(item_id, lock)
+
+    def _lock_dead_letter(self, item_id: str) -> Lock:
+        """Q0: the lock of ``locks/<id>``, so that one requeue at a time works on it.
+
+        The item itself left work/ when it was dead-lettered, so its lock key
+        is free (or holds its last claim's lock until that expires).  Another
+        requeue's lock is waited for; then the dead letter may be gone.
+        """
+        lock = Lock(self.node_id, new_token())
+        give_up = time.monotonic() + self.lock_ttl + self.etcd.deadline
+        while True:
+            if self.read(FAILED, item_id) is None:
+                raise NotFound(f"no dead letter {item_id} in {self.layout.failed}")
+            try:
+                self._create_lock(item_id, lock, self.lock_ttl)
+                return lock
+            except Taken:
+                if time.monotonic() >= give_up:
+                    raise Unavailable(f"dead letter {item_id} stayed locked") from None
+                time.sleep(0.1)
+
+    def _requeue_token(self, item_id: str) -> Tuple[Tuple[str, int], Record, bool]:
+        """Q1: ((token, index), record, earlier): the dead letter marked with a
+        new requeue token, or (``earlier``) the token an earlier requeue left
+        there (it crashed, or its POST's reply was lost: its item is then
+        searched for by that token)."""
         entry = self.read(FAILED, item_id)
         try:
             record = Record.decode(entry.value if entry else None)
         except Junk:
             raise NotFound(f"no dead letter {item_id} in {self.layout.failed}") from None
         assert entry is not None  # Record.decode(None) raised Junk above
-        found: Optional[Tuple[str, int]] = None
         if record.requeue_token:
-            token, index = record.requeue_token, entry.index
-            found = self.find_put(token)
-        else:
-            token = new_token()
-            marked = replace(record, requeue_token=token)
-            index = self.etcd.put(self.layout.key(FAILED, item_id), marked.encode(),
-                                  prev_index=entry.index).node["modifiedIndex"]
-        raw = Item(record.payload, token).encode()
-        new_id, new_index = found or self.post_item(raw, token)
-        self._delete_quietly(self.layout.key(FAILED, item_id), prev_index=index)
-        return new_id, new_index, raw
-
+            return (record.requeue_token, entry.index), record, True
+        token = new_token()
+        marked = replace(record, requeue_token=token).encode()
+        try:
+            reply = self.etcd.put(self.layout.key(FAILED, item_id), marked,
+                                  prev_index=entry.index)
+        except (CompareFailed, KeyMissing):
+            # Only a resent CAS of ours can have changed it: we hold its lock.
+            return self._requeue_token(item_id)
+        return (token, reply.written_index), record, False
 
     # -- reads -----------------------------------------------------------------
     def read(self, kind: str, item_id: str) -> Optional[Entry]:

@@ -282,3 +282,29 @@ def test_a_python_etcd_client_is_accepted(etcd_url: str, queue_name: str) -> Non
         assert claim.id == item_id
         claim.complete()
         assert queue.etcd.endpoints == [etcd_url]
+
+
+def test_concurrent_requeues_of_one_dead_letter_requeue_it_once(
+        etcd_url: str, queue_name: str) -> None:
+    """Q1's compare-and-swap loses to another requeue: NotFound or the same item,
+    never a raw etcd error, never two items."""
+    from concurrent.futures import ThreadPoolExecutor
+    from etcdq_v2 import NotFound
+    with Queue(etcd_url, queue_name, max_attempts=1) as queue:
+        dead = queue.put_many(range(6))
+        for _ in dead:
+            queue.claim().fail("dead")
+        assert queue.stats()["failed"] == 6
+
+        def requeue(item_id: str):
+            try:
+                return queue.requeue(item_id)
+            except NotFound:
+                return None
+
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(requeue, [i for i in dead for _ in range(4)]))
+        assert all(r is None or len(r) == 20 for r in results)
+        assert queue.stats() == {"pending": 6, "running": 0, "completed": 0, "failed": 0}
+        payloads = sorted(info.payload for info in queue.items("pending"))
+        assert payloads == list(range(6))
