@@ -71,7 +71,6 @@ MAX_CACHED_VALUE = 64 * 1024
 BACKLOG = 32
 #: Seconds a follower waits after applying events, so that the next come in one block.
 COALESCE = 0.005
-_LOCAL = -1  # a claim attempt of this process is under way: no etcd index yet
 
 Candidate = Tuple[str, int, Optional[str]]
 
@@ -84,8 +83,11 @@ class QueueView:
         self._layout: Layout = protocol.layout
         self._cond = threading.Condition()
         self._items: Dict[str, Tuple[int, Optional[str]]] = {}
-        #: Locked items: id -> etcd index of the newest sign of the lock, or _LOCAL.
+        #: Locked items: id -> the etcd index of the newest sign that its lock exists.
         self._locks: Dict[str, int] = {}
+        #: Claim attempts of this process under way: id -> the newest etcd index
+        #: at which the item's lock was seen gone meanwhile (-1: not seen).
+        self._trying: Dict[str, int] = {}
         self._free: List[str] = []
         self._in_free: Set[str] = set()
         self._skip: Dict[str, int] = {}
@@ -146,29 +148,38 @@ class QueueView:
         with self._cond:
             due = (not self.watching_locks
                    and time.monotonic() - self._locks_listed >= self._protocol.lock_ttl
-                   and any(index != _LOCAL for index in self._locks.values()))
+                   and bool(self._locks))
         if due:
             self._list_locks()
 
     def taken(self, item_id: str) -> None:
-        """A claim of this process holds the item, or lost the race for it."""
+        """A claim attempt of this process on the item is under way: offer it to no other."""
         with self._cond:
-            self._locks.setdefault(item_id, _LOCAL)
+            self._trying.setdefault(item_id, -1)
 
     def locked_at(self, item_id: str, index: int) -> None:
-        """After :meth:`taken`: the item's lock existed at etcd index ``index``
-        (0: at some time before now), so a later listing of locks/ without it
-        shows the item free again.  The view may never see that lock's events:
-        it watches completed/ only while it has a backlog."""
+        """The attempt ended (:meth:`taken`): the item's lock (ours, or the claim
+        that beat us) existed at etcd index ``index`` (0: at some time before).
+
+        A later sign that the lock is gone frees the item: a listing of locks/
+        or an event, also one that came while the attempt was under way.  The
+        view may never see that lock's events: it watches completed/ only while
+        it has a backlog.
+        """
         with self._cond:
-            if self._locks.get(item_id) == _LOCAL:
-                self._locks[item_id] = index
+            gone = self._trying.pop(item_id, None)
+            if gone is None:
+                return  # forgotten meanwhile, or another thread's attempt ended it
+            if index > gone:
+                self._locked(item_id, index)
+            elif self._locks.get(item_id, -1) <= gone:
+                self._locks.pop(item_id, None)  # gone since: free
+            self._make_free(item_id)
 
     def untaken(self, item_id: str) -> None:
         """Undo :meth:`taken` after a claim attempt failed before reaching etcd."""
         with self._cond:
-            if self._locks.get(item_id) == _LOCAL:
-                del self._locks[item_id]
+            if self._trying.pop(item_id, None) is not None:
                 self._make_free(item_id)
 
     def added(self, item_id: str, index: int, raw: str) -> None:
@@ -240,7 +251,7 @@ class QueueView:
     def _is_free(self, item_id: str) -> bool:
         entry = self._items.get(item_id)
         return (entry is not None and item_id not in self._locks
-                and self._skip.get(item_id) != entry[0])
+                and item_id not in self._trying and self._skip.get(item_id) != entry[0])
 
     def _make_free(self, item_id: str) -> None:
         if self._is_free(item_id):
@@ -253,6 +264,7 @@ class QueueView:
     def _forget(self, item_id: str) -> None:
         self._items.pop(item_id, None)
         self._locks.pop(item_id, None)
+        self._trying.pop(item_id, None)
 
     def _apply_item(self, item_id: str, index: int, value: Optional[str]) -> None:
         self._items[item_id] = (index, _cacheable(value))
@@ -264,7 +276,13 @@ class QueueView:
             self._locks[item_id] = index
 
     def _unlocked(self, item_id: str, index: int) -> None:
-        """The item's lock was gone at ``index``: free, unless locked again since."""
+        """The item's lock was gone at ``index``: free, unless locked again since.
+
+        While a claim attempt on it is under way, remember ``index`` for
+        :meth:`locked_at`, which learns only then at which index the lock existed.
+        """
+        if self._trying.get(item_id, index) < index:
+            self._trying[item_id] = index
         if 0 <= self._locks.get(item_id, -1) <= index:
             del self._locks[item_id]
             self._make_free(item_id)
@@ -272,7 +290,7 @@ class QueueView:
     def _reconcile_locks(self, index: int, locks: List[Entry]) -> None:
         """Apply a listing of locks/ taken at ``index``."""
         listed = {entry.id: entry.index for entry in locks}
-        for item_id in [i for i in self._locks if i not in listed]:
+        for item_id in [i for i in {**self._locks, **self._trying} if i not in listed]:
             self._unlocked(item_id, index)
         for item_id, lock_index in listed.items():
             self._locked(item_id, lock_index)
@@ -301,9 +319,14 @@ class QueueView:
         return {"work": work_index, "locks": locks_index}
 
     def _list_locks(self) -> None:
+        with self._cond:
+            follower = self._follower
         index, locks = self._protocol.list("locks")
         with self._cond:
-            self._reconcile_locks(index, locks)
+            # A new follower lists locks/ itself; this older listing, applied
+            # after its events, could mark an item locked again for good.
+            if follower is self._follower:
+                self._reconcile_locks(index, locks)
 
     def _apply(self, block: bytes, floors: Dict[str, int], follower: "_Follower") -> None:
         """Apply a block of events, each only if newer than its directory's listing."""

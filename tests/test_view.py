@@ -7,9 +7,14 @@ whose view is already running.
 """
 from __future__ import annotations
 
+import threading
+
+import pytest
+
 from etcdq_v2 import Queue
 from etcdq_v2.view import BACKLOG
 
+from faultproxy import FaultProxy
 from helpers import wait_until
 
 #: Values whose JSON encoding has escapes, non-ASCII text, and one too large
@@ -115,3 +120,52 @@ def test_a_view_that_fell_behind_lists_again_instead_of_trying_each_stale_item(
         # Three items found gone (lock create, item CAS each), then the fresh one:
         # not one try for each of the ten finished items the view still held.
         assert consumer.etcd.requests["PUT"] == 3 * 2 + 2
+
+
+# -- issue 11 -----------------------------------------------------------------------
+
+
+def in_thread(call):
+    """Run ``call`` in a thread: ``(thread, result)``; ``result`` gets "value" or "error"."""
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = call()
+        except BaseException as exc:  # noqa: B036 - handed to the test thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, result
+
+
+@pytest.mark.parametrize("lock_goes_by", ["release", "expiry"])
+def test_an_item_whose_race_was_lost_during_a_relist_comes_back_when_its_lock_goes(
+        etcd_url: str, queue_name: str, lock_goes_by: str) -> None:
+    with FaultProxy.to(etcd_url) as proxy, Queue(proxy.url, queue_name) as consumer, \
+            Queue(etcd_url, queue_name, lock_ttl=1) as holder:
+        item_id = holder.put("contended")
+        view = consumer._ensure_view()  # it lists the item, free; it follows completed/ only
+        held = holder.claim()
+        assert held.id == item_id and not view.watching_locks
+        # The consumer tries the item (it heard nothing of that claim) and loses the race:
+        # etcd's "already exists" is held on its way back while the rest happens.
+        proxy.hold("down", match=rb'"errorCode":105')
+        thread, result = in_thread(lambda: consumer.claim(timeout=3))
+        wait_until(lambda: proxy.held("down"), 5, message="the lost lock create's reply")
+        if lock_goes_by == "release":
+            held.release()
+        else:
+            holder._heartbeat.discard(held)  # as for a crashed holder: its lock expires
+            wait_until(lambda: holder.get(item_id).state == "pending", 5,
+                       message="the holder's lock to expire")
+        # Meanwhile another claimer of the same Queue found nothing: the view follows the
+        # whole queue directory now, and its listing shows no lock on the item.
+        view.starved(5)
+        assert view.watching_locks
+        proxy.release()
+        thread.join(10)
+        claim = result.get("value")
+        assert claim is not None and claim.id == item_id, result
+        assert claim.attempt == 2
