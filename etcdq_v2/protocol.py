@@ -81,7 +81,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .codec import Item, Junk, Lock, Record, new_token
-from .errors import (AlreadyExists, AmbiguousWrite, CompareFailed, EtcdqError,
+from .errors import (AlreadyExists, AmbiguousWrite, CompareFailed, EtcdqError, EtcdRejected,
                      KeyMissing, LockLost, NotFound, Unavailable)
 from .keys import Layout, check_item_id
 from .transport import Node, Transport
@@ -216,8 +216,7 @@ class Protocol:
                 index, raw = entry.index, entry.value
             item = Item.decode(raw)
             if item.outcome:  # its finisher committed F1 and stopped: finish for it
-                self.finish_committed(item_id, Entry(item_id, index, raw), None)
-                raise Gone(item_id)
+                self._finish_for(item_id, Entry(item_id, index, raw))
             if item.claim == lock.token:  # our C2 applied; its reply was lost
                 return self._checked(ClaimState(item_id, lock, item, index, locked))
             claimed = replace(item, attempts=item.attempts + 1, claim=lock.token)
@@ -232,6 +231,14 @@ class Protocol:
             state = ClaimState(item_id, lock, claimed, reply.written_index, locked)
             return self._checked(state)
         return None
+
+    def _finish_for(self, item_id: str, entry: Entry) -> None:
+        """A claimer's F2-F4 for a committed item; raises Gone, or Junk if etcd refuses."""
+        try:
+            self.finish_committed(item_id, entry, None)
+        except EtcdRejected as exc:
+            raise Junk(str(exc)) from None
+        raise Gone(item_id)
 
     def _checked(self, state: ClaimState) -> ClaimState:
         """C3: hand out the claim unless the item is finished or out of attempts."""
@@ -356,13 +363,17 @@ class Protocol:
                 raise outcome
 
     def _check_record(self, item_id: str, item: Item) -> None:
-        """F2 found a record: ours (resent, or written by a claimer) or one of 0.1.0's."""
+        """F2 found a record: ours (resent, or written by a claimer), one of 0.1.0's,
+        or junk, which must not take the place of the record (the item stays)."""
         assert item.outcome is not None
         existing = self.read(item.outcome, item_id)
         try:
-            holder = Record.decode(existing.value).claim if existing else None
+            holder = Record.decode(existing.value if existing else None).claim
         except Junk:
-            holder = None
+            raise EtcdRejected(
+                f"{self.layout.key(item.outcome, item_id)} holds something that is not a "
+                "record; the item stays in work/, committed, until it is removed",
+                code=AlreadyExists.code) from None
         if holder != item.claim:
             log.warning("item %s of %s has a %s record of another claim, written before "
                         "commits were fenced; keeping it", item_id, self.layout.root,

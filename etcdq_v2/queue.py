@@ -7,6 +7,7 @@ costs two etcd round trips however long the queue is.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -239,7 +240,8 @@ class Queue:
         for kind in (COMPLETED, FAILED):
             entry = self._protocol.read(kind, item_id)
             if entry is not None:
-                return _record_info(item_id, kind, Record.decode(entry.value))
+                with contextlib.suppress(Junk):  # junk in its place: look further
+                    return _record_info(item_id, kind, Record.decode(entry.value))
         return None
 
     # -- operating -----------------------------------------------------------------

@@ -84,3 +84,26 @@ def test_junk_at_an_item_id_is_not_found_never_a_crash(queue: Queue) -> None:
         with pytest.raises(NotFound):
             call()
     assert queue.etcd.get(queue.layout.key("failed", junk_id)).node["value"] == "not a record"
+
+
+def test_a_directory_where_a_record_belongs_is_reported_and_skipped(
+        queue: Queue, etcd_url: str, caplog) -> None:
+    """etcd refuses the record (error 105: a directory has that name): the caller gets the
+    public EtcdRejected, and the item, committed but unrecordable, is skipped
+    by every consumer instead of stopping them."""
+    from etcdq_v2 import EtcdRejected
+    blocked, fine = queue.put_many(["blocked", "fine"])
+    queue.etcd.put(f"{queue.layout.completed}/{blocked}/junk", "makes it a directory")
+    claim = queue.claim()
+    assert claim.id == blocked
+    with pytest.raises(EtcdRejected) as raised:
+        claim.complete()
+    assert raised.value.code == 105 and "not a record" in str(raised.value)
+    claim.abandon()
+    with Queue(etcd_url, queue.name, lock_ttl=2) as other, caplog.at_level(logging.WARNING):
+        got = other.claim(timeout=5)
+        assert got is not None and got.id == fine
+        got.complete()
+        assert other.claim(timeout=3) is None  # the blocked item is skipped, not raised
+    assert queue.get(blocked).state == "completed"  # committed, as etcd has it
+    assert any(blocked in message for message in caplog.messages)
