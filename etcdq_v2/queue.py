@@ -124,6 +124,10 @@ class Queue:
             claim = self._claim_from(view)
             if claim is not None:
                 return claim
+            if view.catch_up(self.etcd.timeout):
+                # The next items are ones this process put: first learn of
+                # every item put before them, by any producer (FIFO).
+                continue
             # Nothing free: follow locks/ from now on.  Its first listing may
             # show items freed meanwhile: wait for it (one request's timeout).
             view.starved(self.etcd.timeout)

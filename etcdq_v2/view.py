@@ -88,6 +88,12 @@ class QueueView:
         #: Claim attempts of this process under way: id -> the newest etcd index
         #: at which the item's lock was seen gone meanwhile (-1: not seen).
         self._trying: Dict[str, int] = {}
+        #: work/ is known completely up to this etcd index: its listing's, or the
+        #: newest event's while the whole directory is watched.
+        self._known = 0
+        #: Set by candidates(): the index of the oldest free item it held back
+        #: because it is newer than _known (0: none).
+        self._behind = 0
         self._free: List[str] = []
         self._in_free: Set[str] = set()
         self._skip: Dict[str, int] = {}
@@ -122,10 +128,15 @@ class QueueView:
         """Up to ``limit`` free items from the head: ``(id, index, raw value or None)``."""
         found: List[Candidate] = []
         with self._cond:
-            stale = 0
+            stale, self._behind = 0, 0
             for position, item_id in enumerate(self._free):
                 if self._is_free(item_id):
                     index, raw = self._items[item_id]
+                    if index > self._known:
+                        # Put by this process after what the view knows of work/:
+                        # an item of another producer may come before it.
+                        self._behind = index
+                        break
                     found.append((item_id, index, raw))
                     if len(found) == limit:
                         break
@@ -138,6 +149,23 @@ class QueueView:
         if backlog:
             self._watch(locks=False)
         return found
+
+    def catch_up(self, timeout: float) -> bool:
+        """After candidates() held back items this process put: learn of every
+        item put before them, then True.  False if it held none back.
+
+        While the whole directory is watched their own events will come (up to
+        ``timeout``); otherwise, or if they do not, list again.
+        """
+        with self._cond:
+            behind = self._behind
+            if not behind or self._closed:
+                return False
+            if self.watching_locks and self._cond.wait_for(
+                    lambda: self._known >= behind or self._closed, timeout):
+                return True
+        self.relist(timeout)
+        return True
 
     def starved(self, timeout: float) -> None:
         """A claim found nothing: watch the whole queue directory, and wait for its listing."""
@@ -311,6 +339,7 @@ class QueueView:
             self._items = {e.id: (e.index, _cacheable(e.value)) for e in work}
             self._free = [e.id for e in work]
             self._in_free = set(self._free)
+            self._known = work_index
             self._reconcile_locks(locks_index, locks)
             self._ready, self._error = True, None
             self.relists += 1
@@ -333,22 +362,31 @@ class QueueView:
         with self._cond:
             if follower is not self._follower:
                 return  # replaced: its successor's listing covers these events
+            whole = follower.directory == self._layout.root
             for action, key, value, is_dir, index in _EVENT.findall(block):
-                parsed = self._layout.split(key.decode("utf-8", "replace"))
-                if parsed is None or is_dir:
-                    continue  # not an item
-                if parsed[0] in _RECORDS:
-                    self._forget(parsed[1])  # finished for good, whatever the listing said
-                    continue
                 number = int(index)
-                if number <= floors[parsed[0]]:
-                    continue  # already in the listing
-                if parsed[0] == "work":
-                    self._apply_work(action, parsed[1], value, number)
-                elif action in _REMOVED:
-                    self._unlocked(parsed[1], number)
-                elif action != _CLAIMED:  # a lock's CAS keeps it locked (a release delay)
-                    self._locked(parsed[1], number)
+                self._apply_event(action, key.decode("utf-8", "replace"), value, is_dir,
+                                  number, floors)
+                if whole:  # events come in etcd's order: work/ is known up to here
+                    self._known = max(self._known, number)
+            if self._behind and self._known >= self._behind:
+                self._cond.notify_all()
+
+    def _apply_event(self, action: bytes, key: str, value: bytes, is_dir: bytes, index: int,
+                     floors: Dict[str, int]) -> None:
+        parsed = self._layout.split(key)
+        if parsed is None or is_dir:
+            return  # not an item
+        if parsed[0] in _RECORDS:
+            self._forget(parsed[1])  # finished for good, whatever the listing said
+        elif index <= floors[parsed[0]]:
+            return  # already in the listing
+        elif parsed[0] == "work":
+            self._apply_work(action, parsed[1], value, index)
+        elif action in _REMOVED:
+            self._unlocked(parsed[1], index)
+        elif action != _CLAIMED:  # a lock's CAS keeps it locked (a release delay)
+            self._locked(parsed[1], index)
 
     def _apply_work(self, action: bytes, item_id: str, value: bytes, index: int) -> None:
         if action in _REMOVED:

@@ -8,6 +8,7 @@ whose view is already running.
 from __future__ import annotations
 
 import threading
+from typing import List
 
 import pytest
 
@@ -169,3 +170,27 @@ def test_an_item_whose_race_was_lost_during_a_relist_comes_back_when_its_lock_go
         claim = result.get("value")
         assert claim is not None and claim.id == item_id, result
         assert claim.attempt == 2
+
+
+def test_a_consumer_that_also_puts_claims_other_producers_items_in_put_order(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name) as stage, Queue(etcd_url, queue_name) as other:
+        stage.put_many(range(BACKLOG + 8))
+        foreign: List[str] = []
+        claimed: List[str] = []
+        for step in range(4 * (BACKLOG + 8)):
+            if step in (3, 10, 20):
+                foreign.append(other.put(f"from another producer at step {step}"))
+            claim = stage.claim()  # a pipeline stage: take one, put its follow-up, finish
+            assert claim is not None
+            claimed.append(claim.id)
+            stage.put(f"follow-up of {claim.id}")
+            claim.complete()
+            if step > 20 and set(foreign) <= set(claimed):
+                break
+        assert set(foreign) <= set(claimed), "another producer's items were never claimed"
+        assert claimed == sorted(claimed), "not claimed in put order"
+        view = stage._view
+        # Still the cheap watch (completed/ only), and a listing per backlog, not per put.
+        assert not view.watching_locks
+        assert view.relists <= 2 + len(claimed) // BACKLOG
