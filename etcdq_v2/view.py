@@ -114,15 +114,23 @@ class QueueView:
 
     # -- for claimers ----------------------------------------------------------
     def wait_ready(self, timeout: float) -> None:
-        """Block until the first listing is in, or raise what prevented it."""
+        """Block until a listing is in, or raise.
+
+        While etcd is unavailable the follower tries the next member, so this
+        waits up to ``timeout`` and then raises Unavailable with the last
+        error; an error that trying again cannot mend (access refused, a
+        bad configuration) is raised at once.
+        """
         with self._cond:
-            self._cond.wait_for(lambda: self._ready or self._error is not None, timeout)
+            self._cond.wait_for(lambda: self._ready or self._closed or _final(self._error),
+                                timeout)
             if self._ready:
                 return
             error = self._error
-        if isinstance(error, EtcdqError):
+        if _final(error) and isinstance(error, EtcdqError):
             raise error
-        raise Unavailable(f"could not list {self._layout.root}: {error or 'timed out'}")
+        why = "the queue was closed" if self._closed else f"last error: {error or 'none'}"
+        raise Unavailable(f"could not list {self._layout.root} within {timeout:g} s ({why})")
 
     def candidates(self, limit: int) -> List[Candidate]:
         """Up to ``limit`` free items from the head: ``(id, index, raw value or None)``."""
@@ -398,10 +406,12 @@ class QueueView:
         elif action in _WRITTEN:
             self._apply_item(item_id, index, _unescape(value))
 
-    def _failed(self, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException, follower: "_Follower") -> None:
+        """The follower's last error, for :meth:`wait_ready` (a replaced one's is moot)."""
         with self._cond:
-            self._error = exc
-            self._cond.notify_all()
+            if follower is self._follower:
+                self._error = exc
+                self._cond.notify_all()
 
 
 class _Follower:
@@ -434,18 +444,30 @@ class _Follower:
         self.drop_stream()
 
     def _run(self) -> None:
+        """Follow until stopped.  Whatever goes wrong is logged and followed by a
+        new round (on the next member, if etcd's was at fault): a view whose
+        thread died would stop seeing new items without a word."""
         pause = 0.1
         while not self._stop.is_set():
             try:
                 self._follow()
                 pause = 0.1
-            except Exception as exc:  # keep following; claimers see the error
+            except BaseException as exc:  # noqa: B036 - even SystemExit: logged, not fatal
                 if self._stop.is_set():
                     break
-                log.warning("watch of %s failed (%s); listing again", self.directory, exc)
-                self._view._failed(exc)
-                time.sleep(pause)
+                self._report(exc)
+                self._stop.wait(pause)
                 pause = min(pause * 2, 2.0)
+
+    def _report(self, exc: BaseException) -> None:
+        """Log ``exc`` (with its traceback if it is not etcd's doing); claimers see it."""
+        if isinstance(exc, EtcdqError):
+            log.warning("watch of %s failed (%s); subscribing and listing again",
+                        self.directory, exc)
+        else:
+            log.error("watch of %s failed (%s); subscribing and listing again",
+                      self.directory, type(exc).__name__, exc_info=exc)
+        self._view._failed(exc, self)
 
     def _follow(self) -> None:
         """One round: subscribe, list, then apply events until the stream ends."""
@@ -466,6 +488,11 @@ class _Follower:
                 time.sleep(COALESCE)
         finally:
             stream.release()
+
+
+def _final(error: Optional[BaseException]) -> bool:
+    """An error of the view that trying again will not mend."""
+    return error is not None and not isinstance(error, Unavailable)
 
 
 def _unescape(value: bytes) -> str:

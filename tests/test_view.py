@@ -7,12 +7,16 @@ whose view is already running.
 """
 from __future__ import annotations
 
+import ctypes
+import logging
 import threading
+import time
 from typing import List
 
 import pytest
 
-from etcdq_v2 import Queue
+from etcdq_v2 import Queue, connect
+from etcdq_v2.server import free_port
 from etcdq_v2.view import BACKLOG
 
 from faultproxy import FaultProxy
@@ -194,3 +198,63 @@ def test_a_consumer_that_also_puts_claims_other_producers_items_in_put_order(
         # Still the cheap watch (completed/ only), and a listing per backlog, not per put.
         assert not view.watching_locks
         assert view.relists <= 2 + len(claimed) // BACKLOG
+
+
+def test_a_new_queue_claims_when_its_first_endpoint_is_dead(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name) as producer:
+        item_id = producer.put("through the live member")
+    client = connect(f"http://127.0.0.1:{free_port()},{etcd_url}", timeout=1)
+    try:
+        with Queue(client, queue_name) as consumer:  # its view's first watch goes to the dead one
+            claim = consumer.claim(timeout=5)
+            assert claim is not None and claim.id == item_id
+            claim.complete()
+    finally:
+        client.close()
+
+
+def test_a_new_queue_claims_when_its_first_endpoint_never_answers(
+        etcd_url: str, queue_name: str) -> None:
+    with FaultProxy.to(etcd_url) as frozen, Queue(etcd_url, queue_name) as producer:
+        item_id = producer.put("through the live member")
+        frozen.black_hole()  # accepts connections, never answers: a frozen host
+        client = connect(f"{frozen.url},{etcd_url}", timeout=1)
+        try:
+            with Queue(client, queue_name) as consumer:
+                started = time.monotonic()
+                claim = consumer.claim(timeout=5)
+                assert claim is not None and claim.id == item_id
+                assert time.monotonic() - started < client.deadline
+                claim.complete()
+        finally:
+            client.close()
+
+
+def raise_in(thread: threading.Thread, exc_type: type) -> None:
+    """Raise ``exc_type`` in ``thread`` when it next runs Python code, as some timeout
+    and debugger tools do (CPython's PyThreadState_SetAsyncExc)."""
+    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    assert set_async_exc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc_type)) == 1
+
+
+def test_the_view_reports_an_unexpected_exception_and_keeps_following(
+        etcd_url: str, queue_name: str, caplog) -> None:
+    exc_type = SystemExit  # a thread that lets it out ends without a word
+    with Queue(etcd_url, queue_name) as consumer, Queue(etcd_url, queue_name) as producer:
+        assert consumer.claim() is None  # the view follows the whole directory now
+        follower = consumer._view._follower
+        raise_in(follower._thread, exc_type)
+        first = producer.put("wakes the follower, which meets the exception")
+        wait_until(lambda: [r for r in caplog.records if r.name == "etcdq_v2.view"
+                            and r.levelno >= logging.ERROR and exc_type.__name__ in r.getMessage()
+                            + str(r.exc_info)], 5, message="the exception to be logged")
+        assert consumer._view._follower is follower and follower._thread.is_alive()
+        second = producer.put("an event for the follower that listed again")
+        got = []
+        for _ in range(2):
+            claim = consumer.claim(timeout=5)
+            assert claim is not None
+            got.append(claim.id)
+            claim.complete()
+        assert got == [first, second]
