@@ -14,12 +14,14 @@ import functools
 import re
 import secrets
 from pathlib import Path
-from typing import Callable, Iterator, Tuple
+from typing import Callable, Iterator, List, Tuple
 
 import pytest
 
 from etcdq_v2.errors import ConfigError
 from etcdq_v2.server import EtcdCluster, EtcdServer, etcd_version, find_etcd_binary
+
+from faultproxy import FaultProxy
 
 _QUEUE_NAME_MAX = 100
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
@@ -92,3 +94,23 @@ def cluster(etcd_binary: str, tmp_path: Path) -> Iterator[EtcdCluster]:
         yield members
     finally:
         members.stop()
+
+
+@pytest.fixture
+def proxy_factory() -> Iterator[Callable[[str], FaultProxy]]:
+    """``make(url)``: a started FaultProxy in front of ``url``; all stopped after the test."""
+    proxies: List[FaultProxy] = []
+
+    def make(url: str) -> FaultProxy:
+        proxies.append(FaultProxy.to(url).start())
+        return proxies[-1]
+
+    yield make
+    for proxy in proxies:
+        proxy.stop()
+
+
+@pytest.fixture
+def proxy(etcd_url: str, proxy_factory: Callable[[str], FaultProxy]) -> FaultProxy:
+    """A FaultProxy in front of the shared etcd server (``proxy.url``), passing everything."""
+    return proxy_factory(etcd_url)
