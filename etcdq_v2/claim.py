@@ -138,6 +138,10 @@ class Claim:
                 self._outcome = "lost"
                 self._heartbeat.discard(self)
                 raise
+            except ClaimClosed as exc:  # an earlier call committed the other outcome
+                self._outcome = "dead-lettered" if exc.outcome == "failed" else exc.outcome
+                self._heartbeat.discard(self)
+                raise
             if self._outcome is None:  # fail() may have set "dead-lettered"
                 self._outcome = outcome
             self._heartbeat.discard(self)

@@ -95,11 +95,16 @@ class Item:
     claim: Optional[str] = None
     created: float = field(default_factory=time.time)
     outcome: Optional[str] = None
+    #: Put back by requeue: its first claim checks for records too (C3), since a
+    #: requeue resumed late could create it again after it finished.
+    requeued: bool = False
 
     def encode(self, max_bytes: Optional[int] = None) -> str:
         doc: Dict[str, Any] = {"t": self.token, "a": self.attempts, "ts": round(self.created, 3)}
         if self.claim:
             doc["c"] = self.claim
+        if self.requeued:
+            doc["q"] = 1
         doc.update(payload_fields(self.payload))
         text = dumps(doc)
         size = len(text.encode("utf-8"))
@@ -118,7 +123,12 @@ class Item:
         return cls(payload_of(doc), token, attempts,
                    claim if isinstance(claim, str) else None,
                    float(created) if isinstance(created, (int, float)) else 0.0,
-                   outcome if outcome in OUTCOMES else None)
+                   outcome if outcome in OUTCOMES else None, bool(doc.get("q")))
+
+
+def tombstone(new_id: str) -> str:
+    """What a requeued dead letter becomes (not a Record: every reader skips it)."""
+    return dumps({"requeued_as": new_id})
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,16 @@ class LockLost(EtcdqError):
 
 
 class ClaimClosed(EtcdqError):
-    """complete, fail, release or refresh on a claim that has already ended."""
+    """complete, fail, release or refresh on a claim that has already ended.
+
+    ``outcome`` is how it ended, where that was only learnt now: "completed"
+    or "failed" when an earlier call of the same claim had committed that
+    outcome although its reply was lost.
+    """
+
+    def __init__(self, message: str, *, outcome: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.outcome = outcome
 
 
 class NotFound(EtcdqError, LookupError):

@@ -80,15 +80,20 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from .codec import Item, Junk, Lock, Record, new_token
-from .errors import (AlreadyExists, AmbiguousWrite, CompareFailed, EtcdqError, EtcdRejected,
-                     KeyMissing, LockLost, NotFound, Unavailable)
+from .codec import Item, Junk, Lock, Record, new_token, tombstone
+from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdqError,
+                     EtcdRejected, KeyMissing, LockLost, NotFound, Unavailable)
 from .keys import Layout, check_item_id
 from .transport import Node, Transport
 
 log = logging.getLogger("etcdq_v2.protocol")
 
 COMPLETED, FAILED = "completed", "failed"
+
+
+#: Seconds a requeued dead letter stays as a tombstone, so that a late copy of
+#: its F2 (held by a frozen member) finds the key taken instead of re-creating it.
+TOMBSTONE_TTL = 7 * 24 * 3600
 
 
 class Gone(Exception):
@@ -243,7 +248,7 @@ class Protocol:
     def _checked(self, state: ClaimState) -> ClaimState:
         """C3: hand out the claim unless the item is finished or out of attempts."""
         before = state.item.attempts - 1
-        if before and self._finished_before(state):
+        if (before or state.item.requeued) and self._finished_before(state):
             raise Gone(state.id)
         if self.max_attempts and before >= self.max_attempts:
             with contextlib.suppress(LockLost):  # another claim took it meanwhile
@@ -291,12 +296,26 @@ class Protocol:
             raise LockLost(f"item {state.id}: another claim holds the lock") from None
         except KeyMissing:
             pass
+        self._retake(state, state.lock, self.lock_ttl)
+
+    def _retake(self, state: ClaimState, lock: Lock, ttl: int) -> None:
+        """Re-create our expired lock, if the item is still ours, or raise LockLost.
+
+        Checked before (no use taking it otherwise) and again after: another
+        claim may have come and gone in between (C1, C2, release), and while
+        we hold the lock no new C2 can apply, so the second check decides.
+        """
         self._still_ours(state)
         try:
-            self._create_lock(state.id, state.lock, self.lock_ttl)
+            self._create_lock(state.id, lock, ttl)
         except Taken:
             raise LockLost(f"item {state.id}: the lock expired and another claim took it"
                            ) from None
+        try:
+            self._still_ours(state)
+        except LockLost:
+            self._drop_lock(state.id, lock)
+            raise
 
     def _still_ours(self, state: ClaimState) -> None:
         """After our lock expired: the claim is still ours if nobody claimed since."""
@@ -315,11 +334,11 @@ class Protocol:
         """F1-F4: commit ``kind`` (completed or failed) on the item, record it, remove it."""
         record = Record(state.item.payload, state.lock.token, self.node_id, state.item.attempts,
                         state.item.created, time.time(), result, reason, token=state.item.token)
-        committed = self._commit(state, record.encode(outcome=kind))
+        committed = self._commit(state, kind, record.encode(outcome=kind))
         if committed is not None:
             self.finish_committed(state.id, committed, state.lock)
 
-    def _commit(self, state: ClaimState, marked: str) -> Optional[Entry]:
+    def _commit(self, state: ClaimState, kind: str, marked: str) -> Optional[Entry]:
         """F1: the item as committed, None if it is already finished, or LockLost."""
         key = self.layout.key("work", state.id)
         try:
@@ -327,10 +346,11 @@ class Protocol:
             return Entry(state.id, reply.written_index, marked)
         except (CompareFailed, KeyMissing):
             # A resent CAS, or an earlier call of ours, may have applied: read it back.
-            return self._our_commit(state)
+            return self._our_commit(state, kind)
 
-    def _our_commit(self, state: ClaimState) -> Optional[Entry]:
-        """After F1 failed: our committed item, None if our record exists, else LockLost."""
+    def _our_commit(self, state: ClaimState, kind: str) -> Optional[Entry]:
+        """After F1 failed: our committed item, None if our record exists, else LockLost
+        (another claim's), or ClaimClosed (ours, with the other outcome)."""
         entry = self.read("work", state.id)
         if entry is not None:
             try:
@@ -338,10 +358,21 @@ class Protocol:
             except Junk:
                 item = None
             if item is not None and item.outcome and item.claim == state.lock.token:
-                return entry
-        elif any(self._is_our_record(kind, state) for kind in (COMPLETED, FAILED)):
-            return None  # a claimer found our commit and finished it for us
+                return self._same_outcome(state, kind, item.outcome, entry)
+        else:
+            for done in (COMPLETED, FAILED):
+                if self._is_our_record(done, state):  # a claimer finished our commit
+                    return self._same_outcome(state, kind, done, None)
         raise LockLost(f"item {state.id}: another claim took it, or it is finished")
+
+    @staticmethod
+    def _same_outcome(state: ClaimState, kind: str, done: str,
+                      entry: Optional[Entry]) -> Optional[Entry]:
+        """An earlier call of ours committed ``done``: fine if that is ``kind``."""
+        if done != kind:
+            raise ClaimClosed(f"item {state.id} was already committed as {done} by this "
+                              "claim (an earlier call whose reply was lost)", outcome=done)
+        return entry
 
     def finish_committed(self, item_id: str, entry: Entry, lock: Optional[Lock]) -> None:
         """F2-F4 for an item whose F1 applied: by its finisher, or by a claimer after a crash."""
@@ -402,11 +433,7 @@ class Protocol:
         try:
             self.etcd.put(key, delayed.encode(), ttl=ttl_seconds(delay), prev_value=mine)
         except KeyMissing:
-            self._still_ours(state)
-            try:
-                self._create_lock(state.id, delayed, ttl_seconds(delay))
-            except Taken:
-                raise LockLost(f"item {state.id}: another claim took it") from None
+            self._retake(state, delayed, ttl_seconds(delay))
         except CompareFailed as exc:
             if not (exc.retried and self._lock_value(state.id) == delayed.encode()):
                 raise LockLost(f"item {state.id}: another claim holds the lock") from None
@@ -424,21 +451,43 @@ class Protocol:
 
     # -- Q: requeue ----------------------------------------------------------
     def requeue(self, item_id: str) -> Tuple[str, int, str]:
-        """Q0-Q4: move dead letter ``item_id`` back to work/ as a new item.
+        """Q0-Q5: move dead letter ``item_id`` back to work/ as a new item.
 
-        Returns the new item's id, index (0 if it was already finished) and value.
+        Returns the new item's id, index (0 if it was there already) and value.
         """
         check_item_id(item_id)
         lock = self._lock_dead_letter(item_id)
         try:
-            (token, index), record, earlier = self._requeue_token(item_id)
-            raw = Item(record.payload, token).encode()
-            found = self.find_put(token) if earlier else None
-            new_id, new_index = found or self.post_item(raw, token)
-            self._delete_quietly(self.layout.key(FAILED, item_id), prev_index=index)
+            (token, index), record = self._requeue_token(item_id)
+            self._remove_dead_item(item_id)
+            new_id = f"{index:020d}"  # Q1's own index: no POST can ever take this name
+            raw = Item(record.payload, token, requeued=True).encode()
+            new_index = self._create_item(new_id, raw)
+            with contextlib.suppress(CompareFailed, KeyMissing):  # Q4
+                self.etcd.put(self.layout.key(FAILED, item_id), tombstone(new_id),
+                              ttl=TOMBSTONE_TTL, prev_index=index)
             return new_id, new_index, raw
         finally:
             self._drop_lock(item_id, lock)
+
+    def _remove_dead_item(self, item_id: str) -> None:
+        """Q2: the dead letter's own item, if a crash after its commit left it in work/.
+
+        Removed first, or a claimer would finish it later and write the dead
+        letter again (or, from 0.1.0, run it as one more attempt).  We hold
+        its lock, so no claim changes it meanwhile.
+        """
+        entry = self.read("work", item_id)
+        while entry is not None and not self._remove_item(entry):
+            entry = self.read("work", item_id)
+
+    def _create_item(self, new_id: str, raw: str) -> int:
+        """Q3: create the requeued item; its index, or 0 if an earlier requeue did."""
+        try:
+            return self.etcd.put(self.layout.key("work", new_id), raw,
+                                 prev_exist=False).written_index
+        except AlreadyExists:
+            return 0
 
     def _lock_dead_letter(self, item_id: str) -> Lock:
         """Q0: the lock of ``locks/<id>``, so that one requeue at a time works on it.
@@ -460,11 +509,10 @@ class Protocol:
                     raise Unavailable(f"dead letter {item_id} stayed locked") from None
                 time.sleep(0.1)
 
-    def _requeue_token(self, item_id: str) -> Tuple[Tuple[str, int], Record, bool]:
-        """Q1: ((token, index), record, earlier): the dead letter marked with a
-        new requeue token, or (``earlier``) the token an earlier requeue left
-        there (it crashed, or its POST's reply was lost: its item is then
-        searched for by that token)."""
+    def _requeue_token(self, item_id: str) -> Tuple[Tuple[str, int], Record]:
+        """Q1: ((token, index), record): the dead letter marked with a requeue
+        token, or with the one an earlier requeue left there (it stopped
+        before Q4), at the index of that marking write."""
         entry = self.read(FAILED, item_id)
         try:
             record = Record.decode(entry.value if entry else None)
@@ -472,7 +520,7 @@ class Protocol:
             raise NotFound(f"no dead letter {item_id} in {self.layout.failed}") from None
         assert entry is not None  # Record.decode(None) raised Junk above
         if record.requeue_token:
-            return (record.requeue_token, entry.index), record, True
+            return (record.requeue_token, entry.index), record
         token = new_token()
         marked = replace(record, requeue_token=token).encode()
         try:
@@ -481,7 +529,7 @@ class Protocol:
         except (CompareFailed, KeyMissing):
             # Only a resent CAS of ours can have changed it: we hold its lock.
             return self._requeue_token(item_id)
-        return (token, reply.written_index), record, False
+        return (token, reply.written_index), record
 
     # -- reads -----------------------------------------------------------------
     def read(self, kind: str, item_id: str) -> Optional[Entry]:

@@ -1,0 +1,159 @@
+"""Interleavings a hostile review of the fenced commit found (R-1 to R-7).
+
+Each test drives the protocol's steps by hand up to a crash or a pause,
+against a real etcd, and checks what docs/guarantees.md promises: one
+outcome per item, a requeued dead letter never comes back, a claim that
+lost its item never holds on to it.
+"""
+from __future__ import annotations
+
+import pytest
+
+from etcdq_v2 import ClaimClosed, LockLost, NotFound, Queue
+from etcdq_v2.codec import Item, Record
+from etcdq_v2.errors import AlreadyExists
+from etcdq_v2.protocol import COMPLETED, FAILED
+
+from helpers import wait_until
+
+
+def commit_then_crash(queue: Queue, kind: str, *, record: bool = True) -> str:
+    """A finisher's F1 (and F2) apply, then its process dies."""
+    claim = queue.claim()
+    queue._heartbeat.discard(claim)
+    protocol, state = queue._protocol, claim._state
+    outcome = Record(state.item.payload, state.lock.token, queue.node_id, state.item.attempts,
+                     state.item.created, 0.0, "done", "boom", token=state.item.token)
+    assert protocol._commit(state, kind, outcome.encode(outcome=kind)) is not None
+    if record:
+        protocol.etcd.put(protocol.layout.key(kind, claim.id), outcome.encode(),
+                          prev_exist=False)
+    return claim.id
+
+
+def drain(queue: Queue) -> list:
+    handed = []
+    while (claim := queue.claim(timeout=3)) is not None:
+        handed.append((claim.id, claim.payload))
+        claim.complete("ran")
+    return handed
+
+
+def test_r1_requeue_of_a_dead_letter_whose_item_is_still_in_work(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=1, max_attempts=1) as crashed, \
+            Queue(etcd_url, queue_name, lock_ttl=30, max_attempts=1) as operator:
+        crashed.put("run me once more")
+        dead = commit_then_crash(crashed, FAILED)
+        operator.requeue(dead)  # waits out the crashed claim's lock (Q0)
+        assert [payload for _, payload in drain(operator)] == ["run me once more"]
+        assert operator.stats() == {"pending": 0, "running": 0, "completed": 1, "failed": 0}
+        with pytest.raises(NotFound):
+            operator.requeue(dead)
+
+
+def test_r2_requeue_of_a_0_1_0_dead_letter_whose_item_is_still_in_work(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=1) as crashed, \
+            Queue(etcd_url, queue_name, lock_ttl=30) as operator:
+        item_id = crashed.put("poison")
+        claim = crashed.claim()
+        crashed._heartbeat.discard(claim)
+        state = claim._state
+        record = Record(state.item.payload, state.lock.token, crashed.node_id,
+                        state.item.attempts, state.item.created, 0.0, None, "boom")
+        crashed.etcd.put(crashed.layout.key(FAILED, item_id), record.encode(), prev_exist=False)
+        operator.requeue(item_id)  # 0.1.0 died after its F2; this is the upgraded operator
+        assert len(drain(operator)) == 1
+
+
+def test_r3_a_requeue_paused_past_its_lock_ttl_requeues_once(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=1, max_attempts=1) as r1, \
+            Queue(etcd_url, queue_name, lock_ttl=1, max_attempts=1) as r2:
+        r1.put("once")
+        claim = r1.claim()
+        claim.fail("boom")
+        dead, p = claim.id, r1._protocol
+        lock = p._lock_dead_letter(dead)                 # Q0
+        (token, index), record = p._requeue_token(dead)  # Q1, then R1 pauses
+        wait_until(lambda: p.read("locks", dead) is None, 5, message="R1's lock to expire")
+        r2.requeue(dead)                                 # R2 does it all
+        assert len(drain(r2)) == 1                       # ... and the item runs
+        raw = Item(record.payload, token, requeued=True).encode()
+        p._create_item(f"{index:020d}", raw)             # R1 wakes: its Q3
+        p._drop_lock(dead, lock)
+        assert drain(r2) == []  # created again, but its first claim finds the record
+
+
+def test_r4_a_late_f2_after_requeue_finds_the_key_taken(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=30, max_attempts=1) as queue:
+        queue.put("once")
+        claim = queue.claim()
+        claim.fail("boom")
+        p = queue._protocol
+        held = p.read(FAILED, claim.id).value  # the copy of F2 a frozen member holds
+        queue.requeue(claim.id)
+        with pytest.raises(AlreadyExists):      # it thaws: the tombstone takes the key
+            p.etcd.put(p.layout.key(FAILED, claim.id), held, prev_exist=False)
+        assert queue.stats()["failed"] == 0
+        with pytest.raises(NotFound):
+            queue.requeue(claim.id)
+
+
+def test_r5_complete_after_a_fail_that_committed_reports_the_dead_letter(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=30, max_attempts=1) as queue:
+        item_id = queue.put("x")
+        claim = queue.claim()
+        p, state = queue._protocol, claim._state
+        failed = Record(state.item.payload, state.lock.token, queue.node_id, 1,
+                        state.item.created, 0.0, None, "boom", token=state.item.token)
+        p._commit(state, FAILED, failed.encode(outcome=FAILED))  # fail()'s F1; reply lost
+        with pytest.raises(ClaimClosed) as closed:
+            claim.complete("ok")
+        assert closed.value.outcome == FAILED and claim.outcome == "dead-lettered"
+        assert queue.get(item_id).state == FAILED
+
+
+def test_r6_a_retake_after_another_claim_came_and_went_lets_go(
+        etcd_url: str, queue_name: str, monkeypatch) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=1) as a, \
+            Queue(etcd_url, queue_name, lock_ttl=30) as b:
+        item_id = a.put("x")
+        claim_a = a.claim()
+        a._heartbeat.discard(claim_a)
+        p = a._protocol
+        wait_until(lambda: p.read("locks", item_id) is None, 5, message="A's lock to expire")
+        checked = p._still_ours
+
+        def still_ours_then_pause(state):  # A pauses right after the retake's check
+            checked(state)
+            monkeypatch.setattr(p, "_still_ours", checked)
+            claim_b = b.claim(timeout=3)   # ... while B claims and releases
+            assert claim_b is not None and claim_b.id == item_id
+            claim_b.release()
+
+        monkeypatch.setattr(p, "_still_ours", still_ours_then_pause)
+        with pytest.raises(LockLost):
+            claim_a.refresh()
+        assert claim_a.lost
+        assert p.read("locks", item_id) is None  # A let go: the item is claimable
+        again = b.claim(timeout=3)
+        assert again is not None and again.id == item_id
+
+
+def test_r7_a_watching_view_finishes_an_item_whose_finisher_crashed_after_f2(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=1) as crashed, \
+            Queue(etcd_url, queue_name, lock_ttl=30) as survivor:
+        assert survivor.claim(timeout=0) is None  # the survivor now watches everything
+        assert survivor._view.watching_locks
+        crashed.put("finish me once")
+        item_id = commit_then_crash(crashed, COMPLETED)
+        wait_until(lambda: survivor._protocol.read("locks", item_id) is None, 5,
+                   message="the crashed finisher's lock to expire")
+        assert survivor.claim(timeout=4) is None
+        wait_until(lambda: survivor._protocol.read("work", item_id) is None, 6,
+                   message="the committed item to be finished by the watching consumer")
