@@ -146,12 +146,15 @@ class _Demo:
         return f"etcdq {middle} python -c '<sleep 0.05 s, print n squared>'"
 
     def _start_workers(self) -> None:
+        from .server import popen_tied
         env = {**os.environ, **self.worker_environment(self.endpoints),
                "PYTHONPATH": os.pathsep.join(filter(None, [
                    str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))}
         for number in range(1, self.worker_count + 1):
             with open(self.logs / f"worker-{number}.log", "wb") as log_file:
-                self.workers.append(subprocess.Popen(
+                # Tied: if the demo is killed, its etcd dies with it, and workers left
+                # behind would retry a dead endpoint forever.
+                self.workers.append(popen_tied(
                     self._worker_argv(number), env=env, stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL, stderr=log_file))
 

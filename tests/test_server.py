@@ -336,6 +336,18 @@ def _signal_at(moment: str, proc: "subprocess.Popen[str]", signum: int,
     signal_until_etcd_is_gone(proc, signum, etcd_pid)
 
 
+def assert_all_die(pids: List[int], what: str) -> None:
+    """Wait (bounded) until every process in ``pids`` has exited; kill survivors after all,
+    so that a failing test leaves no orphan serving."""
+    try:
+        wait_until(lambda: all(is_gone(pid) for pid in pids), 10,
+                   message=f"{what} ({pids}) to die with their starter")
+    finally:
+        for pid in pids:
+            if not is_gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 @linux_only
 def test_sigkill_of_etcdq_server_takes_its_etcd_along(
         etcd_binary: str, tmp_path: Path, strays: Callable[[], List[int]]) -> None:
@@ -347,7 +359,7 @@ def test_sigkill_of_etcdq_server_takes_its_etcd_along(
         proc.wait(BOUND)
     finally:
         proc.kill()
-    wait_until(lambda: is_gone(etcd_pid), 10, message=f"the orphan etcd {etcd_pid} to die")
+    assert_all_die([etcd_pid], "its etcd")
 
 
 _STARTER = """
@@ -378,5 +390,41 @@ def test_sigkill_of_a_python_process_takes_the_etcd_it_started_along(
         proc.wait(BOUND)
     finally:
         proc.kill()
-    for pid in (int(main_pid), int(thread_pid)):
-        wait_until(lambda: is_gone(pid), 10, message=f"the orphan etcd {pid} to die")
+    assert_all_die([int(main_pid), int(thread_pid)], "the etcd it started")
+
+
+def children_of(pid: int) -> List[int]:
+    """PIDs whose parent is ``pid``, from /proc/*/stat."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@linux_only
+def test_sigkill_of_etcdq_demo_takes_its_etcd_and_workers_along(etcd_binary: str,
+                                                                 tmp_path: Path) -> None:
+    env = {**os.environ, ENV_BINARY: etcd_binary, "PYTHONPATH": str(REPO_ROOT),
+           "ETCDQ_ENDPOINTS": f"http://127.0.0.1:{free_port()}",
+           "TMPDIR": str(tmp_path)}  # where the demo's temporary etcd and logs stay behind
+    proc = subprocess.Popen([sys.executable, "-m", "etcdq_v2", "demo", "--workers", "2"],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        lines = iter(proc.stdout.readline, "")
+        started = next(line for line in lines if "started a throwaway etcd" in line)
+        etcd_pid = int(started.split("(pid ")[1].split(")")[0])
+        next(line for line in lines if line.startswith("Queued"))
+        workers = wait_until(lambda: [pid for pid in children_of(proc.pid) if pid != etcd_pid]
+                             if len(children_of(proc.pid)) == 3 else None, BOUND,
+                             message="the demo's 2 workers to start")
+        proc.kill()
+        proc.wait(BOUND)
+    finally:
+        proc.kill()
+    assert_all_die([etcd_pid, *workers], "the demo's etcd and workers")
