@@ -124,7 +124,7 @@ class Queue:
             claim = self._claim_from(view)
             if claim is not None:
                 return claim
-            if view.catch_up(self.etcd.timeout):
+            if view.catch_up(self.etcd.deadline):
                 # The next items are ones this process put: first learn of
                 # every item put before them, by any producer (FIFO).
                 continue

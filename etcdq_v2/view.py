@@ -12,7 +12,10 @@ event per line):
 
 Nothing is missed between 1 and 2, and nothing is applied twice.  If the
 stream ends (etcd drops a watcher that falls 100 events behind, a member
-dies) the view starts again at 1.
+dies) the view starts again at 1.  So it does after any error in its thread,
+which is logged, never fatal (a view whose thread died would stop seeing new
+items without a word); the next round goes to the next member if etcd's was
+at fault, and a claim waits up to its deadline for the first listing.
 
 What is watched.  The whole queue directory shows everything: new items,
 claims (lock create, item CAS), completions (record, item delete, lock
@@ -25,8 +28,33 @@ the one that matters most, since a finished item must leave the view.  It
 then learns that an item is taken only by losing the race for it (C1
 "already exists"), and that an item is free again (released, its worker
 dead) from a listing of locks/, made once per lock TTL while it knows of
-taken items.  Items put by other processes wait for the next listing; the
-backlog is older than them anyway.  Each switch subscribes and lists again.
+taken items.  Each switch subscribes and lists again.
+
+Order.  A lone consumer claims items in put order, whoever put them.  The
+view knows work/ completely up to an etcd index: its listing's, or, while the
+whole directory is watched, the newest event's.  Items put by other processes
+after that index are unknown to it, so an item this process put later
+(:meth:`QueueView.added`) is not offered yet: when only such items are left,
+the view catches up first (:meth:`QueueView.catch_up`): it lists again while
+it watches completed/ only, or waits for their events.  A pipeline stage
+that claims one item and puts a follow-up thus lists work/ once per backlog
+it works through (one listing of N items per N claims: about one item's bytes
+per claim), and keeps the cheap watch.  Rejected: also watching work/ while
+this process puts (etcd cannot filter by action: 2 more events per item for
+every consumer, the cost the completed/ watch removed); listing again when an
+own put's index leaves a gap after the newest index known (indexes are global
+to the store: every lock, record, refresh and other queue's write makes a
+gap, so nearly every put would list); not counting own puts as backlog (the
+stage would watch the whole directory, 5 events per item, and while others'
+items remain its own would still be offered ahead of items it has not seen).
+
+Taken items.  A claim attempt marks its item taken (:meth:`QueueView.taken`)
+until it ends with the etcd index at which the item's lock existed
+(:meth:`QueueView.locked_at`: ours after C2, or the index etcd gave with C1's
+"already exists").  A sign that the lock is gone (a listing without it, its
+delete or expire event) that comes while the attempt is under way is kept
+and compared with that index then; any later one frees the item at once.  So
+no item stays taken after its lock went, whatever the order of the news.
 
 A claim never trusts the view: the lock create (C1) and the compare-and-swap
 on the item (C2) decide, so a stale view costs a retry, never a wrong answer.
