@@ -24,9 +24,12 @@ claim(id)            (the caller picked ``id`` from its view of work/ and locks/
         the check that the item is still there and unchanged, so a stale
         listing never runs a finished item: a deleted item fails with "not
         found" and we drop our lock; a changed one is read again.
-    C3. If the item was claimed before (``a`` >= 1), GET ``completed/<id>`` and
-        ``failed/<id>``: a record there means a finisher crashed between F2 and
-        F3; finish its F3 (delete work/<id>) and F4, hand nothing out.
+    C3. If the item was claimed before (``a`` >= 1) or was requeued (``q``), GET
+        ``completed/<id>`` and ``failed/<id>``: a record there was written by
+        0.1.0 (whose record was its commit) before a crash, or the item was
+        re-created by a requeue resumed late; remove it, hand nothing out.
+        An item carrying an outcome (``o``, its finisher crashed after F1) is
+        finished instead (F2-F4), before C2.
         If ``a`` >= max_attempts, dead-letter the item (F1-F4) instead.
         Only now is the claim handed out.
     Crash after C1: the lock expires, the item is free again, nothing counted.
@@ -63,10 +66,15 @@ release(delay) / fail with retries left
         If our lock had expired, the same checks as F1 apply.
 
 requeue(id)          (a dead letter back to work/)
-    Q1. CAS ``failed/<id>`` adding a requeue token (or reuse one already there).
-    Q2. POST the payload to ``work/`` with that token as its put token (P1).
-    Q3. compareAndDelete ``failed/<id>``.
-    Crash after Q2: the next requeue finds the token in work/ and only does Q3.
+    Q0. Create ``locks/<id>`` (prevExist=false): one requeue at a time.
+    Q1. CAS ``failed/<id>`` adding a requeue token (or reuse one already there);
+        m = the index of that write.
+    Q2. Remove the dead letter's own item if a crash left it in work/.
+    Q3. PUT ``work/<m>`` prevExist=false: the new item, with ``"q"`` (its first
+        claim runs C3).  No POST can take the name m; a resent or resumed
+        requeue computes the same name and gets "already exists".
+    Q4. CAS ``failed/<id>`` into a tombstone with a week's TTL, so that a late
+        F2 finds the key taken.  Q5. Drop the lock.
 
 Refreshes (heartbeats) are CAS refreshes (refresh=true, prevValue=lock): they
 extend the TTL without notifying watchers.
