@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Set
 
-from .errors import ConfigError, EtcdqError, InvalidPayload, LockLost, Unavailable
+from .errors import AuthError, ConfigError, EtcdqError, InvalidPayload, LockLost
 
 if TYPE_CHECKING:  # pragma: no cover - only for the annotations
     from .claim import Claim
@@ -201,8 +201,10 @@ class Worker:
         ``until_empty``: return once a claim finds nothing while no handler is
         running (items waiting out a retry backoff are left for later).
         ``max_items``: claim at most that many items, then finish them and return.
-        An error that is not etcd being unreachable (say AuthError) releases
-        the running items and propagates.
+        A failed claim is logged and retried after a pause, whatever the error
+        (etcd unreachable, a reply it refused), except AuthError and
+        ConfigError, which no retry mends: those release the running items and
+        propagate.
         """
         _check_positive("max_items", max_items, allow_zero=True)
         log.info("worker %s on queue %r: concurrency %d", self.queue.node_id,
@@ -228,9 +230,12 @@ class Worker:
                 return
             try:
                 claim = self.queue.claim(timeout=self.claim_timeout)
-            except Unavailable as exc:
+            except (AuthError, ConfigError) as exc:
+                log.error("cannot claim from %r: %s; stopping", self.queue.name, exc)
+                raise
+            except EtcdqError as exc:  # transient, or not ours to judge: keep running
                 log.error("cannot claim from %r: %s; retrying in %g s",
-                          self.queue.name, exc, _RETRY_DELAY)
+                          self.queue.name, _describe(exc), _RETRY_DELAY)
                 self._stopping.wait(_RETRY_DELAY)
                 continue
             if claim is None:

@@ -84,6 +84,25 @@ def signal_guard() -> Iterator[List[int]]:
         signal.signal(sig, handler)
 
 
+@pytest.fixture
+def thread_deaths(monkeypatch: pytest.MonkeyPatch) -> List[str]:
+    """Threads that ended on an exception ("Exception in thread ..."), recorded here."""
+    deaths: List[str] = []
+
+    def hook(args: Any) -> None:
+        name = args.thread.name if args.thread else "?"
+        deaths.append(f"{name}: {args.exc_type.__name__}: {args.exc_value}")
+
+    monkeypatch.setattr(threading, "excepthook", hook)
+    return deaths
+
+
+def etcd_http(url: str, method: str, body: bytes = b"") -> None:
+    """One request to etcd's v2 API with urllib: the test's hand, not the library's."""
+    request = urllib.request.Request(url, data=body or None, method=method)
+    urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=5).close()
+
+
 def make_worker(queue: Queue, handler: Callable[[Any], Any], **options: Any) -> Worker:
     options.setdefault("claim_timeout", 0.2)
     return Worker(queue, handler, **options)
@@ -220,6 +239,30 @@ def test_the_worker_keeps_claiming_through_an_etcd_outage(
         with caplog.at_level(logging.ERROR, logger="etcdq_v2"):
             stats = make_worker(queue, lambda payload: "after").run(max_items=1)
         assert stats.completed == 1
+
+
+def test_the_worker_retries_a_claim_etcd_refused_and_goes_on(
+        etcd_url: str, queue: Queue, background: Callable,
+        caplog: pytest.LogCaptureFixture, thread_deaths: List[str]) -> None:
+    """Not etcd being unreachable: an error reply the library has no name for."""
+    queue.put_many([{"n": n} for n in range(3)])
+    # A plain key where the locks/ directory goes: etcd refuses every lock
+    # ("Not a directory") until it is removed.
+    locks = f"{etcd_url}/v2/keys/etcdq/{queue.name}/locks"
+    etcd_http(locks, "PUT", b"value=in-the-way")
+
+    def remove_it_once_the_worker_retried() -> None:
+        wait_until(lambda: any("cannot claim" in r.getMessage() and "retrying" in r.getMessage()
+                               for r in caplog.records), BOUND,
+                   message="the worker to log the refused claim")
+        etcd_http(locks, "DELETE")
+
+    background(remove_it_once_the_worker_retried)
+    with caplog.at_level(logging.ERROR, logger="etcdq_v2"):
+        stats = make_worker(queue, lambda payload: payload["n"] * 10).run(max_items=3)
+    assert stats.completed == 3
+    assert results(queue) == {0: 0, 1: 10, 2: 20}
+    assert thread_deaths == []
 
 
 def test_current_task_outside_a_handler_raises() -> None:
