@@ -274,7 +274,7 @@ class Worker:
 
     def _abandon_unstarted(self, task: Task) -> None:
         task.done.set()
-        self._finish(task, _Outcome.ABANDONED)
+        self._finish(task, lambda: _Outcome.ABANDONED)
 
     def _drain(self) -> None:
         """Wait until every task is settled, releasing them when the grace period ends."""
@@ -294,13 +294,16 @@ class Worker:
     # -- one item ----------------------------------------------------------------
 
     def _supervise(self, task: Task) -> None:
+        self._finish(task, lambda: self._watched(task))
+
+    def _watched(self, task: Task) -> _Outcome:
         outcome = self._watch(task)
         if outcome is not _Outcome.FINISHED:
             task.cancelled.set()
             # Let a cooperative handler stop (e.g. kill its command) before the
             # item is released or failed, so it never runs twice at once.
             task.done.wait(CANCEL_WAIT)
-        self._finish(task, outcome)
+        return outcome
 
     def _watch(self, task: Task) -> _Outcome:
         threading.Thread(target=self._call_handler, args=(task,), daemon=True,
@@ -325,9 +328,24 @@ class Worker:
             _current.task = None
             task.done.set()
 
-    def _finish(self, task: Task, outcome: _Outcome) -> None:
+    def _finish(self, task: Task, outcome: Callable[[], _Outcome]) -> None:
+        """Settle the task and forget it, whatever happens on the way.
+
+        An error no layer expected (a bug, a result or an exception of the
+        handler's that breaks when encoded or printed) is logged with its
+        traceback and the claim abandoned, so the item comes back after the
+        lock TTL instead of being held by the heartbeat for as long as the
+        worker runs; the supervisor thread never dies silently.
+        """
         try:
-            self._settle(task, outcome)
+            self._settle(task, outcome())
+        except BaseException as exc:
+            task.claim.abandon()
+            # Only the type here: str(exc) may be what raised.
+            self._count(task, "lost", f"could not be settled ({type(exc).__name__}); it "
+                                      "comes back after the lock TTL", exc_info=exc)
+            if not isinstance(exc, Exception):
+                raise  # e.g. KeyboardInterrupt in the main thread keeps its meaning
         finally:
             with self._changed:
                 self._tasks.discard(task)
@@ -367,11 +385,14 @@ class Worker:
         task.claim.fail(reason)
         self._count(task, "failed", f"failed: {reason}")
 
-    def _count(self, task: Task, what: str, message: str) -> None:
+    def _count(self, task: Task, what: str, message: str,
+               exc_info: Optional[BaseException] = None) -> None:
         with self._stats_lock:
             setattr(self._stats, what, getattr(self._stats, what) + 1)
         level = logging.INFO if what in ("completed", "released") else logging.WARNING
-        log.log(level, "item %s (attempt %d) %s", task.claim.id, task.claim.attempt, message)
+        level = logging.ERROR if exc_info is not None else level
+        log.log(level, "item %s (attempt %d) %s", task.claim.id, task.claim.attempt, message,
+                exc_info=exc_info)
 
     # -- signals ---------------------------------------------------------------------
 

@@ -265,6 +265,34 @@ def test_the_worker_retries_a_claim_etcd_refused_and_goes_on(
     assert thread_deaths == []
 
 
+class Unprintable(Exception):
+    """A handler's exception whose message cannot be read: describing the failure raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ exploded")
+
+
+def test_an_unexpected_error_settling_an_item_is_logged_and_the_claim_abandoned(
+        make_queue: Callable[..., Queue], caplog: pytest.LogCaptureFixture,
+        thread_deaths: List[str]) -> None:
+    queue, other = make_queue(lock_ttl=1), make_queue()
+    item_id = queue.put({"n": 0})
+
+    def handler(payload: Any) -> Any:
+        raise Unprintable()
+
+    with caplog.at_level(logging.ERROR, logger="etcdq_v2"):
+        stats = make_worker(queue, handler).run(max_items=1)
+    assert (stats.failed, stats.lost) == (0, 1)
+    assert thread_deaths == []
+    [record] = [r for r in caplog.records if r.exc_info and item_id in r.getMessage()]
+    assert "__str__ exploded" in str(record.exc_info[1])
+    # Abandoned: the heartbeat (the queue is still open) no longer holds the lock.
+    claim = wait_until(lambda: other.claim(timeout=0.2), BOUND, message="the item to come back")
+    assert (claim.id, claim.attempt) == (item_id, 2)
+    claim.complete()
+
+
 def test_current_task_outside_a_handler_raises() -> None:
     with pytest.raises(RuntimeError):
         current_task()
