@@ -13,12 +13,15 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterator, List
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
+import trustme
 
-from etcdq_v2 import ConfigError, Queue, connect
-from etcdq_v2.server import TemporaryEtcd
+from etcdq_v2 import ConfigError, EtcdqError, Queue, Unavailable, connect
+from etcdq_v2.server import EtcdServer, TemporaryEtcd
+from etcdq_v2.transport import Transport
 from etcdq_v2.worker import CANCEL_WAIT, Worker, current_task
 
 from helpers import wait_until
@@ -262,6 +265,68 @@ def test_the_worker_retries_a_claim_etcd_refused_and_goes_on(
         stats = make_worker(queue, lambda payload: payload["n"] * 10).run(max_items=3)
     assert stats.completed == 3
     assert results(queue) == {0: 0, 1: 10, 2: 20}
+    assert thread_deaths == []
+
+
+@pytest.fixture(params=["http", "https"])
+def pausable(request: pytest.FixtureRequest, etcd_binary: str,
+             tmp_path: Path) -> Iterator[Tuple[EtcdServer, Transport]]:
+    """An etcd of this test's own to pause, and a client with a short request timeout.
+
+    Over https a paused etcd also meets new connections with TLS handshakes
+    that time out: transient like any other timeout, never a ConfigError.
+    """
+    options: Dict[str, Any] = {}
+    ca_cert: Optional[str] = None
+    if request.param == "https":
+        ca = trustme.CA()
+        cert, ca_cert = tmp_path / "server.pem", str(tmp_path / "ca.pem")
+        ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(cert)
+        ca.cert_pem.write_to_path(ca_cert)
+        options = {"scheme": "https", "extra_args": ["--cert-file", str(cert),
+                                                     "--key-file", str(cert)]}
+    server = EtcdServer(tmp_path / "data", binary=etcd_binary, **options)
+    server.start(wait=False)
+    client = connect(server.url, timeout=0.3, ca_cert=ca_cert)
+    try:
+        wait_until(lambda: client.get("/") is not None, BOUND * 2, ignore=(EtcdqError,),
+                   message="etcd to answer")
+        yield server, client
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_the_worker_runs_on_through_a_paused_etcd_and_completes_every_item(
+        pausable: Tuple[EtcdServer, Transport], background: Callable,
+        thread_deaths: List[str]) -> None:
+    server, client = pausable
+    with Queue(client, "paused", lock_ttl=LOCK_TTL) as queue:
+        ids = queue.put_many([{"n": n} for n in range(6)])
+        some_done = threading.Event()
+
+        def handler(payload: Any) -> Any:
+            if payload["n"] == 1:
+                some_done.set()
+            time.sleep(0.05)  # a little work, so that the pause meets items in flight
+            return payload["n"]
+
+        worker = make_worker(queue, handler, concurrency=2)
+
+        def pause_then_stop_when_all_done() -> None:
+            assert some_done.wait(BOUND)
+            server.pause()
+            paused = time.monotonic()
+            wait_until(lambda: time.monotonic() - paused >= 2.5, 5, message="the pause")
+            server.resume()
+            wait_until(lambda: queue.stats()["completed"] == len(ids), BOUND + LOCK_TTL,
+                       ignore=(Unavailable,), message="every item to be completed")
+            worker.stop()
+
+        background(pause_then_stop_when_all_done)
+        worker.run()
+        assert results(queue) == {n: n for n in range(6)}
+        assert queue.stats()["running"] == 0
     assert thread_deaths == []
 
 
