@@ -1,22 +1,35 @@
-"""Fast tests of the HTTP layer, with no etcd: wire.py's framing against h11.
+"""Fast tests of the HTTP layer, with no etcd: wire.py's framing against h11,
+and transport.py's retry branches against tiny local servers.
 
 The framing tests feed generated replies to :class:`wire.Connection` through
 a fake socket, split at arbitrary byte boundaries, and to h11 (the reference
 parser); the two must agree on the status, the headers wire reads and the
-body, and both must reject a reply cut short.
+body, and both must reject a reply cut short.  The server tests run a small
+HTTP/1.1 (or TLS) server on loopback whose answers a test scripts: refuse,
+reset, answer 500, hang, close an idle connection, answer late.
 """
 from __future__ import annotations
 
+import signal
 import socket
+import ssl
+import struct
+import threading
+import time
 import urllib.parse
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import h11
 import pytest
+import trustme
 from hypothesis import given, settings, strategies as st
 
-from etcdq_v2.transport import _FORM_QUOTING, _PATH_QUOTING, _path, _quote
-from etcdq_v2.wire import Connection, Lost
+from etcdq_v2 import ConfigError, Unavailable
+from etcdq_v2.errors import AmbiguousWrite, CompareFailed
+from etcdq_v2.transport import _FORM_QUOTING, _PATH_QUOTING, Transport, _path, _quote
+from etcdq_v2.wire import Connection, Lost, Member
+
+from helpers import wait_until
 
 FRAMINGS = ("length", "chunked", "close")
 READ = ("content-length", "transfer-encoding", "connection", "x-etcd-index")
@@ -247,3 +260,451 @@ def test_a_path_quotes_the_key_and_spells_the_query_like_etcd() -> None:
     path = _path("/q/a b?c#d/é", {"prevValue": "x y&z", "wait": True, "sorted": False,
                                  "prevIndex": None})
     assert path == "/v2/keys/q/a%20b%3Fc%23d/%C3%A9?prevValue=x+y%26z&wait=true"
+
+
+# -- a tiny scripted server ---------------------------------------------------------
+
+class Request:
+    def __init__(self, connection: int, number: int, head: bytes, body: bytes) -> None:
+        self.connection, self.number, self.head, self.body = connection, number, head, body
+        self.method, self.path = head.split(b" ")[:2]
+
+    def header(self, name: str) -> str:
+        for line in self.head.split(b"\r\n")[1:]:
+            key, _, value = line.partition(b":")
+            if key.strip().lower() == name.lower().encode():
+                return value.strip().decode()
+        return ""
+
+
+RESET, CLOSE = object(), object()
+#: Bytes to send; RESET; CLOSE; or (bytes, CLOSE): send them, then close.
+Answer = Union[bytes, object, Tuple[bytes, object]]
+
+
+def ok(body: bytes = b'{"action":"get","node":{"key":"/k","value":"v"}}', index: int = 5,
+       extra: bytes = b"") -> bytes:
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Etcd-Index: %d\r\n"
+            b"Content-Length: %d\r\n%s\r\n%s" % (index, len(body), extra, body))
+
+
+def error(status: int, code: int, message: str = "") -> bytes:
+    body = b'{"errorCode":%d,"message":"%s","cause":"","index":9}' % (code, message.encode())
+    return b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n\r\n%s" % (status, len(body), body)
+
+
+class Server:
+    """HTTP/1.1 (or HTTPS) on loopback; ``answer(request)`` says what each request
+    gets: bytes to send, RESET (a TCP reset) or CLOSE (close without a word)."""
+
+    def __init__(self, answer: Callable[[Request], Answer] = lambda request: ok(), *,
+                 host: str = "127.0.0.1", tls: Optional[ssl.SSLContext] = None) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.listener = socket.socket(family, socket.SOCK_STREAM)
+        self.listener.bind((host, 0))
+        self.listener.listen(64)
+        port = self.listener.getsockname()[1]
+        self.url = f"{'https' if tls else 'http'}://{f'[{host}]' if ':' in host else host}:{port}"
+        self.answer, self.tls = answer, tls
+        self.requests: List[Request] = []
+        self.connections = 0
+        self.ended: List[int] = []  # connections the client closed, in order
+        self.hung_up: List[int] = []  # connections this server closed
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(sock, self.connections),
+                             daemon=True).start()
+
+    def _serve(self, sock: socket.socket, number: int) -> None:
+        try:
+            if self.tls is not None:
+                sock = self.tls.wrap_socket(sock, server_side=True)
+            self._answer_all(sock, number)
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+    def _answer_all(self, sock: socket.socket, number: int) -> None:
+        reader = sock.makefile("rb")
+        for count in range(1, 10 ** 6):
+            request = _read_request(reader, number, count)
+            if request is None:
+                self.ended.append(number)
+                return
+            self.requests.append(request)
+            answer = self.answer(request)
+            if isinstance(answer, tuple):
+                sock.sendall(answer[0])
+                answer = answer[1]
+            if answer is RESET:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            if answer in (RESET, CLOSE):
+                sock.shutdown(socket.SHUT_RDWR)
+                self.hung_up.append(number)
+                return
+            sock.sendall(answer)  # type: ignore[arg-type]
+
+
+def _read_request(reader, connection: int, number: int) -> Optional[Request]:
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        line = reader.readline()
+        if not line:
+            return None
+        head += line
+    request = Request(connection, number, head[:-4], b"")
+    request.body = reader.read(int(request.header("content-length") or 0))
+    return request
+
+
+@pytest.fixture
+def servers():
+    made: List[Server] = []
+
+    def make(*args, **kwargs) -> Server:
+        made.append(Server(*args, **kwargs))
+        return made[-1]
+    yield make
+    for server in made:
+        server.close()
+
+
+def dead_url() -> str:
+    """A loopback port nothing listens on: connections are refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def transport(*urls: str, **options) -> Transport:
+    options.setdefault("timeout", 0.5)
+    options.setdefault("deadline", 1.5)
+    return Transport(list(urls), **options)
+
+
+# -- retry branches -----------------------------------------------------------------
+
+def test_a_refused_member_is_skipped_for_any_method(servers) -> None:
+    live = servers()
+    client = transport(dead_url(), live.url)
+    assert client.post("/q", "v").index == 5  # a POST that never left is resent
+    assert [r.method for r in live.requests] == [b"POST"]
+
+
+def test_a_reset_get_is_resent_and_its_error_marked_retried(servers) -> None:
+    live = servers(lambda r: RESET if r.number == 1 and r.connection == 1
+                   else error(412, 101, "Compare failed"))
+    with pytest.raises(CompareFailed) as raised:
+        transport(live.url).put("/k", "v", prev_value="old")
+    assert raised.value.retried  # the protocol may read it as its own first attempt
+    assert len(live.requests) == 2
+
+
+def test_a_reset_post_is_ambiguous_never_resent(servers) -> None:
+    resetting, other = servers(lambda r: RESET), servers()
+    with pytest.raises(AmbiguousWrite):
+        transport(resetting.url, other.url).post("/q", "v")
+    assert (len(resetting.requests), len(other.requests)) == (1, 0)
+
+
+def test_a_raft_timeout_is_retried_then_unavailable_at_the_deadline(servers) -> None:
+    busy = servers(lambda r: error(500, 300, "Raft Internal Error"))
+    client = transport(busy.url, timeout=0.2, deadline=0.8)
+    started = time.monotonic()
+    with pytest.raises(Unavailable, match="Raft Internal Error"):
+        client.get("/k")
+    assert time.monotonic() - started < 1.5
+    assert len(busy.requests) >= 2
+
+
+def test_a_member_that_never_answers_times_out_then_the_next_answers(servers) -> None:
+    hung, live = servers(lambda r: b""), servers()
+    client = transport(hung.url, live.url, timeout=0.3, deadline=2)
+    assert client.get("/k").node["value"] == "v"
+    assert len(hung.requests) == 1 and len(live.requests) == 1
+
+
+@pytest.mark.parametrize("reply", [
+    b"garbage\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nnot-hex\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\ntoo short",  # then the server closes
+    b"HTTP/1.1 200 OK\r\nX-Etcd-Index: twelve\r\nContent-Length: 2\r\n\r\n{}",
+])
+def test_a_malformed_or_truncated_reply_is_never_a_success(servers, reply: bytes) -> None:
+    bad = servers(lambda r: (reply, CLOSE))
+    with pytest.raises(Unavailable):
+        transport(bad.url, timeout=0.3, deadline=0.6).get("/k")
+
+
+def test_a_reply_that_is_not_json_is_unavailable_when_read(servers) -> None:
+    reply = transport(servers(lambda r: ok(b"<html>proxy error</html>")).url).get("/k")
+    with pytest.raises(Unavailable, match="not etcd's JSON"):
+        reply.node.get("value")
+
+
+def test_a_body_ended_by_close_reaches_the_caller(servers) -> None:
+    body = b'{"action":"get","node":{"key":"/k","value":"to the end"}}'
+    live = servers(lambda r: (b"HTTP/1.1 200 OK\r\nX-Etcd-Index: 3\r\n\r\n" + body, CLOSE))
+    client = transport(live.url)
+    assert client.get("/k").node["value"] == "to the end"
+    assert client.get("/k").node["value"] == "to the end"  # on a new connection
+    assert live.connections == 2
+
+
+# -- item 2: a stream fails over like a request -------------------------------------
+
+WATCH = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+EVENT = b'{"action":"set","node":{"key":"/d/a","value":"1","modifiedIndex":7}}\n'
+
+
+def watch_then_event(request: Request) -> bytes:
+    return WATCH + b"%x\r\n%s\r\n" % (len(EVENT), EVENT)
+
+
+@pytest.mark.parametrize("first", ["refused", "500"])
+def test_a_stream_moves_on_to_the_next_member(servers, first: str) -> None:
+    bad = dead_url() if first == "refused" else servers(
+        lambda r: error(500, 300, "Raft Internal Error")).url
+    stream = transport(bad, servers(watch_then_event).url).stream("/d")
+    try:
+        assert next(stream.blocks()) == EVENT
+    finally:
+        stream.release()
+
+
+def test_a_stream_gives_unavailable_at_the_deadline(servers) -> None:
+    started = time.monotonic()
+    with pytest.raises(Unavailable):
+        transport(dead_url(), dead_url(), deadline=0.5).stream("/d")
+    assert time.monotonic() - started < 1.5
+
+
+# -- item 3: TLS ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> dict:
+    ca, folder = trustme.CA(), tmp_path_factory.mktemp("pki")
+    files = {name: str(folder / f"{name}.pem") for name in ("ca", "other_ca", "cert", "key")}
+    ca.cert_pem.write_to_path(files["ca"])
+    trustme.CA().cert_pem.write_to_path(files["other_ca"])
+    client = ca.issue_cert("client")
+    client.cert_chain_pems[0].write_to_path(files["cert"])
+    client.private_key_pem.write_to_path(files["key"])
+    return {"authority": ca, **files}
+
+
+def server_tls(pki: dict, require_client_cert: bool = False) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    pki["authority"].issue_cert("127.0.0.1").configure_cert(context)
+    if require_client_cert:
+        context.verify_mode = ssl.CERT_REQUIRED
+        pki["authority"].configure_trust(context)
+    return context
+
+
+def silent_listener() -> Tuple[socket.socket, str]:
+    """Accepts connections (the kernel does) and never says a word: a frozen member."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    return listener, f"https://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def test_a_handshake_that_times_out_moves_on_to_the_next_member(servers, pki: dict) -> None:
+    listener, frozen = silent_listener()
+    with listener:
+        live = servers(tls=server_tls(pki))
+        client = transport(frozen, live.url, ca_cert=pki["ca"], timeout=0.3, deadline=2)
+        assert client.post("/q", "v").index == 5  # not sent: even a POST moves on
+        with pytest.raises(Unavailable, match="(?i)handshake"):
+            transport(frozen, ca_cert=pki["ca"], timeout=0.2, deadline=0.5).get("/k")
+
+
+def test_a_handshake_reset_moves_on_to_the_next_member(servers, pki: dict) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    threading.Thread(target=_reset_all, args=(listener,), daemon=True).start()
+    with listener:
+        urls = (f"https://127.0.0.1:{listener.getsockname()[1]}",
+                servers(tls=server_tls(pki)).url)
+        assert transport(*urls, ca_cert=pki["ca"]).post("/q", "v").index == 5
+
+
+def _reset_all(listener: socket.socket) -> None:
+    while True:
+        try:
+            sock, _ = listener.accept()
+        except OSError:
+            return
+        sock.recv(1)  # the ClientHello: the handshake has begun
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+
+
+def test_a_wrong_ca_is_a_config_error_on_every_path(servers, pki: dict) -> None:
+    live = servers(tls=server_tls(pki))
+    client = transport(live.url, ca_cert=pki["other_ca"])
+    for call in (lambda: client.get("/k"), lambda: client.stream("/d")):
+        with pytest.raises(ConfigError, match="certificate verify failed"):
+            call()
+    [outcome] = client.delete_all([("/k", {"prevIndex": 3})])
+    assert isinstance(outcome, ConfigError)  # never a raw TLSFailed
+
+
+def test_a_missing_client_certificate_is_a_config_error(servers, pki: dict) -> None:
+    live = servers(tls=server_tls(pki, require_client_cert=True))
+    with pytest.raises(ConfigError, match="(?i)alert"):
+        transport(live.url, ca_cert=pki["ca"]).get("/k")
+    client = transport(live.url, ca_cert=pki["ca"], cert=pki["cert"], key=pki["key"])
+    assert client.get("/k").node["value"] == "v"
+
+
+# -- item 4: an interrupted request drops its connection -----------------------------
+
+def test_an_interrupted_request_never_leaves_its_reply_for_the_next(servers) -> None:
+    def answer(request: Request) -> bytes:
+        if request.path == b"/v2/keys/slow":
+            time.sleep(0.5)
+            return ok(b'{"node":{"value":"slow"}}')
+        return ok(b'{"node":{"value":"fast"}}')
+    client = transport(servers(answer).url, timeout=2, deadline=4)
+    client.get("/fast")  # a kept-alive connection to reuse
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(KeyboardInterrupt):
+            client.get("/slow")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert client.get("/fast").node["value"] == "fast"
+
+
+# -- item 5: an idle connection the member closed is never sent on ---------------------
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_post_after_the_member_closed_the_idle_connection_is_sent_anew(
+        servers, pki: dict, scheme: str) -> None:
+    # The first connection answers one request, then the member closes it (a restart does).
+    live = servers(lambda r: (ok(), CLOSE) if r.connection == 1 else ok(),
+                   tls=server_tls(pki) if scheme == "https" else None)
+    client = transport(live.url, ca_cert=pki["ca"] if scheme == "https" else None)
+    client.get("/k")
+    wait_until(lambda: live.hung_up == [1], 5, message="the member to close the connection")
+    assert client.post("/q", "v").index == 5  # not AmbiguousWrite
+    assert [(r.connection, r.method) for r in live.requests] == [(1, b"GET"), (2, b"POST")]
+
+
+def test_an_idle_connection_with_bytes_nobody_asked_for_is_not_reused(servers) -> None:
+    stray = ok(b'{"node":{"value":"stray"}}')
+    live = servers(lambda r: ok() + stray if r.connection == 1 else ok(b'{"node":{"value":"own"}}'))
+    client = transport(live.url)
+    client.get("/k")  # the stray reply came in the same send
+    assert client.get("/k").node["value"] == "own"
+
+
+# -- item 8: one pool of connections for all threads ----------------------------------
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_short_lived_threads_reuse_one_connection(servers, pki: dict, scheme: str) -> None:
+    live = servers(tls=server_tls(pki) if scheme == "https" else None)
+    client = transport(live.url, ca_cert=pki["ca"] if scheme == "https" else None)
+    for _ in range(30):
+        thread = threading.Thread(target=client.get, args=("/k",))
+        thread.start()
+        thread.join()
+    assert len(live.requests) == 30
+    assert live.connections == 1
+
+
+def test_connections_are_bounded_by_the_requests_in_flight_and_close_ends_them(
+        servers) -> None:
+    live = servers(lambda r: (time.sleep(0.01), ok())[1])
+    client = transport(live.url, timeout=2, deadline=4)
+    done, stay = threading.Barrier(7), threading.Event()
+
+    def work() -> None:
+        for _ in range(15):
+            client.get("/k")
+        done.wait()
+        stay.wait(10)  # the thread lives on: its connections are not its own
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    done.wait()
+    assert len(live.requests) == 90
+    assert live.connections <= 6
+    client.close()  # closes every pooled connection, whichever thread opened it
+    wait_until(lambda: len(live.ended) == live.connections, 5, message="every connection closed")
+    stay.set()
+    for thread in threads:
+        thread.join()
+
+
+def test_parallel_deletes_take_several_connections_and_give_them_back(servers) -> None:
+    live = servers(lambda r: ok(b'{"action":"compareAndDelete"}'))
+    client = transport(live.url)
+    for _ in range(3):
+        outcomes = client.delete_all([("/a", {"prevIndex": 1}), ("/b", {"prevValue": "x"})])
+        assert [o.index for o in outcomes] == [5, 5]  # type: ignore[union-attr]
+    assert live.connections == 2
+
+
+def test_a_connection_in_use_when_the_transport_closes_is_closed_after_its_reply(
+        servers) -> None:
+    release = threading.Event()
+    live = servers(lambda r: (release.wait(5), ok())[1])
+    client = transport(live.url, timeout=5, deadline=5)
+    thread = threading.Thread(target=client.get, args=("/k",))
+    thread.start()
+    wait_until(lambda: live.requests, 5, message="the request to arrive")
+    client.close()
+    release.set()
+    thread.join()
+    wait_until(lambda: live.ended == [1], 5, message="the connection to be closed")
+
+
+# -- item 9: endpoints --------------------------------------------------------------
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback here")
+def test_an_ipv6_endpoint_connects_and_sends_a_bracketed_host(servers) -> None:
+    live = servers(host="::1")
+    assert transport(live.url).get("/k").node["value"] == "v"
+    port = live.url.rsplit(":", 1)[1]
+    assert live.requests[0].header("host") == f"[::1]:{port}"
+
+
+def test_a_non_ascii_host_is_sent_in_its_idna_form() -> None:
+    member = Member("http://bücher.example:2379", tls=None, username=None, password=None)
+    assert member._encode("GET", "/v2/keys/", None).startswith(
+        b"GET /v2/keys/ HTTP/1.1\r\nHost: xn--bcher-kva.example:2379\r\n")
+
+
+@pytest.mark.parametrize("host", ["ü" * 64 + ".example", "a" * 64 + ".example", "a..b"])
+def test_a_host_name_idna_cannot_encode_is_a_config_error(host: str) -> None:
+    with pytest.raises(ConfigError):
+        transport(f"http://{host}:2379").get("/k")
