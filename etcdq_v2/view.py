@@ -22,9 +22,12 @@ claims (lock create, item CAS), completions (record, item delete, lock
 delete), releases and expiries; but etcd sends each of those 5 events per
 item to every consumer, and that fan-out was the largest cost of a busy
 queue.  So a view watches the whole directory (one stream, so events stay in
-etcd's order) only while its process finds nothing to claim.  While it has
-a backlog of free items it watches completed/ only: one event per item, and
-the one that matters most, since a finished item must leave the view.  It
+etcd's order) only while its process finds nothing to claim (an outcome
+record hides its item at once; if the finisher's lock expires before the
+item leaves work/, the finisher died after F2, and the item is offered again
+for a claim to finish it).  While it has a backlog of free items it watches
+completed/ only: one event per item, and the one that matters most, since a
+finished item must leave the view.  It
 then learns that an item is taken only by losing the race for it (C1
 "already exists"), and that an item is free again (released, its worker
 dead) from a listing of locks/, made once per lock TTL while it knows of
@@ -90,6 +93,7 @@ _EVENT = re.compile(rb'\{"action":"(\w+)","node":\{"key":"([^"]*)"'
                     rb'(?:,"value":"((?:[^"\\]|\\.)*)"|(,"dir":true))?'
                     rb'[^{}]*?"modifiedIndex":(\d+)')
 _REMOVED = (b"delete", b"compareAndDelete", b"expire")
+_EXPIRED = b"expire"
 _CLAIMED = b"compareAndSwap"  # on work/: a claim's C2 (nothing else CASes an item)
 _RECORDS = ("completed", "failed")
 _WRITTEN = (b"create", b"set", b"update")
@@ -122,6 +126,9 @@ class QueueView:
         #: Set by candidates(): the index of the oldest free item it held back
         #: because it is newer than _known (0: none).
         self._behind = 0
+        #: Items with an outcome record whose removal from work/ (F3) the view has
+        #: not seen yet, while their finisher's lock is there: offered to no one.
+        self._recorded: Set[str] = set()
         self._free: List[str] = []
         self._in_free: Set[str] = set()
         self._skip: Dict[str, int] = {}
@@ -315,7 +322,8 @@ class QueueView:
     def _is_free(self, item_id: str) -> bool:
         entry = self._items.get(item_id)
         return (entry is not None and item_id not in self._locks
-                and item_id not in self._trying and self._skip.get(item_id) != entry[0])
+                and item_id not in self._trying and item_id not in self._recorded
+                and self._skip.get(item_id) != entry[0])
 
     def _make_free(self, item_id: str) -> None:
         if self._is_free(item_id):
@@ -329,6 +337,7 @@ class QueueView:
         self._items.pop(item_id, None)
         self._locks.pop(item_id, None)
         self._trying.pop(item_id, None)
+        self._recorded.discard(item_id)
 
     def _apply_item(self, item_id: str, index: int, value: Optional[str]) -> None:
         self._items[item_id] = (index, _cacheable(value))
@@ -375,6 +384,7 @@ class QueueView:
             self._items = {e.id: (e.index, _cacheable(e.value)) for e in work}
             self._free = [e.id for e in work]
             self._in_free = set(self._free)
+            self._recorded.clear()  # one still in work/ now is one a claim must finish
             self._known = work_index
             self._reconcile_locks(locks_index, locks)
             self._ready, self._error = True, None
@@ -414,15 +424,32 @@ class QueueView:
         if parsed is None or is_dir:
             return  # not an item
         if parsed[0] in _RECORDS:
-            self._forget(parsed[1])  # finished for good, whatever the listing said
+            self._record(parsed[1])
         elif index <= floors[parsed[0]]:
             return  # already in the listing
         elif parsed[0] == "work":
             self._apply_work(action, parsed[1], value, index)
         elif action in _REMOVED:
             self._unlocked(parsed[1], index)
+            if action == _EXPIRED and parsed[1] in self._recorded:
+                self._recorded.discard(parsed[1])  # its finisher died before F3
+                self._make_free(parsed[1])  # a claim finishes it (F3, F4)
         elif action != _CLAIMED:  # a lock's CAS keeps it locked (a release delay)
             self._locked(parsed[1], index)
+
+    def _record(self, item_id: str) -> None:
+        """An outcome record (F2) of the item: it is finished, offer it no more.
+
+        While the whole directory is watched and its finisher's lock is
+        there, the item stays known until F3 removes it from work/: if the
+        lock expires first, its finisher died between F2 and F3, and a claim
+        must finish the item.  Otherwise (completed/ alone is watched) it is
+        forgotten; a finisher's crash is then found by the next listing.
+        """
+        if self._follower.directory == self._layout.root and item_id in self._locks:
+            self._recorded.add(item_id)
+        else:
+            self._forget(item_id)
 
     def _apply_work(self, action: bytes, item_id: str, value: bytes, index: int) -> None:
         if action in _REMOVED:
