@@ -316,6 +316,7 @@ class Member:
         if username is not None:
             token = base64.b64encode(f"{username}:{password}".encode()).decode()
             self._headers += f"Authorization: Basic {token}\r\n"
+        self._version_request = f"GET /version HTTP/1.1\r\n{self._headers}\r\n".encode("ascii")
         self._lock = threading.Lock()
         self._idle: List[Connection] = []
         self._generation = 0
@@ -379,7 +380,7 @@ class Member:
     def _start(self, method: str, path: str, body: Optional[str],
                timeout: float) -> Connection:
         """The connection the request went out on; its reply is still to read."""
-        connection = self._take(timeout)
+        connection = self._take(timeout, proven=method == "POST")
         try:
             _send(connection, self._encode(method, path, body))
         except BaseException:
@@ -405,15 +406,40 @@ class Member:
                 f"application/x-www-form-urlencoded\r\nContent-Length: {len(data)}"
                 "\r\n\r\n").encode("ascii") + data
 
-    def _take(self, timeout: float) -> Connection:
-        """An idle connection that is still open, else a new one."""
+    def _take(self, timeout: float, proven: bool = False) -> Connection:
+        """An idle connection that is still open, else a new one (``proven``:
+        on which the member has answered, see :meth:`_probe`)."""
         connection = self._idle_connection()
-        if connection is None:
-            connection = Connection(self._connect(timeout), kernel_timeouts=True)
-            connection.generation = self._generation
-        else:
+        if connection is not None:
             connection.set_timeout(timeout)
+            return connection
+        connection = Connection(self._connect(timeout), kernel_timeouts=True)
+        connection.generation = self._generation
+        if proven:
+            self._probe(connection)
         return connection
+
+    def _probe(self, connection: Connection) -> None:
+        """Ask a new connection for etcd's version; NotSent if no reply comes.
+
+        A POST is the one request that is never resent, so it only goes on a
+        connection the member has answered on: a member that accepts and
+        never answers (frozen, or cut off behind a proxy) might apply it
+        later, which would make it ambiguous.  Pooled connections have all
+        answered; this costs one round trip per new connection, for POSTs.
+        """
+        try:
+            _send(connection, self._version_request)
+            _receive(connection)
+        except Lost as exc:
+            connection.close()
+            raise NotSent(f"no answer on a new connection: {exc}") from None
+        except BaseException:
+            connection.close()
+            raise
+        if not connection.reusable:
+            connection.close()
+            raise NotSent("the member closed a new connection after one reply")
 
     def _idle_connection(self) -> Optional[Connection]:
         while True:
