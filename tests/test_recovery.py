@@ -75,7 +75,7 @@ def commit_then_crash(queue: Queue, kind: str, *, record: bool) -> str:
     protocol, state = queue._protocol, claim._state
     outcome = Record(state.item.payload, state.lock.token, queue.node_id, state.item.attempts,
                      state.item.created, 0.0, "done", token=state.item.token)
-    committed = protocol._commit(state, outcome.encode(outcome=kind))
+    committed = protocol._commit(state, kind, outcome.encode(outcome=kind))
     assert committed is not None
     if record:
         protocol.etcd.put(protocol.layout.key(kind, claim.id), outcome.encode(),
