@@ -197,9 +197,9 @@ class Protocol:
         """
         lock = Lock(self.node_id, new_token())
         started = time.monotonic()
-        self._create_lock(item_id, lock, self.lock_ttl)
+        locked = self._create_lock(item_id, lock, self.lock_ttl)
         try:
-            state = self._take_item(item_id, lock, index, raw, started)
+            state = self._take_item(item_id, (lock, locked, started), index, raw)
         except BaseException:
             with contextlib.suppress(EtcdqError):  # else the lock simply expires
                 self._drop_lock(item_id, lock)
@@ -208,19 +208,28 @@ class Protocol:
             self._drop_lock(item_id, lock)
         return state
 
-    def _create_lock(self, item_id: str, lock: Lock, ttl: int) -> None:
-        """C1: create ``locks/<id>``, or raise Taken with the index etcd saw it at."""
+    def _create_lock(self, item_id: str, lock: Lock, ttl: int) -> int:
+        """C1: create ``locks/<id>``; its index, or Taken with the index etcd saw it at."""
         key = self.layout.key("locks", item_id)
         try:
-            self.etcd.put(key, lock.encode(), ttl=ttl, prev_exist=False)
+            return self.etcd.put(key, lock.encode(), ttl=ttl, prev_exist=False).written_index
         except AlreadyExists as exc:
             # Our own first PUT may have applied before its reply was lost.
-            if not (exc.retried and self._lock_value(item_id) == lock.encode()):
+            entry = self.read("locks", item_id) if exc.retried else None
+            if entry is None or entry.value != lock.encode():
                 raise Taken(exc.index or 0) from None
+            return entry.index
 
-    def _take_item(self, item_id: str, lock: Lock, index: int, raw: Optional[str],
-                   locked: float) -> Optional[ClaimState]:
-        """C2, then C3 on the item as C2 found it (fresh, unlike the view)."""
+    def _take_item(self, item_id: str, held: Tuple[Lock, int, float], index: int,
+                   raw: Optional[str]) -> Optional[ClaimState]:
+        """C2, then C3 on the item as C2 found it (fresh, unlike the view).
+
+        ``held`` is our lock, the index C1 created it at, and when C1 was sent.
+        An item changed after that index was claimed by someone who held the
+        lock after us: ours expired before our C2 could apply (it was held in
+        flight), so the item is theirs, however stale our view looked.
+        """
+        lock, locked_at, sent = held
         for _ in range(5):
             if raw is None:
                 entry = self.read("work", item_id)
@@ -231,7 +240,9 @@ class Protocol:
             if item.outcome:  # its finisher committed F1 and stopped: finish for it
                 self._finish_for(item_id, Entry(item_id, index, raw))
             if item.claim == lock.token:  # our C2 applied; its reply was lost
-                return self._checked(ClaimState(item_id, lock, item, index, locked))
+                return self._checked(ClaimState(item_id, lock, item, index, sent))
+            if index > locked_at:
+                raise Taken(index)
             claimed = replace(item, attempts=item.attempts + 1, claim=lock.token)
             try:
                 reply = self.etcd.put(self.layout.key("work", item_id), claimed.encode(),
@@ -241,7 +252,7 @@ class Protocol:
                 continue
             except KeyMissing:
                 raise Gone(item_id) from None
-            state = ClaimState(item_id, lock, claimed, reply.written_index, locked)
+            state = ClaimState(item_id, lock, claimed, reply.written_index, sent)
             return self._checked(state)
         return None
 
