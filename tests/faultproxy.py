@@ -15,7 +15,9 @@ delay(ms)         add ``ms`` milliseconds to each chunk's way
 hold()            buffer what arrives and forward nothing until release();
                   ``match=`` (a bytes regex) holds only a connection once a
                   chunk matching it arrives, so a test can let reads by and
-                  hold the write it is after (plain HTTP only)
+                  hold the write it is after (plain HTTP only).  A request
+                  held while its client gave up still reaches etcd on
+                  release, as a delayed packet would
 black_hole()      read and discard, never answer; new connections are
                   accepted and treated the same (a frozen host).  A connection
                   that lost bytes this way is reset when the black hole ends:
@@ -291,6 +293,7 @@ class _Link:
         self._last_up: Optional[float] = None
         self._last_down: Optional[float] = None
         self._upstream_done = False  # the target closed: close the client once flushed
+        self._client_gone = False  # the client closed: deliver what it sent, then close
         self._cut = False
         self._dropped: Set[str] = set()  # directions in which bytes were discarded
         self._killed: Optional[bool] = None  # None, or abort (RST) or not
@@ -341,6 +344,8 @@ class _Link:
             self._deliver(faults, now)
             if self._finished() or self._idle_for(faults, now):
                 return False
+            if self._client_gone and not self._still_going_up():
+                return False
             readable, writable = self._wait(now)
             for sock in writable:
                 self._write(sock)
@@ -349,11 +354,14 @@ class _Link:
                     return False
 
     def _wait(self, now: float) -> Tuple[list, list]:
-        readers: List[object] = [self.client, self._wake_r]
+        readers: List[object] = [self._wake_r]
+        if not self._client_gone:
+            readers.append(self.client)
         if self.upstream is not None and not self._upstream_done:
             readers.append(self.upstream)
         writers = [sock for sock in (self.upstream, self.client)
-                   if sock is not None and self._out[self._direction_to(sock)]]
+                   if sock is not None and self._out[self._direction_to(sock)]
+                   and not (sock is self.client and self._client_gone)]
         readable, writable, _ = select.select(readers, writers, [], self._timeout(now))
         if self._wake_r in readable:
             _drain(self._wake_r)
@@ -382,11 +390,17 @@ class _Link:
         direction = UP if sock is self.client else DOWN
         if not data:
             if direction == UP:
-                return False
+                self._client_gone = True
+                return self._still_going_up()
             self._upstream_done = True
             return True
         self._arrived(direction, data, faults)
         return True
+
+    def _still_going_up(self) -> bool:
+        """Bytes of a client that left, still held or on their way to the target."""
+        return self.upstream is not None and bool(
+            self._held[UP] or self._pending[UP] or self._out[UP])
 
     def _arrived(self, direction: str, data: bytes, faults: Faults) -> None:
         now = time.monotonic()
@@ -424,6 +438,8 @@ class _Link:
             while queue and queue[0][0] <= now and not self._cut:
                 data = queue.popleft()[1]
                 if direction == DOWN:
+                    if self._client_gone:
+                        continue
                     data = self._clip(data, faults)
                     self._last_down = now
                 elif self.upstream is None:

@@ -89,6 +89,26 @@ def test_the_proxy_forwards_delays_holds_and_counts(proxy: FaultProxy) -> None:
     assert reply == ["1"] and proxy.held() == b""
 
 
+def test_a_held_request_whose_client_gave_up_lands_on_release(proxy: FaultProxy,
+                                                               etcd_url: str) -> None:
+    """As a delayed packet would: what the chaos run's "held writes" rely on."""
+    key = f"/etcdq-proxy-test/late-{time.monotonic_ns()}"
+    proxy.hold("up")
+    with pytest.raises(Unavailable):
+        connect(proxy.url, timeout=TIMEOUT, deadline=TIMEOUT).put(key, "late")
+    direct = connect(etcd_url)
+    assert _value(direct, key) is None
+    proxy.release()
+    wait_until(lambda: _value(direct, key) == "late", 5, message="the held PUT to land")
+
+
+def _value(client: Any, key: str) -> Any:
+    try:
+        return client.get(key).node["value"]
+    except EtcdqError:
+        return None
+
+
 @pytest.mark.parametrize("fault, cause", [
     ("black_hole", "timed out"), ("reset", "reset|closed"), ("cut", "closed"),
     ("refuse", "refused")])
@@ -172,6 +192,31 @@ def test_a_commit_held_past_the_lock_ttl_cannot_commit(
             ("completed", 2) if second_outcome == "complete" else ("failed", 2))
         assert record.result in (None, "from B")
         assert observer.stats()["pending"] + observer.stats()["running"] == 0
+
+
+#: A claim's C2: the compare-and-swap of the item that counts the attempt.
+CLAIM_CAS = re.compile(rb"^PUT /v2/keys/\S+/work/", re.MULTILINE)
+
+
+def test_a_claim_whose_item_cas_lands_after_its_lock_expired_is_not_handed_out(
+        proxy_factory: Callable[[str], FaultProxy], etcd_url: str, queue_name: str) -> None:
+    """A's C1 applies, its C2 is held past the lock TTL, B claims the item meanwhile:
+    A's claim must not take the item from B, whose lock is valid."""
+    proxy_a = proxy_factory(etcd_url)
+    with Queue(connect(proxy_a.url, timeout=8, deadline=20), queue_name, lock_ttl=2) as a, \
+            Queue(etcd_url, queue_name, lock_ttl=2) as b:
+        item_id = b.put("contested")
+        proxy_a.hold("up", match=CLAIM_CAS)
+        thread, outcome = _in_background(lambda: a.claim(timeout=0))
+        wait_until(lambda: CLAIM_CAS.search(proxy_a.held()), 5, message="A's C2 to be held")
+        claim_b = b.claim(timeout=10)  # once A's lock expired
+        assert claim_b is not None and claim_b.id == item_id
+        proxy_a.release()
+        thread.join(20)
+        assert outcome == {"returned": None}, outcome
+        claim_b.refresh()  # B's lock is still B's ...
+        claim_b.complete()  # ... and so is the item
+        assert [info.attempts for info in b.items("completed")] == [claim_b.attempt]
 
 
 # -- item 2: the first endpoint is dead ---------------------------------------------------
