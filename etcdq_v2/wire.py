@@ -155,9 +155,11 @@ class Connection:
             raise ValueError(f"not an HTTP/1 reply: {bytes(head[:40])!r}")
         headers = {name.lower().decode("ascii"): value.decode("latin-1")
                    for name, value in _HEADER.findall(head)}
-        if status.group(1) == b"0" or "close" in headers.get("connection", "").lower():
+        version, code = status.groups()
+        if version == b"0" or ("connection" in headers
+                               and "close" in headers["connection"].lower()):
             self.reusable = False  # HTTP/1.0 (etcd speaks 1.1) or the member said so
-        return int(status.group(2)), headers
+        return int(code), headers
 
     def read_body(self, status: int, headers: Dict[str, str]) -> bytes:
         """The body, framed as RFC 9112 §6.3 says (we never send HEAD)."""
@@ -407,12 +409,17 @@ class Member:
                 "\r\n\r\n").encode("ascii") + data
 
     def _take(self, timeout: float, proven: bool = False) -> Connection:
-        """An idle connection that is still open, else a new one (``proven``:
-        on which the member has answered, see :meth:`_probe`)."""
-        connection = self._idle_connection()
-        if connection is not None:
-            connection.set_timeout(timeout)
-            return connection
+        """The most recently used idle connection that is still open, else a
+        new one (``proven``: on which the member has answered, see :meth:`_probe`)."""
+        while self._idle:
+            with self._lock:
+                connection = self._idle.pop() if self._idle else None
+            if connection is None:
+                break
+            if not connection.stale():
+                connection.set_timeout(timeout)
+                return connection
+            connection.close()  # the member closed it: nothing was sent on it
         connection = Connection(self._connect(timeout), kernel_timeouts=True)
         connection.generation = self._generation
         if proven:
@@ -440,16 +447,6 @@ class Member:
         if not connection.reusable:
             connection.close()
             raise NotSent("the member closed a new connection after one reply")
-
-    def _idle_connection(self) -> Optional[Connection]:
-        while True:
-            with self._lock:
-                if not self._idle:
-                    return None
-                connection = self._idle.pop()
-            if not connection.stale():
-                return connection
-            connection.close()  # the member closed it: nothing was sent on it
 
     def _give_back(self, connection: Connection) -> None:
         with self._lock:
