@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from etcdq_v2 import EtcdqError, LockLost, NotFound, Queue
+from etcdq_v2 import ClaimClosed, EtcdqError, InvalidArgument, LockLost, NotFound, Queue
 from etcdq_v2.codec import Lock
 
 from helpers import wait_until
@@ -42,8 +42,15 @@ def test_complete_records_the_item_and_removes_it(queue: Queue) -> None:
         ("completed", {"answer": 42}, 1, queue.node_id)
     assert queue.stats() == {"pending": 0, "running": 0, "completed": 1, "failed": 0}
     assert queue.claim() is None
-    with pytest.raises(EtcdqError):
-        claim.complete()
+    for again in (claim.complete, claim.fail, claim.release, claim.refresh):
+        with pytest.raises(ClaimClosed, match="already completed"):
+            again()
+
+
+def test_items_of_an_unknown_state_is_an_invalid_argument(queue: Queue) -> None:
+    with pytest.raises(InvalidArgument, match="unknown state 'done'"):
+        queue.items("done")
+    assert issubclass(InvalidArgument, ValueError)
 
 
 def test_claim_costs_two_requests_and_complete_four_in_three_round_trips(
