@@ -129,6 +129,9 @@ class QueueView:
         #: Items with an outcome record whose removal from work/ (F3) the view has
         #: not seen yet, while their finisher's lock is there: offered to no one.
         self._recorded: Set[str] = set()
+        #: Recorded items whose lock was deleted (F4) before F3 was seen: offered
+        #: once F3's event is overdue (time.monotonic() deadline).
+        self._orphans: Dict[str, float] = {}
         self._free: List[str] = []
         self._in_free: Set[str] = set()
         self._skip: Dict[str, int] = {}
@@ -291,7 +294,14 @@ class QueueView:
 
     def wait_for_change(self, version: int, timeout: Optional[float]) -> None:
         with self._cond:
+            if self._orphans:  # wake when the first one is due, and offer it
+                due = min(self._orphans.values()) - time.monotonic() + 0.01
+                timeout = due if timeout is None else min(timeout, due)
             self._cond.wait_for(lambda: self.version != version or self._closed, timeout)
+            for item_id, due in list(self._orphans.items()):
+                if due <= time.monotonic():
+                    del self._orphans[item_id]
+                    self._make_free(item_id)
 
     def close(self) -> None:
         with self._cond:
@@ -323,6 +333,7 @@ class QueueView:
         entry = self._items.get(item_id)
         return (entry is not None and item_id not in self._locks
                 and item_id not in self._trying and item_id not in self._recorded
+                and self._orphans.get(item_id, 0.0) <= time.monotonic()
                 and self._skip.get(item_id) != entry[0])
 
     def _make_free(self, item_id: str) -> None:
@@ -338,6 +349,7 @@ class QueueView:
         self._locks.pop(item_id, None)
         self._trying.pop(item_id, None)
         self._recorded.discard(item_id)
+        self._orphans.pop(item_id, None)
 
     def _apply_item(self, item_id: str, index: int, value: Optional[str]) -> None:
         self._items[item_id] = (index, _cacheable(value))
@@ -385,6 +397,7 @@ class QueueView:
             self._free = [e.id for e in work]
             self._in_free = set(self._free)
             self._recorded.clear()  # one still in work/ now is one a claim must finish
+            self._orphans.clear()
             self._known = work_index
             self._reconcile_locks(locks_index, locks)
             self._ready, self._error = True, None
@@ -431,9 +444,14 @@ class QueueView:
             self._apply_work(action, parsed[1], value, index)
         elif action in _REMOVED:
             self._unlocked(parsed[1], index)
-            if action == _EXPIRED and parsed[1] in self._recorded:
-                self._recorded.discard(parsed[1])  # its finisher died before F3
-                self._make_free(parsed[1])  # a claim finishes it (F3, F4)
+            if parsed[1] in self._recorded:
+                # Expired: its finisher died before F3.  Deleted (F4): F3 was sent
+                # with it, but may never apply (lost, the finisher gave up or died).
+                self._recorded.discard(parsed[1])
+                if action == _EXPIRED:
+                    self._make_free(parsed[1])  # a claim finishes it (F3, F4)
+                else:
+                    self._orphans[parsed[1]] = time.monotonic() + self._protocol.etcd.deadline
         elif action != _CLAIMED:  # a lock's CAS keeps it locked (a release delay)
             self._locked(parsed[1], index)
 
@@ -446,18 +464,21 @@ class QueueView:
         must finish the item.  Otherwise (completed/ alone is watched) it is
         forgotten; a finisher's crash is then found by the next listing.
         """
-        if self._follower.directory == self._layout.root and item_id in self._locks:
-            self._recorded.add(item_id)
-        else:
+        if self._follower.directory != self._layout.root or item_id not in self._items:
             self._forget(item_id)
+        elif item_id in self._locks:
+            self._recorded.add(item_id)
+        else:  # its finisher's lock expired before F1: offered if F3 is overdue
+            self._orphans[item_id] = time.monotonic() + self._protocol.etcd.deadline
 
     def _apply_work(self, action: bytes, item_id: str, value: bytes, index: int) -> None:
         if action in _REMOVED:
             self._forget(item_id)
         elif action == _CLAIMED:
             if item_id in self._items:
-                self._items[item_id] = (index, None)  # a claim reads it afresh
-                self._locked(item_id, index)
+                # A claim reads it afresh.  Not a sign of a lock: the lock's own
+                # events tell, and a commit (F1) may apply after the lock expired.
+                self._items[item_id] = (index, None)
         elif action in _WRITTEN:
             self._apply_item(item_id, index, _unescape(value))
 

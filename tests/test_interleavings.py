@@ -1,4 +1,5 @@
-"""Interleavings a hostile review of the fenced commit found (R-1 to R-7).
+"""Interleavings hostile reviews found: of the fenced commit (R-1 to R-7), and of
+the view (V-1, V-2).
 
 Each test drives the protocol's steps by hand up to a crash or a pause,
 against a real etcd, and checks what docs/guarantees.md promises: one
@@ -7,13 +8,16 @@ lost its item never holds on to it.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from etcdq_v2 import ClaimClosed, LockLost, NotFound, Queue
+from etcdq_v2 import ClaimClosed, LockLost, NotFound, Queue, Unavailable, connect
 from etcdq_v2.codec import Item, Record
 from etcdq_v2.errors import AlreadyExists
 from etcdq_v2.protocol import COMPLETED, FAILED
 
+from faultproxy import FaultProxy
 from helpers import wait_until
 
 
@@ -157,3 +161,94 @@ def test_r7_a_watching_view_finishes_an_item_whose_finisher_crashed_after_f2(
         assert survivor.claim(timeout=4) is None
         wait_until(lambda: survivor._protocol.read("work", item_id) is None, 6,
                    message="the committed item to be finished by the watching consumer")
+
+
+def _watching(queue: Queue) -> None:
+    assert queue.claim(timeout=0) is None  # found nothing: now watches the whole directory
+    assert queue._view is not None and queue._view.watching_locks
+
+
+# -- V-1 (a second review, of the view): an item whose F2 was seen live and whose lock was DELETED (F4) before F3 applied
+def test_v1_a_watching_view_finishes_an_item_whose_f3_never_applied(
+        etcd_url: str, queue_name: str, proxy: FaultProxy) -> None:
+    """complete(): F1, F2 and F4 apply, F3 never does (held, then the link is reset);
+    complete() raises Unavailable.  A consumer that watched all along must still
+    finish the committed item (F3), as a fresh consumer would."""
+    finisher = Queue(connect(proxy.url, timeout=0.5), queue_name, lock_ttl=30)
+    with Queue(connect(etcd_url, timeout=0.5), queue_name, lock_ttl=30) as watcher:
+        try:
+            finisher.put("finish me once")
+            claim = finisher.claim(timeout=2)
+            assert claim is not None
+            _watching(watcher)
+            proxy.hold("up", match=re.compile(rb"DELETE /v2/keys/etcdq/[^/ ]+/work/"))
+            with pytest.raises(Unavailable):
+                claim.complete("done")   # F3 is held on every try; F4 went through
+            proxy.reset()               # the held F3 never reaches etcd
+            proxy.pass_through()
+            p = watcher._protocol
+            assert p.read("locks", claim.id) is None          # F4 applied
+            assert p.read(COMPLETED, claim.id) is not None    # F2 applied
+            assert p.read("work", claim.id) is not None       # F3 did not
+            # The watcher waits for work: it must finish the committed item.
+            assert watcher.claim(timeout=3) is None
+            wait_until(lambda: p.read("work", claim.id) is None, 4,
+                       message="the watching consumer to finish the committed item (F3)")
+        finally:
+            finisher.close()
+            finisher.etcd.close()
+
+
+def test_v1_a_watching_view_finishes_an_item_after_a_crash_between_f4_and_f3(etcd_url: str, queue_name: str) -> None:
+    """Same interleaving driven by hand: F1, F2, F4 apply, then the finisher dies."""
+    with Queue(etcd_url, queue_name, lock_ttl=30) as crashed, \
+            Queue(connect(etcd_url, timeout=0.5), queue_name, lock_ttl=30) as watcher:
+        _watching(watcher)
+        crashed.put("finish me once")
+        item_id = commit_then_crash(crashed, COMPLETED)
+        p = crashed._protocol
+        lock = p.read("locks", item_id)
+        assert lock is not None
+        f4 = p.etcd.delete(p.layout.key("locks", item_id), prev_value=lock.value).index
+        view = watcher._view
+        assert view is not None
+        wait_until(lambda: view._known >= f4, 3, message="the watcher's view to apply F4")
+        assert watcher.claim(timeout=3) is None
+        wait_until(lambda: p.read("work", item_id) is None, 4,
+                   message="the watching consumer to finish the committed item (F3)")
+
+
+# -- V-2: a finisher whose lock merely expired commits (F1 needs no lock), then dies
+@pytest.mark.parametrize("record", [False, True], ids=["after-F1", "after-F2"])
+def test_v2_a_watching_view_finishes_an_item_committed_after_its_lock_expired(etcd_url: str, queue_name: str,
+                                                     record: bool) -> None:
+    """The finisher's lock expires (nobody claims the item meanwhile), its F1 still
+    applies, as docs/protocol.md allows, then it dies before F3.  No lock is left to
+    expire or be deleted; a watching consumer must still finish the item."""
+    with Queue(etcd_url, queue_name, lock_ttl=1) as crashed, \
+            Queue(connect(etcd_url, timeout=0.5), queue_name, lock_ttl=30) as watcher:
+        _watching(watcher)
+        crashed.put("finish me once")
+        claim = crashed.claim()
+        assert claim is not None
+        crashed._heartbeat.discard(claim)  # its heartbeat stalls: the lock expires
+        p = crashed._protocol
+        wait_until(lambda: p.read("locks", claim.id) is None, 5, message="the lock to expire")
+        # F1 (and F2) of the claim whose lock expired, then the finisher dies.
+        state = claim._state
+        outcome = Record(state.item.payload, state.lock.token, crashed.node_id,
+                         state.item.attempts, state.item.created, 0.0, "done", None,
+                         token=state.item.token)
+        committed = p._commit(state, COMPLETED, outcome.encode(outcome=COMPLETED))
+        assert committed is not None
+        last = committed.index
+        if record:
+            last = p.etcd.put(p.layout.key(COMPLETED, claim.id), outcome.encode(),
+                              prev_exist=False).index
+        view = watcher._view
+        assert view is not None
+        wait_until(lambda: view._known >= last, 3, message="the watcher's view to apply F1/F2")
+        assert watcher.claim(timeout=3) is None
+        wait_until(lambda: p.read("work", claim.id) is None, 4,
+                   message="the watching consumer to finish the committed item")
+        assert p.read(COMPLETED, claim.id) is not None
