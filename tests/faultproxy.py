@@ -350,7 +350,7 @@ class _Link:
             for sock in writable:
                 self._write(sock)
             for sock in readable:
-                if not self._read(sock, faults):
+                if not self._read(sock):
                     return False
 
     def _wait(self, now: float) -> Tuple[list, list]:
@@ -379,7 +379,7 @@ class _Link:
     def _direction_to(self, sock: object) -> str:
         return UP if sock is self.upstream else DOWN
 
-    def _read(self, sock: socket.socket, faults: Faults) -> bool:
+    def _read(self, sock: socket.socket) -> bool:
         """Take a chunk from ``sock``; False when the client went away."""
         try:
             data = sock.recv(_CHUNK)
@@ -394,7 +394,9 @@ class _Link:
                 return self._still_going_up()
             self._upstream_done = True
             return True
-        self._arrived(direction, data, faults)
+        # The faults in force now, not when this loop began: a hold set just
+        # before the client sent must catch what it sent.
+        self._arrived(direction, data, self.proxy.faults)
         return True
 
     def _still_going_up(self) -> bool:

@@ -177,7 +177,8 @@ def test_a_commit_held_past_the_lock_ttl_cannot_commit(
         thread, outcome = _in_background(lambda: claim_a.complete("from A"))
         wait_until(lambda: COMMIT.search(proxy_a.held()), 5, message="A's commit to be held")
         claim_b = b.claim(timeout=10)  # after A's lock expired
-        assert claim_b is not None and (claim_b.id, claim_b.attempt) == (item_id, 2)
+        assert claim_b is not None and (claim_b.id, claim_b.attempt) == (item_id, 2), \
+            (observer.items("running"), observer.items("pending"))
         if second_outcome == "dead-letter":
             claim_b.fail("B gives up")  # attempt 2 of max 2: into failed/
         proxy_a.release()
