@@ -13,26 +13,14 @@ import re
 import pytest
 
 from etcdq_v2 import ClaimClosed, LockLost, NotFound, Queue, Unavailable, connect
-from etcdq_v2.codec import Item, Record
+from etcdq_v2.codec import Item
 from etcdq_v2.errors import AlreadyExists
 from etcdq_v2.protocol import COMPLETED, FAILED
 
+from crashes import (commit, commit_then_crash, record_like_0_1_0_then_crash,
+                     stalled_claim)
 from faultproxy import FaultProxy
 from helpers import wait_until
-
-
-def commit_then_crash(queue: Queue, kind: str, *, record: bool = True) -> str:
-    """A finisher's F1 (and F2) apply, then its process dies."""
-    claim = queue.claim()
-    queue._heartbeat.discard(claim)
-    protocol, state = queue._protocol, claim._state
-    outcome = Record(state.item.payload, state.lock.token, queue.node_id, state.item.attempts,
-                     state.item.created, 0.0, "done", "boom", token=state.item.token)
-    assert protocol._commit(state, kind, outcome.encode(outcome=kind)) is not None
-    if record:
-        protocol.etcd.put(protocol.layout.key(kind, claim.id), outcome.encode(),
-                          prev_exist=False)
-    return claim.id
 
 
 def drain(queue: Queue) -> list:
@@ -60,13 +48,8 @@ def test_r2_requeue_of_a_0_1_0_dead_letter_whose_item_is_still_in_work(
         etcd_url: str, queue_name: str) -> None:
     with Queue(etcd_url, queue_name, lock_ttl=1) as crashed, \
             Queue(etcd_url, queue_name, lock_ttl=30) as operator:
-        item_id = crashed.put("poison")
-        claim = crashed.claim()
-        crashed._heartbeat.discard(claim)
-        state = claim._state
-        record = Record(state.item.payload, state.lock.token, crashed.node_id,
-                        state.item.attempts, state.item.created, 0.0, None, "boom")
-        crashed.etcd.put(crashed.layout.key(FAILED, item_id), record.encode(), prev_exist=False)
+        crashed.put("poison")
+        item_id = record_like_0_1_0_then_crash(crashed, FAILED)
         operator.requeue(item_id)  # 0.1.0 died after its F2; this is the upgraded operator
         assert len(drain(operator)) == 1
 
@@ -111,10 +94,7 @@ def test_r5_complete_after_a_fail_that_committed_reports_the_dead_letter(
     with Queue(etcd_url, queue_name, lock_ttl=30, max_attempts=1) as queue:
         item_id = queue.put("x")
         claim = queue.claim()
-        p, state = queue._protocol, claim._state
-        failed = Record(state.item.payload, state.lock.token, queue.node_id, 1,
-                        state.item.created, 0.0, None, "boom", token=state.item.token)
-        p._commit(state, FAILED, failed.encode(outcome=FAILED))  # fail()'s F1; reply lost
+        commit(queue, claim, FAILED, record=False)  # fail()'s F1 applied; its reply was lost
         with pytest.raises(ClaimClosed) as closed:
             claim.complete("ok")
         assert closed.value.outcome == FAILED and claim.outcome == "dead-lettered"
@@ -229,22 +209,11 @@ def test_v2_a_watching_view_finishes_an_item_committed_after_its_lock_expired(et
             Queue(connect(etcd_url, timeout=0.5), queue_name, lock_ttl=30) as watcher:
         _watching(watcher)
         crashed.put("finish me once")
-        claim = crashed.claim()
-        assert claim is not None
-        crashed._heartbeat.discard(claim)  # its heartbeat stalls: the lock expires
+        claim = stalled_claim(crashed)  # its heartbeat stalls: the lock expires
         p = crashed._protocol
         wait_until(lambda: p.read("locks", claim.id) is None, 5, message="the lock to expire")
         # F1 (and F2) of the claim whose lock expired, then the finisher dies.
-        state = claim._state
-        outcome = Record(state.item.payload, state.lock.token, crashed.node_id,
-                         state.item.attempts, state.item.created, 0.0, "done", None,
-                         token=state.item.token)
-        committed = p._commit(state, COMPLETED, outcome.encode(outcome=COMPLETED))
-        assert committed is not None
-        last = committed.index
-        if record:
-            last = p.etcd.put(p.layout.key(COMPLETED, claim.id), outcome.encode(),
-                              prev_exist=False).index
+        last = commit(crashed, claim, COMPLETED, record=record)
         view = watcher._view
         assert view is not None
         wait_until(lambda: view._known >= last, 3, message="the watcher's view to apply F1/F2")

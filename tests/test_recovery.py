@@ -18,6 +18,7 @@ from etcdq_v2 import Queue
 from etcdq_v2.codec import Record
 from etcdq_v2.protocol import COMPLETED, FAILED, Gone
 
+from crashes import commit_then_crash, record_like_0_1_0_then_crash
 from helpers import wait_until
 
 CLAIM_AND_HANG = textwrap.dedent("""
@@ -68,21 +69,6 @@ def test_max_attempts_dead_letters_an_item_that_kills_its_workers(
         assert queue.stats() == {"pending": 0, "running": 0, "completed": 0, "failed": 1}
 
 
-def commit_then_crash(queue: Queue, kind: str, *, record: bool) -> str:
-    """Claim an item and stop complete() after F1 (the commit), or after F2 too."""
-    claim = queue.claim()
-    queue._heartbeat.discard(claim)
-    protocol, state = queue._protocol, claim._state
-    outcome = Record(state.item.payload, state.lock.token, queue.node_id, state.item.attempts,
-                     state.item.created, 0.0, "done", token=state.item.token)
-    committed = protocol._commit(state, kind, outcome.encode(outcome=kind))
-    assert committed is not None
-    if record:
-        protocol.etcd.put(protocol.layout.key(kind, claim.id), outcome.encode(),
-                          prev_exist=False)
-    return claim.id  # ... and the process dies here; its lock expires
-
-
 @pytest.mark.parametrize("record", [False, True], ids=["after-F1", "after-F2"])
 @pytest.mark.parametrize("kind", [COMPLETED, FAILED])
 def test_crash_after_the_commit_never_runs_the_item_again(
@@ -120,13 +106,8 @@ def test_purge_of_a_record_written_by_0_1_0_removes_its_item_first(
     """0.1.0 committed with the record (F2) alone; a crash left its item in work/."""
     with Queue(etcd_url, queue_name, lock_ttl=1) as crashed, \
             Queue(etcd_url, queue_name, lock_ttl=30) as survivor:
-        item_id = crashed.put("finish me once")
-        claim = crashed.claim()
-        crashed._heartbeat.discard(claim)
-        state = claim._state
-        record = Record(state.item.payload, state.lock.token, crashed.node_id, 1, 0.0, 0.0, "ok")
-        crashed.etcd.put(crashed.layout.key(COMPLETED, item_id), record.encode(),
-                         prev_exist=False)
+        crashed.put("finish me once")
+        item_id = record_like_0_1_0_then_crash(crashed, COMPLETED)
         assert survivor.purge(completed=True) == 1
         assert survivor.claim(timeout=3) is None
         assert survivor._protocol.read("work", item_id) is None
@@ -139,13 +120,8 @@ def test_crash_after_a_0_1_0_record_before_removing_the_item(
     never did: the item must not run again."""
     with Queue(etcd_url, queue_name, lock_ttl=1) as crashed, \
             Queue(etcd_url, queue_name, lock_ttl=30) as survivor:
-        item_id = crashed.put("finish me once")
-        claim = crashed.claim()
-        crashed._heartbeat.discard(claim)
-        state = claim._state
-        record = Record(state.item.payload, state.lock.token, crashed.node_id,
-                        state.item.attempts, state.item.created, 0.0, "done")
-        crashed.etcd.put(crashed.layout.key(kind, item_id), record.encode(), prev_exist=False)
+        crashed.put("finish me once")
+        item_id = record_like_0_1_0_then_crash(crashed, kind)
         # ... and the process dies here.  Its lock expires; the item is still in work/.
         assert survivor.claim(timeout=4) is None
         wait_until(lambda: survivor._protocol.read("work", item_id) is None, 5,
