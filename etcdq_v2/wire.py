@@ -342,8 +342,10 @@ class Member:
             for method, path, body in requests:
                 started.append(_outcome(self._start, method, path, body, timeout))
             for item in started:
-                answers.append(item if isinstance(item, Exception)
-                               else _outcome(self._finish, item))
+                if isinstance(item, Exception):
+                    answers.append(item)
+                else:
+                    answers.append(_outcome(self._finish, item))
         except BaseException:  # the requests still in flight: their replies are unread
             for item in started[len(answers):]:
                 if isinstance(item, Connection):
