@@ -202,15 +202,15 @@ class Queue:
         """Items in ``state`` (pending, running, completed, failed), oldest first."""
         if state not in STATES:
             raise InvalidArgument(f"unknown state {state!r}: use one of {', '.join(STATES)}")
-        work, locks = self._work_and_locks()
         if state in (COMPLETED, FAILED):
             infos = {entry.id: _record_info(entry.id, state, record)
                      for entry, record in self._protocol.decoded(state)}
-            for entry, item in work:
+            for entry, item in self._protocol.decoded("work"):  # committed, not yet recorded
                 if item.outcome == state and entry.id not in infos:
                     infos[entry.id] = _record_info(entry.id, state, Record.decode(entry.value))
             found = [infos[item_id] for item_id in sorted(infos)]
         else:
+            work, locks = self._work_and_locks()
             found = [_item_info(entry, item, locks) for entry, item in work if not item.outcome]
             found = [info for info in found if info.state == state]
         return found[:limit] if limit is not None else found
