@@ -416,9 +416,10 @@ class Protocol:
         """F2 found a record: ours (resent, or written by a claimer), one of 0.1.0's,
         or junk, which must not take the place of the record (the item stays)."""
         assert item.outcome is not None
-        existing = self.read(item.outcome, item_id)
         try:
-            holder = Record.decode(existing.value if existing else None).claim
+            holder = self._record_claim(item.outcome, item_id)
+            if holder is None:  # gone again (purged): nothing there to keep
+                raise Junk("no record")
         except Junk:
             raise EtcdRejected(
                 f"{self.layout.key(item.outcome, item_id)} holds something that is not a "
@@ -430,11 +431,16 @@ class Protocol:
                         item.outcome)
 
     def _is_our_record(self, kind: str, state: ClaimState) -> bool:
-        existing = self.read(kind, state.id)
         try:
-            return existing is not None and Record.decode(existing.value).claim == state.lock.token
+            return self._record_claim(kind, state.id) == state.lock.token
         except Junk:
             return False
+
+    def _record_claim(self, kind: str, item_id: str) -> Optional[str]:
+        """The claim token of ``kind/<id>``'s record; None if there is none, Junk if
+        something else has the key."""
+        existing = self.read(kind, item_id)
+        return Record.decode(existing.value).claim if existing else None
 
     # -- R: release, fail ----------------------------------------------------
     def release(self, state: ClaimState, delay: float = 0) -> None:
