@@ -18,6 +18,7 @@ backoff could not be computed.
 """
 from __future__ import annotations
 
+import collections.abc
 import logging
 import math
 import numbers
@@ -46,7 +47,8 @@ def make_backoff(option: BackoffOption, queue: str) -> Callable[[int], float]:
         return default_backoff
     if callable(option):
         return _Guarded(option, queue)
-    if isinstance(option, (str, bytes)) or not isinstance(option, Sequence) or not option:
+    if isinstance(option, (str, bytes)) or not isinstance(option, collections.abc.Sequence) \
+            or not option:
         raise ConfigError(f"backoff must be None, a non-empty sequence of seconds or a "
                           f"callable(attempt) -> seconds, not {option!r}")
     try:
