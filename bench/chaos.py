@@ -81,7 +81,7 @@ import random, sys, time
 from etcdq_v2 import Queue, connect
 endpoints, name, log_path, lock_ttl = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 queue = Queue(connect(endpoints, timeout=2.0, deadline=60), name, lock_ttl=lock_ttl,
-              max_attempts=int(sys.argv[5]))
+              max_attempts=int(sys.argv[5]), backoff=[1, 2, 4])  # dead letters come soon
 
 def note(log, event, claim, *more):
     fields = [event, claim.id, claim.attempt, repr(time.monotonic()), *more]

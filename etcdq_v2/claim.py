@@ -83,7 +83,11 @@ class Claim:
 
     @public_errors()
     def release(self, delay: float = 0) -> None:
-        """Give the item back; claimable again after ``delay`` seconds (rounded up)."""
+        """Give the item back; claimable again after ``delay`` seconds (rounded up).
+
+        The attempt is given back too: the next claim reports the same
+        :attr:`attempt` (a release is not a failure; fail() counts one).
+        """
         self._end("released", lambda: self._protocol.release(self._state, delay))
         if delay <= 0 and self._view is not None:
             self._view.released(self.id)

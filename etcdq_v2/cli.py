@@ -32,7 +32,7 @@ from .command import CommandHandler, check_command
 from .demo import StatusLine, format_counts, run_demo
 from .errors import (AuthError, ConfigError, EtcdqError, InvalidName, InvalidPayload, NotFound,
                      Unavailable)
-from .queue import ItemInfo, Queue
+from .queue import DEFAULT_COMPLETED_TTL, DEFAULT_MAX_ATTEMPTS, ItemInfo, Queue
 from .transport import connect
 from .worker import Worker
 
@@ -251,10 +251,31 @@ def _add_work(verbs: Any) -> argparse.ArgumentParser:
     parser.add_argument("--lock-ttl", type=float, default=30.0, metavar="S",
                         help="lock TTL: a dead worker's items come back after this "
                              "(default 30)")
-    parser.add_argument("--max-attempts", type=int, metavar="N",
-                        help="dead-letter an item after N attempts")
+    parser.add_argument("--max-attempts", type=_number_or_none(int), metavar="N",
+                        default=DEFAULT_MAX_ATTEMPTS,
+                        help="dead-letter an item after N attempts ('none': never; "
+                             f"default {DEFAULT_MAX_ATTEMPTS})")
+    parser.add_argument("--completed-ttl", type=_number_or_none(float), metavar="S",
+                        default=DEFAULT_COMPLETED_TTL,
+                        help="keep completion records S seconds ('none': until purged; "
+                             f"default {DEFAULT_COMPLETED_TTL})")
+    parser.add_argument("--failed-ttl", type=_number_or_none(float), metavar="S",
+                        help="keep dead letters S seconds (default 'none': until purged)")
     parser.add_argument("--node-id", metavar="ID", help="this worker's name in locks and records")
     return parser
+
+
+def _number_or_none(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type: a number of ``kind``, or ``none`` (no limit)."""
+    def parse(text: str) -> Any:
+        if text.strip().lower() == "none":
+            return None
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number or 'none': {text!r}") from None
+    parse.__name__ = kind.__name__  # argparse names it in "invalid ... value"
+    return parse
 
 
 def _add_stats(verbs: Any) -> argparse.ArgumentParser:
@@ -620,7 +641,8 @@ def cmd_work(args: argparse.Namespace) -> int:
         raise UsageError("give the command to run after --, e.g. etcdq work QUEUE -- ./job.sh")
     command = check_command(args.command)
     options = {"lock_ttl": args.lock_ttl, "node_id": args.node_id,
-               "max_attempts": args.max_attempts}
+               "max_attempts": args.max_attempts, "completed_ttl": args.completed_ttl,
+               "failed_ttl": args.failed_ttl}
     with open_queue(args, **options) as queue:
         queue.stats()  # fail now (exit 3/4) rather than retry a wrong endpoint forever
         worker = Worker(queue, CommandHandler(command, queue.name),

@@ -46,28 +46,40 @@ complete / dead-letter (``kind`` = completed or failed)
         item has exactly one outcome across completed/ and failed/.
         "Compare failed"/"not found" on a resent request is read back: the
         item (or, once finished, its record) carrying our token is ours.
-    F2. PUT ``<kind>/<id>`` prevExist=false with the record (the value F1 wrote,
-        less "o").  "Already exists" with our claim token is a resent PUT or a
-        claimer that finished our item for us (below): fine.
+    F2. PUT ``<kind>/<id>`` prevExist=false, ttl=<the TTL of kind>
+        (completed_ttl, failed_ttl; none: kept until purged), with the record
+        (the value F1 wrote, less "o").  "Already exists" with our claim
+        token is a resent PUT or a claimer that finished our item for us
+        (below): fine.
     F3. compareAndDelete ``work/<id>`` prevIndex=<F1's index>.
     F4. compareAndDelete ``locks/<id>`` prevValue=<our lock>.  F3 and F4 are
         independent and are sent together.
     Crash after F1 or F2: the item stays in work/ with its outcome; when the
     lock expires the next claimer's C2 finds "o", does F2 and F3 itself and
-    hands nothing out: the item never runs again.  Crash after F3: an orphan
+    hands nothing out: the item never runs again.  If nobody claimed it until
+    its record expired, the item still carries the outcome: that claimer's F2
+    writes the record again (its own TTL) before F3.  Crash after F3: an orphan
     lock expires.  F1 needs no lock check before it (no refresh): the index
     is the fence, so a claim whose lock merely expired, with nobody claiming
     the item since, still completes.
 
 release(delay) / fail with retries left
+    R0. release only: CAS ``work/<id>`` prevIndex=<our C2 index>: a-1, the
+        claim token unchanged (a release gives its attempt back; a failure
+        counts).  "Compare failed"/"not found": read back; our token with
+        a-1 is our resent R0, our token with an outcome an earlier commit of
+        ours (ClaimClosed), else LockLost.  Crash after R0: the lock expires,
+        the next claim reports the same attempt.
     R1. delay = 0: compareAndDelete ``locks/<id>`` on our lock value.
         delay > 0: CAS the lock into a "delay" lock with ttl=delay, so the
         item is claimable again when etcd (not a client clock) expires it.
+        fail() uses the queue's backoff for the delay.
         If our lock had expired, the same checks as F1 apply.
 
 requeue(id)          (a dead letter back to work/)
     Q0. Create ``locks/<id>`` (prevExist=false): one requeue at a time.
-    Q1. CAS ``failed/<id>`` adding a requeue token (or reuse one already there);
+    Q1. CAS ``failed/<id>`` adding a requeue token (or reuse one already there),
+        ttl=failed_ttl (a CAS without ttl makes a key permanent);
         m = the index of that write.
     Q2. Remove the dead letter's own item if a crash left it in work/.
     Q3. PUT ``work/<m>`` prevExist=false: the new item, with ``"q"`` (its first
@@ -146,7 +158,8 @@ class Protocol:
 
     def __init__(self, transport: Transport, layout: Layout, *, node_id: str, lock_ttl: int,
                  max_attempts: Optional[int], max_payload: int,
-                 backoff: Callable[[int], float]) -> None:
+                 backoff: Callable[[int], float], completed_ttl: Optional[int] = None,
+                 failed_ttl: Optional[int] = None) -> None:
         self.etcd = transport
         self.layout = layout
         self.node_id = node_id
@@ -154,6 +167,8 @@ class Protocol:
         self.max_attempts = max_attempts
         self.max_payload = max_payload
         self.backoff = backoff
+        #: The TTL of each kind of record (F2, Q1); None: kept until purged.
+        self.record_ttls = {COMPLETED: completed_ttl, FAILED: failed_ttl}
 
     # -- P: put ------------------------------------------------------------
     def post_item(self, raw: str, token: str) -> Tuple[str, int]:
@@ -399,7 +414,8 @@ class Protocol:
         assert item.outcome is not None
         record = Record.decode(entry.value).encode()
         try:
-            self.etcd.put(self.layout.key(item.outcome, item_id), record, prev_exist=False)
+            self.etcd.put(self.layout.key(item.outcome, item_id), record,
+                          ttl=self.record_ttls[item.outcome], prev_exist=False)
         except AlreadyExists:
             self._check_record(item_id, item)
         deletes: List[Tuple[str, Dict[str, Any]]] = [
@@ -444,6 +460,47 @@ class Protocol:
 
     # -- R: release, fail ----------------------------------------------------
     def release(self, state: ClaimState, delay: float = 0) -> None:
+        """R0, then R1: give the attempt back, then the item (now, or after ``delay``)."""
+        self._give_back(state)
+        self._unlock(state, delay)
+
+    def _give_back(self, state: ClaimState) -> None:
+        """R0: CAS ``work/<id>`` on our C2 index to a-1, our claim token kept.
+
+        A release is not an attempt (a worker shutting down, a rolling deploy):
+        the next claim counts ``a`` again.  The write is fenced like F1, so a
+        stale claim changes nothing.  Writing from ``state.item`` (still ``a``)
+        makes a second call write the same a-1 again, never a-2.
+        """
+        returned = replace(state.item, attempts=state.item.attempts - 1)
+        try:
+            reply = self.etcd.put(self.layout.key("work", state.id), returned.encode(),
+                                  prev_index=state.index)
+            state.index = reply.written_index
+        except (CompareFailed, KeyMissing):
+            state.index = self._given_back(state, returned.attempts)
+
+    def _given_back(self, state: ClaimState, attempts: int) -> int:
+        """After R0 failed: the index of our own R0 (a resent request, or an earlier
+        call), ClaimClosed if an earlier call of ours committed the item, else LockLost."""
+        entry = self.read("work", state.id)
+        if entry is None:
+            for done in (COMPLETED, FAILED):
+                if self._is_our_record(done, state):
+                    raise _committed_before(state, done)
+        else:
+            try:
+                item: Optional[Item] = Item.decode(entry.value)
+            except Junk:
+                item = None
+            if item is not None and item.claim == state.lock.token:
+                if item.outcome:
+                    raise _committed_before(state, item.outcome)
+                if item.attempts == attempts:
+                    return entry.index
+        raise LockLost(f"item {state.id}: another claim took it, or it is finished")
+
+    def _unlock(self, state: ClaimState, delay: float = 0) -> None:
         """R1: the item is claimable again now, or after ``delay`` seconds (etcd's clock)."""
         key, mine = self.layout.key("locks", state.id), state.lock.encode()
         if delay <= 0:
@@ -471,7 +528,7 @@ class Protocol:
         if self.max_attempts and state.item.attempts >= self.max_attempts:
             self.finish(state, FAILED, reason=reason)
             return True
-        self.release(state, self.backoff(state.item.attempts))
+        self._unlock(state, self.backoff(state.item.attempts))  # no R0: a failure counts
         return False
 
     # -- Q: requeue ----------------------------------------------------------
@@ -549,8 +606,9 @@ class Protocol:
         token = new_token()
         marked = replace(record, requeue_token=token).encode()
         try:
+            # With its TTL: a CAS without one makes the key permanent.
             reply = self.etcd.put(self.layout.key(FAILED, item_id), marked,
-                                  prev_index=entry.index)
+                                  ttl=self.record_ttls[FAILED], prev_index=entry.index)
         except (CompareFailed, KeyMissing):
             # Only a resent CAS of ours can have changed it: we hold its lock.
             return self._requeue_token(item_id)
@@ -639,6 +697,12 @@ class Protocol:
             return True
         except (KeyMissing, CompareFailed):
             return False
+
+
+def _committed_before(state: ClaimState, done: str) -> ClaimClosed:
+    """A release found the item committed by an earlier call of the same claim."""
+    return ClaimClosed(f"item {state.id} was already committed as {done} by this claim "
+                       "(an earlier call whose reply was lost)", outcome=done)
 
 
 def lock_states(entries: List[Entry]) -> Dict[str, Optional[Lock]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import random
 import socket
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Dict, Iterable, List, Optional, Type, Union
 
+from .backoff import BackoffOption, make_backoff
 from .claim import Claim, Heartbeat
 from .codec import DEFAULT_MAX_PAYLOAD, Item, Junk, Record, new_token
 from .errors import ConfigError, InvalidArgument, NotFound, public_errors
@@ -37,11 +39,11 @@ STATES = ("pending", "running", "completed", "failed")
 CLAIM_WINDOW = 64
 #: Items found gone in a row, within one claim, that show the view is behind.
 STALE_VIEW = 3
-
-
-def default_backoff(attempt: int) -> float:
-    """Seconds before a failed item is claimable again: 1, 2, 4, 8, then 15."""
-    return float(min(2 ** (attempt - 1), 15))
+#: Claims of one item before it is dead-lettered (docs/protocol.md, "Retention
+#: and retries", says why 10).
+DEFAULT_MAX_ATTEMPTS = 10
+#: Seconds a completion record is kept: a day.  Dead letters are kept until purged.
+DEFAULT_COMPLETED_TTL = 24 * 3600
 
 
 def default_node_id() -> str:
@@ -73,12 +75,20 @@ class Queue:
     ``client`` is an ``etcd.Client``, a :class:`Transport` from :func:`connect`,
     or a string of endpoint URLs.  ``lock_ttl`` is rounded up to whole seconds
     (etcd's unit); a lock expires 0 to 0.5 s after its TTL.
+
+    ``completed_ttl`` and ``failed_ttl``: seconds a completion record and a dead
+    letter are kept (rounded up; None: until purged).  ``max_attempts``: claims
+    of an item before it is dead-lettered (None: never).  ``backoff``: the wait
+    after a failed attempt, a sequence of seconds or ``f(attempt) -> seconds``
+    (None: exponential with jitter, see :mod:`etcdq_v2.backoff`).
     """
 
     def __init__(self, client: Client, name: str, *, prefix: str = "/etcdq",
                  lock_ttl: float = 30.0, node_id: Optional[str] = None,
-                 max_attempts: Optional[int] = None,
-                 max_payload_bytes: int = DEFAULT_MAX_PAYLOAD) -> None:
+                 max_attempts: Optional[int] = DEFAULT_MAX_ATTEMPTS,
+                 max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
+                 completed_ttl: Optional[float] = DEFAULT_COMPLETED_TTL,
+                 failed_ttl: Optional[float] = None, backoff: BackoffOption = None) -> None:
         self.layout = Layout(prefix, name)
         if lock_ttl <= 0 or (max_attempts is not None and max_attempts < 1):
             raise ConfigError("lock_ttl must be > 0 and max_attempts >= 1 (or None)")
@@ -86,11 +96,15 @@ class Queue:
         self.lock_ttl = ttl_seconds(lock_ttl)
         self.node_id = node_id or default_node_id()
         self.max_attempts = max_attempts
+        self.completed_ttl = _record_ttl("completed_ttl", completed_ttl)
+        self.failed_ttl = _record_ttl("failed_ttl", failed_ttl)
+        backoff_of = make_backoff(backoff, self.layout.root)
         self.etcd = _transport(client)
         self._owns_transport = not isinstance(client, Transport)
         self._protocol = Protocol(self.etcd, self.layout, node_id=self.node_id,
                                   lock_ttl=self.lock_ttl, max_attempts=max_attempts,
-                                  max_payload=max_payload_bytes, backoff=default_backoff)
+                                  max_payload=max_payload_bytes, backoff=backoff_of,
+                                  completed_ttl=self.completed_ttl, failed_ttl=self.failed_ttl)
         self._heartbeat = Heartbeat(self.lock_ttl)
         self._view: Optional[QueueView] = None
         self._window = 1
@@ -299,6 +313,17 @@ def _transport(client: Client) -> Transport:
     if hasattr(client, "base_uri") and hasattr(client, "http"):
         return Transport.from_client(client)
     raise ConfigError(f"expected an etcd.Client, a Transport or endpoint URLs, not {client!r}")
+
+
+def _record_ttl(option: str, seconds: Optional[float]) -> Optional[int]:
+    """A record TTL option in etcd's unit (whole seconds, rounded up); None keeps forever."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+            or not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"{option} must be a number of seconds > 0, or None to keep "
+                          f"records until purged; not {seconds!r}")
+    return ttl_seconds(seconds)
 
 
 def _is_running(locks: Dict[str, Any], item_id: str) -> bool:

@@ -84,7 +84,8 @@ class WorkerStats:
     #: Nothing could be recorded: another claim holds the lock, or etcd did not
     #: answer.  The item comes back after its lock's TTL if it is not done.
     lost: int = 0
-    #: Handed back unfinished at shutdown; claimable again at once.
+    #: Handed back unfinished at shutdown; claimable again at once, and the
+    #: attempt is not counted (a rolling deploy uses up no attempts).
     released: int = 0
 
 

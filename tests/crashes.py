@@ -33,7 +33,7 @@ def commit(queue: Queue, claim: Claim, kind: str, *, record: bool = True) -> int
     if not record:
         return committed.index
     return protocol.etcd.put(protocol.layout.key(kind, claim.id), outcome.encode(),
-                             prev_exist=False).index
+                             ttl=protocol.record_ttls[kind], prev_exist=False).index
 
 
 def commit_then_crash(queue: Queue, kind: str, *, record: bool = True) -> str:

@@ -1,0 +1,206 @@
+"""Records expire: completed_ttl and failed_ttl, against a real etcd.
+
+F2 writes each record with the TTL of its kind; requeue's Q1 keeps a dead
+letter's TTL (a CAS without one would make the key permanent); an item
+committed (F1) whose record expired before its F3 still never runs again,
+because the item itself carries its outcome.  docs/protocol.md, "Retention
+and retries", has the crash table these tests walk through.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any, Dict, Optional
+
+import pytest
+
+from etcdq_v2 import ConfigError, NotFound, Queue
+from etcdq_v2.codec import Item, Record
+from etcdq_v2.protocol import COMPLETED, FAILED
+
+import test_cli
+from crashes import commit, commit_then_crash, stalled_claim
+from helpers import wait_until
+from test_cli import assert_user_error, ok
+
+# test_cli's fixture: etcdq on the shared etcd, for this module too.
+etcdq = test_cli.etcdq
+
+BOUND = 10.0
+
+
+def node(queue: Queue, kind: str, item_id: str) -> Optional[Dict[str, Any]]:
+    """The etcd node of ``kind/<id>`` (with its ``ttl`` if it has one), or None."""
+    entry = queue._protocol.read(kind, item_id)
+    if entry is None:
+        return None
+    return queue.etcd.get(queue.layout.key(kind, item_id), quorum=True).node
+
+
+def ttl_of(queue: Queue, kind: str, item_id: str) -> Optional[int]:
+    found = node(queue, kind, item_id)
+    assert found is not None, f"no {kind}/{item_id}"
+    return found.get("ttl")
+
+
+# -- F2: records carry the TTL of their kind -------------------------------------------
+
+def test_records_get_the_ttl_of_their_kind(etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, completed_ttl=100, failed_ttl=50.5,
+               max_attempts=1) as queue:
+        done, dead = queue.put_many(["done", "dead"])
+        queue.claim().complete("ok")
+        queue.claim().fail("no")
+        assert 95 <= ttl_of(queue, COMPLETED, done) <= 100
+        assert 46 <= ttl_of(queue, FAILED, dead) <= 51  # 50.5 rounded up
+        assert (queue.completed_ttl, queue.failed_ttl) == (100, 51)
+
+
+def test_by_default_completion_records_last_a_day_and_dead_letters_forever(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, max_attempts=1) as queue:
+        done, dead = queue.put_many(["done", "dead"])
+        queue.claim().complete()
+        queue.claim().fail("no")
+        assert 86400 - 5 <= ttl_of(queue, COMPLETED, done) <= 86400
+        assert ttl_of(queue, FAILED, dead) is None
+
+
+def test_none_keeps_records_until_purged(etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, completed_ttl=None) as queue:
+        item_id = queue.put("kept")
+        queue.claim().complete()
+        assert ttl_of(queue, COMPLETED, item_id) is None
+        assert queue.purge(completed=True) == 1
+
+
+def test_an_expired_record_is_gone_and_its_item_does_not_come_back(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, completed_ttl=1) as queue:
+        item_id = queue.put("brief")
+        queue.claim().complete("done")
+        assert queue.get(item_id).state == COMPLETED
+
+        def gone() -> bool:
+            try:
+                queue.get(item_id)
+            except NotFound:
+                return True
+            return False
+
+        wait_until(gone, BOUND, message="the completion record to expire")
+        assert queue.stats() == {"pending": 0, "running": 0, "completed": 0, "failed": 0}
+        assert queue.claim(timeout=0.5) is None
+
+
+@pytest.mark.parametrize("option", ["completed_ttl", "failed_ttl"])
+@pytest.mark.parametrize("value", [0, -1, "60", True, math.nan, math.inf, [60]])
+def test_a_bad_record_ttl_is_a_config_error(etcd_url: str, queue_name: str, option: str,
+                                            value: Any) -> None:
+    with pytest.raises(ConfigError, match=option):
+        Queue(etcd_url, queue_name, **{option: value})
+
+
+# -- F2 by a claimer that finishes a crashed finisher's item ---------------------------
+
+def test_a_claimer_that_finishes_a_crashed_commit_writes_the_record_with_its_own_ttl(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=1, completed_ttl=None) as crashed, \
+            Queue(etcd_url, queue_name, completed_ttl=77) as survivor:
+        crashed.put("finish me once")
+        item_id = commit_then_crash(crashed, COMPLETED, record=False)  # F1, then dead
+        assert survivor.claim(timeout=4) is None  # finds "o": F2, F3, F4 for it
+        wait_until(lambda: survivor._protocol.read("work", item_id) is None, BOUND,
+                   message="the survivor to finish the crashed item")
+        assert 72 <= ttl_of(survivor, COMPLETED, item_id) <= 77
+        assert survivor.get(item_id).result == "done"
+
+
+def test_crash_after_f2_whose_record_expired_while_the_item_is_in_work(
+        etcd_url: str, queue_name: str) -> None:
+    """F1 and F2 (TTL 1 s) applied, the finisher died before F3, and nobody claimed
+    until the record expired: the item still carries the outcome, so it never runs
+    again, and the claimer that finishes it writes the record again (fresh TTL)."""
+    with Queue(etcd_url, queue_name, lock_ttl=1, completed_ttl=1) as crashed:
+        crashed.put("finish me once")
+        claim = stalled_claim(crashed)
+        commit(crashed, claim, COMPLETED, record=True)  # F1, F2 with ttl=1; then dead
+        item_id, token = claim.id, claim._state.lock.token
+        assert ttl_of(crashed, COMPLETED, item_id) == 1
+        wait_until(lambda: node(crashed, COMPLETED, item_id) is None, BOUND,
+                   message="the record to expire")
+        left = crashed._protocol.read("work", item_id)
+        assert left is not None and Item.decode(left.value).outcome == COMPLETED
+        # Readers take the outcome from the item meanwhile.
+        assert crashed.get(item_id).state == COMPLETED
+        assert crashed.stats()["completed"] == 1 and crashed.stats()["pending"] == 0
+        wait_until(lambda: node(crashed, "locks", item_id) is None, BOUND,
+                   message="the dead finisher's lock to expire")
+    with Queue(etcd_url, queue_name, completed_ttl=60) as survivor:
+        assert survivor.claim(timeout=3) is None  # it finishes the item, hands nothing out
+        wait_until(lambda: survivor._protocol.read("work", item_id) is None, BOUND,
+                   message="the survivor to finish the item (F2, F3)")
+        found = node(survivor, COMPLETED, item_id)
+        assert found is not None and 55 <= found["ttl"] <= 60
+        record = Record.decode(found["value"])
+        assert (record.claim, record.result) == (token, "done")  # the dead claim's outcome
+        assert survivor.stats() == {"pending": 0, "running": 0, "completed": 1, "failed": 0}
+
+
+# -- Q1: requeue keeps the dead letter's TTL --------------------------------------------
+
+def test_a_cas_without_ttl_makes_a_key_permanent(etcd_url: str, queue_name: str) -> None:
+    """The etcd v2 fact Q1's ttl rests on (etcd 3.5 and 3.4 alike)."""
+    with Queue(etcd_url, queue_name) as queue:
+        key = queue.layout.key(FAILED, "00000000000000000001")
+        index = queue.etcd.put(key, "v1", ttl=60).written_index
+        assert queue.etcd.get(key).node.get("ttl") is not None
+        queue.etcd.put(key, "v2", prev_index=index)
+        assert "ttl" not in queue.etcd.get(key).node
+        queue.etcd.delete(key)
+
+
+def test_crash_after_q1_leaves_the_dead_letter_with_its_ttl(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, max_attempts=1, failed_ttl=600, lock_ttl=1) as queue:
+        item_id = queue.put("dead")
+        queue.claim().fail("no")
+        protocol = queue._protocol
+        protocol._lock_dead_letter(item_id)  # Q0
+        protocol._requeue_token(item_id)     # Q1; then the requeue dies
+        marked = node(queue, FAILED, item_id)
+        assert marked is not None and Record.decode(marked["value"]).requeue_token
+        assert 590 <= marked.get("ttl", 0) <= 600
+        new_id = queue.requeue(item_id)  # once the dead requeue's lock expired
+        assert [info.id for info in queue.items("pending")] == [new_id]
+
+
+# -- the command line -------------------------------------------------------------------
+
+FAIL_ODD = "import json, sys; sys.exit(json.load(sys.stdin)['n'] % 2)"
+
+
+@pytest.mark.parametrize("completed, failed, expected", [
+    ("30", "20.5", (30, 21)), ("none", "none", (None, None)), (None, None, (86400, None)),
+], ids=["seconds", "none", "defaults"])
+def test_work_writes_records_with_the_ttls_given(
+        etcdq: Any, etcd_url: str, queue_name: str, completed: Optional[str],
+        failed: Optional[str], expected: Any) -> None:
+    options = [] if completed is None else ["--completed-ttl", completed, "--failed-ttl", failed]
+    with Queue(etcd_url, queue_name) as queue:
+        done, dead = queue.put_many([{"n": 0}, {"n": 1}])
+        ok(etcdq("work", queue_name, "--until-empty", "--max-attempts", "1", *options,
+                 "--", sys.executable, "-c", FAIL_ODD))
+        got = (ttl_of(queue, COMPLETED, done), ttl_of(queue, FAILED, dead))
+        for ttl, wanted in zip(got, expected):
+            assert (ttl is None) if wanted is None else (wanted - 5 <= ttl <= wanted), got
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--completed-ttl", "soon", "not a number or 'none'"),
+    ("--failed-ttl", "0", "failed_ttl must be a number of seconds > 0"),
+    ("--max-attempts", "0", "max_attempts >= 1"),
+])
+def test_work_refuses_bad_retention_options(etcdq: Any, queue_name: str, option: str,
+                                            value: str, message: str) -> None:
+    assert_user_error(etcdq("work", queue_name, option, value, "--", "true"), 2, message)
