@@ -79,7 +79,7 @@ release(delay) / fail with retries left
 requeue(id)          (a dead letter back to work/)
     Q0. Create ``locks/<id>`` (prevExist=false): one requeue at a time.
     Q1. CAS ``failed/<id>`` adding a requeue token (or reuse one already there),
-        ttl=failed_ttl (a CAS without ttl makes a key permanent);
+        with the TTL it has left (a CAS without ttl makes a key permanent);
         m = the index of that write.
     Q2. Remove the dead letter's own item if a crash left it in work/.
     Q3. PUT ``work/<m>`` prevExist=false: the new item, with ``"q"`` (its first
@@ -146,6 +146,7 @@ class Entry:
     id: str
     index: int
     value: Optional[str]
+    ttl: Optional[int] = None  # seconds left, as etcd reports them on a read; None: no TTL
 
 
 def ttl_seconds(seconds: float) -> int:
@@ -606,9 +607,11 @@ class Protocol:
         token = new_token()
         marked = replace(record, requeue_token=token).encode()
         try:
-            # With its TTL: a CAS without one makes the key permanent.
+            # With the time it has left: a CAS without a TTL makes the key
+            # permanent, and this Queue's failed_ttl need not be the one the
+            # dead letter was written with.
             reply = self.etcd.put(self.layout.key(FAILED, item_id), marked,
-                                  ttl=self.record_ttls[FAILED], prev_index=entry.index)
+                                  ttl=entry.ttl, prev_index=entry.index)
         except (CompareFailed, KeyMissing):
             # Only a resent CAS of ours can have changed it: we hold its lock.
             return self._requeue_token(item_id)
@@ -621,7 +624,7 @@ class Protocol:
             node = self.etcd.get(self.layout.key(kind, item_id), quorum=True).node
         except KeyMissing:
             return None
-        return Entry(item_id, node["modifiedIndex"], node.get("value"))
+        return Entry(item_id, node["modifiedIndex"], node.get("value"), node.get("ttl"))
 
     def list(self, kind: str, *, quorum: bool = True) -> Tuple[int, List[Entry]]:
         """``(etcd index, entries)`` of one directory, sorted, junk names skipped."""

@@ -175,6 +175,26 @@ def test_crash_after_q1_leaves_the_dead_letter_with_its_ttl(
         assert [info.id for info in queue.items("pending")] == [new_id]
 
 
+@pytest.mark.parametrize("written_with, requeued_with", [(600, None), (None, 600)],
+                         ids=["ttl-requeued-by-keep-forever", "forever-requeued-by-ttl"])
+def test_q1_keeps_the_ttl_the_dead_letter_has_not_the_requeuers(
+        etcd_url: str, queue_name: str, written_with: Optional[int],
+        requeued_with: Optional[int]) -> None:
+    """A requeue that dies after Q1 leaves the dead letter as it was: its own
+    expiry, whatever failed_ttl the requeuing Queue (e.g. `etcdq requeue`) has."""
+    with Queue(etcd_url, queue_name, max_attempts=1, failed_ttl=written_with) as worker, \
+            Queue(etcd_url, queue_name, failed_ttl=requeued_with, lock_ttl=1) as operator:
+        item_id = worker.put("dead")
+        worker.claim().fail("no")
+        operator._protocol._lock_dead_letter(item_id)  # Q0
+        operator._protocol._requeue_token(item_id)     # Q1; then the requeue dies
+        ttl = node(operator, FAILED, item_id).get("ttl")
+        if written_with is None:
+            assert ttl is None
+        else:
+            assert ttl is not None and written_with - 10 <= ttl <= written_with
+
+
 # -- the command line -------------------------------------------------------------------
 
 FAIL_ODD = "import json, sys; sys.exit(json.load(sys.stdin)['n'] % 2)"
