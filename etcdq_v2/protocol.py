@@ -76,12 +76,21 @@ requeue(id)          (a dead letter back to work/)
     Q4. CAS ``failed/<id>`` into a tombstone with a week's TTL, so that a late
         F2 finds the key taken.  Q5. Drop the lock.
 
+wait(id)             (reads only)
+    W1. Open a stream watch of ``work/<id>`` (registered now), THEN
+    W2. read as get() does: a record, or "o" in the item -> return it;
+        neither pending nor recorded -> NotFound.
+    W3. Each event: a value with "o" is the record (F1); a removal -> read the
+        records (none: NotFound); a claim's C2 -> keep waiting.  A stream that
+        ends (a minute without events, a member gone) -> W1 again.
+
 Refreshes (heartbeats) are CAS refreshes (refresh=true, prevValue=lock): they
 extend the TTL without notifying watchers.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import time
@@ -92,7 +101,7 @@ from .codec import Item, Junk, Lock, Record, new_token, tombstone
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdqError,
                      EtcdRejected, KeyMissing, LockLost, NotFound, Unavailable)
 from .keys import Layout, check_item_id
-from .transport import Node, Transport
+from .transport import EventStream, Node, Transport
 
 log = logging.getLogger("etcdq_v2.protocol")
 
@@ -555,6 +564,63 @@ class Protocol:
             # Only a resent CAS of ours can have changed it: we hold its lock.
             return self._requeue_token(item_id)
         return (token, reply.written_index), record
+
+    # -- W: wait -----------------------------------------------------------------
+    def watch_item(self, item_id: str, idle_timeout: float) -> EventStream:
+        """W1: a stream of ``work/<id>``'s events from now on (before W2 reads)."""
+        return self.etcd.stream(self.layout.key("work", item_id), idle_timeout=idle_timeout)
+
+    def outcome(self, item_id: str) -> Optional[Tuple[str, Record]]:
+        """W2: ``(kind, record)`` of a finished item, None while it is pending or running.
+
+        Read as Queue.get reads: the records, then the item (committed by F1:
+        its value is the record), then the records again in case it finished
+        in between.  NotFound if it is in none of them.
+        """
+        found = self.record_of(item_id)
+        if found is not None:
+            return found
+        entry = self.read("work", item_id)
+        if entry is None:
+            found = self.record_of(item_id)
+            if found is None:
+                raise NotFound(f"no item {item_id} in {self.layout.root}")
+            return found
+        try:
+            item = Item.decode(entry.value)
+        except Junk:
+            raise NotFound(f"no item {item_id} in {self.layout.root}") from None
+        return (item.outcome, Record.decode(entry.value)) if item.outcome else None
+
+    def outcome_in(self, item_id: str, block: bytes) -> Optional[Tuple[str, Record]]:
+        """W3: the outcome a block of ``work/<id>``'s events tells, None: keep waiting.
+
+        A write that carries ``"o"`` is the commit F1: its value is the record.
+        A removal (F3, a purge) is read in the records (NotFound if none is
+        left).  A claim's C2 and anything that is not ours say nothing.
+        """
+        for line in block.splitlines():
+            try:
+                event = json.loads(line)
+                action, value = event["action"], event["node"].get("value")
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue  # not an event of etcd's
+            if action in ("delete", "compareAndDelete", "expire"):
+                return self.outcome(item_id)
+            with contextlib.suppress(Junk):
+                item = Item.decode(value)
+                if item.outcome:
+                    return item.outcome, Record.decode(value)
+        return None
+
+    def record_of(self, item_id: str) -> Optional[Tuple[str, Record]]:
+        """``(kind, record)`` from completed/ or failed/; junk (a tombstone) is skipped."""
+        for kind in (COMPLETED, FAILED):
+            entry = self.read(kind, item_id)
+            if entry is not None:
+                with contextlib.suppress(Junk):
+                    return kind, Record.decode(entry.value)
+        return None
 
     # -- reads -----------------------------------------------------------------
     def read(self, kind: str, item_id: str) -> Optional[Entry]:
