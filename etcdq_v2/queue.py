@@ -267,7 +267,7 @@ class Queue:
         item that is neither pending, running nor recorded.  A watch of the
         item wakes it: etcd gets no request while it waits (one stream, opened
         again after a minute without events or when it breaks), and close()
-        ends it with Unavailable.
+        ends it with Unavailable.  A cancelled item is a failed one.
         """
         check_item_id(item_id)
         deadline = _deadline(timeout)
@@ -324,6 +324,17 @@ class Queue:
             log.info("watch of item %s of %s broke (%s); watching again", item_id,
                      self.layout.root, exc)
         return None
+
+    @public_errors()
+    def cancel(self, item_id: str) -> bool:
+        """Dead-letter a pending item with the reason "cancelled": True once it will
+        never be handed out; False if it is running or already finished (nothing
+        changes).  NotFound for an unknown id.  ``requeue`` brings it back.
+
+        Racing a claim of the same item, exactly one of them wins (see
+        docs/protocol.md, "cancel").
+        """
+        return self._protocol.cancel(item_id)
 
     # -- operating -----------------------------------------------------------------
     @public_errors()
