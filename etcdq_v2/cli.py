@@ -32,6 +32,7 @@ from .command import CommandHandler, check_command
 from .demo import StatusLine, format_counts, run_demo
 from .errors import (AuthError, ConfigError, EtcdqError, InvalidName, InvalidPayload, NotFound,
                      Unavailable)
+from .keys import check_item_id
 from .queue import DEFAULT_COMPLETED_TTL, DEFAULT_MAX_ATTEMPTS, ItemInfo, Queue
 from .transport import connect
 from .worker import Worker
@@ -46,6 +47,7 @@ EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_AUTH = 4
 EXIT_NOT_FOUND = 5
+EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
 
 #: The exit statuses, as ``--help`` lists them.
@@ -56,6 +58,7 @@ EXIT_CODES: Tuple[Tuple[int, str], ...] = (
     (EXIT_UNAVAILABLE, "etcd could not be reached at the endpoints"),
     (EXIT_AUTH, "etcd refused the credentials or the access"),
     (EXIT_NOT_FOUND, "no such item"),
+    (EXIT_TIMEOUT, "wait: the timeout passed first"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
 )
 
@@ -120,7 +123,8 @@ _GLOBAL_OPTIONS: Tuple[_GlobalOption, ...] = (
                   "seconds per etcd request; a call gives up after 3 times this",
                   "S", kind=float),
     _GlobalOption(("--json",), "json", None, False,
-                  "machine-readable output (put, stats, ls, show, requeue, purge, work)",
+                  "machine-readable output (put, stats, ls, show, wait, cancel, requeue, "
+                  "purge, work)",
                   action="store_true"),
     _GlobalOption(("-v", "--verbose"), "verbose", None, 0, "more log output (repeatable)",
                   action="count"),
@@ -196,8 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     _add_global_options(parser, top=True)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
-    for add_verb in (_add_put, _add_work, _add_stats, _add_ls, _add_show, _add_requeue,
-                     _add_purge, _add_server, _add_demo):
+    for add_verb in (_add_put, _add_work, _add_stats, _add_ls, _add_show, _add_wait,
+                     _add_cancel, _add_requeue, _add_purge, _add_server, _add_demo):
         verb = add_verb(verbs)
         _add_global_options(verb, top=False)
     return parser
@@ -299,6 +303,31 @@ def _add_show(verbs: Any) -> argparse.ArgumentParser:
     parser = _verb(verbs, "show", cmd_show, "show one item, wherever it is")
     _add_queue_argument(parser)
     parser.add_argument("id", metavar="ID")
+    return parser
+
+
+def _add_wait(verbs: Any) -> argparse.ArgumentParser:
+    parser = _verb(verbs, "wait", cmd_wait, "wait until items are completed or failed",
+                   epilog="Prints one line per item as it finishes: its id, state and "
+                          "result (or failure reason). Exit status: 0 all completed, 1 any "
+                          "failed (a cancelled item is failed), 124 the timeout passed "
+                          "first, 5 an unknown id (5 wins over 124, 124 over 1).")
+    _add_queue_argument(parser)
+    parser.add_argument("ids", nargs="+", metavar="ID")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="give up after S seconds, for all the ids together "
+                             "(default: wait as long as it takes)")
+    return parser
+
+
+def _add_cancel(verbs: Any) -> argparse.ArgumentParser:
+    parser = _verb(verbs, "cancel", cmd_cancel,
+                   "dead-letter pending items with the reason 'cancelled'",
+                   epilog="An item already running or finished is left alone. Exit status: "
+                          "0 every id was cancelled, 1 any was running or finished, 5 any "
+                          "is unknown (5 wins over 1). 'etcdq requeue' brings one back.")
+    _add_queue_argument(parser)
+    parser.add_argument("ids", nargs="+", metavar="ID")
     return parser
 
 
@@ -583,6 +612,68 @@ def cmd_show(args: argparse.Namespace) -> int:
     for name, text in fields:
         print(f"{name + ':':<{width}} {text}")
     return EXIT_OK
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    """``etcdq wait``: each id in turn, within one --timeout for them all."""
+    ids = [check_item_id(item_id) for item_id in args.ids]
+    if args.timeout is not None and not args.timeout >= 0:
+        raise UsageError(f"--timeout must be >= 0, not {args.timeout:g}")
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    results = []
+    with open_queue(args) as queue:
+        for item_id in ids:
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            results.append(_waited(queue, item_id, remaining, args.json))
+    if args.json:
+        print_json([doc for _, doc in results])
+    return _worst([code for code, _ in results], (EXIT_NOT_FOUND, EXIT_TIMEOUT, EXIT_FAILURE))
+
+
+def _waited(queue: Queue, item_id: str, timeout: Optional[float],
+            as_json: bool) -> Tuple[int, Dict[str, Any]]:
+    """Wait for one item (a look only, once the timeout passed): its exit status and
+    what ``--json`` prints of it."""
+    try:
+        info = queue.wait(item_id, timeout)
+    except NotFound as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_NOT_FOUND, {"id": item_id, "state": None, "error": "not found"}
+    if info is None:
+        if not as_json:
+            print(f"{item_id}  timed out", flush=True)
+        return EXIT_TIMEOUT, {"id": item_id, "state": None, "error": "timed out"}
+    if not as_json:
+        detail = info.result if info.state == "completed" else info.reason
+        print(f"{item_id}  {info.state}  {_format_value(detail)}", flush=True)
+    return (EXIT_OK if info.state == "completed" else EXIT_FAILURE), dataclasses.asdict(info)
+
+
+def _worst(codes: List[int], order: Sequence[int]) -> int:
+    """The first exit status of ``order`` among ``codes``, else 0."""
+    return next((code for code in order if code in codes), EXIT_OK)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """``etcdq cancel``: prints each id with what became of it."""
+    ids = [check_item_id(item_id) for item_id in args.ids]
+    with open_queue(args) as queue:
+        results = [_cancelled(queue, item_id, args.json) for item_id in ids]
+    if args.json:
+        print_json([doc for _, doc in results])
+    return _worst([code for code, _ in results], (EXIT_NOT_FOUND, EXIT_FAILURE))
+
+
+def _cancelled(queue: Queue, item_id: str, as_json: bool) -> Tuple[int, Dict[str, Any]]:
+    try:
+        cancelled = queue.cancel(item_id)
+    except NotFound as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_NOT_FOUND, {"id": item_id, "cancelled": False, "error": "not found"}
+    if not as_json:
+        print(f"{item_id}  {'cancelled' if cancelled else 'not cancelled: running or finished'}",
+              flush=True)
+    return (EXIT_OK if cancelled else EXIT_FAILURE), {"id": item_id, "cancelled": cancelled}
 
 
 def cmd_requeue(args: argparse.Namespace) -> int:

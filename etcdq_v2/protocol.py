@@ -88,12 +88,40 @@ requeue(id)          (a dead letter back to work/)
     Q4. CAS ``failed/<id>`` into a tombstone with a week's TTL, so that a late
         F2 finds the key taken.  Q5. Drop the lock.
 
+cancel(id)           (a pending item to failed/, reason "cancelled")
+    K1. PUT ``locks/<id>`` prevExist=false, ttl=lock_ttl: a delay lock ("d") with a
+        fresh token, so the item stays "pending" for stats.  "Already exists": a
+        delay lock (a release's backoff, a delayed put, a cancel) is taken over
+        by CAS on its value with ttl=max(lock_ttl, its ttl left); another lock
+        is a claim's -> False.
+    K2. Read ``work/<id>`` (quorum).  Committed ("o") or recorded -> drop our
+        lock, False; neither in work/ nor recorded -> NotFound (a delay lock we
+        took over is left to expire: a delayed put's item may still come).
+    K3. F1 on K2's index: the dead letter (attempts unchanged, "o": failed) into
+        the item.  "Compare failed": another cancel's K3, or a claim's C2 held in
+        flight past its lock landed first -> drop our lock, False.
+    K4. F2-F4 with our lock.
+    Crash after K1: the lock expires (a delay lock taken over no sooner than it
+    would have), the item is pending again.  Crash after K3: the item carries
+    "o"; the next claimer does F2-F4 and hands nothing out.  The lock keeps
+    claims off while we work; K3 and C2 are CASes on the same index, so of a
+    cancel and a claim exactly one wins.
+
+wait(id)             (reads only)
+    W1. Open a stream watch of ``work/<id>`` (registered now), THEN
+    W2. read as get() does: a record, or "o" in the item -> return it;
+        neither pending nor recorded -> NotFound.
+    W3. Each event: a value with "o" is the record (F1); a removal -> read the
+        records (none: NotFound); a claim's C2 -> keep waiting.  A stream that
+        ends (a minute without events, a member gone) -> W1 again.
+
 Refreshes (heartbeats) are CAS refreshes (refresh=true, prevValue=lock): they
 extend the TTL without notifying watchers.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import time
@@ -104,11 +132,13 @@ from .codec import Item, Junk, Lock, Record, new_token, tombstone
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdqError,
                      EtcdRejected, KeyMissing, LockLost, NotFound, Unavailable)
 from .keys import Layout, check_item_id
-from .transport import Node, Transport
+from .transport import EventStream, Node, Transport
 
 log = logging.getLogger("etcdq_v2.protocol")
 
 COMPLETED, FAILED = "completed", "failed"
+#: The reason of a dead letter made by cancel().
+CANCELLED = "cancelled"
 
 
 #: Seconds a requeued dead letter stays as a tombstone, so that a late copy of
@@ -617,6 +647,156 @@ class Protocol:
             return self._requeue_token(item_id)
         return (token, reply.written_index), record
 
+    # -- K: cancel -------------------------------------------------------------
+    def cancel(self, item_id: str) -> bool:
+        """K1-K4: dead-letter a pending item as cancelled; False if it is running or finished.
+
+        Raises NotFound for an item that is neither in work/ nor recorded.
+        """
+        check_item_id(item_id)
+        taken = self._cancel_lock(item_id)  # K1
+        if taken is None:
+            return False
+        lock, took_over = taken
+        try:
+            state = self._pending_item(item_id, lock)  # K2
+            if state is not None:
+                self.finish(state, FAILED, reason=CANCELLED)  # K3 (F1), K4 (F2-F4)
+                return True
+        except LockLost:  # K3 failed: another cancel committed, or a held C2 landed
+            pass
+        except NotFound:
+            if not took_over:  # else a delayed put's item may still come: the
+                self._let_go(item_id, lock)  # lock expires no sooner than it would have
+            raise
+        except BaseException:
+            self._let_go(item_id, lock)
+            raise
+        self._let_go(item_id, lock)
+        return False
+
+    def _let_go(self, item_id: str, lock: Lock) -> None:
+        with contextlib.suppress(EtcdqError):  # else it simply expires
+            self._drop_lock(item_id, lock)
+
+    def _cancel_lock(self, item_id: str) -> Optional[Tuple[Lock, bool]]:
+        """K1: (our lock, whether it took over a delay lock), or None: a claim holds it.
+
+        Our lock is a delay lock (``"d"``): it holds the item back without
+        running it, so stats and ls keep calling the item pending.  A delay
+        lock already there (a release's backoff, a delayed put) is taken over
+        by a CAS on its value, its TTL never shortened; any other lock is a
+        claim's.  The loop ends when the lock changes under us too often.
+        """
+        lock = Lock(self.node_id, new_token(), delay=True)
+        for _ in range(5):
+            try:
+                self._create_lock(item_id, lock, self.lock_ttl)
+                return lock, False
+            except Taken:
+                pass
+            held = self._read_node("locks", item_id)
+            if held is None:
+                continue  # expired meanwhile: create it
+            try:
+                if not Lock.decode(held.get("value")).delay:
+                    return None
+            except Junk:
+                return None  # a lock we cannot read counts as held
+            if self._take_over(item_id, held, lock):
+                return lock, True
+        return None
+
+    def _take_over(self, item_id: str, held: Node, lock: Lock) -> bool:
+        """K1 on a delay lock: CAS it into ours, ttl = max(lock_ttl, its time left)."""
+        ttl = max(self.lock_ttl, int(held.get("ttl") or 0))
+        try:
+            self.etcd.put(self.layout.key("locks", item_id), lock.encode(), ttl=ttl,
+                          prev_value=held.get("value"))
+            return True
+        except KeyMissing:
+            return False
+        except CompareFailed as exc:  # changed, unless it was our own resent CAS
+            return exc.retried and self._lock_value(item_id) == lock.encode()
+
+    def _pending_item(self, item_id: str, lock: Lock) -> Optional[ClaimState]:
+        """K2: the item as read now (quorum), to be committed on that index (K3).
+
+        None if it is finished: committed (``"o"``), or recorded (gone from
+        work/, or left there by 0.1.0's crash: checked for claimed items, as
+        C3 does); NotFound if it is neither in work/ nor recorded.
+        """
+        entry = self.read("work", item_id)
+        if entry is None:
+            if self.record_of(item_id) is None:
+                raise NotFound(f"no item {item_id} in {self.layout.root}")
+            return None
+        try:
+            item = Item.decode(entry.value)
+        except Junk:
+            raise NotFound(f"no item {item_id} in {self.layout.root}") from None
+        if item.outcome or ((item.attempts or item.requeued)
+                            and self.record_of(item_id) is not None):
+            return None
+        return ClaimState(item_id, lock, item, entry.index, time.monotonic())
+
+    # -- W: wait -----------------------------------------------------------------
+    def watch_item(self, item_id: str, idle_timeout: float) -> EventStream:
+        """W1: a stream of ``work/<id>``'s events from now on (before W2 reads)."""
+        return self.etcd.stream(self.layout.key("work", item_id), idle_timeout=idle_timeout)
+
+    def outcome(self, item_id: str) -> Optional[Tuple[str, Record]]:
+        """W2: ``(kind, record)`` of a finished item, None while it is pending or running.
+
+        Read as Queue.get reads: the records, then the item (committed by F1:
+        its value is the record), then the records again in case it finished
+        in between.  NotFound if it is in none of them.
+        """
+        found = self.record_of(item_id)
+        if found is not None:
+            return found
+        entry = self.read("work", item_id)
+        if entry is None:
+            found = self.record_of(item_id)
+            if found is None:
+                raise NotFound(f"no item {item_id} in {self.layout.root}")
+            return found
+        try:
+            item = Item.decode(entry.value)
+        except Junk:
+            raise NotFound(f"no item {item_id} in {self.layout.root}") from None
+        return (item.outcome, Record.decode(entry.value)) if item.outcome else None
+
+    def outcome_in(self, item_id: str, block: bytes) -> Optional[Tuple[str, Record]]:
+        """W3: the outcome a block of ``work/<id>``'s events tells, None: keep waiting.
+
+        A write that carries ``"o"`` is the commit F1: its value is the record.
+        A removal (F3, a purge) is read in the records (NotFound if none is
+        left).  A claim's C2 and anything that is not ours say nothing.
+        """
+        for line in block.splitlines():
+            try:
+                event = json.loads(line)
+                action, value = event["action"], event["node"].get("value")
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue  # not an event of etcd's
+            if action in ("delete", "compareAndDelete", "expire"):
+                return self.outcome(item_id)
+            with contextlib.suppress(Junk):
+                item = Item.decode(value)
+                if item.outcome:
+                    return item.outcome, Record.decode(value)
+        return None
+
+    def record_of(self, item_id: str) -> Optional[Tuple[str, Record]]:
+        """``(kind, record)`` from completed/ or failed/; junk (a tombstone) is skipped."""
+        for kind in (COMPLETED, FAILED):
+            entry = self.read(kind, item_id)
+            if entry is not None:
+                with contextlib.suppress(Junk):
+                    return kind, Record.decode(entry.value)
+        return None
+
     # -- reads -----------------------------------------------------------------
     def read(self, kind: str, item_id: str) -> Optional[Entry]:
         """A linearizable read of one key of the queue; None if it does not exist."""
@@ -625,6 +805,13 @@ class Protocol:
         except KeyMissing:
             return None
         return Entry(item_id, node["modifiedIndex"], node.get("value"), node.get("ttl"))
+
+    def _read_node(self, kind: str, item_id: str) -> Optional[Node]:
+        """Like :meth:`read`, the whole node: a lock's ``ttl`` (seconds left, rounded up)."""
+        try:
+            return self.etcd.get(self.layout.key(kind, item_id), quorum=True).node
+        except KeyMissing:
+            return None
 
     def list(self, kind: str, *, quorum: bool = True) -> Tuple[int, List[Entry]]:
         """``(etcd index, entries)`` of one directory, sorted, junk names skipped."""

@@ -13,19 +13,20 @@ import math
 import os
 import random
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Dict, Iterable, List, Optional, Type, Union
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Type, Union
 
 from .backoff import BackoffOption, make_backoff
 from .claim import Claim, Heartbeat
 from .codec import DEFAULT_MAX_PAYLOAD, Item, Junk, Record, new_token
-from .errors import ConfigError, InvalidArgument, NotFound, public_errors
+from .errors import ConfigError, InvalidArgument, NotFound, Unavailable, public_errors
 from .keys import Layout, check_item_id
 from .protocol import (COMPLETED, FAILED, Entry, Gone, Protocol, Taken, lock_states,
                        ttl_seconds)
-from .transport import Transport, connect
+from .transport import EventStream, Transport, connect
 from .view import QueueView
 
 log = logging.getLogger("etcdq_v2.queue")
@@ -44,6 +45,11 @@ STALE_VIEW = 3
 DEFAULT_MAX_ATTEMPTS = 10
 #: Seconds a completion record is kept: a day.  Dead letters are kept until purged.
 DEFAULT_COMPLETED_TTL = 24 * 3600
+#: Seconds a wait() keeps a quiet stream before it watches again: a member that
+#: vanished without closing the connection is noticed within this.
+WAIT_IDLE = 60.0
+#: A wait's stream that ends sooner than this is followed by a pause (growing to 1 s).
+QUICK_END = 1.0
 
 
 def default_node_id() -> str:
@@ -108,6 +114,10 @@ class Queue:
         self._heartbeat = Heartbeat(self.lock_ttl)
         self._view: Optional[QueueView] = None
         self._window = 1
+        #: The streams of the wait() calls under way, which close() ends.
+        self._waiting: Set[EventStream] = set()
+        self._waiting_lock = threading.Lock()
+        self._closed = False
 
     # -- producing -----------------------------------------------------------------
     def put(self, payload: Any) -> str:
@@ -262,6 +272,83 @@ class Queue:
                     return _record_info(item_id, kind, Record.decode(entry.value))
         return None
 
+    @public_errors()
+    def wait(self, item_id: str, timeout: Optional[float] = None) -> Optional[ItemInfo]:
+        """Block until the item is completed or dead-lettered: its record's ItemInfo.
+
+        None if ``timeout`` seconds (None: no limit) pass first; NotFound for an
+        item that is neither pending, running nor recorded.  A watch of the
+        item wakes it: etcd gets no request while it waits (one stream, opened
+        again after a minute without events or when it breaks), and close()
+        ends it with Unavailable.  A cancelled item is a failed one.
+        """
+        check_item_id(item_id)
+        deadline = _deadline(timeout)
+        pause = 0.0
+        while True:
+            started = time.monotonic()
+            found = self._wait_round(item_id, deadline)
+            if found is not None:
+                return _record_info(item_id, found[0], found[1])
+            if self._closed:
+                raise Unavailable(f"the queue was closed while waiting for item {item_id}")
+            remaining = _remaining(deadline)
+            if remaining is not None and remaining <= 0:
+                return None
+            # A stream that ends at once (it broke, etcd closed it), again and
+            # again, must not turn into a busy loop of requests.
+            quick = time.monotonic() - started < QUICK_END
+            pause = min(max(pause * 2, 0.05), 1.0) if quick else 0.0
+            if pause:
+                time.sleep(pause if remaining is None else min(pause, remaining))
+
+    def _wait_round(self, item_id: str, deadline: Optional[float]
+                    ) -> Optional[Tuple[str, Record]]:
+        """W1-W3 once: the outcome, or None when the stream ended or time is up."""
+        remaining = _remaining(deadline)
+        if remaining is not None and remaining <= 0:
+            return self._protocol.outcome(item_id)  # timeout 0: a look, no watch
+        idle = WAIT_IDLE if remaining is None else min(WAIT_IDLE, remaining)
+        stream = self._protocol.watch_item(item_id, idle)  # W1: before the read
+        with self._waiting_lock:
+            self._waiting.add(stream)
+        try:
+            if self._closed:
+                return None
+            found = self._protocol.outcome(item_id)  # W2
+            return found if found is not None else self._follow(item_id, stream, deadline)
+        finally:
+            with self._waiting_lock:
+                self._waiting.discard(stream)
+            stream.release()
+
+    def _follow(self, item_id: str, stream: EventStream, deadline: Optional[float]
+                ) -> Optional[Tuple[str, Record]]:
+        """W3: read events until one tells the outcome, the stream ends or time is up."""
+        try:
+            for block in stream.blocks():
+                found = self._protocol.outcome_in(item_id, block)
+                remaining = _remaining(deadline)
+                if found is not None or (remaining is not None and remaining <= 0):
+                    return found
+                stream.set_idle_timeout(WAIT_IDLE if remaining is None
+                                        else min(WAIT_IDLE, remaining))
+        except Unavailable as exc:  # the stream broke (a member went away): watch again
+            log.info("watch of item %s of %s broke (%s); watching again", item_id,
+                     self.layout.root, exc)
+        return None
+
+    @public_errors()
+    def cancel(self, item_id: str) -> bool:
+        """Dead-letter a pending item with the reason "cancelled": True once it will
+        never be handed out; False if it is running or already finished (nothing
+        changes).  NotFound for an unknown id.  ``requeue`` brings it back.
+
+        Racing a claim of the same item, exactly one of them wins (see
+        docs/protocol.md, "cancel").
+        """
+        return self._protocol.cancel(item_id)
+
     # -- operating -----------------------------------------------------------------
     @public_errors()
     def requeue(self, item_id: str) -> str:
@@ -278,7 +365,12 @@ class Queue:
         return sum(self._protocol.purge(kind) for kind in kinds)
 
     def close(self) -> None:
-        """Stop the background threads (open claims stop being refreshed)."""
+        """Stop the background threads (open claims stop being refreshed) and end waits."""
+        self._closed = True
+        with self._waiting_lock:
+            waiting = list(self._waiting)
+        for stream in waiting:
+            stream.close()
         self._heartbeat.close()
         if self._view is not None:
             self._view.close()
@@ -324,6 +416,19 @@ def _record_ttl(option: str, seconds: Optional[float]) -> Optional[int]:
         raise ConfigError(f"{option} must be a number of seconds > 0, or None to keep "
                           f"records until purged; not {seconds!r}")
     return ttl_seconds(seconds)
+def _deadline(timeout: Optional[float]) -> Optional[float]:
+    """time.monotonic() at which ``timeout`` seconds from now end; None: never."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not timeout >= 0 or math.isinf(timeout):
+        raise InvalidArgument(f"timeout must be a number of seconds >= 0 or None, "
+                              f"not {timeout!r}")
+    return time.monotonic() + timeout
+
+
+def _remaining(deadline: Optional[float]) -> Optional[float]:
+    return None if deadline is None else deadline - time.monotonic()
 
 
 def _is_running(locks: Dict[str, Any], item_id: str) -> bool:

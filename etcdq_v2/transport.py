@@ -398,6 +398,11 @@ class EventStream:
         finally:
             self._connection.close()
 
+    def set_idle_timeout(self, seconds: float) -> None:
+        """End :meth:`blocks` after ``seconds`` without events from now (the reading
+        thread only): a reader with a deadline shortens the wait as it nears."""
+        self._connection.set_timeout(max(seconds, 0.001))
+
     def close(self) -> None:
         """Unblock a reader waiting on this stream (from another thread)."""
         self._connection.interrupt()

@@ -31,7 +31,8 @@ refuse()          stop listening (connects are refused) and close the open
 ================  ==========================================================
 
 ``accepted`` counts the connections accepted so far, ``open_connections``
-those open now.  Each connection is pumped by one thread with ``select``
+those open now, and ``requests`` the HTTP request lines clients sent (plain
+HTTP only: a test can show that a client sends etcd nothing while it waits).  Each connection is pumped by one thread with ``select``
 (non-blocking sends, so a slow reader never blocks the pump); :meth:`stop`
 joins every thread the proxy started.
 """
@@ -52,6 +53,8 @@ from urllib.parse import urlsplit
 UP, DOWN = "up", "down"
 _DIRECTIONS = {"up": (UP,), "down": (DOWN,), "both": (UP, DOWN)}
 _CHUNK = 1 << 16
+#: The start of an HTTP request (the transport sends no body with a line like it).
+_REQUEST_LINE = re.compile(rb"(?m)^(?:GET|PUT|POST|DELETE|HEAD) /")
 _CONNECT_TIMEOUT = 2.0
 
 
@@ -80,6 +83,7 @@ class FaultProxy:
         self.port = 0
         self.faults = Faults()
         self.accepted = 0
+        self.requests = 0
         self._lock = threading.Lock()
         self._links: Set[_Link] = set()
         self._threads: List[threading.Thread] = []
@@ -408,6 +412,8 @@ class _Link:
         now = time.monotonic()
         if direction == UP:
             self._last_up, self._reply_bytes = now, 0
+            with self.proxy._lock:
+                self.proxy.requests += len(_REQUEST_LINE.findall(data))
         if direction in faults.drop:
             self._dropped.add(direction)
             return

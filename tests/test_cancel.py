@@ -1,0 +1,375 @@
+"""Queue.cancel and ``etcdq cancel`` against a real etcd: steps K1-K4 of docs/protocol.md.
+
+A cancel is a dead letter ("cancelled") made under a lock, committed by a
+compare-and-swap of the item: it races claims, other cancels and claims
+held in flight, and exactly one of them wins.  A canceller that dies after
+K1 or after K3 is recovered from by another Queue.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import pytest
+
+from etcdq_v2 import Claim, InvalidName, NotFound, Queue, connect
+from etcdq_v2.codec import Lock, Record
+from etcdq_v2.protocol import CANCELLED, COMPLETED, FAILED, ClaimState
+
+from crashes import commit_then_crash
+from faultproxy import FaultProxy
+from helpers import wait_until
+
+UNKNOWN = "00000000000000999999"
+#: A claim's C2, and a cancel's K3: the compare-and-swap of the item.
+ITEM_CAS = re.compile(rb"^PUT /v2/keys/\S+/work/", re.MULTILINE)
+
+
+@pytest.fixture
+def queue(etcd_url: str, queue_name: str) -> Iterator[Queue]:
+    with Queue(etcd_url, queue_name, lock_ttl=2, max_attempts=1) as q:
+        yield q
+
+
+@pytest.fixture
+def other(etcd_url: str, queue_name: str) -> Iterator[Queue]:
+    """Another process's Queue on the same queue: it recovers after crashes."""
+    with Queue(etcd_url, queue_name, lock_ttl=2) as q:
+        yield q
+
+
+def lock_of(queue: Queue, item_id: str) -> Optional[Lock]:
+    entry = queue._protocol.read("locks", item_id)
+    return Lock.decode(entry.value) if entry else None
+
+
+def assert_cancelled(queue: Queue, item_id: str, payload: Any, attempts: int = 0) -> None:
+    """A dead letter with the reason "cancelled", nothing left in work/ or locks/."""
+    info = queue.get(item_id)
+    assert (info.state, info.reason, info.payload, info.attempts) == \
+        (FAILED, CANCELLED, payload, attempts)
+    assert queue._protocol.read("work", item_id) is None
+    assert queue._protocol.read("locks", item_id) is None
+
+
+def in_background(call: Callable[[], Any]) -> Tuple[threading.Thread, Dict[str, Any]]:
+    outcome: Dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["returned"] = call()
+        except BaseException as exc:  # noqa: B036 - the test looks at it
+            outcome["raised"] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+# -- what cancel does ----------------------------------------------------------------------
+
+def test_cancel_dead_letters_a_pending_item_that_is_never_handed_out(
+        queue: Queue, other: Queue) -> None:
+    first, second = queue.put_many(["cancel me", "keep me"])
+    assert queue.cancel(first) is True
+    assert_cancelled(queue, first, "cancel me")
+    assert queue.stats() == {"pending": 1, "running": 0, "completed": 0, "failed": 1}
+    claim = other.claim(timeout=2)
+    assert claim is not None and claim.id == second
+    claim.complete()
+    assert other.claim(timeout=0.5) is None
+    assert queue.cancel(first) is False  # already a dead letter: nothing changes
+    assert_cancelled(queue, first, "cancel me")
+
+
+def test_cancel_leaves_a_running_item_alone(queue: Queue, other: Queue) -> None:
+    item_id = queue.put("running")
+    claim = other.claim(timeout=2)
+    assert claim is not None and claim.id == item_id
+    lock = lock_of(queue, item_id)
+    assert queue.cancel(item_id) is False
+    assert lock_of(queue, item_id) == lock  # the claim's lock, untouched
+    claim.refresh()
+    claim.complete("ran")
+    assert queue.get(item_id).state == COMPLETED
+
+
+@pytest.mark.parametrize("finish", ["completed", "failed", "committed-after-F1"])
+def test_cancel_of_a_finished_item_returns_false(queue: Queue, finish: str) -> None:
+    item_id = queue.put("finished")
+    if finish == "committed-after-F1":
+        assert commit_then_crash(queue, COMPLETED, record=False) == item_id
+    else:
+        claim = queue.claim(timeout=2)
+        assert claim is not None
+        claim.complete() if finish == "completed" else claim.fail("no")
+    before = queue.get(item_id)
+    assert queue.cancel(item_id) is False
+    assert queue.get(item_id) == before
+    assert before.reason != CANCELLED
+
+
+def test_cancel_of_an_unknown_id_raises_not_found_and_leaves_no_lock(queue: Queue) -> None:
+    with pytest.raises(NotFound):
+        queue.cancel(UNKNOWN)
+    assert queue._protocol.read("locks", UNKNOWN) is None
+    for bad in ("1", "../locks/00000000000000000001", 7):
+        with pytest.raises(InvalidName):
+            queue.cancel(bad)  # type: ignore[arg-type]
+
+
+def test_a_cancelled_item_is_requeued_like_any_dead_letter(queue: Queue, other: Queue) -> None:
+    item_id = queue.put({"job": 1})
+    assert queue.cancel(item_id)
+    new_id = queue.requeue(item_id)
+    claim = other.claim(timeout=2)
+    assert claim is not None and (claim.id, claim.payload) == (new_id, {"job": 1})
+    claim.complete()
+    assert queue.stats() == {"pending": 0, "running": 0, "completed": 1, "failed": 0}
+
+
+def test_a_wait_under_way_is_woken_by_a_cancel(queue: Queue, other: Queue) -> None:
+    item_id = queue.put("waited for")
+    thread, outcome = in_background(lambda: other.wait(item_id, timeout=20))
+    assert queue.cancel(item_id)
+    thread.join(10)
+    info = outcome["returned"]
+    assert (info.state, info.reason) == (FAILED, CANCELLED)
+
+
+# -- delayed items (a delay lock, as release(delay) makes) ------------------------------------
+
+def released_with_delay(queue: Queue, delay: float) -> Tuple[str, float]:
+    """An item claimed and released with ``delay``: (its id, time.monotonic() of the release)."""
+    item_id = queue.put("later")
+    claim = queue.claim(timeout=2)
+    assert claim is not None and claim.id == item_id
+    claim.release(delay=delay)
+    released = time.monotonic()
+    lock = lock_of(queue, item_id)
+    assert lock is not None and lock.delay
+    return item_id, released
+
+
+def test_cancel_of_a_delayed_item_takes_its_delay_lock_over(queue: Queue, other: Queue) -> None:
+    item_id, _ = released_with_delay(queue, 30)
+    assert queue.cancel(item_id) is True
+    assert_cancelled(queue, item_id, "later", attempts=1)
+    assert other.claim(timeout=0.5) is None
+
+
+def test_crash_after_k1_on_a_delayed_item_never_makes_it_claimable_early(
+        etcd_url: str, queue_name: str, other: Queue) -> None:
+    """K1 took the delay lock over, then the canceller died.  The lock keeps at least
+    the delay's time left (max(lock_ttl, ttl left)): no claim before the delay ends."""
+    delay = 3.0
+    with Queue(etcd_url, queue_name, lock_ttl=1) as crashed:
+        item_id, released = released_with_delay(crashed, delay)
+        taken = crashed._protocol._cancel_lock(item_id)  # K1, then the canceller dies
+        assert taken is not None and taken[1] is True  # took the delay lock over
+    claim = None
+    while claim is None:
+        claim = other.claim(timeout=0.2)
+        if claim is None:
+            assert time.monotonic() - released < delay + 5, "never claimable"
+    assert time.monotonic() - released >= delay
+    assert (claim.id, claim.attempt) == (item_id, 2)
+    claim.complete()
+
+
+def test_crash_after_k1_leaves_the_item_pending_for_another_queue(
+        queue: Queue, other: Queue) -> None:
+    """The canceller died after K1 (its lock, created fresh): the cancel was not
+    acknowledged, the item stays pending (stats say so), no claim runs it while the
+    lock lasts, and once it expired another Queue claims it, as the first attempt."""
+    item_id = queue.put("pending still")
+    taken = queue._protocol._cancel_lock(item_id)  # K1, then the canceller dies
+    assert taken is not None and taken[1] is False
+    assert queue.stats()["pending"] == 1
+    locked_until = time.monotonic() + 2  # lock_ttl
+    claim = None
+    while claim is None:
+        claim = other.claim(timeout=0.2)
+        assert claim is not None or time.monotonic() < locked_until + 5, "never claimable"
+    assert time.monotonic() >= locked_until - 0.1
+    assert (claim.id, claim.attempt) == (item_id, 1)
+
+
+def test_crash_after_k1_another_cancel_takes_the_lock_over(queue: Queue, other: Queue) -> None:
+    item_id = queue.put("cancel me twice")
+    assert queue._protocol._cancel_lock(item_id) is not None  # K1, then the canceller dies
+    assert other.cancel(item_id) is True  # its lock is a delay lock: taken over
+    assert_cancelled(other, item_id, "cancel me twice")
+
+
+def cancel_until_k3(queue: Queue, item_id: str) -> ClaimState:
+    """K1, K2 and K3 (the commit F1) as cancel() makes them; then the canceller dies."""
+    protocol = queue._protocol
+    taken = protocol._cancel_lock(item_id)
+    assert taken is not None
+    state = protocol._pending_item(item_id, taken[0])
+    assert state is not None
+    item = state.item
+    record = Record(item.payload, state.lock.token, queue.node_id, item.attempts,
+                    item.created, time.time(), reason=CANCELLED, token=item.token)
+    assert protocol._commit(state, FAILED, record.encode(outcome=FAILED)) is not None
+    return state
+
+
+def test_crash_after_k3_the_next_claimer_finishes_the_cancel(queue: Queue, other: Queue) -> None:
+    """The item carries the dead letter ("o"): it is cancelled at once for get, stats
+    and wait; once the canceller's lock expired, a claimer writes the dead letter
+    (F2), removes the item (F3) and hands nothing out."""
+    item_id = queue.put("cancelled by a dying canceller")
+    cancel_until_k3(queue, item_id)
+    info = other.get(item_id)
+    assert (info.state, info.reason) == (FAILED, CANCELLED)
+    assert other.wait(item_id, timeout=0) == info
+    assert other.stats()["failed"] == 1
+    assert other.cancel(item_id) is False
+    wait_until(lambda: other.claim(timeout=0.3) is None
+               and other._protocol.read("work", item_id) is None, 8,
+               message="a claimer to finish the committed cancel")
+    assert_cancelled(other, item_id, "cancelled by a dying canceller")
+
+
+# -- races -------------------------------------------------------------------------------------
+
+def knows(queue: Queue, item_id: str) -> bool:
+    view = queue._view
+    return view is not None and any(c[0] == item_id for c in view.candidates(64))
+
+
+def test_claims_and_cancels_racing_for_an_item_exactly_one_wins(
+        etcd_url: str, queue_name: str) -> None:
+    """Two claimers and two cancellers start together on each of 25 items: one of the
+    four wins, and the item ends as that one says."""
+    queues = [Queue(etcd_url, queue_name, lock_ttl=5) for _ in range(4)]
+    claimers, cancellers = queues[:2], queues[2:]
+    tally = {"claimed": 0, "cancelled": 0}
+    try:
+        for claimer in claimers:
+            assert claimer.claim(timeout=0) is None  # views ready
+        for round_ in range(25):
+            item_id = cancellers[0].put({"round": round_})
+            for claimer in claimers:
+                wait_until(lambda q=claimer, i=item_id: knows(q, i), 5,
+                           message="the views to see it")
+            winners = race(item_id, claimers, cancellers)
+            assert len(winners) == 1, (round_, winners)
+            winner = winners[0]
+            if isinstance(winner, Claim):
+                tally["claimed"] += 1
+                winner.complete("ran")
+                assert cancellers[0].get(item_id).state == COMPLETED
+            else:
+                tally["cancelled"] += 1
+                assert_cancelled(cancellers[0], item_id, {"round": round_})
+        assert cancellers[0].stats()["pending"] == 0
+    finally:
+        for q in queues:
+            q.close()
+    print("race winners:", tally)
+
+
+def race(item_id: str, claimers: List[Queue], cancellers: List[Queue]) -> List[Any]:
+    """Start every claim and cancel at once: the claims that got the item and the
+    cancels that returned True."""
+    start = threading.Barrier(len(claimers) + len(cancellers))
+    calls = [lambda q=q: (start.wait(5), q.claim(timeout=0))[1] for q in claimers] + \
+            [lambda q=q: (start.wait(5), q.cancel(item_id))[1] for q in cancellers]
+    started = [in_background(call) for call in calls]
+    results = []
+    for thread, outcome in started:
+        thread.join(20)
+        assert "returned" in outcome, outcome
+        results.append(outcome["returned"])
+    claims = [r for r in results[:len(claimers)] if r is not None]
+    assert all(claim.id == item_id for claim in claims)
+    return claims + [True for r in results[len(claimers):] if r is True]
+
+
+def test_a_claim_held_in_flight_loses_to_the_cancel_that_committed_first(
+        proxy: FaultProxy, etcd_url: str, queue_name: str, queue: Queue) -> None:
+    """A claimer's C1 applies, its C2 is held past its lock's TTL; a cancel locks,
+    reads and commits the item (K1-K4).  The held C2 then lands: it must fail, and
+    the claim is not handed out."""
+    with Queue(connect(proxy.url, timeout=8, deadline=20), queue_name, lock_ttl=2) as claimer:
+        item_id = queue.put("contested")
+        proxy.hold("up", match=ITEM_CAS)
+        thread, outcome = in_background(lambda: claimer.claim(timeout=0))
+        wait_until(lambda: ITEM_CAS.search(proxy.held()), 5, message="the claim's C2 held")
+        wait_until(lambda: queue.cancel(item_id), 8, interval=0.2,
+                   message="the cancel, once the claim's lock expired")
+        proxy.release()
+        thread.join(20)
+        assert outcome == {"returned": None}, outcome
+        assert_cancelled(queue, item_id, "contested")
+
+
+def test_a_cancel_held_in_flight_loses_to_the_claim_that_took_the_item(
+        proxy: FaultProxy, queue_name: str, queue: Queue, other: Queue) -> None:
+    """A canceller's K1 and K2 apply, its K3 is held past its lock's TTL; a claim takes
+    the item meanwhile.  The held K3 then lands: it must fail (False), and the claim
+    keeps the item and completes it."""
+    with Queue(connect(proxy.url, timeout=8, deadline=20), queue_name, lock_ttl=2) as canceller:
+        item_id = queue.put("contested")
+        proxy.hold("up", match=ITEM_CAS)
+        thread, outcome = in_background(lambda: canceller.cancel(item_id))
+        wait_until(lambda: ITEM_CAS.search(proxy.held()), 5, message="the cancel's K3 held")
+        claim = other.claim(timeout=8)  # once the cancel's lock expired
+        assert claim is not None and claim.id == item_id
+        proxy.release()
+        thread.join(20)
+        assert outcome == {"returned": False}, outcome
+        claim.refresh()  # the claim's lock is still the claim's
+        claim.complete("ran")
+        info = queue.get(item_id)
+        assert (info.state, info.result) == (COMPLETED, "ran")
+
+
+# -- the command line -----------------------------------------------------------------------
+
+def etcdq(etcd_url: str, *args: str) -> "subprocess.CompletedProcess[str]":
+    env = {**os.environ, "ETCDQ_ENDPOINTS": etcd_url}
+    return subprocess.run([sys.executable, "-m", "etcdq_v2", *args], capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
+def test_cli_cancel_exits_0_when_every_id_was_cancelled(etcd_url: str, queue: Queue) -> None:
+    ids = queue.put_many(["a", "b"])
+    done = etcdq(etcd_url, "cancel", queue.name, *ids)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"{ids[0]}  cancelled", f"{ids[1]}  cancelled"]
+    for item_id, payload in zip(ids, "ab"):
+        assert_cancelled(queue, item_id, payload)
+
+
+def test_cli_cancel_exits_1_when_any_was_running_or_finished(etcd_url: str,
+                                                             queue: Queue) -> None:
+    running, pending = queue.put_many(["running", "pending"])
+    claim = queue.claim(timeout=2)
+    assert claim is not None and claim.id == running
+    done = etcdq(etcd_url, "--json", "cancel", queue.name, running, pending)
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout) == [{"id": running, "cancelled": False},
+                                       {"id": pending, "cancelled": True}]
+    assert queue.get(running).state == "running"
+    claim.complete()
+
+
+def test_cli_cancel_exits_5_for_an_unknown_id_which_wins_over_1(etcd_url: str,
+                                                               queue: Queue) -> None:
+    item_id = queue.put("x")
+    queue.claim(timeout=2).complete()
+    done = etcdq(etcd_url, "cancel", queue.name, item_id, UNKNOWN)
+    assert done.returncode == 5, done.stderr
+    assert done.stdout == f"{item_id}  not cancelled: running or finished\n"
+    assert done.stderr.strip() == f"etcdq: error: no item {UNKNOWN} in {queue.layout.root}"
+    bad = etcdq(etcd_url, "cancel", queue.name, "12")
+    assert bad.returncode == 2 and "invalid item id" in bad.stderr
