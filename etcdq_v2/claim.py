@@ -61,6 +61,11 @@ class Claim:
         return self._state.lock.node_id
 
     @property
+    def queue(self) -> str:
+        """The name of the item's queue (a Worker may take items from several)."""
+        return self._protocol.layout.name
+
+    @property
     def outcome(self) -> Optional[str]:
         """None while open, then "completed", "released", "failed", "dead-lettered",
         "lost" or "abandoned"."""

@@ -31,9 +31,11 @@ refuse()          stop listening (connects are refused) and close the open
 ================  ==========================================================
 
 ``accepted`` counts the connections accepted so far, ``open_connections``
-those open now.  Each connection is pumped by one thread with ``select``
-(non-blocking sends, so a slow reader never blocks the pump); :meth:`stop`
-joins every thread the proxy started.
+those open now; ``bytes_up`` counts the bytes clients sent and ``requests``
+lists the HTTP request lines among them (``b"GET /v2/keys/..."``), also of
+what a fault then held or dropped.  Each connection is pumped by one thread
+with ``select`` (non-blocking sends, so a slow reader never blocks the pump);
+:meth:`stop` joins every thread the proxy started.
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ UP, DOWN = "up", "down"
 _DIRECTIONS = {"up": (UP,), "down": (DOWN,), "both": (UP, DOWN)}
 _CHUNK = 1 << 16
 _CONNECT_TIMEOUT = 2.0
+_REQUEST_LINE = re.compile(rb"(?:GET|PUT|POST|DELETE|HEAD) /\S* HTTP/1\.[01]\r\n")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +83,8 @@ class FaultProxy:
         self.port = 0
         self.faults = Faults()
         self.accepted = 0
+        self.bytes_up = 0
+        self.requests: List[bytes] = []
         self._lock = threading.Lock()
         self._links: Set[_Link] = set()
         self._threads: List[threading.Thread] = []
@@ -239,6 +244,12 @@ class FaultProxy:
         with self._lock:
             self._links.add(link)
         link.thread = self._spawn(link.run, f"faultproxy-{self.port}-link")
+
+    def _went_up(self, data: bytes) -> None:
+        """Count what a client sent: its bytes and the request lines in them."""
+        with self._lock:
+            self.bytes_up += len(data)
+            self.requests.extend(line.rstrip(b"\r\n") for line in _REQUEST_LINE.findall(data))
 
     def _spawn(self, target: Callable[[], None], name: str) -> threading.Thread:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -408,6 +419,7 @@ class _Link:
         now = time.monotonic()
         if direction == UP:
             self._last_up, self._reply_bytes = now, 0
+            self.proxy._went_up(data)
         if direction in faults.drop:
             self._dropped.add(direction)
             return
