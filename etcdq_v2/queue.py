@@ -22,8 +22,8 @@ from .claim import Claim, Heartbeat
 from .codec import DEFAULT_MAX_PAYLOAD, Item, Junk, Record, new_token
 from .errors import ConfigError, InvalidArgument, NotFound, public_errors
 from .keys import Layout, check_item_id
-from .protocol import (COMPLETED, FAILED, Entry, Gone, Protocol, Taken, lock_states,
-                       ttl_seconds)
+from .protocol import (COMPLETED, FAILED, Entry, Gone, Protocol, Taken, item_fields,
+                       lock_states, ttl_seconds)
 from .transport import Transport, connect
 from .view import QueueView
 
@@ -164,7 +164,8 @@ class Queue:
                 self._window = min(CLAIM_WINDOW, self._window * 2)
                 continue
             except Junk as exc:
-                log.warning("skipping item %s of %s: %s", item_id, self.layout.root, exc)
+                log.warning("skipping item %s of %s: %s", item_id, self.layout.root, exc,
+                            extra=item_fields(self.name, item_id))
                 view.skip(item_id, index)
                 view.untaken(item_id)
                 continue

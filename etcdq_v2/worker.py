@@ -414,7 +414,7 @@ class Worker:
         level = logging.INFO if what in ("completed", "released") else logging.WARNING
         level = logging.ERROR if exc_info is not None else level
         log.log(level, "item %s (attempt %d) %s", task.claim.id, task.claim.attempt, message,
-                exc_info=exc_info)
+                exc_info=exc_info, extra=task.claim.log_fields)
 
     # -- signals ---------------------------------------------------------------------
 

@@ -3,24 +3,26 @@
 ``Worker([high, low], handler)`` takes an item of ``high`` whenever ``high``
 has a free one, waits for work on every queue at once without polling (no
 request reaches etcd while it is idle: counted through the fault proxy), and
-still works on a single Queue.  Also here: ``etcdq work high,low`` with its
-exit status.
+still works on a single Queue.  Also here: the ``extra=`` fields of log lines
+about an item, and ``etcdq work high,low`` with its exit status.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from etcdq_v2 import (ConfigError, InvalidArgument, Queue, Worker, claim_first,
+from etcdq_v2 import (ConfigError, InvalidArgument, LockLost, Queue, Worker, claim_first,
                       current_task)
 
 from faultproxy import FaultProxy
@@ -220,6 +222,84 @@ def test_bad_queue_lists_are_refused(make_queues: MakeQueues, etcd_url: str) -> 
         same_name.close()
     with pytest.raises(InvalidArgument):
         claim_first([])
+
+
+# -- extra= fields of log lines about an item -----------------------------------------------
+
+class Fields(logging.Handler):
+    """Keeps the records that carry the item fields, as a JSON formatter would see them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: List[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def about(self, item_id: str) -> List[Dict[str, Any]]:
+        return [{"queue": getattr(r, "queue", None), "attempt": getattr(r, "attempt", None),
+                 "message": r.getMessage()}
+                for r in self.records if getattr(r, "item_id", None) == item_id]
+
+
+@pytest.fixture
+def fields() -> Iterator[Fields]:
+    handler = Fields()
+    logger = logging.getLogger("etcdq_v2")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_log_lines_about_an_item_carry_its_queue_id_and_attempt(
+        make_queues: MakeQueues, fields: Fields) -> None:
+    high, low = make_queues(max_attempts=1)
+    good, bad = high.put({"ok": True}), low.put({"ok": False})
+
+    def handler(payload: Any) -> Any:
+        if not payload["ok"]:
+            raise ValueError("no")
+        return "yes"
+
+    worker_of([high, low], handler).run(until_empty=True)
+    [completed] = fields.about(good)
+    assert (completed["queue"], completed["attempt"]) == (high.name, 1)
+    assert "completed" in completed["message"]
+    [failed] = fields.about(bad)
+    assert (failed["queue"], failed["attempt"]) == (low.name, 1)
+    assert "ValueError: no" in failed["message"]
+
+
+def test_a_skipped_junk_item_is_logged_with_the_item_fields_and_no_attempt(
+        make_queues: MakeQueues, fields: Fields) -> None:
+    high, low = make_queues()
+    junk_id = high.etcd.post(high.layout.work, "not json at all").node["key"].rsplit("/", 1)[1]
+    assert claim_first([high, low]) is None
+    assert [(f["queue"], f["attempt"]) for f in fields.about(junk_id)] == [(high.name, None)]
+
+
+def test_a_lost_lock_and_a_dead_lettered_item_are_logged_with_the_item_fields(
+        make_queues: MakeQueues, etcd_url: str, fields: Fields) -> None:
+    high, low = make_queues(lock_ttl=1, max_attempts=1)
+    item_id = high.put({"n": 0})
+    claim = high.claim(timeout=BOUND)
+    assert claim is not None
+    # Another lock takes the place of ours (for a second): the next refresh
+    # finds it (claim.py's warning).
+    urllib.request.build_opener(urllib.request.ProxyHandler({})).open(urllib.request.Request(
+        f"{etcd_url}/v2/keys{high.layout.key('locks', item_id)}", method="PUT",
+        data=b"value=someone-else&ttl=1"), timeout=5).close()
+    with pytest.raises(LockLost):
+        claim.refresh()
+    assert [(f["queue"], f["attempt"]) for f in fields.about(item_id)] == [(high.name, 1)]
+    # Its one attempt is spent: once that lock expired, the next claim
+    # dead-letters it (protocol.py's warning).
+    wait_until(lambda: claim_first([high, low]) is None and high.get(item_id).state == "failed",
+               BOUND, message="the item to be dead-lettered")
+    assert [(f["queue"], f["attempt"]) for f in fields.about(item_id)][1:] == [(high.name, 1)]
 
 
 # -- etcdq work high,low ------------------------------------------------------------------
