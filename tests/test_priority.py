@@ -159,15 +159,18 @@ def test_an_item_put_into_either_queue_while_idle_wakes_the_worker_promptly(
     recorder = Recorder()
     worker = worker_of([high, low], recorder, claim_timeout=30)
     done = background(lambda: worker.run(max_items=2))
-    # A first item, so that both views are up and the worker then waits on both.
-    (low if target == "high" else high).put({"first": True})
-    recorder.wait_for(1)
-    wait_quiet(proxy)  # the worker is idle now: nothing goes to etcd
-    with Queue(etcd_url, f"{queue_name}-{target}") as producer:  # another process's put
-        put_at = time.monotonic()
-        producer.put({"woke": target})
-    recorder.wait_for(2)
-    latency = time.monotonic() - put_at
+    try:
+        # A first item, so that both views are up and the worker then waits on both.
+        (low if target == "high" else high).put({"first": True})
+        recorder.wait_for(1)
+        wait_quiet(proxy)  # the worker is idle now: nothing goes to etcd
+        with Queue(etcd_url, f"{queue_name}-{target}") as producer:  # another process's put
+            put_at = time.monotonic()
+            producer.put({"woke": target})
+        recorder.wait_for(2)
+        latency = time.monotonic() - put_at
+    finally:
+        worker.stop()  # a no-op once it returned; else it ends at its next claim round
     assert recorder.seen[1] == (f"{queue_name}-{target}", {"woke": target})
     assert latency < 3.0, f"started {latency:.2f} s after the put"
     assert done.result(timeout=BOUND).completed == 2
@@ -180,14 +183,16 @@ def test_an_idle_worker_over_two_queues_sends_no_requests_and_does_not_spin(
     # A short claim timeout: the worker's loop goes round 5 times a second.
     worker = worker_of([high, low], recorder, claim_timeout=0.2)
     done = background(worker.run)
-    high.put({"high": 0})
-    low.put({"low": 0})
-    recorder.wait_for(2)
-    wait_quiet(proxy)
-    requests, cpu = len(proxy.requests), time.process_time()
-    time.sleep(2.0)  # the window observed: nothing may happen in it
-    cpu_used = time.process_time() - cpu
-    worker.stop()
+    try:
+        high.put({"high": 0})
+        low.put({"low": 0})
+        recorder.wait_for(2)
+        wait_quiet(proxy)
+        requests, cpu = len(proxy.requests), time.process_time()
+        time.sleep(2.0)  # the window observed: nothing may happen in it
+        cpu_used = time.process_time() - cpu
+    finally:
+        worker.stop()
     assert done.result(timeout=BOUND).completed == 2
     assert proxy.requests[requests:] == []
     assert cpu_used < 0.5, f"{cpu_used:.2f} s of CPU in 2 s of idling"
