@@ -10,7 +10,7 @@ from .claim import Claim
 from .errors import (AuthError, ClaimClosed, ConfigError, EtcdqError, EtcdRejected,
                      InvalidArgument, InvalidName, InvalidPayload, LockLost, NotFound,
                      PayloadTooLarge, Unavailable)
-from .queue import ItemInfo, Queue
+from .queue import ItemInfo, Queue, claim_first
 from .transport import Transport, connect
 from .worker import Worker, WorkerStats, current_task
 
@@ -20,5 +20,5 @@ __all__ = [
     "AuthError", "Claim", "ClaimClosed", "ConfigError", "EtcdRejected", "EtcdqError",
     "InvalidArgument", "InvalidName", "InvalidPayload",
     "ItemInfo", "LockLost", "NotFound", "PayloadTooLarge", "Queue", "Transport", "Unavailable",
-    "Worker", "WorkerStats", "connect", "current_task", "__version__",
+    "Worker", "WorkerStats", "claim_first", "connect", "current_task", "__version__",
 ]

@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional, Type
 from typing import Protocol as TypingProtocol
 
 from .errors import ClaimClosed, LockLost, public_errors
-from .protocol import COMPLETED, ClaimState, Protocol
+from .protocol import COMPLETED, ClaimState, Protocol, item_fields
 
 log = logging.getLogger("etcdq_v2.claim")
 
@@ -59,6 +59,16 @@ class Claim:
     @property
     def node_id(self) -> str:
         return self._state.lock.node_id
+
+    @property
+    def queue(self) -> str:
+        """The name of the item's queue (a Worker may take items from several)."""
+        return self._protocol.layout.name
+
+    @property
+    def log_fields(self) -> Dict[str, Any]:
+        """``extra=`` for log lines about this item: queue, item_id and attempt."""
+        return item_fields(self.queue, self.id, self.attempt)
 
     @property
     def outcome(self) -> Optional[str]:
@@ -170,7 +180,7 @@ class Claim:
         if not self.lost:
             self.lost = True
             log.warning("lost the lock of item %s (attempt %d): %s",
-                        self.id, self.attempt, why)
+                        self.id, self.attempt, why, extra=self.log_fields)
 
     def _beat(self, lock_ttl: float, interval: float) -> Optional[float]:
         """One heartbeat: seconds until the next, or None to forget this claim."""
@@ -195,7 +205,8 @@ class Claim:
         if time.monotonic() - self.confirmed_at >= lock_ttl:
             self._mark_lost(f"its lock could not be refreshed before it expired ({exc!r})")
             return None
-        log.info("refreshing the lock of item %s failed (%r); trying again", self.id, exc)
+        log.info("refreshing the lock of item %s failed (%r); trying again", self.id, exc,
+                 extra=self.log_fields)
         return min(1.0, interval)  # try again soon, not a third of a TTL later
 
 
@@ -260,7 +271,8 @@ class Heartbeat:
         try:
             delay = claim._beat(self.lock_ttl, self.interval)
         except Exception as exc:  # Claim._beat catches its own: this would be a bug
-            log.exception("the heartbeat of item %s failed: %r", claim.id, exc)
+            log.exception("the heartbeat of item %s failed: %r", claim.id, exc,
+                          extra=claim.log_fields)
             delay = min(1.0, self.interval)
         with self._cond:
             if delay is None:

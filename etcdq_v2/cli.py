@@ -32,8 +32,8 @@ from .command import CommandHandler, check_command
 from .demo import StatusLine, format_counts, run_demo
 from .errors import (AuthError, ConfigError, EtcdqError, InvalidName, InvalidPayload, NotFound,
                      Unavailable)
-from .keys import check_item_id
-from .queue import DEFAULT_COMPLETED_TTL, DEFAULT_MAX_ATTEMPTS, ItemInfo, Queue
+from .keys import check_item_id, check_name
+from .queue import DEFAULT_COMPLETED_TTL, DEFAULT_MAX_ATTEMPTS, ItemInfo, Queue, default_node_id
 from .transport import connect
 from .worker import Worker
 
@@ -53,7 +53,8 @@ EXIT_INTERRUPTED = 130
 #: The exit statuses, as ``--help`` lists them.
 EXIT_CODES: Tuple[Tuple[int, str], ...] = (
     (EXIT_OK, "success"),
-    (EXIT_FAILURE, "any other error (e.g. a declined purge, a demo that did not verify)"),
+    (EXIT_FAILURE, "any other error (e.g. a declined purge, a demo that did not verify), "
+                   "or work: an item it handled failed"),
     (EXIT_USAGE, "bad usage: arguments, queue name, item id, payload, endpoint or TLS files"),
     (EXIT_UNAVAILABLE, "etcd could not be reached at the endpoints"),
     (EXIT_AUTH, "etcd refused the credentials or the access"),
@@ -232,15 +233,18 @@ def _add_put(verbs: Any) -> argparse.ArgumentParser:
 def _add_work(verbs: Any) -> argparse.ArgumentParser:
     parser = _verb(
         verbs, "work", cmd_work, "run COMMAND once per item",
-        usage=f"{PROG} work QUEUE [options] -- COMMAND [ARGS...]",
+        usage=f"{PROG} work QUEUE[,QUEUE...] [options] -- COMMAND [ARGS...]",
         epilog="The payload goes to COMMAND's stdin (JSON; a bytes payload raw), with "
                "ETCDQ_QUEUE, ETCDQ_ITEM_ID and ETCDQ_ATTEMPT in its environment. Exit "
                "status 0 completes the item with stdout as the result (parsed as JSON "
                "when it is JSON); anything else fails it with the end of stderr as the "
-               "reason. SIGTERM/SIGINT: no new items, running commands get --grace "
-               "seconds, then are terminated and their items released; a second "
-               "signal does that at once.")
-    _add_queue_argument(parser)
+               "reason. Several queues (e.g. high,low): each item comes from the first "
+               "one that has a free item. SIGTERM/SIGINT: no new items, running commands "
+               "get --grace seconds, then are terminated and their items released; a "
+               "second signal does that at once. etcdq work exits with status 1 when any "
+               "item it handled failed (retried later or dead-lettered), else 0.")
+    parser.add_argument("queue", metavar="QUEUE[,QUEUE...]",
+                        help="queue name, or names in priority order separated by commas")
     parser.add_argument("command", nargs="*", metavar="COMMAND", help=argparse.SUPPRESS)
     parser.add_argument("-c", "--concurrency", type=int, default=1, metavar="N",
                         help="commands run at once (default 1)")
@@ -437,12 +441,21 @@ def _configure_logging(args: argparse.Namespace) -> None:
 def open_queue(args: argparse.Namespace, name: Optional[str] = None,
                **options: Any) -> Iterator[Queue]:
     """A Queue on the connection the global options describe; closed afterwards."""
+    with open_queues(args, [name or args.queue], **options) as queues:
+        yield queues[0]
+
+
+@contextlib.contextmanager
+def open_queues(args: argparse.Namespace, names: Sequence[str],
+                **options: Any) -> Iterator[List[Queue]]:
+    """Queues on one connection (the global options'), in the order named; closed afterwards."""
     transport = connect(args.endpoints, ca_cert=args.ca_cert, cert=args.cert, key=args.key,
                         username=args.username, password=args.password,
                         timeout=args.request_timeout)
     try:
-        with Queue(transport, name or args.queue, prefix=args.prefix, **options) as queue:
-            yield queue
+        with contextlib.ExitStack() as stack:
+            yield [stack.enter_context(Queue(transport, name, prefix=args.prefix, **options))
+                   for name in names]
     finally:
         transport.close()
 
@@ -727,16 +740,19 @@ def _confirm_purge(queue: Queue, completed: bool, failed: bool) -> bool:
 # --------------------------------------------------------------------------
 
 def cmd_work(args: argparse.Namespace) -> int:
-    """``etcdq work``: a Worker whose handler is a CommandHandler."""
+    """``etcdq work``: a Worker whose handler is a CommandHandler; exit 1 if an item failed."""
     if not args.command:
         raise UsageError("give the command to run after --, e.g. etcdq work QUEUE -- ./job.sh")
+    names = queue_names(args.queue)
     command = check_command(args.command)
-    options = {"lock_ttl": args.lock_ttl, "node_id": args.node_id,
+    # One node id for all the queues: the same worker in every lock and record.
+    options = {"lock_ttl": args.lock_ttl, "node_id": args.node_id or default_node_id(),
                "max_attempts": args.max_attempts, "completed_ttl": args.completed_ttl,
                "failed_ttl": args.failed_ttl}
-    with open_queue(args, **options) as queue:
-        queue.stats()  # fail now (exit 3/4) rather than retry a wrong endpoint forever
-        worker = Worker(queue, CommandHandler(command, queue.name),
+    with open_queues(args, names, **options) as queues:
+        for queue in queues:
+            queue.stats()  # fail now (exit 3/4) rather than retry a wrong endpoint forever
+        worker = Worker(queues, CommandHandler(command),
                         concurrency=args.concurrency, item_timeout=args.timeout,
                         grace_period=args.grace)
         stats = dataclasses.asdict(worker.run(until_empty=args.until_empty,
@@ -745,7 +761,19 @@ def cmd_work(args: argparse.Namespace) -> int:
         print_json(stats)
     else:
         print(format_counts(stats))
-    return EXIT_OK
+    return EXIT_FAILURE if stats["failed"] else EXIT_OK
+
+
+def queue_names(text: str) -> List[str]:
+    """``work``'s QUEUE argument: names in priority order, separated by commas.
+
+    Unambiguous, since a queue name cannot contain a comma.  Each name is
+    checked (InvalidName, exit 2); a name given twice is a usage error.
+    """
+    names = [check_name(name) for name in text.split(",")]
+    if len(set(names)) != len(names):
+        raise UsageError(f"a queue is named twice in {text!r}")
+    return names
 
 
 def cmd_server(args: argparse.Namespace) -> int:

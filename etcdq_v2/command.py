@@ -38,13 +38,15 @@ class CommandHandler:
     Ctrl-C in the worker's terminal reaches the worker, which decides.
     """
 
-    def __init__(self, argv: Sequence[str], queue_name: str) -> None:
+    def __init__(self, argv: Sequence[str], queue_name: Optional[str] = None) -> None:
         self.argv = list(argv)
+        #: ETCDQ_QUEUE for the command; None: the name of the item's own queue.
         self.queue_name = queue_name
 
     def __call__(self, payload: Any) -> Any:
         task = current_task()
-        env = {**os.environ, "ETCDQ_QUEUE": self.queue_name, "ETCDQ_ITEM_ID": task.claim.id,
+        env = {**os.environ, "ETCDQ_QUEUE": self.queue_name or task.claim.queue,
+               "ETCDQ_ITEM_ID": task.claim.id,
                "ETCDQ_ATTEMPT": str(task.claim.attempt)}
         try:
             process = subprocess.Popen(self.argv, stdin=subprocess.PIPE,

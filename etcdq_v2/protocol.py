@@ -179,6 +179,12 @@ class Entry:
     ttl: Optional[int] = None  # seconds left, as etcd reports them on a read; None: no TTL
 
 
+def item_fields(queue: str, item_id: str, attempt: Optional[int] = None) -> Dict[str, Any]:
+    """The ``extra=`` of a log line about one item, for formatters that index
+    fields (JSON): its queue's name, its id, and the attempt (None: unknown)."""
+    return {"queue": queue, "item_id": item_id, "attempt": attempt}
+
+
 def ttl_seconds(seconds: float) -> int:
     """etcd TTLs are whole seconds: round up, never below 1."""
     return max(1, math.ceil(seconds))
@@ -327,7 +333,8 @@ class Protocol:
         for kind in (COMPLETED, FAILED):
             if self.read(kind, state.id) is not None:
                 log.warning("item %s of %s already has a %s record; removing it from work/",
-                            state.id, self.layout.root, kind)
+                            state.id, self.layout.root, kind,
+                            extra=item_fields(self.layout.name, state.id, state.item.attempts))
                 self._delete_quietly(self.layout.key("work", state.id), prev_index=state.index)
                 return True
         return False
@@ -336,7 +343,8 @@ class Protocol:
         """Dead-letter an item whose claims keep ending without complete/fail."""
         reason = (f"abandoned: claimed {attempts} times (max_attempts {self.max_attempts}) "
                   "without completing; its workers crashed or hung")
-        log.warning("item %s of %s: %s", state.id, self.layout.root, reason)
+        log.warning("item %s of %s: %s", state.id, self.layout.root, reason,
+                    extra=item_fields(self.layout.name, state.id, attempts))
         state.item = replace(state.item, attempts=attempts)
         self.finish(state, FAILED, reason=reason)
 
@@ -475,7 +483,8 @@ class Protocol:
         if holder != item.claim:
             log.warning("item %s of %s has a %s record of another claim, written before "
                         "commits were fenced; keeping it", item_id, self.layout.root,
-                        item.outcome)
+                        item.outcome, extra=item_fields(self.layout.name, item_id,
+                                                        item.attempts))
 
     def _is_our_record(self, kind: str, state: ClaimState) -> bool:
         try:

@@ -17,15 +17,15 @@ import threading
 import time
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Type, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Type, Union
 
 from .backoff import BackoffOption, make_backoff
 from .claim import Claim, Heartbeat
 from .codec import DEFAULT_MAX_PAYLOAD, Item, Junk, Record, new_token
 from .errors import ConfigError, InvalidArgument, NotFound, Unavailable, public_errors
 from .keys import Layout, check_item_id
-from .protocol import (COMPLETED, FAILED, Entry, Gone, Protocol, Taken, lock_states,
-                       ttl_seconds)
+from .protocol import (COMPLETED, FAILED, Entry, Gone, Protocol, Taken, item_fields,
+                       lock_states, ttl_seconds)
 from .transport import EventStream, Transport, connect
 from .view import QueueView
 
@@ -187,7 +187,8 @@ class Queue:
                 self._window = min(CLAIM_WINDOW, self._window * 2)
                 continue
             except Junk as exc:
-                log.warning("skipping item %s of %s: %s", item_id, self.layout.root, exc)
+                log.warning("skipping item %s of %s: %s", item_id, self.layout.root, exc,
+                            extra=item_fields(self.name, item_id))
                 view.skip(item_id, index)
                 view.untaken(item_id)
                 continue
@@ -395,6 +396,54 @@ class Queue:
 
     def _work_and_locks(self) -> "tuple[List[tuple[Entry, Item]], Dict[str, Any]]":
         return list(self._protocol.decoded("work")), lock_states(self._protocol.list("locks")[1])
+
+
+@public_errors()
+def claim_first(queues: Sequence[Queue], timeout: Optional[float] = 0) -> Optional[Claim]:
+    """The next free item of the first of ``queues`` that has one, or None.
+
+    ``queues`` are in priority order.  One round tries each queue in turn with
+    ``claim(timeout=0)`` (which makes no request while its view has nothing
+    free) and takes the first item found, so an item of an earlier queue is
+    always taken before one of a later queue when both have free items.
+    Between rounds it waits, up to ``timeout`` (0: don't wait, None: forever),
+    on one Event that every queue's view sets when it changes (its waker).
+    The Event is cleared before a round, so a change during the round ends
+    the wait at once, and waiting costs no request and no polling.  One queue
+    is claimed from as by its own ``claim(timeout)``.
+    """
+    if not queues:
+        raise InvalidArgument("claim_first needs at least one queue")
+    if len(queues) == 1:
+        return queues[0].claim(timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    wake = threading.Event()
+    views = [queue._ensure_view() for queue in queues]
+    for view in views:
+        view.add_waker(wake)
+    try:
+        while True:
+            wake.clear()
+            for queue in queues:
+                claim = queue.claim(timeout=0)
+                if claim is not None:
+                    return claim
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            _wait_any(views, wake, remaining)
+    finally:
+        for view in views:
+            view.remove_waker(wake)
+
+
+def _wait_any(views: List[QueueView], wake: threading.Event, timeout: Optional[float]) -> None:
+    """Wait for ``wake``, or until a view has a recorded orphan due (see QueueView.offer_due)."""
+    for view in views:
+        timeout = view.until_due(timeout)
+    wake.wait(timeout)
+    for view in views:
+        view.offer_due()
 
 
 def _transport(client: Client) -> Transport:

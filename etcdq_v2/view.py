@@ -64,6 +64,11 @@ on the item (C2) decide, so a stale view costs a retry, never a wrong answer.
 A claim that finds items gone tells the view (:meth:`QueueView.finished`); a few
 in a row and the view lists again (:meth:`QueueView.relist`).
 
+Waiting.  A claimer waits on the view's condition for :attr:`QueueView.version`
+to change; a claimer over several queues (a Worker given several) registers
+one Event with every view instead (:meth:`QueueView.add_waker`), which each
+view sets on every change, so it waits on all of them at once without polling.
+
 Free items (in work/, not locked) are kept in a sorted list: new items always
 sort last (their ids are etcd indexes), so appending is cheap and the head of
 the queue is at the front.
@@ -114,6 +119,8 @@ class QueueView:
         self._protocol = protocol
         self._layout: Layout = protocol.layout
         self._cond = threading.Condition()
+        #: Events set on every change of the view (see add_waker).
+        self._wakers: Set[threading.Event] = set()
         self._items: Dict[str, Tuple[int, Optional[str]]] = {}
         #: Locked items: id -> the etcd index of the newest sign that its lock exists.
         self._locks: Dict[str, int] = {}
@@ -144,6 +151,19 @@ class QueueView:
         self._closed = False
         self._follower = _Follower(self, self._layout.completed, idle_timeout)
         self._follower.start()
+
+    @property
+    def version(self) -> int:
+        """A number bumped (under the view's lock) by every change a claim may act on."""
+        return self._version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        # Waking the wakers here, where every change is counted, means no
+        # change can forget them.
+        self._version = value
+        for event in self._wakers:
+            event.set()
 
     @property
     def watching_locks(self) -> bool:
@@ -294,10 +314,37 @@ class QueueView:
 
     def wait_for_change(self, version: int, timeout: Optional[float]) -> None:
         with self._cond:
+            timeout = self.until_due(timeout)
+            self._cond.wait_for(lambda: self.version != version or self._closed, timeout)
+            self.offer_due()
+
+    def add_waker(self, event: threading.Event) -> None:
+        """Set ``event`` on every change of :attr:`version`, and on close.
+
+        For a claimer that waits on several views at once (a Worker over
+        several queues): one Event for all of them, cleared before it looks
+        at the views, so a change while it looks ends its wait at once.
+        """
+        with self._cond:
+            self._wakers.add(event)
+            if self._closed:
+                event.set()
+
+    def remove_waker(self, event: threading.Event) -> None:
+        with self._cond:
+            self._wakers.discard(event)
+
+    def until_due(self, timeout: Optional[float]) -> Optional[float]:
+        """``timeout``, cut short to when the first orphan is due (see :meth:`offer_due`)."""
+        with self._cond:
             if self._orphans:  # wake when the first one is due, and offer it
                 due = min(self._orphans.values()) - time.monotonic() + 0.01
                 timeout = due if timeout is None else min(timeout, due)
-            self._cond.wait_for(lambda: self.version != version or self._closed, timeout)
+            return timeout
+
+    def offer_due(self) -> None:
+        """Offer the orphans whose F3 event is overdue: a claim finishes them."""
+        with self._cond:
             for item_id, due in list(self._orphans.items()):
                 if due <= time.monotonic():
                     del self._orphans[item_id]
@@ -307,6 +354,8 @@ class QueueView:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            for event in self._wakers:
+                event.set()
         self._follower.stop()
 
     def _watch(self, *, locks: bool) -> "_Follower":

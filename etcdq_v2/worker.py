@@ -2,7 +2,8 @@
 
 One item's life in a :class:`Worker`::
 
-    main thread   claim ──► start a supervisor ──► claim again once a slot is free
+    main thread   claim (from the first of its queues that has a free item)
+                  ──► start a supervisor ──► claim again once a slot is free
     supervisor    start the handler thread, then watch it: finished? lock lost?
                   timed out? shutdown forced? ──► settle the claim exactly once
                   (complete / fail / release / nothing when the lock is lost)
@@ -32,9 +33,16 @@ Shutdown, from :meth:`Worker.stop`, SIGTERM or SIGINT:
 no item stays locked after the worker exits -- except when etcd cannot be
 reached to settle it, and then its lock expires after the queue's TTL.  The
 queue's own heartbeat keeps the locks of running items alive meanwhile.
+
+Several queues (``Worker([high, low], handler)``): each claim takes an item of
+the first queue that has a free one.  While there is none the main thread
+waits on one Event that every queue's view sets when it changes, bounded by
+``claim_timeout`` (to look at signals and ``stop()``): the views' streaming
+watches wake it for a put into any queue, and it makes no request meanwhile.
 """
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import enum
 import logging
@@ -43,13 +51,13 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Set
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Set, Tuple, Union
 
 from .errors import AuthError, ConfigError, EtcdqError, InvalidPayload, LockLost
+from .queue import Queue, claim_first
 
 if TYPE_CHECKING:  # pragma: no cover - only for the annotations
     from .claim import Claim
-    from .queue import Queue
 
 __all__ = ["CANCEL_WAIT", "Handler", "Task", "Worker", "WorkerStats", "current_task"]
 
@@ -129,6 +137,12 @@ def current_task() -> Task:
 class Worker:
     """Claim items from ``queue`` and run ``handler(payload)`` on each.
 
+    ``queue`` is a :class:`Queue`, or a sequence of Queues in priority order:
+    each claim takes an item of the first queue that has a free one (see
+    :func:`~etcdq_v2.queue.claim_first`), so an item of an earlier queue is
+    always taken before one of a later queue when both have free items, and
+    waiting for work covers every queue without polling.  The queues must be
+    distinct; ``worker.queue`` is the first, ``worker.queues`` all of them.
     ``concurrency`` handlers run at once, each in its own thread.  The handler's
     return value is the item's result; an exception fails the attempt with
     ``"ExceptionType: message"`` as the reason.  ``item_timeout`` (seconds)
@@ -139,14 +153,16 @@ class Worker:
     while it runs (only possible in the main thread; elsewhere it is skipped).
     """
 
-    def __init__(self, queue: "Queue", handler: Handler, *, concurrency: int = 1,
+    def __init__(self, queue: Union[Queue, Sequence[Queue]], handler: Handler, *,
+                 concurrency: int = 1,
                  item_timeout: Optional[float] = None, grace_period: Optional[float] = None,
                  claim_timeout: float = 1.0, install_signal_handlers: bool = True) -> None:
         _check_positive("concurrency", concurrency, allow_zero=False)
         _check_positive("item_timeout", item_timeout, allow_zero=False)
         _check_positive("grace_period", grace_period, allow_zero=True)
         _check_positive("claim_timeout", claim_timeout, allow_zero=True)
-        self.queue = queue
+        self.queues = _queues(queue)
+        self.queue = self.queues[0]
         self.handler = handler
         self.concurrency = concurrency
         self.item_timeout = item_timeout
@@ -208,8 +224,8 @@ class Worker:
         propagate.
         """
         _check_positive("max_items", max_items, allow_zero=True)
-        log.info("worker %s on queue %r: concurrency %d", self.queue.node_id,
-                 self.queue.name, self.concurrency)
+        log.info("worker %s on %s: concurrency %d", self.queue.node_id,
+                 self._names, self.concurrency)
         with self._signal_handlers():
             try:
                 self._claim_loop(until_empty, max_items)
@@ -222,6 +238,12 @@ class Worker:
         log.info("worker %s done: %s", self.queue.node_id, stats)
         return stats
 
+    @property
+    def _names(self) -> str:
+        """The queues for log lines: "queue 'a'" or "queues 'a', 'b'"."""
+        names = ", ".join(repr(queue.name) for queue in self.queues)
+        return f"queue{'s' if len(self.queues) > 1 else ''} {names}"
+
     # -- the main loop ---------------------------------------------------------
 
     def _claim_loop(self, until_empty: bool, max_items: Optional[int]) -> None:
@@ -230,18 +252,18 @@ class Worker:
             if not self._wait_for_slot():
                 return
             try:
-                claim = self.queue.claim(timeout=self.claim_timeout)
+                claim = claim_first(self.queues, timeout=self.claim_timeout)
             except (AuthError, ConfigError) as exc:
-                log.error("cannot claim from %r: %s; stopping", self.queue.name, exc)
+                log.error("cannot claim from %s: %s; stopping", self._names, exc)
                 raise
             except EtcdqError as exc:  # transient, or not ours to judge: keep running
-                log.error("cannot claim from %r: %s; retrying in %g s",
-                          self.queue.name, _describe(exc), _RETRY_DELAY)
+                log.error("cannot claim from %s: %s; retrying in %g s",
+                          self._names, _describe(exc), _RETRY_DELAY)
                 self._stopping.wait(_RETRY_DELAY)
                 continue
             if claim is None:
                 if until_empty and self._idle():
-                    log.info("queue %r has nothing to claim: stopping", self.queue.name)
+                    log.info("%s: nothing to claim; stopping", self._names)
                     return
                 continue
             self._start(claim)
@@ -393,7 +415,7 @@ class Worker:
         level = logging.INFO if what in ("completed", "released") else logging.WARNING
         level = logging.ERROR if exc_info is not None else level
         log.log(level, "item %s (attempt %d) %s", task.claim.id, task.claim.attempt, message,
-                exc_info=exc_info)
+                exc_info=exc_info, extra=task.claim.log_fields)
 
     # -- signals ---------------------------------------------------------------------
 
@@ -438,6 +460,23 @@ class Worker:
 def _describe(error: BaseException) -> str:
     text = str(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _queues(queue: Union[Queue, Sequence[Queue]]) -> Tuple[Queue, ...]:
+    """The worker's queues, in priority order; ConfigError unless distinct Queues.
+
+    Anything but a sequence is taken as one queue, as before there could be
+    several (a stand-in with a ``claim`` method included).
+    """
+    if not isinstance(queue, collections.abc.Sequence):
+        return (queue,)
+    queues = tuple(queue)
+    if not queues or not all(isinstance(q, Queue) for q in queues):
+        raise ConfigError(f"expected a Queue or a non-empty sequence of Queues, not {queue!r}")
+    roots = [q.layout.root for q in queues]
+    if len(set(roots)) != len(roots):
+        raise ConfigError(f"a queue is given twice: {', '.join(roots)}")
+    return queues
 
 
 def _check_positive(name: str, value: Optional[float], *, allow_zero: bool) -> None:

@@ -31,10 +31,11 @@ refuse()          stop listening (connects are refused) and close the open
 ================  ==========================================================
 
 ``accepted`` counts the connections accepted so far, ``open_connections``
-those open now, and ``requests`` the HTTP request lines clients sent (plain
-HTTP only: a test can show that a client sends etcd nothing while it waits).  Each connection is pumped by one thread with ``select``
-(non-blocking sends, so a slow reader never blocks the pump); :meth:`stop`
-joins every thread the proxy started.
+those open now; ``bytes_up`` counts the bytes clients sent and ``requests``
+lists the HTTP request lines among them (``b"GET /v2/keys/..."``), also of
+what a fault then held or dropped.  Each connection is pumped by one thread
+with ``select`` (non-blocking sends, so a slow reader never blocks the pump);
+:meth:`stop` joins every thread the proxy started.
 """
 from __future__ import annotations
 
@@ -53,9 +54,9 @@ from urllib.parse import urlsplit
 UP, DOWN = "up", "down"
 _DIRECTIONS = {"up": (UP,), "down": (DOWN,), "both": (UP, DOWN)}
 _CHUNK = 1 << 16
-#: The start of an HTTP request (the transport sends no body with a line like it).
-_REQUEST_LINE = re.compile(rb"(?m)^(?:GET|PUT|POST|DELETE|HEAD) /")
 _CONNECT_TIMEOUT = 2.0
+#: An HTTP request line (the transport sends no body with a line like it).
+_REQUEST_LINE = re.compile(rb"(?:GET|PUT|POST|DELETE|HEAD) /\S* HTTP/1\.[01]\r\n")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +84,8 @@ class FaultProxy:
         self.port = 0
         self.faults = Faults()
         self.accepted = 0
-        self.requests = 0
+        self.bytes_up = 0
+        self.requests: List[bytes] = []
         self._lock = threading.Lock()
         self._links: Set[_Link] = set()
         self._threads: List[threading.Thread] = []
@@ -243,6 +245,12 @@ class FaultProxy:
         with self._lock:
             self._links.add(link)
         link.thread = self._spawn(link.run, f"faultproxy-{self.port}-link")
+
+    def _went_up(self, data: bytes) -> None:
+        """Count what a client sent: its bytes and the request lines in them."""
+        with self._lock:
+            self.bytes_up += len(data)
+            self.requests.extend(line.rstrip(b"\r\n") for line in _REQUEST_LINE.findall(data))
 
     def _spawn(self, target: Callable[[], None], name: str) -> threading.Thread:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -412,8 +420,7 @@ class _Link:
         now = time.monotonic()
         if direction == UP:
             self._last_up, self._reply_bytes = now, 0
-            with self.proxy._lock:
-                self.proxy.requests += len(_REQUEST_LINE.findall(data))
+            self.proxy._went_up(data)
         if direction in faults.drop:
             self._dropped.add(direction)
             return

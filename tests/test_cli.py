@@ -361,8 +361,10 @@ def test_work_runs_the_command_once_per_item(etcdq: Run, queue: Queue, tmp_path:
     script.write_text(JOB)
     ids = queue.put_many([{"n": n} for n in range(1, 7)])
     raw_id = queue.put(b"\x00\xffraw")
-    out = ok(etcdq("work", queue.name, "--until-empty", "--concurrency", "3", "--json",
-                   "--max-attempts", "1", "--", sys.executable, str(script)))
+    done = etcdq("work", queue.name, "--until-empty", "--concurrency", "3", "--json",
+                 "--max-attempts", "1", "--", sys.executable, str(script))
+    assert done.returncode == 1, done.stderr  # items failed: etcdq work's exit status 1
+    out = done.stdout
     assert json.loads(out) == {"completed": 5, "failed": 2, "lost": 0, "released": 0}
     results = {info.id: info.result for info in queue.items("completed")}
     assert results.pop(raw_id) == {"raw": b"\x00\xffraw".hex()}
@@ -381,8 +383,9 @@ def test_work_timeout_kills_the_command_and_its_children(
     script.write_text(BLOCKING_JOB)
     item_id = queue.put({"n": 0})
     began = time.monotonic()
-    ok(etcdq("work", queue.name, "--until-empty", "--timeout", "1", "--max-attempts", "1",
-             "--", sys.executable, str(script), str(tmp_path)))
+    done = etcdq("work", queue.name, "--until-empty", "--timeout", "1", "--max-attempts", "1",
+                 "--", sys.executable, str(script), str(tmp_path))
+    assert done.returncode == 1, done.stderr  # the item failed: exit status 1
     assert time.monotonic() - began < 15
     info = queue.get(item_id)
     assert (info.state, info.reason) == ("failed", "timed out after 1 s")
