@@ -21,7 +21,7 @@ from etcdq_v2.protocol import COMPLETED, FAILED
 import test_cli
 from crashes import commit, commit_then_crash, stalled_claim
 from helpers import wait_until
-from test_cli import assert_user_error, ok
+from test_cli import assert_user_error
 
 # test_cli's fixture: etcdq on the shared etcd, for this module too.
 etcdq = test_cli.etcdq
@@ -209,8 +209,9 @@ def test_work_writes_records_with_the_ttls_given(
     options = [] if completed is None else ["--completed-ttl", completed, "--failed-ttl", failed]
     with Queue(etcd_url, queue_name) as queue:
         done, dead = queue.put_many([{"n": 0}, {"n": 1}])
-        ok(etcdq("work", queue_name, "--until-empty", "--max-attempts", "1", *options,
-                 "--", sys.executable, "-c", FAIL_ODD))
+        ran = etcdq("work", queue_name, "--until-empty", "--max-attempts", "1", *options,
+                    "--", sys.executable, "-c", FAIL_ODD)
+        assert ran.returncode == 1, ran.stderr  # an item failed (and was dead-lettered)
         got = (ttl_of(queue, COMPLETED, done), ttl_of(queue, FAILED, dead))
         for ttl, wanted in zip(got, expected):
             assert (ttl is None) if wanted is None else (wanted - 5 <= ttl <= wanted), got
