@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import re
 import threading
 import time
@@ -25,6 +26,7 @@ from etcdq_v2.view import BACKLOG
 
 from faultproxy import FaultProxy
 from helpers import wait_until
+from test_cli import assert_user_error, ok, run_etcdq
 
 #: The delay most tests use: etcd TTLs are whole seconds, so 1 s is the shortest.
 DELAY = 1.0
@@ -322,3 +324,34 @@ def test_a_late_copy_of_the_item_put_after_it_finished_never_runs_it_again(
     assert work_ids(consumer) == []
     completed = consumer.items("completed")
     assert [(info.id, info.attempts) for info in completed] == [(item_id, 1)]
+
+
+# -- the command line ------------------------------------------------------------------
+
+def test_etcdq_put_delay(etcd_url: str, consumer: Queue) -> None:
+    env = {**os.environ, "ETCDQ_ENDPOINTS": etcd_url}
+    started = time.monotonic()
+    ids = ok(run_etcdq(["put", consumer.name, "--delay", "1", "a", "b"], env=env)).split()
+    assert len(ids) == 2
+    assert consumer.claim() is None and consumer.stats()["pending"] == 2
+    for item_id in ids:
+        first_claim(consumer, item_id, started)
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "soon", str(2**31)])
+def test_etcdq_put_with_a_bad_delay_exits_2(etcd_url: str, consumer: Queue,
+                                            value: str) -> None:
+    env = {**os.environ, "ETCDQ_ENDPOINTS": etcd_url}
+    assert_user_error(run_etcdq(["put", consumer.name, "--delay", value, "a"], env=env),
+                      2, "--delay")
+    assert work_ids(consumer) == []
+
+
+def test_etcdq_put_keeps_refusing_unknown_options_among_payloads(etcd_url: str,
+                                                                 consumer: Queue) -> None:
+    """Payloads may follow --delay; an unknown option there is still an error, not a payload."""
+    env = {**os.environ, "ETCDQ_ENDPOINTS": etcd_url}
+    done = run_etcdq(["put", consumer.name, "--delay", "0", "a", "--frob", "b"], env=env)
+    assert_user_error(done, 2, "unrecognized arguments: --frob")
+    ok(run_etcdq(["put", consumer.name, "a", "--delay", "0", "-5", "-"], env=env, input="c\n"))
+    assert [info.payload for info in consumer.items("pending")] == ["a", -5, "c"]
