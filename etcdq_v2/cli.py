@@ -24,6 +24,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import sys
 import time
 from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
@@ -33,7 +34,8 @@ from .demo import StatusLine, format_counts, run_demo
 from .errors import (AuthError, ConfigError, EtcdqError, InvalidName, InvalidPayload, NotFound,
                      Unavailable)
 from .keys import check_item_id, check_name
-from .queue import DEFAULT_COMPLETED_TTL, DEFAULT_MAX_ATTEMPTS, ItemInfo, Queue, default_node_id
+from .queue import (DEFAULT_COMPLETED_TTL, DEFAULT_MAX_ATTEMPTS, MAX_DELAY, ItemInfo, Queue,
+                    default_node_id)
 from .transport import connect
 from .worker import Worker
 
@@ -227,7 +229,21 @@ def _add_put(verbs: Any) -> argparse.ArgumentParser:
     parser.add_argument("payloads", nargs="*", metavar="PAYLOAD",
                         help="parsed as JSON, else taken as a string; '-' reads one "
                              "payload per line from stdin")
+    parser.add_argument("--delay", type=_delay, metavar="S",
+                        help="claimable only after S seconds (etcd's clock; rounded up to "
+                             "whole seconds)")
     return parser
+
+
+def _delay(text: str) -> float:
+    """``--delay``: seconds, a finite number >= 0 (argparse reports anything else)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= MAX_DELAY:
+        raise argparse.ArgumentTypeError(f"expected seconds from 0 to {MAX_DELAY}, not {text!r}")
+    return seconds
 
 
 def _add_work(verbs: Any) -> argparse.ArgumentParser:
@@ -421,12 +437,25 @@ def parse_args(parser: argparse.ArgumentParser, argv: List[str]) -> argparse.Nam
     """
     head, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) \
         if "--" in argv else (argv, [])
-    args = parser.parse_args(head)
+    args, extra = parser.parse_known_args(head)
+    if args.verb == "put":
+        # argparse fills a positional list only up to the first option after
+        # it (Python issue 15112): in ``put QUEUE --delay S A B``, A and B.
+        args.payloads = list(args.payloads) + [a for a in extra if not _looks_optional(a)]
+        extra = [a for a in extra if _looks_optional(a)]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.verb == "work":
         args.command = list(args.command) + command
     elif command:
         args = parser.parse_args(argv)
     return args
+
+
+def _looks_optional(argument: str) -> bool:
+    """What argparse takes for an option: a leading "-", unless "-" or a negative number."""
+    return argument.startswith("-") and argument != "-" \
+        and not re.fullmatch(r"-\d+|-\d*\.\d+", argument)
 
 
 def _configure_logging(args: argparse.Namespace) -> None:
@@ -561,7 +590,7 @@ def cmd_put(args: argparse.Namespace) -> int:
         payloads = _payloads(args.payloads)
         if not payloads:
             raise UsageError("nothing to put: give payloads, or '-' to read them from stdin")
-        ids = queue.put_many(payloads)
+        ids = queue.put_many(payloads, delay=args.delay)
     if args.json:
         print_json(ids)
     else:

@@ -95,8 +95,9 @@ class Item:
     claim: Optional[str] = None
     created: float = field(default_factory=time.time)
     outcome: Optional[str] = None
-    #: Put back by requeue: its first claim checks for records too (C3), since a
-    #: requeue resumed late could create it again after it finished.
+    #: Put back by requeue, or put with a delay (``q``): its first claim checks for
+    #: records too (C3), since a requeue resumed late, or a late copy of a delayed
+    #: put's PUT, could create it again after it finished.
     requeued: bool = False
 
     def encode(self, max_bytes: Optional[int] = None) -> str:

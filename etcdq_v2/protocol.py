@@ -8,13 +8,27 @@ same at more length.
 
 Values (see codec.py): an item carries its put token ``t``, its claim count
 ``a`` and the token of its latest claim ``c``; a lock carries the claimer's
-node id and claim token.
+node id and claim token (a delayed put's lock: its put token).
 
 put
     P1. POST ``work/`` with a fresh token.  If the reply is lost, quorum
         listings of work/, completed/ and failed/ are searched for the token:
         found -> that is our item; not found -> Unavailable (the request may
         still apply later, so it is never resent: no duplicate, ever).
+
+delayed put (delay > 0)
+    D1. POST ``locks/`` with ttl=delay (whole seconds, rounded up) and a delay
+        lock {node, put token, "d"}; etcd names it ``locks/<m>``.  A lost
+        reply: POST another (one that applied is an orphan: no item, expires).
+    D2. PUT ``work/<m>`` prevExist=false: the item (put token, a=0, ``q``).  No
+        POST can take the name m, the index of our own D1.  "Already exists"
+        after a resent PUT is read back (our put token: ours); unanswered until
+        the deadline -> Unavailable, and the item is stored at most once.
+    The item exists only once its lock does, so it is claimable only after
+    etcd expired the lock: never early.  Crash after D1: an orphan lock
+    expires, nothing is stored.  ``q``: a copy of D2 held in flight that lands
+    after the item finished creates it again; its first claim finds the
+    record (C3) and removes it.
 
 claim(id)            (the caller picked ``id`` from its view of work/ and locks/)
     C1. PUT ``locks/<id>`` prevExist=false, ttl=lock_ttl, value {node, token}.
@@ -24,10 +38,11 @@ claim(id)            (the caller picked ``id`` from its view of work/ and locks/
         the check that the item is still there and unchanged, so a stale
         listing never runs a finished item: a deleted item fails with "not
         found" and we drop our lock; a changed one is read again.
-    C3. If the item was claimed before (``a`` >= 1) or was requeued (``q``), GET
-        ``completed/<id>`` and ``failed/<id>``: a record there was written by
-        0.1.0 (whose record was its commit) before a crash, or the item was
-        re-created by a requeue resumed late; remove it, hand nothing out.
+    C3. If the item was claimed before (``a`` >= 1) or carries ``q`` (requeued,
+        or a delayed put), GET ``completed/<id>`` and ``failed/<id>``: a record
+        there was written by 0.1.0 (whose record was its commit) before a
+        crash, or the item was re-created by a requeue resumed late or a late
+        copy of D2; remove it, hand nothing out.
         An item carrying an outcome (``o``, its finisher crashed after F1) is
         finished instead (F2-F4), before C2.
         If ``a`` >= max_attempts, dead-letter the item (F1-F4) instead.
@@ -176,7 +191,14 @@ class Entry:
     id: str
     index: int
     value: Optional[str]
-    ttl: Optional[int] = None  # seconds left, as etcd reports them on a read; None: no TTL
+    #: For a key with a TTL: etcd's ``expiration`` (RFC 3339, its wall clock) and
+    #: ``ttl`` (seconds left, rounded up; etcd leaves it out at 0).
+    expiration: Optional[str] = None
+    ttl: int = 0
+
+    def ttl_left(self) -> Optional[int]:
+        """The TTL to write back so the key keeps its expiry; None: it has none."""
+        return max(self.ttl, 1) if self.expiration else None
 
 
 def item_fields(queue: str, item_id: str, attempt: Optional[int] = None) -> Dict[str, Any]:
@@ -238,6 +260,74 @@ class Protocol:
                 if decoded.token == token:
                     return entry.id, entry.index if kind == "work" else 0
         return None
+
+    def new_item(self, payload: Any, *, delayed: bool = False) -> Item:
+        """A new item for P1, or for D2 (``delayed``): marked ``q``, so that its
+        first claim checks for records (C3), since a late copy of D2 could
+        create it again after it finished."""
+        return Item(payload, new_token(), requeued=delayed)
+
+    # -- D: delayed put ------------------------------------------------------
+    def put_delayed(self, raw: str, token: str, ttl: int) -> Tuple[str, int, int]:
+        """D1, D2: (id, index, lock index) of an item claimable after ``ttl`` seconds.
+
+        The lock comes first, so the item is never claimable before etcd
+        expires it; the item takes the lock's name, which no POST to work/
+        can ever get (it is the index of our own lock write).
+        """
+        item_id, locked = self._delay_lock(token, ttl)
+        return item_id, self._create_delayed(item_id, raw, token), locked
+
+    def _delay_lock(self, token: str, ttl: int) -> Tuple[str, int]:
+        """D1: POST a delay lock with ``ttl``; (its name, its index).
+
+        A lost reply is not resolved: another lock is POSTed.  A first one that
+        applied (now or later) is an orphan: it holds no item, and expires.
+        """
+        value = Lock(self.node_id, token, delay=True).encode()
+        give_up = time.monotonic() + self.etcd.deadline
+        while True:
+            try:
+                node = self.etcd.post(self.layout.locks, value, ttl=ttl).node
+                return node["key"].rsplit("/", 1)[-1], node["modifiedIndex"]
+            except AmbiguousWrite as exc:
+                if time.monotonic() >= give_up:
+                    raise Unavailable(f"a delayed put to {self.layout.work} could not create "
+                                      f"its lock ({exc}); nothing was stored") from None
+                log.info("the reply to a delay lock in %s was lost; creating another",
+                         self.layout.locks)
+                time.sleep(0.1)  # a member that resets every connection is not hammered
+
+    def _create_delayed(self, item_id: str, raw: str, token: str) -> int:
+        """D2: PUT ``work/<id>`` prevExist=false; its index (0: it already finished).
+
+        The transport resends a PUT whose reply was lost; "already exists" is
+        then read back.  Unanswered until the deadline: Unavailable, but the
+        item is stored at most once, as no other put uses the name.
+        """
+        key = self.layout.key("work", item_id)
+        try:
+            try:
+                return self.etcd.put(key, raw, prev_exist=False).written_index
+            except AlreadyExists:
+                return self._our_delayed(item_id, token)
+        except Unavailable as exc:
+            raise Unavailable(f"a delayed put to {key} may or may not be stored ({exc}); if "
+                              "it is, it is stored once, and claimable after its delay"
+                              ) from None
+
+    def _our_delayed(self, item_id: str, token: str) -> int:
+        """After D2's "already exists": our item's index, or 0 if a consumer
+        finished it already; EtcdRejected if another writer took the name."""
+        entry = self.read("work", item_id)
+        if entry is not None and _put_token(Item.decode, entry.value) == token:
+            return entry.index
+        for kind in (COMPLETED, FAILED):
+            record = self.read(kind, item_id)
+            if record is not None and _put_token(Record.decode, record.value) == token:
+                return 0
+        raise EtcdRejected(f"{self.layout.key('work', item_id)} holds a value this put did "
+                           "not write; the item was not stored", code=AlreadyExists.code)
 
     # -- C: claim ----------------------------------------------------------
     def claim(self, item_id: str, index: int, raw: Optional[str]) -> Optional[ClaimState]:
@@ -650,7 +740,7 @@ class Protocol:
             # permanent, and this Queue's failed_ttl need not be the one the
             # dead letter was written with.
             reply = self.etcd.put(self.layout.key(FAILED, item_id), marked,
-                                  ttl=entry.ttl, prev_index=entry.index)
+                                  ttl=entry.ttl_left(), prev_index=entry.index)
         except (CompareFailed, KeyMissing):
             # Only a resent CAS of ours can have changed it: we hold its lock.
             return self._requeue_token(item_id)
@@ -813,7 +903,8 @@ class Protocol:
             node = self.etcd.get(self.layout.key(kind, item_id), quorum=True).node
         except KeyMissing:
             return None
-        return Entry(item_id, node["modifiedIndex"], node.get("value"), node.get("ttl"))
+        return Entry(item_id, node["modifiedIndex"], node.get("value"),
+                     node.get("expiration"), node.get("ttl", 0))
 
     def _read_node(self, kind: str, item_id: str) -> Optional[Node]:
         """Like :meth:`read`, the whole node: a lock's ``ttl`` (seconds left, rounded up)."""
@@ -836,7 +927,8 @@ class Protocol:
             parsed = self.layout.split(node.get("key", ""))
             if node.get("dir") or parsed is None:
                 continue
-            yield Entry(parsed[1], node["modifiedIndex"], node.get("value"))
+            yield Entry(parsed[1], node["modifiedIndex"], node.get("value"),
+                        node.get("expiration"), node.get("ttl", 0))
 
     def decoded(self, kind: str) -> Iterator[Tuple[Entry, Any]]:
         """``(entry, Item or Record)`` for the entries of ``kind`` that are ours.
@@ -902,6 +994,15 @@ def _committed_before(state: ClaimState, done: str) -> ClaimClosed:
     """A release found the item committed by an earlier call of the same claim."""
     return ClaimClosed(f"item {state.id} was already committed as {done} by this claim "
                        "(an earlier call whose reply was lost)", outcome=done)
+
+
+def _put_token(decode: Callable[[Optional[str]], Any], raw: Optional[str]) -> Optional[str]:
+    """The put token of an item or record value; None for junk."""
+    try:
+        token: Optional[str] = decode(raw).token
+    except Junk:
+        return None
+    return token
 
 
 def lock_states(entries: List[Entry]) -> Dict[str, Optional[Lock]]:

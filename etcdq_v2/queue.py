@@ -50,6 +50,22 @@ DEFAULT_COMPLETED_TTL = 24 * 3600
 WAIT_IDLE = 60.0
 #: A wait's stream that ends sooner than this is followed by a pause (growing to 1 s).
 QUICK_END = 1.0
+#: The longest put delay, in seconds (68 years).  etcd v2 mishandles TTLs from
+#: about 9.2e9 s on (they overflow its nanosecond clock): such a key never
+#: expires, or expires at a wrong time.
+MAX_DELAY = 2**31 - 1
+
+
+
+def delay_ttl(delay: Optional[float]) -> int:
+    """A put's ``delay`` as the TTL of its lock: whole seconds, rounded up; 0 for none."""
+    if delay is None:
+        return 0
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) \
+            or not 0 <= delay <= MAX_DELAY:
+        raise InvalidArgument(f"delay must be a number of seconds from 0 to {MAX_DELAY} "
+                              f"(or None), not {delay!r}")
+    return ttl_seconds(delay) if delay > 0 else 0
 
 
 def default_node_id() -> str:
@@ -120,19 +136,34 @@ class Queue:
         self._closed = False
 
     # -- producing -----------------------------------------------------------------
-    def put(self, payload: Any) -> str:
-        """Add an item; returns its id.  ``payload``: JSON-serialisable, or bytes."""
-        return self.put_many([payload])[0]
+    def put(self, payload: Any, *, delay: Optional[float] = None) -> str:
+        """Add an item; returns its id.  ``payload``: JSON-serialisable, or bytes.
+
+        ``delay``: seconds before it can be claimed (see :meth:`put_many`).
+        """
+        return self.put_many([payload], delay=delay)[0]
 
     @public_errors()
-    def put_many(self, payloads: Iterable[Any]) -> List[str]:
-        """Add items in order; every payload is checked before the first is written."""
+    def put_many(self, payloads: Iterable[Any], *, delay: Optional[float] = None) -> List[str]:
+        """Add items in order; every payload is checked before the first is written.
+
+        With ``delay`` (seconds, > 0) no item can be claimed before that time
+        has passed on etcd's clock, counted from its own put; it is rounded up
+        to whole seconds and etcd expires its lock up to 0.5 s late.  None or
+        0: claimable at once.  Items put later without a delay are not held up.
+        """
+        ttl = delay_ttl(delay)
         encoded = [(item.encode(self._protocol.max_payload), item.token)
-                   for item in (Item(p, new_token()) for p in payloads)]
+                   for item in (self._protocol.new_item(p, delayed=bool(ttl)) for p in payloads)]
         ids = []
         for raw, token in encoded:
-            item_id, index = self._protocol.post_item(raw, token)
-            self._offer(item_id, index, raw)
+            if ttl:
+                item_id, index, locked = self._protocol.put_delayed(raw, token, ttl)
+                if self._view is not None:
+                    self._view.delayed(item_id, index, raw, locked, ttl)
+            else:
+                item_id, index = self._protocol.post_item(raw, token)
+                self._offer(item_id, index, raw)
             ids.append(item_id)
         return ids
 

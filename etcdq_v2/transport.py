@@ -207,9 +207,10 @@ class Transport:
             fields.append("refresh=true")
         return self._call("PUT", key, body="&".join(fields))
 
-    def post(self, key: str, value: str) -> Reply:
+    def post(self, key: str, value: str, *, ttl: Optional[int] = None) -> Reply:
         """Create an in-order key under ``key``; never resent once it may have applied."""
-        return self._call("POST", key, body=f"value={_quote(value, _FORM_QUOTING)}")
+        body = f"value={_quote(value, _FORM_QUOTING)}"
+        return self._call("POST", key, body=body if ttl is None else f"{body}&ttl={ttl}")
 
     def delete(self, key: str, *, prev_value: Optional[str] = None,
                prev_index: Optional[int] = None) -> Reply:

@@ -31,7 +31,9 @@ finished item must leave the view.  It
 then learns that an item is taken only by losing the race for it (C1
 "already exists"), and that an item is free again (released, its worker
 dead) from a listing of locks/, made once per lock TTL while it knows of
-taken items.  Each switch subscribes and lists again.
+taken items, and when a delay lock (a delayed put, a release delay) of an
+item it knows is due: a listing gives each lock's expiry, and no event will
+say it expired.  Each switch subscribes and lists again.
 
 Order.  A lone consumer claims items in put order, whoever put them.  The
 view knows work/ completely up to an etcd index: its listing's, or, while the
@@ -76,13 +78,16 @@ the queue is at the front.
 from __future__ import annotations
 
 import bisect
+import calendar
 import json
 import logging
+import math
 import re
 import threading
 import time
 from typing import Dict, List, Optional, Set, Tuple
 
+from .codec import Junk, Lock
 from .errors import EtcdqError, Unavailable
 from .keys import Layout
 from .protocol import Entry, Protocol
@@ -108,6 +113,11 @@ MAX_CACHED_VALUE = 64 * 1024
 BACKLOG = 32
 #: Seconds a follower waits after applying events, so that the next come in one block.
 COALESCE = 0.005
+#: Seconds before listing locks/ again when a delay lock was listed due but not yet
+#: removed (etcd removes expired keys every 0.5 s).
+RELIST_DUE = 0.2
+#: etcd's ``expiration``: RFC 3339 in UTC, with up to nanoseconds.
+_EXPIRATION = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(\.\d+)?Z")
 
 Candidate = Tuple[str, int, Optional[str]]
 
@@ -143,6 +153,10 @@ class QueueView:
         self._in_free: Set[str] = set()
         self._skip: Dict[str, int] = {}
         self._locks_listed = 0.0  # time.monotonic() of the last locks/ listing
+        #: Known items held by a delay lock (a delayed put, a release delay): id ->
+        #: time.monotonic() at which etcd expires the lock; and the earliest of them.
+        self._delays: Dict[str, float] = {}
+        self._next_delay = math.inf
         self.version = 0
         self._ready = False
         self._error: Optional[BaseException] = None
@@ -238,11 +252,13 @@ class QueueView:
         self._watch(locks=True).wait_listed(timeout)
 
     def check_locks(self) -> None:
-        """List locks/ once per lock TTL while it is not watched and items are taken."""
+        """List locks/ once per lock TTL while it is not watched and items are taken,
+        and as soon as a delay lock of a known item is due to expire."""
         with self._cond:
-            due = (not self.watching_locks
-                   and time.monotonic() - self._locks_listed >= self._protocol.lock_ttl
-                   and bool(self._locks))
+            now = time.monotonic()
+            due = not self.watching_locks and (
+                (now - self._locks_listed >= self._protocol.lock_ttl and bool(self._locks))
+                or self._next_delay <= now)
         if due:
             self._list_locks()
 
@@ -281,6 +297,22 @@ class QueueView:
         with self._cond:
             if self._ready and index > self._items.get(item_id, (0, None))[0]:
                 self._apply_item(item_id, index, raw)
+
+    def delayed(self, item_id: str, index: int, raw: str, lock_index: int, ttl: int) -> None:
+        """This process put a delayed item: offer it once its delay lock, created
+        at ``lock_index``, expires in about ``ttl`` seconds.
+
+        A view that knows of etcd's writes past that index saw the lock come
+        (and maybe go) itself.
+        """
+        with self._cond:
+            if not self._ready or index <= self._items.get(item_id, (0, None))[0]:
+                return  # the next listing has it; or it is known (or finished) already
+            if lock_index > self._known:
+                self._locked(item_id, lock_index)
+            self._delays[item_id] = time.monotonic() + ttl
+            self._next_delay = min(self._next_delay, self._delays[item_id])
+            self._apply_item(item_id, index, raw)
 
     def released(self, item_id: str) -> None:
         """A claim of this process released the item: offer it before etcd's event arrives."""
@@ -419,6 +451,7 @@ class QueueView:
             self._trying[item_id] = index
         if 0 <= self._locks.get(item_id, -1) <= index:
             del self._locks[item_id]
+            self._delays.pop(item_id, None)
             self._make_free(item_id)
 
     def _reconcile_locks(self, index: int, locks: List[Entry]) -> None:
@@ -428,7 +461,22 @@ class QueueView:
             self._unlocked(item_id, index)
         for item_id, lock_index in listed.items():
             self._locked(item_id, lock_index)
+        self._plan_delays(locks)
         self._locks_listed = time.monotonic()
+
+    def _plan_delays(self, locks: List[Entry]) -> None:
+        """Note when etcd expires each listed delay lock of a known item, so that
+        :meth:`check_locks` lists locks/ then, not a lock TTL later.  One that
+        is due but not swept yet (etcd sweeps every 0.5 s) is listed again soon."""
+        now, wall = time.monotonic(), time.time()
+        for entry in locks:
+            if entry.id in self._items and entry.expiration and _is_delay(entry.value):
+                self._delays[entry.id] = now + max(_expires_in(entry, wall), RELIST_DUE)
+            else:
+                self._delays.pop(entry.id, None)  # a claim's lock: refreshed, not waited for
+        for item_id in [i for i in self._delays if i not in self._locks]:
+            del self._delays[item_id]
+        self._next_delay = min(self._delays.values(), default=math.inf)
 
     # -- listings and events (follower threads) --------------------------------------
     def _list(self, follower: "_Follower") -> Dict[str, int]:
@@ -613,6 +661,28 @@ class _Follower:
                 time.sleep(COALESCE)
         finally:
             stream.release()
+
+
+def _is_delay(value: Optional[str]) -> bool:
+    try:
+        return Lock.decode(value).delay
+    except Junk:
+        return False
+
+
+def _expires_in(entry: Entry, wall: float) -> float:
+    """Seconds until etcd expires a listed key (<= 0: due), from ``wall`` (time.time()).
+
+    etcd gives the seconds left rounded up (``ttl``), and the ``expiration``
+    time on its own clock: that time, as this host's clock sees it, kept
+    within the second ``ttl`` allows, so a skewed clock errs by under 1 s.
+    """
+    match = _EXPIRATION.fullmatch(entry.expiration or "")
+    if match is None:
+        return float(entry.ttl)
+    *fields, fraction = match.groups()
+    at = calendar.timegm(tuple(int(field) for field in fields)) + float(fraction or 0)
+    return min(max(at - wall, entry.ttl - 1.0), float(entry.ttl))
 
 
 def _final(error: Optional[BaseException]) -> bool:
