@@ -825,15 +825,10 @@ class Protocol:
         work/, or left there by 0.1.0's crash: checked for claimed items, as
         C3 does); NotFound if it is neither in work/ nor recorded.
         """
-        entry = self.read("work", item_id)
-        if entry is None:
-            if self.record_of(item_id) is None:
-                raise NotFound(f"no item {item_id} in {self.layout.root}")
+        found = self._work_item(item_id)
+        if found is None:
             return None
-        try:
-            item = Item.decode(entry.value)
-        except Junk:
-            raise NotFound(f"no item {item_id} in {self.layout.root}") from None
+        entry, item = found
         if item.outcome or ((item.attempts or item.requeued)
                             and self.record_of(item_id) is not None):
             return None
@@ -854,17 +849,24 @@ class Protocol:
         found = self.record_of(item_id)
         if found is not None:
             return found
+        in_work = self._work_item(item_id)
+        if in_work is None:
+            return self.record_of(item_id)
+        entry, item = in_work
+        return (item.outcome, Record.decode(entry.value)) if item.outcome else None
+
+    def _work_item(self, item_id: str) -> Optional[Tuple[Entry, Item]]:
+        """``work/<id>`` decoded; None if it left work/ and has a record; NotFound
+        if it has neither (junk in its place counts as nothing)."""
         entry = self.read("work", item_id)
         if entry is None:
-            found = self.record_of(item_id)
-            if found is None:
+            if self.record_of(item_id) is None:
                 raise NotFound(f"no item {item_id} in {self.layout.root}")
-            return found
+            return None
         try:
-            item = Item.decode(entry.value)
+            return entry, Item.decode(entry.value)
         except Junk:
             raise NotFound(f"no item {item_id} in {self.layout.root}") from None
-        return (item.outcome, Record.decode(entry.value)) if item.outcome else None
 
     def outcome_in(self, item_id: str, block: bytes) -> Optional[Tuple[str, Record]]:
         """W3: the outcome a block of ``work/<id>``'s events tells, None: keep waiting.

@@ -13,8 +13,9 @@ from __future__ import annotations
 import functools
 import re
 import secrets
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterator, List, Tuple
+from typing import Any, Callable, Iterator, List, Tuple
 
 import pytest
 
@@ -114,3 +115,22 @@ def proxy_factory() -> Iterator[Callable[[str], FaultProxy]]:
 def proxy(etcd_url: str, proxy_factory: Callable[[str], FaultProxy]) -> FaultProxy:
     """A FaultProxy in front of the shared etcd server (``proxy.url``), passing everything."""
     return proxy_factory(etcd_url)
+
+
+#: Seconds a thread started by ``background`` may take before the test counts it as a hang.
+BACKGROUND_BOUND = 15.0
+
+
+@pytest.fixture
+def background() -> Iterator[Callable[[Callable[[], Any]], "Future[Any]"]]:
+    """Run a function in a thread; its exception is re-raised at the end of the test."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures: List["Future[Any]"] = []
+
+        def submit(function: Callable[[], Any]) -> "Future[Any]":
+            futures.append(pool.submit(function))
+            return futures[-1]
+
+        yield submit
+        for future in futures:
+            future.result(timeout=BACKGROUND_BOUND)

@@ -8,9 +8,10 @@ deadline and fails with a message saying what was awaited.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, Optional, Tuple, Type, TypeVar
 
 T = TypeVar("T")
 
@@ -52,3 +53,19 @@ def is_gone(pid: int) -> bool:
     except OSError:
         return True
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def in_background(call: Callable[[], Any], name: str = "background"
+                  ) -> Tuple[threading.Thread, Dict[str, Any]]:
+    """Run ``call`` in a thread: ``(thread, outcome)``; once the thread ends,
+    ``outcome`` has "returned" (the value) or "raised" (the exception)."""
+    outcome: Dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["returned"] = call()
+        except BaseException as exc:  # noqa: B036 - handed to the test thread
+            outcome["raised"] = exc
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread, outcome

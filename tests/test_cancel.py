@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -24,7 +24,7 @@ from etcdq_v2.protocol import CANCELLED, COMPLETED, FAILED, ClaimState
 
 from crashes import commit_then_crash
 from faultproxy import FaultProxy
-from helpers import wait_until
+from helpers import in_background, wait_until
 
 UNKNOWN = "00000000000000999999"
 #: A claim's C2, and a cancel's K3: the compare-and-swap of the item.
@@ -56,19 +56,6 @@ def assert_cancelled(queue: Queue, item_id: str, payload: Any, attempts: int = 0
         (FAILED, CANCELLED, payload, attempts)
     assert queue._protocol.read("work", item_id) is None
     assert queue._protocol.read("locks", item_id) is None
-
-
-def in_background(call: Callable[[], Any]) -> Tuple[threading.Thread, Dict[str, Any]]:
-    outcome: Dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["returned"] = call()
-        except BaseException as exc:  # noqa: B036 - the test looks at it
-            outcome["raised"] = exc
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, outcome
 
 
 # -- what cancel does ----------------------------------------------------------------------

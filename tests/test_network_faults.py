@@ -24,7 +24,7 @@ from etcdq_v2.server import EtcdServer
 
 import test_security
 from faultproxy import FaultProxy
-from helpers import wait_until
+from helpers import in_background, wait_until
 
 # test_security's TLS etcd (a CA from trustme, client certificates), for this module too.
 ca, tls_files, tls_etcd = test_security.ca, test_security.tls_files, test_security.tls_etcd
@@ -147,19 +147,6 @@ def test_the_proxy_closes_idle_connections_and_stops_every_thread(etcd_url: str)
 COMMIT = re.compile(rb"^(PUT|DELETE) /v2/keys/\S+/(completed|failed|work)/", re.MULTILINE)
 
 
-def _in_background(call: Callable[[], Any]) -> "tuple[threading.Thread, Dict[str, Any]]":
-    outcome: Dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["returned"] = call()
-        except BaseException as exc:
-            outcome["raised"] = exc
-    thread = threading.Thread(target=run, name="held-commit")
-    thread.start()
-    return thread, outcome
-
-
 @pytest.mark.parametrize("second_outcome", ["complete", "dead-letter"])
 def test_a_commit_held_past_the_lock_ttl_cannot_commit(
         proxy_factory: Callable[[str], FaultProxy], etcd_url: str, queue_name: str,
@@ -174,7 +161,7 @@ def test_a_commit_held_past_the_lock_ttl_cannot_commit(
         claim_a = a.claim(timeout=5)
         assert claim_a is not None and claim_a.id == item_id
         proxy_a.hold("up", match=COMMIT)
-        thread, outcome = _in_background(lambda: claim_a.complete("from A"))
+        thread, outcome = in_background(lambda: claim_a.complete("from A"))
         wait_until(lambda: COMMIT.search(proxy_a.held()), 5, message="A's commit to be held")
         claim_b = b.claim(timeout=10)  # after A's lock expired
         assert claim_b is not None and (claim_b.id, claim_b.attempt) == (item_id, 2), \
@@ -208,7 +195,7 @@ def test_a_claim_whose_item_cas_lands_after_its_lock_expired_is_not_handed_out(
             Queue(etcd_url, queue_name, lock_ttl=2) as b:
         item_id = b.put("contested")
         proxy_a.hold("up", match=CLAIM_CAS)
-        thread, outcome = _in_background(lambda: a.claim(timeout=0))
+        thread, outcome = in_background(lambda: a.claim(timeout=0))
         wait_until(lambda: CLAIM_CAS.search(proxy_a.held()), 5, message="A's C2 to be held")
         claim_b = b.claim(timeout=10)  # once A's lock expired
         assert claim_b is not None and claim_b.id == item_id
@@ -436,7 +423,7 @@ def test_tls_a_handshake_that_fails_on_the_way_is_unavailable(
     if fault != "reset":
         _break_the_handshake(tls_proxy, fault)
     started = time.monotonic()
-    thread, outcome = _in_background(queue.stats)
+    thread, outcome = in_background(queue.stats)
     if fault == "reset":
         _break_the_handshake(tls_proxy, fault)
     thread.join(client.deadline + SLACK + 5)
@@ -468,7 +455,7 @@ def test_tls_a_worker_keeps_claiming_through_a_frozen_network(
         worker = Worker(a, handler, concurrency=1, claim_timeout=0.5,
                         install_signal_handlers=False)
         a.put("first")
-        runner, outcome = _in_background(worker.run)
+        runner, outcome = in_background(worker.run)
         first_started.wait(10)
         a.put("second")  # the view has it: the next claim goes to etcd for it
         tls_proxy.black_hole()

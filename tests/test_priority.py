@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 import urllib.request
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -53,21 +52,6 @@ def make_queues(etcd_url: str, queue_name: str, opened: List[Queue]) -> MakeQueu
         opened.extend(pair)
         return pair
     return make
-
-
-@pytest.fixture
-def background() -> Iterator[Callable[[Callable[[], Any]], "Future[Any]"]]:
-    """Run a function in a thread; its exception is re-raised at the end of the test."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures: List["Future[Any]"] = []
-
-        def submit(function: Callable[[], Any]) -> "Future[Any]":
-            futures.append(pool.submit(function))
-            return futures[-1]
-
-        yield submit
-        for future in futures:
-            future.result(timeout=BOUND)
 
 
 class Recorder:

@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 import urllib.request
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -54,21 +54,6 @@ def queue(make_queue: Callable[..., Queue]) -> Queue:
     tests that claim an item twice use ``make_queue()``.)
     """
     return make_queue(max_attempts=1)
-
-
-@pytest.fixture
-def background() -> Iterator[Callable[[Callable[[], Any]], "Future[Any]"]]:
-    """Run a helper in a thread; its exception is re-raised by the test at the end."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures: List["Future[Any]"] = []
-
-        def submit(function: Callable[[], Any]) -> "Future[Any]":
-            futures.append(pool.submit(function))
-            return futures[-1]
-
-        yield submit
-        for future in futures:
-            future.result(timeout=BOUND)
 
 
 @pytest.fixture
