@@ -447,6 +447,8 @@ def parse_args(parser: argparse.ArgumentParser, argv: List[str]) -> argparse.Nam
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.verb == "work":
         args.command = list(args.command) + command
+    elif args.verb == "put":
+        args.payloads = list(args.payloads) + command  # after "--": payloads, "-x" too
     elif command:
         args = parser.parse_args(argv)
     return args

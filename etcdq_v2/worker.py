@@ -46,6 +46,7 @@ import collections.abc
 import contextlib
 import enum
 import logging
+import math
 import signal
 import threading
 import time
@@ -482,6 +483,11 @@ def _queues(queue: Union[Queue, Sequence[Queue]]) -> Tuple[Queue, ...]:
 def _check_positive(name: str, value: Optional[float], *, allow_zero: bool) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or value < 0 or (value == 0 and not allow_zero):
+    # nan compares false with everything, and an infinite timeout would spin
+    # Event.wait: only finite numbers (whole ones for a count) pass.
+    whole = name in ("concurrency", "max_items")
+    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) \
+            or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{name} must be {bound}, not {value!r}")
+        kind = "a whole number" if whole else "a finite number"
+        raise ConfigError(f"{name} must be {kind} {bound}, not {value!r}")

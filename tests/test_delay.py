@@ -338,6 +338,18 @@ def test_etcdq_put_delay(etcd_url: str, consumer: Queue) -> None:
         first_claim(consumer, item_id, started)
 
 
+@pytest.mark.parametrize("argv", [["--delay", "1", "--", "-x"],
+                                  ["--delay", "1", "a", "--", "-x"]])
+def test_etcdq_put_delay_takes_payloads_after_a_double_dash(
+        etcd_url: str, consumer: Queue, argv: List[str]) -> None:
+    """As without --delay (tests/test_cli.py): "--" ends the options, so a payload
+    may start with "-"."""
+    env = {**os.environ, "ETCDQ_ENDPOINTS": etcd_url}
+    ok(run_etcdq(["put", consumer.name, *argv], env=env))
+    assert sorted(info.payload for info in consumer.items("pending")) == \
+        sorted(a for a in argv[2:] if a != "--")
+
+
 @pytest.mark.parametrize("value", ["-1", "nan", "inf", "soon", str(2**31)])
 def test_etcdq_put_with_a_bad_delay_exits_2(etcd_url: str, consumer: Queue,
                                             value: str) -> None:

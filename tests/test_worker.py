@@ -349,7 +349,9 @@ def test_current_task_outside_a_handler_raises() -> None:
 
 
 @pytest.mark.parametrize("options", [{"concurrency": 0}, {"item_timeout": 0},
-                                     {"grace_period": -1}, {"claim_timeout": -1}])
+                                     {"grace_period": -1}, {"claim_timeout": -1},
+                                     {"claim_timeout": float("nan")},
+                                     {"item_timeout": float("inf")}, {"concurrency": 1.5}])
 def test_bad_options_raise_config_error(queue: Queue, options: dict) -> None:
     with pytest.raises(ConfigError):
         Worker(queue, lambda payload: None, **options)
