@@ -283,10 +283,15 @@ def _add_work(verbs: Any) -> argparse.ArgumentParser:
                         default=DEFAULT_COMPLETED_TTL,
                         help="keep completion records S seconds ('none': until purged; "
                              f"default {DEFAULT_COMPLETED_TTL})")
-    parser.add_argument("--failed-ttl", type=_number_or_none(float), metavar="S",
-                        help="keep dead letters S seconds (default 'none': until purged)")
+    _add_failed_ttl(parser)
     parser.add_argument("--node-id", metavar="ID", help="this worker's name in locks and records")
     return parser
+
+
+def _add_failed_ttl(parser: argparse.ArgumentParser) -> None:
+    """For the verbs that write dead letters (work, cancel)."""
+    parser.add_argument("--failed-ttl", type=_number_or_none(float), metavar="S",
+                        help="keep dead letters S seconds (default 'none': until purged)")
 
 
 def _number_or_none(kind: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -348,6 +353,7 @@ def _add_cancel(verbs: Any) -> argparse.ArgumentParser:
                           "is unknown (5 wins over 1). 'etcdq requeue' brings one back.")
     _add_queue_argument(parser)
     parser.add_argument("ids", nargs="+", metavar="ID")
+    _add_failed_ttl(parser)
     return parser
 
 
@@ -701,7 +707,7 @@ def _worst(codes: List[int], order: Sequence[int]) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     """``etcdq cancel``: prints each id with what became of it."""
     ids = [check_item_id(item_id) for item_id in args.ids]
-    with open_queue(args) as queue:
+    with open_queue(args, failed_ttl=args.failed_ttl) as queue:
         results = [_cancelled(queue, item_id, args.json) for item_id in ids]
     if args.json:
         print_json([doc for _, doc in results])

@@ -337,6 +337,21 @@ def test_cli_cancel_exits_0_when_every_id_was_cancelled(etcd_url: str, queue: Qu
         assert_cancelled(queue, item_id, payload)
 
 
+@pytest.mark.parametrize("option, expected", [([], None), (["--failed-ttl", "600"], 600)],
+                         ids=["kept", "ttl"])
+def test_cli_cancel_writes_the_dead_letter_with_the_failed_ttl_given(
+        etcd_url: str, queue: Queue, option: List[str], expected: Optional[int]) -> None:
+    item_id = queue.put("a")
+    done = etcdq(etcd_url, "cancel", queue.name, *option, item_id)
+    assert done.returncode == 0, done.stderr
+    ttl = queue._protocol.read(FAILED, item_id)
+    assert ttl is not None
+    if expected is None:
+        assert ttl.expiration is None
+    else:
+        assert expected - 10 <= ttl.ttl <= expected
+
+
 def test_cli_cancel_exits_1_when_any_was_running_or_finished(etcd_url: str,
                                                              queue: Queue) -> None:
     running, pending = queue.put_many(["running", "pending"])
