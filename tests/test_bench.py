@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import measure  # noqa: E402
 from bench.designs import DESIGNS, Target, peer_names  # noqa: E402
+from etcdq_v2.server import EtcdServer  # noqa: E402
 
 ETCD_PEERS = [name for name in peer_names() if DESIGNS[name].backend == "etcd"]
 
@@ -27,3 +28,20 @@ def test_peer_drains_every_item(etcd_url: str, queue_name: str, peer: str) -> No
     assert run.missing == 0, f"{peer} left {run.missing} of 20 items unprocessed"
     assert run.claims >= 20
     assert run.etcd_ops is not None and run.etcd_ops.writes >= 20  # at least the puts
+
+
+def test_lifecycle_bench_counts_the_writes_the_protocol_makes(etcd_binary: str,
+                                                              tmp_path: Path) -> None:
+    """bench/lifecycle.py's rows, on a few items: each operation's writes per item
+    are what docs/protocol.md says (put 1, delayed put 2, claim + complete 6,
+    claim + release 4, cancel 5).  Its own etcd: the counters are server-wide."""
+    from bench import lifecycle
+
+    server = EtcdServer(tmp_path / "data", binary=etcd_binary).start()
+    try:
+        runs = lifecycle.one_round(server.url, "lifecycle", items=4)
+    finally:
+        server.stop()
+    writes = {row: ops.writes / 4 for row, (_, ops) in runs.items()}
+    assert writes == {"put": 1, "put(delay=1)": 2, "claim + complete": 6,
+                      "claim + release": 4, "cancel (pending item)": 5}
