@@ -46,6 +46,10 @@ claim(id)            (the caller picked ``id`` from its view of work/ and locks/
         An item carrying an outcome (``o``, its finisher crashed after F1) is
         finished instead (F2-F4), before C2.
         If ``a`` >= max_attempts, dead-letter the item (F1-F4) instead.
+        Past lock_ttl/2 since C1 was sent (a slow C2 reply, a stall), confirm
+        the lock (refresh, or retake while the item carries our token); lost
+        -> hand nothing out (a cancel may have committed).  Within lock_ttl/2
+        the lock is ours: etcd expires it no sooner than lock_ttl after C1.
         Only now is the claim handed out.
     Crash after C1: the lock expires, the item is free again, nothing counted.
     Crash after C2: the lock expires, the next claim counts attempt a+2 (a
@@ -120,7 +124,10 @@ cancel(id)           (a pending item to failed/, reason "cancelled")
     would have), the item is pending again.  Crash after K3: the item carries
     "o"; the next claimer does F2-F4 and hands nothing out.  The lock keeps
     claims off while we work; K3 and C2 are CASes on the same index, so of a
-    cancel and a claim exactly one wins.
+    cancel and a claim exactly one wins (a claim whose C2 reply came after its
+    lock expired confirms the lock at C3: not handed out).  A handler whose
+    lock expired (heartbeat starved) may still run when cancel returns True;
+    its outcome is refused (LockLost: K3 moved the fence).
 
 wait(id)             (reads only)
     W1. Open a stream watch of ``work/<id>`` (registered now), THEN
@@ -407,7 +414,8 @@ class Protocol:
         raise Gone(item_id)
 
     def _checked(self, state: ClaimState) -> ClaimState:
-        """C3: hand out the claim unless the item is finished or out of attempts."""
+        """C3: hand out the claim unless the item is finished or out of attempts,
+        or the lock is no longer ours."""
         before = state.item.attempts - 1
         if (before or state.item.requeued) and self._finished_before(state):
             raise Gone(state.id)
@@ -415,7 +423,24 @@ class Protocol:
             with contextlib.suppress(LockLost):  # another claim took it meanwhile
                 self._abandon(state, before)
             raise Gone(state.id)
+        self._still_locked(state)
         return state
+
+    def _still_locked(self, state: ClaimState) -> None:
+        """C3's last check: past half a lock TTL since C1 was sent, confirm the lock.
+
+        etcd cannot expire our lock sooner than ``lock_ttl`` after C1 was sent
+        (C1 applied after that, and TTLs round up), so within half of it the
+        lock is ours.  Later (C2's reply was held, the process stalled) it may
+        have expired and a cancel taken the item (K1-K3): confirm it (refresh,
+        or retake while the item carries our claim token), else Gone.
+        """
+        if time.monotonic() - state.confirmed <= self.lock_ttl / 2:
+            return
+        try:
+            self.confirm(state)
+        except LockLost:
+            raise Gone(state.id) from None
 
     def _finished_before(self, state: ClaimState) -> bool:
         """A record without a committed item: written by 0.1.0, whose F2 was the

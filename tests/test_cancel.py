@@ -29,6 +29,8 @@ from helpers import in_background, wait_until
 UNKNOWN = "00000000000000999999"
 #: A claim's C2, and a cancel's K3: the compare-and-swap of the item.
 ITEM_CAS = re.compile(rb"^PUT /v2/keys/\S+/work/", re.MULTILINE)
+#: etcd's reply to a compare-and-swap (C2, R0, K3, F1).
+CAS_REPLY = re.compile(rb'"action":"compareAndSwap"')
 
 
 @pytest.fixture
@@ -297,6 +299,61 @@ def test_a_claim_held_in_flight_loses_to_the_cancel_that_committed_first(
         thread.join(20)
         assert outcome == {"returned": None}, outcome
         assert_cancelled(queue, item_id, "contested")
+
+
+def test_a_claim_whose_c2_reply_came_after_its_lock_expired_is_not_handed_out_once_cancelled(
+        proxy: FaultProxy, queue_name: str, queue: Queue) -> None:
+    """A claimer's C1 and C2 apply; the reply of its C2 is held (a slow network, or the
+    process stalls between C2 and the hand-out) past its lock's TTL, and nothing
+    refreshes that lock (no Claim, no heartbeat yet).  A cancel then locks the item
+    (K1), finds it claimed but not finished (K2), commits (K3, K4): True.  When the C2
+    reply arrives, more than half a lock TTL has passed since C1, so C3 confirms the
+    lock before handing out: it is gone, and the claim is not handed out."""
+    with Queue(connect(proxy.url, timeout=8, deadline=20), queue_name, lock_ttl=2,
+               max_attempts=None) as claimer:
+        assert claimer.claim(timeout=0) is None  # its view is ready
+        item_id = queue.put("cancel me")
+        wait_until(lambda: knows(claimer, item_id), 5, message="the claimer's view to see it")
+        proxy.hold("down", match=CAS_REPLY)
+        thread, outcome = in_background(lambda: claimer.claim(timeout=0))
+        wait_until(lambda: CAS_REPLY.search(proxy.held("down")), 5,
+                   message="the reply of the claim's C2 held")
+        assert queue.get(item_id).attempts == 1  # C2 applied
+        wait_until(lambda: queue.cancel(item_id), 10, interval=0.2,
+                   message="the cancel, once the claim's lock expired")
+        proxy.release()
+        thread.join(20)
+        handed = outcome.get("returned")
+        if isinstance(handed, Claim):
+            handed.abandon()
+        assert outcome == {"returned": None}, \
+            f"cancel() returned True, then the claimer was handed the item: {outcome}"
+        assert_cancelled(queue, item_id, "cancel me", attempts=1)
+
+
+def test_a_claim_whose_c2_reply_came_after_its_lock_expired_retakes_the_lock(
+        proxy: FaultProxy, queue_name: str, queue: Queue) -> None:
+    """The same held C2 reply, with nobody touching the item meanwhile: the item
+    still carries the claim's token, so C3 takes the expired lock again and hands
+    the claim out holding it (the handler never runs without its lock)."""
+    with Queue(connect(proxy.url, timeout=8, deadline=20), queue_name, lock_ttl=2,
+               max_attempts=None) as claimer:
+        assert claimer.claim(timeout=0) is None
+        item_id = queue.put("slow reply")
+        wait_until(lambda: knows(claimer, item_id), 5, message="the claimer's view to see it")
+        proxy.hold("down", match=CAS_REPLY)
+        thread, outcome = in_background(lambda: claimer.claim(timeout=0))
+        wait_until(lambda: CAS_REPLY.search(proxy.held("down")), 5,
+                   message="the reply of the claim's C2 held")
+        wait_until(lambda: lock_of(queue, item_id) is None, 8,
+                   message="the claim's lock to expire")
+        proxy.release()
+        thread.join(20)
+        claim = outcome.get("returned")
+        assert isinstance(claim, Claim) and claim.id == item_id, outcome
+        assert lock_of(queue, item_id) == claim._state.lock
+        claim.complete("ran")
+        assert queue.get(item_id).state == COMPLETED
 
 
 def test_a_cancel_held_in_flight_loses_to_the_claim_that_took_the_item(
