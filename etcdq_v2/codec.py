@@ -169,6 +169,9 @@ class Record:
     reason: Optional[str] = None
     requeue_token: Optional[str] = None
     token: Optional[str] = None  # the item's put token: finds a put whose reply was lost
+    #: The item carried ``q`` (requeued, or put with a delay): the record is kept at
+    #: least a week, so that a late re-creation of the item finds it (C3).
+    requeued: bool = False
 
     def encode(self, outcome: Optional[str] = None) -> str:
         """The record's value; with ``outcome``, the value of its item once committed."""
@@ -184,6 +187,8 @@ class Record:
             doc["why"] = self.reason
         if self.requeue_token:
             doc["rq"] = self.requeue_token
+        if self.requeued:
+            doc["q"] = 1
         doc["r"] = self.result
         return dumps(doc)
 
@@ -198,4 +203,4 @@ class Record:
                    float(doc.get("ts", 0.0)), float(doc.get("fin", 0.0)),
                    doc.get("r"), reason if isinstance(reason, str) else None,
                    requeue if isinstance(requeue, str) else None,
-                   token if isinstance(token, str) else None)
+                   token if isinstance(token, str) else None, bool(doc.get("q")))

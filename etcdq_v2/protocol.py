@@ -66,7 +66,9 @@ complete / dead-letter (``kind`` = completed or failed)
         "Compare failed"/"not found" on a resent request is read back: the
         item (or, once finished, its record) carrying our token is ours.
     F2. PUT ``<kind>/<id>`` prevExist=false, ttl=<the TTL of kind>
-        (completed_ttl, failed_ttl; none: kept until purged), with the record
+        (completed_ttl, failed_ttl; none: kept until purged; at least a week,
+        TOMBSTONE_TTL, for an item with ``q``, which a late Q3 or D2 copy can
+        re-create: its first claim must find the record), with the record
         (the value F1 wrote, less "o").  "Already exists" with our claim
         token is a resent PUT or a claimer that finished our item for us
         (below): fine.
@@ -521,7 +523,8 @@ class Protocol:
                reason: Optional[str] = None) -> None:
         """F1-F4: commit ``kind`` (completed or failed) on the item, record it, remove it."""
         record = Record(state.item.payload, state.lock.token, self.node_id, state.item.attempts,
-                        state.item.created, time.time(), result, reason, token=state.item.token)
+                        state.item.created, time.time(), result, reason, token=state.item.token,
+                        requeued=state.item.requeued)
         committed = self._commit(state, kind, record.encode(outcome=kind))
         if committed is not None:
             self.finish_committed(state.id, committed, state.lock)
@@ -569,7 +572,7 @@ class Protocol:
         record = Record.decode(entry.value).encode()
         try:
             self.etcd.put(self.layout.key(item.outcome, item_id), record,
-                          ttl=self.record_ttls[item.outcome], prev_exist=False)
+                          ttl=self._record_ttl(item), prev_exist=False)
         except AlreadyExists:
             self._check_record(item_id, item)
         deletes: List[Tuple[str, Dict[str, Any]]] = [
@@ -581,6 +584,15 @@ class Protocol:
             if isinstance(outcome, EtcdqError) and not isinstance(
                     outcome, (KeyMissing, CompareFailed)):
                 raise outcome
+
+    def _record_ttl(self, item: Item) -> Optional[int]:
+        """F2's TTL: that of the record's kind, but at least TOMBSTONE_TTL for an
+        item that carried ``q`` (requeued, or delayed): a late Q3 or a late copy
+        of D2 may create it again, and its first claim must find the record (C3).
+        None (kept until purged) stays None."""
+        assert item.outcome is not None
+        ttl = self.record_ttls[item.outcome]
+        return max(ttl, TOMBSTONE_TTL) if ttl is not None and item.requeued else ttl
 
     def _check_record(self, item_id: str, item: Item) -> None:
         """F2 found a record: ours (resent, or written by a claimer), one of 0.1.0's,

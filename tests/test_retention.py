@@ -16,7 +16,7 @@ import pytest
 
 from etcdq_v2 import ConfigError, NotFound, Queue
 from etcdq_v2.codec import Item, Record
-from etcdq_v2.protocol import COMPLETED, FAILED
+from etcdq_v2.protocol import COMPLETED, FAILED, TOMBSTONE_TTL
 
 import test_cli
 from crashes import commit, commit_then_crash, stalled_claim
@@ -64,6 +64,44 @@ def test_by_default_completion_records_last_a_day_and_dead_letters_forever(
         queue.claim().fail("no")
         assert 86400 - 5 <= ttl_of(queue, COMPLETED, done) <= 86400
         assert ttl_of(queue, FAILED, dead) is None
+
+
+@pytest.mark.parametrize("how", ["requeued", "delayed", "cancelled after a delay"])
+def test_records_of_items_carrying_q_are_kept_at_least_a_tombstones_week(
+        etcd_url: str, queue_name: str, how: str) -> None:
+    """A requeued or delayed item may be created again by a late Q3 or a late copy of
+    D2; its first claim must then find the record (C3), so the record outlives
+    completed_ttl and failed_ttl: a week at least, like a requeue's tombstone."""
+    with Queue(etcd_url, queue_name, completed_ttl=60, failed_ttl=30,
+               max_attempts=1) as queue:
+        plain = queue.put("plain")
+        queue.claim(timeout=BOUND).complete()
+        if how == "requeued":
+            queue.put("dead")
+            queue.claim(timeout=BOUND).fail("no")
+            item_id = queue.requeue(queue.items(FAILED)[0].id)
+        else:
+            item_id = queue.put(how, delay=1)
+        if how.startswith("cancelled"):
+            assert queue.cancel(item_id)
+            kind = FAILED
+        else:
+            claim = queue.claim(timeout=BOUND)
+            assert claim is not None and claim.id == item_id
+            claim.complete()
+            kind = COMPLETED
+        assert 55 <= ttl_of(queue, COMPLETED, plain) <= 60
+        assert TOMBSTONE_TTL - 5 <= ttl_of(queue, kind, item_id) <= TOMBSTONE_TTL
+
+
+def test_none_still_keeps_the_records_of_items_carrying_q_until_purged(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, completed_ttl=None) as queue:
+        item_id = queue.put("later", delay=0.1)
+        claim = queue.claim(timeout=BOUND)
+        assert claim is not None and claim.id == item_id
+        claim.complete()
+        assert ttl_of(queue, COMPLETED, item_id) is None
 
 
 def test_none_keeps_records_until_purged(etcd_url: str, queue_name: str) -> None:
