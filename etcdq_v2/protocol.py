@@ -119,8 +119,10 @@ cancel(id)           (a pending item to failed/, reason "cancelled")
         lock, False; neither in work/ nor recorded -> NotFound (a delay lock we
         took over is left to expire: a delayed put's item may still come).
     K3. F1 on K2's index: the dead letter (attempts unchanged, "o": failed) into
-        the item.  "Compare failed": another cancel's K3, or a claim's C2 held in
-        flight past its lock landed first -> drop our lock, False.
+        the item.  "Compare failed": read it again; an outcome (another cancel's
+        K3) or a new claim token (a claim's C2 held in flight past its lock)
+        -> drop our lock, False; neither, our lock still ours (a release's R0
+        held past its lock: a-1, the token kept) -> K2, K3 again (bounded).
     K4. F2-F4 with our lock.
     Crash after K1: the lock expires (a delay lock taken over no sooner than it
     would have), the item is pending again.  Crash after K3: the item carries
@@ -795,12 +797,7 @@ class Protocol:
             return False
         lock, took_over = taken
         try:
-            state = self._pending_item(item_id, lock)  # K2
-            if state is not None:
-                self.finish(state, FAILED, reason=CANCELLED)  # K3 (F1), K4 (F2-F4)
-                return True
-        except LockLost:  # K3 failed: another cancel committed, or a held C2 landed
-            pass
+            cancelled = self._cancel_pending(item_id, lock)  # K2-K4
         except NotFound:
             if not took_over:  # else a delayed put's item may still come: the
                 self._let_go(item_id, lock)  # lock expires no sooner than it would have
@@ -808,8 +805,42 @@ class Protocol:
         except BaseException:
             self._let_go(item_id, lock)
             raise
-        self._let_go(item_id, lock)
+        if not cancelled:
+            self._let_go(item_id, lock)
+        return cancelled
+
+    def _cancel_pending(self, item_id: str, lock: Lock) -> bool:
+        """K2-K4 under our lock: True once committed; False if the item is finished,
+        or a claim took it after K2 (a claim's C2 held in flight past its lock).
+
+        K3 also fails when a release's R0, held in flight past its claim's lock,
+        lands after K2: it writes a-1 and keeps the claim token.  So a failed K3
+        reads the item again: no outcome, the claim token K2 saw, and our lock
+        still ours -> K2 and K3 again (a few times: each retry needs another
+        held write to land).
+        """
+        for _ in range(5):
+            state = self._pending_item(item_id, lock)  # K2
+            if state is None:
+                return False
+            try:
+                self.finish(state, FAILED, reason=CANCELLED)  # K3 (F1), K4 (F2-F4)
+                return True
+            except LockLost:  # K3 failed: committed, claimed, or changed by a late R0
+                if not self._unclaimed_since(state):
+                    return False
         return False
+
+    def _unclaimed_since(self, state: ClaimState) -> bool:
+        """After a failed K3: the item has no outcome, the claim token K2 saw, and
+        our lock is still ours, so no claim or cancel took it since K2."""
+        entry = self.read("work", state.id)
+        try:
+            item = Item.decode(entry.value) if entry else None
+        except Junk:
+            return False
+        return (item is not None and item.outcome is None and item.claim == state.item.claim
+                and self._lock_value(state.id) == state.lock.encode())
 
     def _let_go(self, item_id: str, lock: Lock) -> None:
         with contextlib.suppress(EtcdqError):  # else it simply expires

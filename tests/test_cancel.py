@@ -14,11 +14,11 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
-from etcdq_v2 import Claim, InvalidName, NotFound, Queue, connect
+from etcdq_v2 import Claim, InvalidName, LockLost, NotFound, Queue, connect
 from etcdq_v2.codec import Lock, Record
 from etcdq_v2.protocol import CANCELLED, COMPLETED, FAILED, ClaimState
 
@@ -375,6 +375,41 @@ def test_a_cancel_held_in_flight_loses_to_the_claim_that_took_the_item(
         claim.complete("ran")
         info = queue.get(item_id)
         assert (info.state, info.result) == (COMPLETED, "ran")
+
+
+def test_a_release_held_in_flight_that_lands_between_k2_and_k3_does_not_stop_the_cancel(
+        proxy_factory: Callable[[str], FaultProxy], etcd_url: str, queue_name: str,
+        queue: Queue) -> None:
+    """A claimer releases: its R0 is held past its lock's TTL.  A cancel locks the item
+    (K1) and reads it (K2); its K3 is held.  R0 lands (fenced on the claim's C2 index,
+    which nothing changed: it applies, a-1, the claim token kept); R1 finds the
+    cancel's lock (LockLost).  K3 lands: "compare failed".  The item has no outcome,
+    the same claim token and the cancel's lock: nothing took it, so the cancel reads
+    it again and commits (True), instead of calling a pending item running."""
+    releaser_proxy, canceller_proxy = proxy_factory(etcd_url), proxy_factory(etcd_url)
+    with Queue(connect(releaser_proxy.url, timeout=8, deadline=20), queue_name,
+               lock_ttl=2) as releaser, \
+            Queue(connect(canceller_proxy.url, timeout=8, deadline=20), queue_name,
+                  lock_ttl=2) as canceller:
+        item_id = queue.put("pending, really")
+        claim = releaser.claim(timeout=5)
+        assert claim is not None and claim.id == item_id
+        releaser_proxy.hold("up", match=ITEM_CAS)
+        rel_thread, released = in_background(claim.release)
+        wait_until(lambda: ITEM_CAS.search(releaser_proxy.held()), 5, message="R0 held")
+        wait_until(lambda: lock_of(queue, item_id) is None, 8,
+                   message="the releasing claim's lock to expire")
+        canceller_proxy.hold("up", match=ITEM_CAS)
+        can_thread, cancelled = in_background(lambda: canceller.cancel(item_id))
+        wait_until(lambda: ITEM_CAS.search(canceller_proxy.held()), 5, message="K3 held")
+        releaser_proxy.release()
+        rel_thread.join(20)
+        assert isinstance(released.get("raised"), LockLost), released  # R1 found our lock
+        canceller_proxy.release()
+        can_thread.join(20)
+        assert cancelled == {"returned": True}, (
+            f"cancel() said {cancelled} for an item that is {queue.get(item_id).state!r}")
+        assert_cancelled(queue, item_id, "pending, really")  # R0 gave the attempt back
 
 
 # -- the command line -----------------------------------------------------------------------
