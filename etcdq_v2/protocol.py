@@ -116,8 +116,10 @@ cancel(id)           (a pending item to failed/, reason "cancelled")
         by CAS on its value with ttl=max(lock_ttl, its ttl left); another lock
         is a claim's -> False.
     K2. Read ``work/<id>`` (quorum).  Committed ("o") or recorded -> drop our
-        lock, False; neither in work/ nor recorded -> NotFound (a delay lock we
-        took over is left to expire: a delayed put's item may still come).
+        lock, False; neither in work/ nor recorded -> NotFound.  On NotFound or
+        any error (Unavailable) a delay lock we took over is left to expire,
+        never dropped: the item it held back (or a delayed put's item, yet to
+        come) is not claimable before its time.
     K3. F1 on K2's index: the dead letter (attempts unchanged, "o": failed) into
         the item.  "Compare failed": read it again; an outcome (another cancel's
         K3) or a new claim token (a claim's C2 held in flight past its lock)
@@ -798,12 +800,12 @@ class Protocol:
         lock, took_over = taken
         try:
             cancelled = self._cancel_pending(item_id, lock)  # K2-K4
-        except NotFound:
-            if not took_over:  # else a delayed put's item may still come: the
-                self._let_go(item_id, lock)  # lock expires no sooner than it would have
-            raise
         except BaseException:
-            self._let_go(item_id, lock)
+            # A delay lock we took over is left to expire, no sooner than it would
+            # have: dropping it would make a delayed (or released, or backed-off)
+            # item claimable early, or a delayed put's item not created yet.
+            if not took_over:
+                self._let_go(item_id, lock)
             raise
         if not cancelled:
             self._let_go(item_id, lock)

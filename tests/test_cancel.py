@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
-from etcdq_v2 import Claim, InvalidName, LockLost, NotFound, Queue, connect
+from etcdq_v2 import Claim, InvalidName, LockLost, NotFound, Queue, Unavailable, connect
 from etcdq_v2.codec import Lock, Record
 from etcdq_v2.protocol import CANCELLED, COMPLETED, FAILED, ClaimState
 
@@ -169,6 +169,27 @@ def test_crash_after_k1_on_a_delayed_item_never_makes_it_claimable_early(
     assert time.monotonic() - released >= delay
     assert (claim.id, claim.attempt) == (item_id, 1)  # the release gave its attempt back
     claim.complete()
+
+
+def test_a_cancel_that_fails_midway_leaves_the_delay_lock_it_took_over(
+        proxy: FaultProxy, queue_name: str, queue: Queue, other: Queue) -> None:
+    """An item released with delay=30: a delay lock.  A cancel takes it over (K1, ttl
+    = max(lock_ttl, 30)), reads the item (K2), and gets no answer to K3 (held: a
+    frozen member): Unavailable.  The lock it took over stays, with the delay's
+    time: the item is not claimable before its delay."""
+    item_id, _ = released_with_delay(queue, 30)
+    with Queue(connect(proxy.url, timeout=0.5, deadline=1.5), queue_name,
+               lock_ttl=2) as canceller:
+        proxy.hold("up", match=ITEM_CAS)
+        with pytest.raises(Unavailable):
+            canceller.cancel(item_id)
+    lock = lock_of(queue, item_id)
+    assert lock is not None and lock.delay, "the failed cancel dropped the delay lock"
+    early = other.claim(timeout=1)
+    if early is not None:
+        early.abandon()
+    assert early is None, "claimed long before its delay"
+    assert queue.get(item_id).state == "pending"
 
 
 def test_crash_after_k1_leaves_the_item_pending_for_another_queue(
