@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional
 
 import pytest
 
-from etcdq_v2 import ConfigError, NotFound, Queue
+from etcdq_v2 import ConfigError, EtcdqError, NotFound, Queue
 from etcdq_v2.codec import Item, Record
 from etcdq_v2.protocol import COMPLETED, FAILED, TOMBSTONE_TTL
 
@@ -231,6 +231,44 @@ def test_q1_keeps_the_ttl_the_dead_letter_has_not_the_requeuers(
             assert ttl is None
         else:
             assert ttl is not None and written_with - 10 <= ttl <= written_with
+
+
+def expiring_node(queue: Queue, kind: str, item_id: str) -> Optional[Dict[str, Any]]:
+    """``kind/<id>``'s node once past its expiry and not yet swept (etcd reports an
+    ``expiration`` and no ``ttl`` then); {"gone": True} once it is swept; else None."""
+    try:
+        found = queue.etcd.get(queue.layout.key(kind, item_id), quorum=True).node
+    except EtcdqError:
+        return {"gone": True}
+    return found if "expiration" in found and "ttl" not in found else None
+
+
+def test_q1_on_a_dead_letter_past_its_expiry_not_yet_swept_keeps_it_expiring(
+        etcd_url: str, queue_name: str) -> None:
+    """etcd removes an expired key up to 0.5 s after its expiry; meanwhile a GET still
+    returns it, with its ``expiration`` but without a ``ttl``.  Q1 there must still
+    write a TTL (1 s): a CAS without one would make a dead letter written with
+    failed_ttl=1 permanent, if the requeue then stopped."""
+    with Queue(etcd_url, queue_name, max_attempts=1, failed_ttl=1, lock_ttl=1) as queue:
+        p = queue._protocol
+        for _ in range(20):
+            item_id = queue.put("short-lived dead letter")
+            claim = queue.claim(timeout=2)
+            assert claim is not None and claim.id == item_id
+            claim.fail("no")
+            found = wait_until(lambda i=item_id: expiring_node(queue, FAILED, i), 5,
+                               interval=0.005, message="the dead letter to expire")
+            if found.get("gone"):
+                continue  # swept before we saw it: try again
+            try:
+                p._requeue_token(item_id)  # Q1 (a requeue that then stops)
+            except EtcdqError:
+                continue  # swept between our read and Q1's
+            break
+        else:
+            pytest.skip("never caught a dead letter between its expiry and its removal")
+        wait_until(lambda: p.read(FAILED, item_id) is None, 5,
+                   message="the dead letter Q1 rewrote (failed_ttl=1) to expire")
 
 
 # -- the command line -------------------------------------------------------------------
