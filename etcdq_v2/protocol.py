@@ -138,7 +138,7 @@ cancel(id)           (a pending item to failed/, reason "cancelled")
 wait(id)             (reads only)
     W1. Open a stream watch of ``work/<id>`` (registered now), THEN
     W2. read as get() does: a record, or "o" in the item -> return it;
-        neither pending nor recorded -> NotFound.
+        neither pending nor recorded (junk counts as nothing) -> NotFound.
     W3. Each event: a value with "o" is the record (F1); a removal -> read the
         records (none: NotFound); a claim's C2 -> keep waiting.  A stream that
         ends (a minute without events, a member gone) -> W1 again.
@@ -923,7 +923,12 @@ class Protocol:
         if in_work is None:
             return self.record_of(item_id)
         entry, item = in_work
-        return (item.outcome, Record.decode(entry.value)) if item.outcome else None
+        if not item.outcome:
+            return None
+        try:
+            return item.outcome, Record.decode(entry.value)
+        except Junk:  # an outcome without a record: not ours, as get() says
+            raise NotFound(f"no item {item_id} in {self.layout.root}") from None
 
     def _work_item(self, item_id: str) -> Optional[Tuple[Entry, Item]]:
         """``work/<id>`` decoded; None if it left work/ and has a record; NotFound

@@ -263,7 +263,9 @@ class Queue:
                      for entry, record in self._protocol.decoded(state)}
             for entry, item in self._protocol.decoded("work"):  # committed, not yet recorded
                 if item.outcome == state and entry.id not in infos:
-                    infos[entry.id] = _record_info(entry.id, state, Record.decode(entry.value))
+                    with contextlib.suppress(Junk):  # an outcome without a record: junk
+                        infos[entry.id] = _record_info(entry.id, state,
+                                                       Record.decode(entry.value))
             found = [infos[item_id] for item_id in sorted(infos)]
         else:
             work, locks = self._work_and_locks()
