@@ -71,7 +71,8 @@ complete / dead-letter (``kind`` = completed or failed)
         re-create: its first claim must find the record), with the record
         (the value F1 wrote, less "o").  "Already exists" with our claim
         token is a resent PUT or a claimer that finished our item for us
-        (below): fine.
+        (below): fine.  "Already exists", then gone when read back (it
+        expired, or was purged): F2 again (bounded).
     F3. compareAndDelete ``work/<id>`` prevIndex=<F1's index>.
     F4. compareAndDelete ``locks/<id>`` prevValue=<our lock>.  F3 and F4 are
         independent and are sent together.
@@ -573,12 +574,7 @@ class Protocol:
         """F2-F4 for an item whose F1 applied: by its finisher, or by a claimer after a crash."""
         item = Item.decode(entry.value)
         assert item.outcome is not None
-        record = Record.decode(entry.value).encode()
-        try:
-            self.etcd.put(self.layout.key(item.outcome, item_id), record,
-                          ttl=self._record_ttl(item), prev_exist=False)
-        except AlreadyExists:
-            self._check_record(item_id, item)
+        self._record(item_id, item, Record.decode(entry.value).encode())
         deletes: List[Tuple[str, Dict[str, Any]]] = [
             (self.layout.key("work", item_id), {"prevIndex": entry.index})]
         if lock is not None:
@@ -598,24 +594,48 @@ class Protocol:
         ttl = self.record_ttls[item.outcome]
         return max(ttl, TOMBSTONE_TTL) if ttl is not None and item.requeued else ttl
 
-    def _check_record(self, item_id: str, item: Item) -> None:
+    def _record(self, item_id: str, item: Item, record: str) -> None:
+        """F2: PUT the record prevExist=false; "already exists" is read back.
+
+        A record that is gone when read back expired (its TTL) or was purged
+        in between: the item still carries it, so F2 is sent again (a few
+        times: each needs the record to vanish again).
+        """
+        assert item.outcome is not None
+        key = self.layout.key(item.outcome, item_id)
+        for _ in range(5):
+            try:
+                self.etcd.put(key, record, ttl=self._record_ttl(item), prev_exist=False)
+                return
+            except AlreadyExists:
+                if self._check_record(item_id, item):
+                    return
+            log.info("the %s record of item %s of %s vanished as it was read back; "
+                     "writing it again", item.outcome, item_id, self.layout.root,
+                     extra=item_fields(self.layout.name, item_id, item.attempts))
+        raise EtcdRejected(f"{key} kept vanishing as it was written; the item stays in "
+                           "work/, committed, until it is removed", code=AlreadyExists.code)
+
+    def _check_record(self, item_id: str, item: Item) -> bool:
         """F2 found a record: ours (resent, or written by a claimer), one of 0.1.0's,
-        or junk, which must not take the place of the record (the item stays)."""
+        or junk, which must not take the place of the record (the item stays).
+        False if it is gone again (expired, purged): F2 is to be sent again."""
         assert item.outcome is not None
         try:
             holder = self._record_claim(item.outcome, item_id)
-            if holder is None:  # gone again (purged): nothing there to keep
-                raise Junk("no record")
         except Junk:
             raise EtcdRejected(
                 f"{self.layout.key(item.outcome, item_id)} holds something that is not a "
                 "record; the item stays in work/, committed, until it is removed",
                 code=AlreadyExists.code) from None
+        if holder is None:
+            return False
         if holder != item.claim:
             log.warning("item %s of %s has a %s record of another claim, written before "
                         "commits were fenced; keeping it", item_id, self.layout.root,
                         item.outcome, extra=item_fields(self.layout.name, item_id,
                                                         item.attempts))
+        return True
 
     def _is_our_record(self, kind: str, state: ClaimState) -> bool:
         try:

@@ -9,18 +9,20 @@ and retries", has the crash table these tests walk through.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from typing import Any, Dict, Optional
 
 import pytest
 
-from etcdq_v2 import ConfigError, EtcdqError, NotFound, Queue
+from etcdq_v2 import ConfigError, EtcdqError, NotFound, Queue, connect
 from etcdq_v2.codec import Item, Record
 from etcdq_v2.protocol import COMPLETED, FAILED, TOMBSTONE_TTL
 
 import test_cli
 from crashes import commit, commit_then_crash, stalled_claim
-from helpers import wait_until
+from faultproxy import FaultProxy
+from helpers import in_background, wait_until
 from test_cli import assert_user_error
 
 # test_cli's fixture: etcdq on the shared etcd, for this module too.
@@ -183,6 +185,40 @@ def test_crash_after_f2_whose_record_expired_while_the_item_is_in_work(
         record = Record.decode(found["value"])
         assert (record.claim, record.result) == (token, "done")  # the dead claim's outcome
         assert survivor.stats() == {"pending": 0, "running": 0, "completed": 1, "failed": 0}
+
+
+def test_a_claimer_whose_f2_read_back_finds_the_record_expired_writes_it_again(
+        proxy: FaultProxy, etcd_url: str, queue_name: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A finisher committed (F1), recorded (F2, completed_ttl=3) and died before F3.
+    Its lock expires; a claimer takes the item, finds "o" and finishes it: its F2 gets
+    "already exists", and its read-back of the record is held until the record has
+    expired (in the field: a race with the TTL).  No record: F2 is sent again, then
+    F3 removes the item, instead of the item being taken for junk and skipped."""
+    with Queue(etcd_url, queue_name, lock_ttl=1, completed_ttl=3) as crashed:
+        crashed.put("finish me")
+        dying = stalled_claim(crashed)
+        commit(crashed, dying, COMPLETED, record=True)  # F1, F2 (ttl 3); then dead
+        item_id = dying.id
+        wait_until(lambda: node(crashed, "locks", item_id) is None, BOUND,
+                   message="the dead finisher's lock to expire")
+    record_read = re.compile(rb"^GET /v2/keys/\S+/completed/\d{20}", re.MULTILINE)
+    with Queue(connect(proxy.url, timeout=8, deadline=20), queue_name,
+               lock_ttl=2) as claimer, Queue(etcd_url, queue_name) as look:
+        proxy.hold("up", match=record_read)
+        thread, outcome = in_background(lambda: claimer.claim(timeout=0))
+        wait_until(lambda: record_read.search(proxy.held()), 5,
+                   message="the claimer's F2 read-back held")
+        wait_until(lambda: look._protocol.read(COMPLETED, item_id) is None, 8,
+                   message="the record to expire")
+        proxy.release()
+        thread.join(20)
+        assert outcome == {"returned": None}, outcome
+        assert look._protocol.read("work", item_id) is None, (
+            "the committed item is still in work/: "
+            + "; ".join(r.getMessage() for r in caplog.records if "skipping" in r.getMessage()))
+        found = node(look, COMPLETED, item_id)
+        assert found is not None and Record.decode(found["value"]).result == "done"
 
 
 # -- Q1: requeue keeps the dead letter's TTL --------------------------------------------
