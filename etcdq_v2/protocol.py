@@ -95,7 +95,8 @@ release(delay) / fail with retries left
     R1. delay = 0: compareAndDelete ``locks/<id>`` on our lock value.
         delay > 0: CAS the lock into a "delay" lock with ttl=delay, so the
         item is claimable again when etcd (not a client clock) expires it.
-        fail() uses the queue's backoff for the delay.
+        fail() uses the queue's backoff for the delay (cut to MAX_TTL, 68 years;
+        release(delay) beyond it -> InvalidArgument before R0).
         If our lock had expired, the same checks as F1 apply.
 
 requeue(id)          (a dead letter back to work/)
@@ -159,7 +160,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .codec import Item, Junk, Lock, Record, new_token, tombstone
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdqError,
-                     EtcdRejected, KeyMissing, LockLost, NotFound, Unavailable)
+                     EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
+                     Unavailable)
 from .keys import Layout, check_item_id
 from .transport import EventStream, Node, Transport
 
@@ -169,6 +171,12 @@ COMPLETED, FAILED = "completed", "failed"
 #: The reason of a dead letter made by cancel().
 CANCELLED = "cancelled"
 
+
+#: The longest TTL etcdq writes from a number it was given (68 years): put and
+#: release delays, backoffs, record TTLs.  etcd v2 refuses a TTL past int64
+#: (HTTP 400) and mishandles those from about 9.2e9 s, which overflow its
+#: nanosecond clock: such a key never expires, or expires at a wrong time.
+MAX_TTL = 2**31 - 1
 
 #: Seconds a requeued dead letter stays as a tombstone, so that a late copy of
 #: its F2 (held by a frozen member) finds the key taken instead of re-creating it.
@@ -224,6 +232,18 @@ def item_fields(queue: str, item_id: str, attempt: Optional[int] = None) -> Dict
 def ttl_seconds(seconds: float) -> int:
     """etcd TTLs are whole seconds: round up, never below 1."""
     return max(1, math.ceil(seconds))
+
+
+def delay_ttl(delay: Optional[float]) -> int:
+    """A put's or a release's ``delay`` as a lock TTL: whole seconds, rounded up;
+    0 for none (None or 0).  InvalidArgument unless from 0 to MAX_TTL."""
+    if delay is None:
+        return 0
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) \
+            or not 0 <= delay <= MAX_TTL:
+        raise InvalidArgument(f"delay must be a number of seconds from 0 to {MAX_TTL} "
+                              f"(or None), not {delay!r}")
+    return ttl_seconds(delay) if delay > 0 else 0
 
 
 class Protocol:
@@ -650,10 +670,15 @@ class Protocol:
         return Record.decode(existing.value).claim if existing else None
 
     # -- R: release, fail ----------------------------------------------------
-    def release(self, state: ClaimState, delay: float = 0) -> None:
-        """R0, then R1: give the attempt back, then the item (now, or after ``delay``)."""
+    def release(self, state: ClaimState, delay: Optional[float] = 0) -> None:
+        """R0, then R1: give the attempt back, then the item (now, or after ``delay``).
+
+        A ``delay`` that is no number of seconds from 0 to MAX_TTL raises
+        InvalidArgument before any write.
+        """
+        ttl = delay_ttl(delay)
         self._give_back(state)
-        self._unlock(state, delay)
+        self._unlock(state, ttl)
 
     def _give_back(self, state: ClaimState) -> None:
         """R0: CAS ``work/<id>`` on our C2 index to a-1, our claim token kept.

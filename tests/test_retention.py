@@ -17,7 +17,7 @@ import pytest
 
 from etcdq_v2 import ConfigError, EtcdqError, NotFound, Queue, connect
 from etcdq_v2.codec import Item, Record
-from etcdq_v2.protocol import COMPLETED, FAILED, TOMBSTONE_TTL
+from etcdq_v2.protocol import COMPLETED, FAILED, MAX_TTL, TOMBSTONE_TTL
 
 import test_cli
 from crashes import commit, commit_then_crash, stalled_claim
@@ -134,7 +134,8 @@ def test_an_expired_record_is_gone_and_its_item_does_not_come_back(
 
 
 @pytest.mark.parametrize("option", ["completed_ttl", "failed_ttl"])
-@pytest.mark.parametrize("value", [0, -1, "60", True, math.nan, math.inf, [60]])
+@pytest.mark.parametrize("value", [0, -1, "60", True, math.nan, math.inf, [60], MAX_TTL + 1,
+                                   1e20])
 def test_a_bad_record_ttl_is_a_config_error(etcd_url: str, queue_name: str, option: str,
                                             value: Any) -> None:
     with pytest.raises(ConfigError, match=option):
@@ -332,6 +333,7 @@ def test_work_writes_records_with_the_ttls_given(
 @pytest.mark.parametrize("option, value, message", [
     ("--completed-ttl", "soon", "not a number or 'none'"),
     ("--failed-ttl", "0", "failed_ttl must be a number of seconds > 0"),
+    ("--completed-ttl", "1e20", f"at most {MAX_TTL}"),
     ("--max-attempts", "0", "max_attempts >= 1"),
 ])
 def test_work_refuses_bad_retention_options(etcdq: Any, queue_name: str, option: str,
