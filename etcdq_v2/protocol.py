@@ -14,7 +14,8 @@ put
     P1. POST ``work/`` with a fresh token.  If the reply is lost, quorum
         listings of work/, completed/ and failed/ are searched for the token:
         found -> that is our item; not found -> Unavailable (the request may
-        still apply later, so it is never resent: no duplicate, ever).
+        still apply later, so it is never resent: no duplicate, ever; with
+        record TTLs under the deadline it may also have run, its record gone).
 
 delayed put (delay > 0)
     D1. POST ``locks/`` with ttl=delay (whole seconds, rounded up) and a delay
@@ -282,10 +283,19 @@ class Protocol:
             found = self.find_put(token)
             if found is None:
                 raise Unavailable(
-                    f"a put to {self.layout.work} may or may not be stored ({exc}): it is not "
-                    "in the queue now, but a delayed request could still add it, once") from None
+                    f"a put to {self.layout.work} may or may not be stored ({exc}): it was not "
+                    f"found in the queue{self._may_have_expired()}, but a delayed request "
+                    "could still add it, once") from None
             log.info("a put whose reply was lost was stored as %s", found[0])
             return found
+
+    def _may_have_expired(self) -> str:
+        """A record that lives less than a request's deadline may have come and gone
+        while the put's reply was awaited: say so, rather than "it never ran"."""
+        ttls = [ttl for ttl in self.record_ttls.values() if ttl is not None]
+        if ttls and min(ttls) < self.etcd.deadline:
+            return " (it may also have run, and its record expired)"
+        return ""
 
     def find_put(self, token: str) -> Optional[Tuple[str, int]]:
         """(id, index) of the item put with ``token``, wherever it is now."""

@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional
 
 import pytest
 
-from etcdq_v2 import ConfigError, EtcdqError, NotFound, Queue, connect
+from etcdq_v2 import ConfigError, EtcdqError, NotFound, Queue, Unavailable, connect
 from etcdq_v2.codec import Item, Record
 from etcdq_v2.protocol import COMPLETED, FAILED, MAX_TTL, TOMBSTONE_TTL
 
@@ -220,6 +220,26 @@ def test_a_claimer_whose_f2_read_back_finds_the_record_expired_writes_it_again(
             + "; ".join(r.getMessage() for r in caplog.records if "skipping" in r.getMessage()))
         found = node(look, COMPLETED, item_id)
         assert found is not None and Record.decode(found["value"]).result == "done"
+
+
+#: A producer's P1.
+POST_WORK = re.compile(rb"^POST /v2/keys/\S+/work", re.MULTILINE)
+
+
+@pytest.mark.parametrize("completed_ttl, may_have_expired", [(1, True), (3600, False)])
+def test_a_lost_put_is_not_found_and_may_have_run_if_records_outlive_no_deadline(
+        proxy: FaultProxy, queue_name: str, completed_ttl: int,
+        may_have_expired: bool) -> None:
+    """P1 unanswered until the deadline, and its token in no listing: Unavailable.  With
+    records that live less than that deadline, the item may also have been stored,
+    run and its record expired meanwhile: the message must not say it never ran."""
+    with Queue(connect(proxy.url, timeout=0.5, deadline=2), queue_name,
+               completed_ttl=completed_ttl) as queue:
+        proxy.hold("up", match=POST_WORK)
+        with pytest.raises(Unavailable, match="not found in the queue") as raised:
+            queue.put("lost")
+    assert "not in the queue now" not in str(raised.value)
+    assert ("its record expired" in str(raised.value)) is may_have_expired, raised.value
 
 
 # -- Q1: requeue keeps the dead letter's TTL --------------------------------------------
