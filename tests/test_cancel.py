@@ -22,7 +22,7 @@ from etcdq_v2 import Claim, InvalidName, LockLost, NotFound, Queue, Unavailable,
 from etcdq_v2.codec import Lock, Record
 from etcdq_v2.protocol import CANCELLED, COMPLETED, FAILED, ClaimState
 
-from crashes import commit_then_crash
+from crashes import commit_then_crash, stalled_claim
 from faultproxy import FaultProxy
 from helpers import in_background, wait_until
 
@@ -396,6 +396,24 @@ def test_a_cancel_held_in_flight_loses_to_the_claim_that_took_the_item(
         claim.complete("ran")
         info = queue.get(item_id)
         assert (info.state, info.result) == (COMPLETED, "ran")
+
+
+@pytest.mark.parametrize("end", ["complete", "fail", "release"])
+def test_a_handler_whose_lock_expired_may_run_on_after_a_cancel_but_its_outcome_is_refused(
+        queue: Queue, other: Queue, end: str) -> None:
+    """The limit every lock has: a claim's heartbeat starved (here: stopped) past its
+    lock's TTL while its handler runs.  A cancel takes the expired lock and returns
+    True; the handler is still running, but its outcome is refused (LockLost: K3
+    changed the item's index) and the item stays cancelled."""
+    item_id = queue.put("slow handler")
+    claim = stalled_claim(other)
+    assert claim.id == item_id
+    wait_until(lambda: lock_of(queue, item_id) is None, 8, message="the claim's lock to expire")
+    assert queue.cancel(item_id) is True
+    with pytest.raises(LockLost):
+        getattr(claim, end)()
+    assert claim.outcome == "lost"
+    assert_cancelled(queue, item_id, "slow handler", attempts=1)
 
 
 def test_a_release_held_in_flight_that_lands_between_k2_and_k3_does_not_stop_the_cancel(
