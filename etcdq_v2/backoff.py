@@ -14,7 +14,10 @@ A sequence is checked when the Queue is made (:class:`ConfigError`); a
 callable can only be checked when an item fails, so one that raises or
 returns something that is not a number of seconds >= 0 is logged and the
 default used for that attempt: an item must never stay locked because its
-backoff could not be computed.
+backoff could not be computed.  A delay longer than ``MAX_TTL`` (68 years,
+the longest TTL etcdq writes) is a ConfigError in a sequence, and is cut to
+``MAX_TTL`` (with a warning) from a callable: etcd refuses such a TTL, or
+never expires the lock.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import random
 from typing import Any, Callable, List, Sequence, Union
 
 from .errors import ConfigError
+from .protocol import MAX_TTL
 
 log = logging.getLogger("etcdq_v2.backoff")
 
@@ -52,9 +56,13 @@ def make_backoff(option: BackoffOption, queue: str) -> Callable[[int], float]:
         raise ConfigError(f"backoff must be None, a non-empty sequence of seconds or a "
                           f"callable(attempt) -> seconds, not {option!r}")
     try:
-        return _Schedule([seconds(value) for value in option])
+        delays = [seconds(value) for value in option]
     except ValueError as exc:
         raise ConfigError(f"backoff: {exc}") from None
+    if max(delays) > MAX_TTL:
+        raise ConfigError(f"backoff: a delay must be at most {MAX_TTL} s (68 years), "
+                          f"not {max(delays)!r}")
+    return _Schedule(delays)
 
 
 def seconds(value: Any) -> float:
@@ -87,11 +95,16 @@ class _Guarded:
 
     def __call__(self, attempt: int) -> float:
         try:
-            return seconds(self.function(attempt))
+            delay = seconds(self.function(attempt))
         except Exception as exc:
             log.warning("the backoff of queue %s failed for attempt %d (%r); using the "
                         "default backoff for it", self.queue, attempt, exc)
             return default_backoff(attempt)
+        if delay > MAX_TTL:  # etcd would refuse it, or never expire the lock
+            log.warning("the backoff of queue %s gave %r s for attempt %d, more than the "
+                        "longest TTL; waiting %d s", self.queue, delay, attempt, MAX_TTL)
+            return float(MAX_TTL)
+        return delay
 
     def __repr__(self) -> str:
         return f"<backoff {self.function!r}>"

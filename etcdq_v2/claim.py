@@ -97,9 +97,11 @@ class Claim:
 
         The attempt is given back too: the next claim reports the same
         :attr:`attempt` (a release is not a failure; fail() counts one).
+        A ``delay`` that is no number from 0 to MAX_TTL (68 years) raises
+        InvalidArgument, and the claim stays open.
         """
         self._end("released", lambda: self._protocol.release(self._state, delay))
-        if delay <= 0 and self._view is not None:
+        if not delay and self._view is not None:
             self._view.released(self.id)
 
     @public_errors()

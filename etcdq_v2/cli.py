@@ -34,7 +34,8 @@ from .demo import StatusLine, format_counts, run_demo
 from .errors import (AuthError, ConfigError, EtcdqError, InvalidName, InvalidPayload, NotFound,
                      Unavailable)
 from .keys import check_item_id, check_name
-from .queue import (DEFAULT_COMPLETED_TTL, DEFAULT_MAX_ATTEMPTS, MAX_DELAY, ItemInfo, Queue,
+from .protocol import MAX_TTL
+from .queue import (DEFAULT_COMPLETED_TTL, DEFAULT_MAX_ATTEMPTS, ItemInfo, Queue,
                     default_node_id)
 from .transport import connect
 from .worker import Worker
@@ -241,8 +242,8 @@ def _delay(text: str) -> float:
         seconds = float(text)
     except ValueError:
         seconds = -1.0
-    if not 0 <= seconds <= MAX_DELAY:
-        raise argparse.ArgumentTypeError(f"expected seconds from 0 to {MAX_DELAY}, not {text!r}")
+    if not 0 <= seconds <= MAX_TTL:
+        raise argparse.ArgumentTypeError(f"expected seconds from 0 to {MAX_TTL}, not {text!r}")
     return seconds
 
 

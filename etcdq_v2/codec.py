@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 from .errors import InvalidPayload, PayloadTooLarge
 
@@ -121,10 +122,11 @@ class Item:
         if not isinstance(token, str) or not isinstance(attempts, int):
             raise Junk("not an etcdq_v2 item")
         claim, created, outcome = doc.get("c"), doc.get("ts"), doc.get("o")
-        return cls(payload_of(doc), token, attempts,
-                   claim if isinstance(claim, str) else None,
-                   float(created) if isinstance(created, (int, float)) else 0.0,
-                   outcome if outcome in OUTCOMES else None, bool(doc.get("q")))
+        with _fields():
+            return cls(payload_of(doc), token, attempts,
+                       claim if isinstance(claim, str) else None,
+                       float(created) if isinstance(created, (int, float)) else 0.0,
+                       outcome if outcome in OUTCOMES else None, bool(doc.get("q")))
 
 
 def tombstone(new_id: str) -> str:
@@ -169,6 +171,9 @@ class Record:
     reason: Optional[str] = None
     requeue_token: Optional[str] = None
     token: Optional[str] = None  # the item's put token: finds a put whose reply was lost
+    #: The item carried ``q`` (requeued, or put with a delay): the record is kept at
+    #: least a week, so that a late re-creation of the item finds it (C3).
+    requeued: bool = False
 
     def encode(self, outcome: Optional[str] = None) -> str:
         """The record's value; with ``outcome``, the value of its item once committed."""
@@ -184,6 +189,8 @@ class Record:
             doc["why"] = self.reason
         if self.requeue_token:
             doc["rq"] = self.requeue_token
+        if self.requeued:
+            doc["q"] = 1
         doc["r"] = self.result
         return dumps(doc)
 
@@ -194,8 +201,21 @@ class Record:
         if not isinstance(claim, str) or not isinstance(node_id, str):
             raise Junk("not an etcdq_v2 record")
         reason, requeue, token = doc.get("why"), doc.get("rq"), doc.get("t")
-        return cls(payload_of(doc), claim, node_id, int(doc.get("a", 0)),
-                   float(doc.get("ts", 0.0)), float(doc.get("fin", 0.0)),
-                   doc.get("r"), reason if isinstance(reason, str) else None,
-                   requeue if isinstance(requeue, str) else None,
-                   token if isinstance(token, str) else None)
+        with _fields():
+            return cls(payload_of(doc), claim, node_id, int(doc.get("a", 0)),
+                       float(doc.get("ts", 0.0)), float(doc.get("fin", 0.0)),
+                       doc.get("r"), reason if isinstance(reason, str) else None,
+                       requeue if isinstance(requeue, str) else None,
+                       token if isinstance(token, str) else None, bool(doc.get("q")))
+
+
+@contextlib.contextmanager
+def _fields() -> Iterator[None]:
+    """A field of the wrong type ("a": "zz", "ts": []) makes the value junk, never
+    a bare ValueError or TypeError: every reader skips or reports junk."""
+    try:
+        yield
+    except Junk:
+        raise
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise Junk(f"a field of the wrong type ({exc})") from None

@@ -14,7 +14,8 @@ put
     P1. POST ``work/`` with a fresh token.  If the reply is lost, quorum
         listings of work/, completed/ and failed/ are searched for the token:
         found -> that is our item; not found -> Unavailable (the request may
-        still apply later, so it is never resent: no duplicate, ever).
+        still apply later, so it is never resent: no duplicate, ever; with
+        record TTLs under the deadline it may also have run, its record gone).
 
 delayed put (delay > 0)
     D1. POST ``locks/`` with ttl=delay (whole seconds, rounded up) and a delay
@@ -46,6 +47,10 @@ claim(id)            (the caller picked ``id`` from its view of work/ and locks/
         An item carrying an outcome (``o``, its finisher crashed after F1) is
         finished instead (F2-F4), before C2.
         If ``a`` >= max_attempts, dead-letter the item (F1-F4) instead.
+        Past lock_ttl/2 since C1 was sent (a slow C2 reply, a stall), confirm
+        the lock (refresh, or retake while the item carries our token); lost
+        -> hand nothing out (a cancel may have committed).  Within lock_ttl/2
+        the lock is ours: etcd expires it no sooner than lock_ttl after C1.
         Only now is the claim handed out.
     Crash after C1: the lock expires, the item is free again, nothing counted.
     Crash after C2: the lock expires, the next claim counts attempt a+2 (a
@@ -62,10 +67,13 @@ complete / dead-letter (``kind`` = completed or failed)
         "Compare failed"/"not found" on a resent request is read back: the
         item (or, once finished, its record) carrying our token is ours.
     F2. PUT ``<kind>/<id>`` prevExist=false, ttl=<the TTL of kind>
-        (completed_ttl, failed_ttl; none: kept until purged), with the record
+        (completed_ttl, failed_ttl; none: kept until purged; at least a week,
+        TOMBSTONE_TTL, for an item with ``q``, which a late Q3 or D2 copy can
+        re-create: its first claim must find the record), with the record
         (the value F1 wrote, less "o").  "Already exists" with our claim
         token is a resent PUT or a claimer that finished our item for us
-        (below): fine.
+        (below): fine.  "Already exists", then gone when read back (it
+        expired, or was purged): F2 again (bounded).
     F3. compareAndDelete ``work/<id>`` prevIndex=<F1's index>.
     F4. compareAndDelete ``locks/<id>`` prevValue=<our lock>.  F3 and F4 are
         independent and are sent together.
@@ -88,7 +96,8 @@ release(delay) / fail with retries left
     R1. delay = 0: compareAndDelete ``locks/<id>`` on our lock value.
         delay > 0: CAS the lock into a "delay" lock with ttl=delay, so the
         item is claimable again when etcd (not a client clock) expires it.
-        fail() uses the queue's backoff for the delay.
+        fail() uses the queue's backoff for the delay (cut to MAX_TTL, 68 years;
+        release(delay) beyond it -> InvalidArgument before R0).
         If our lock had expired, the same checks as F1 apply.
 
 requeue(id)          (a dead letter back to work/)
@@ -110,22 +119,29 @@ cancel(id)           (a pending item to failed/, reason "cancelled")
         by CAS on its value with ttl=max(lock_ttl, its ttl left); another lock
         is a claim's -> False.
     K2. Read ``work/<id>`` (quorum).  Committed ("o") or recorded -> drop our
-        lock, False; neither in work/ nor recorded -> NotFound (a delay lock we
-        took over is left to expire: a delayed put's item may still come).
+        lock, False; neither in work/ nor recorded -> NotFound.  On NotFound or
+        any error (Unavailable) a delay lock we took over is left to expire,
+        never dropped: the item it held back (or a delayed put's item, yet to
+        come) is not claimable before its time.
     K3. F1 on K2's index: the dead letter (attempts unchanged, "o": failed) into
-        the item.  "Compare failed": another cancel's K3, or a claim's C2 held in
-        flight past its lock landed first -> drop our lock, False.
+        the item.  "Compare failed": read it again; an outcome (another cancel's
+        K3) or a new claim token (a claim's C2 held in flight past its lock)
+        -> drop our lock, False; neither, our lock still ours (a release's R0
+        held past its lock: a-1, the token kept) -> K2, K3 again (bounded).
     K4. F2-F4 with our lock.
     Crash after K1: the lock expires (a delay lock taken over no sooner than it
     would have), the item is pending again.  Crash after K3: the item carries
     "o"; the next claimer does F2-F4 and hands nothing out.  The lock keeps
     claims off while we work; K3 and C2 are CASes on the same index, so of a
-    cancel and a claim exactly one wins.
+    cancel and a claim exactly one wins (a claim whose C2 reply came after its
+    lock expired confirms the lock at C3: not handed out).  A handler whose
+    lock expired (heartbeat starved) may still run when cancel returns True;
+    its outcome is refused (LockLost: K3 moved the fence).
 
 wait(id)             (reads only)
     W1. Open a stream watch of ``work/<id>`` (registered now), THEN
     W2. read as get() does: a record, or "o" in the item -> return it;
-        neither pending nor recorded -> NotFound.
+        neither pending nor recorded (junk counts as nothing) -> NotFound.
     W3. Each event: a value with "o" is the record (F1); a removal -> read the
         records (none: NotFound); a claim's C2 -> keep waiting.  A stream that
         ends (a minute without events, a member gone) -> W1 again.
@@ -145,7 +161,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .codec import Item, Junk, Lock, Record, new_token, tombstone
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdqError,
-                     EtcdRejected, KeyMissing, LockLost, NotFound, Unavailable)
+                     EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
+                     Unavailable)
 from .keys import Layout, check_item_id
 from .transport import EventStream, Node, Transport
 
@@ -155,6 +172,12 @@ COMPLETED, FAILED = "completed", "failed"
 #: The reason of a dead letter made by cancel().
 CANCELLED = "cancelled"
 
+
+#: The longest TTL etcdq writes from a number it was given (68 years): put and
+#: release delays, backoffs, record TTLs.  etcd v2 refuses a TTL past int64
+#: (HTTP 400) and mishandles those from about 9.2e9 s, which overflow its
+#: nanosecond clock: such a key never expires, or expires at a wrong time.
+MAX_TTL = 2**31 - 1
 
 #: Seconds a requeued dead letter stays as a tombstone, so that a late copy of
 #: its F2 (held by a frozen member) finds the key taken instead of re-creating it.
@@ -212,6 +235,18 @@ def ttl_seconds(seconds: float) -> int:
     return max(1, math.ceil(seconds))
 
 
+def delay_ttl(delay: Optional[float]) -> int:
+    """A put's or a release's ``delay`` as a lock TTL: whole seconds, rounded up;
+    0 for none (None or 0).  InvalidArgument unless from 0 to MAX_TTL."""
+    if delay is None:
+        return 0
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) \
+            or not 0 <= delay <= MAX_TTL:
+        raise InvalidArgument(f"delay must be a number of seconds from 0 to {MAX_TTL} "
+                              f"(or None), not {delay!r}")
+    return ttl_seconds(delay) if delay > 0 else 0
+
+
 class Protocol:
     """The queue's writes and reads on etcd, for one queue and one node id."""
 
@@ -248,10 +283,19 @@ class Protocol:
             found = self.find_put(token)
             if found is None:
                 raise Unavailable(
-                    f"a put to {self.layout.work} may or may not be stored ({exc}): it is not "
-                    "in the queue now, but a delayed request could still add it, once") from None
+                    f"a put to {self.layout.work} may or may not be stored ({exc}): it was not "
+                    f"found in the queue{self._may_have_expired()}, but a delayed request "
+                    "could still add it, once") from None
             log.info("a put whose reply was lost was stored as %s", found[0])
             return found
+
+    def _may_have_expired(self) -> str:
+        """A record that lives less than a request's deadline may have come and gone
+        while the put's reply was awaited: say so, rather than "it never ran"."""
+        ttls = [ttl for ttl in self.record_ttls.values() if ttl is not None]
+        if ttls and min(ttls) < self.etcd.deadline:
+            return " (it may also have run, and its record expired)"
+        return ""
 
     def find_put(self, token: str) -> Optional[Tuple[str, int]]:
         """(id, index) of the item put with ``token``, wherever it is now."""
@@ -407,7 +451,8 @@ class Protocol:
         raise Gone(item_id)
 
     def _checked(self, state: ClaimState) -> ClaimState:
-        """C3: hand out the claim unless the item is finished or out of attempts."""
+        """C3: hand out the claim unless the item is finished or out of attempts,
+        or the lock is no longer ours."""
         before = state.item.attempts - 1
         if (before or state.item.requeued) and self._finished_before(state):
             raise Gone(state.id)
@@ -415,7 +460,24 @@ class Protocol:
             with contextlib.suppress(LockLost):  # another claim took it meanwhile
                 self._abandon(state, before)
             raise Gone(state.id)
+        self._still_locked(state)
         return state
+
+    def _still_locked(self, state: ClaimState) -> None:
+        """C3's last check: past half a lock TTL since C1 was sent, confirm the lock.
+
+        etcd cannot expire our lock sooner than ``lock_ttl`` after C1 was sent
+        (C1 applied after that, and TTLs round up), so within half of it the
+        lock is ours.  Later (C2's reply was held, the process stalled) it may
+        have expired and a cancel taken the item (K1-K3): confirm it (refresh,
+        or retake while the item carries our claim token), else Gone.
+        """
+        if time.monotonic() - state.confirmed <= self.lock_ttl / 2:
+            return
+        try:
+            self.confirm(state)
+        except LockLost:
+            raise Gone(state.id) from None
 
     def _finished_before(self, state: ClaimState) -> bool:
         """A record without a committed item: written by 0.1.0, whose F2 was the
@@ -496,7 +558,8 @@ class Protocol:
                reason: Optional[str] = None) -> None:
         """F1-F4: commit ``kind`` (completed or failed) on the item, record it, remove it."""
         record = Record(state.item.payload, state.lock.token, self.node_id, state.item.attempts,
-                        state.item.created, time.time(), result, reason, token=state.item.token)
+                        state.item.created, time.time(), result, reason, token=state.item.token,
+                        requeued=state.item.requeued)
         committed = self._commit(state, kind, record.encode(outcome=kind))
         if committed is not None:
             self.finish_committed(state.id, committed, state.lock)
@@ -541,12 +604,7 @@ class Protocol:
         """F2-F4 for an item whose F1 applied: by its finisher, or by a claimer after a crash."""
         item = Item.decode(entry.value)
         assert item.outcome is not None
-        record = Record.decode(entry.value).encode()
-        try:
-            self.etcd.put(self.layout.key(item.outcome, item_id), record,
-                          ttl=self.record_ttls[item.outcome], prev_exist=False)
-        except AlreadyExists:
-            self._check_record(item_id, item)
+        self._record(item_id, item, Record.decode(entry.value).encode())
         deletes: List[Tuple[str, Dict[str, Any]]] = [
             (self.layout.key("work", item_id), {"prevIndex": entry.index})]
         if lock is not None:
@@ -557,24 +615,57 @@ class Protocol:
                     outcome, (KeyMissing, CompareFailed)):
                 raise outcome
 
-    def _check_record(self, item_id: str, item: Item) -> None:
+    def _record_ttl(self, item: Item) -> Optional[int]:
+        """F2's TTL: that of the record's kind, but at least TOMBSTONE_TTL for an
+        item that carried ``q`` (requeued, or delayed): a late Q3 or a late copy
+        of D2 may create it again, and its first claim must find the record (C3).
+        None (kept until purged) stays None."""
+        assert item.outcome is not None
+        ttl = self.record_ttls[item.outcome]
+        return max(ttl, TOMBSTONE_TTL) if ttl is not None and item.requeued else ttl
+
+    def _record(self, item_id: str, item: Item, record: str) -> None:
+        """F2: PUT the record prevExist=false; "already exists" is read back.
+
+        A record that is gone when read back expired (its TTL) or was purged
+        in between: the item still carries it, so F2 is sent again (a few
+        times: each needs the record to vanish again).
+        """
+        assert item.outcome is not None
+        key = self.layout.key(item.outcome, item_id)
+        for _ in range(5):
+            try:
+                self.etcd.put(key, record, ttl=self._record_ttl(item), prev_exist=False)
+                return
+            except AlreadyExists:
+                if self._check_record(item_id, item):
+                    return
+            log.info("the %s record of item %s of %s vanished as it was read back; "
+                     "writing it again", item.outcome, item_id, self.layout.root,
+                     extra=item_fields(self.layout.name, item_id, item.attempts))
+        raise EtcdRejected(f"{key} kept vanishing as it was written; the item stays in "
+                           "work/, committed, until it is removed", code=AlreadyExists.code)
+
+    def _check_record(self, item_id: str, item: Item) -> bool:
         """F2 found a record: ours (resent, or written by a claimer), one of 0.1.0's,
-        or junk, which must not take the place of the record (the item stays)."""
+        or junk, which must not take the place of the record (the item stays).
+        False if it is gone again (expired, purged): F2 is to be sent again."""
         assert item.outcome is not None
         try:
             holder = self._record_claim(item.outcome, item_id)
-            if holder is None:  # gone again (purged): nothing there to keep
-                raise Junk("no record")
         except Junk:
             raise EtcdRejected(
                 f"{self.layout.key(item.outcome, item_id)} holds something that is not a "
                 "record; the item stays in work/, committed, until it is removed",
                 code=AlreadyExists.code) from None
+        if holder is None:
+            return False
         if holder != item.claim:
             log.warning("item %s of %s has a %s record of another claim, written before "
                         "commits were fenced; keeping it", item_id, self.layout.root,
                         item.outcome, extra=item_fields(self.layout.name, item_id,
                                                         item.attempts))
+        return True
 
     def _is_our_record(self, kind: str, state: ClaimState) -> bool:
         try:
@@ -589,10 +680,15 @@ class Protocol:
         return Record.decode(existing.value).claim if existing else None
 
     # -- R: release, fail ----------------------------------------------------
-    def release(self, state: ClaimState, delay: float = 0) -> None:
-        """R0, then R1: give the attempt back, then the item (now, or after ``delay``)."""
+    def release(self, state: ClaimState, delay: Optional[float] = 0) -> None:
+        """R0, then R1: give the attempt back, then the item (now, or after ``delay``).
+
+        A ``delay`` that is no number of seconds from 0 to MAX_TTL raises
+        InvalidArgument before any write.
+        """
+        ttl = delay_ttl(delay)
         self._give_back(state)
-        self._unlock(state, delay)
+        self._unlock(state, ttl)
 
     def _give_back(self, state: ClaimState) -> None:
         """R0: CAS ``work/<id>`` on our C2 index to a-1, our claim token kept.
@@ -758,21 +854,50 @@ class Protocol:
             return False
         lock, took_over = taken
         try:
+            cancelled = self._cancel_pending(item_id, lock)  # K2-K4
+        except BaseException:
+            # A delay lock we took over is left to expire, no sooner than it would
+            # have: dropping it would make a delayed (or released, or backed-off)
+            # item claimable early, or a delayed put's item not created yet.
+            if not took_over:
+                self._let_go(item_id, lock)
+            raise
+        if not cancelled:
+            self._let_go(item_id, lock)
+        return cancelled
+
+    def _cancel_pending(self, item_id: str, lock: Lock) -> bool:
+        """K2-K4 under our lock: True once committed; False if the item is finished,
+        or a claim took it after K2 (a claim's C2 held in flight past its lock).
+
+        K3 also fails when a release's R0, held in flight past its claim's lock,
+        lands after K2: it writes a-1 and keeps the claim token.  So a failed K3
+        reads the item again: no outcome, the claim token K2 saw, and our lock
+        still ours -> K2 and K3 again (a few times: each retry needs another
+        held write to land).
+        """
+        for _ in range(5):
             state = self._pending_item(item_id, lock)  # K2
-            if state is not None:
+            if state is None:
+                return False
+            try:
                 self.finish(state, FAILED, reason=CANCELLED)  # K3 (F1), K4 (F2-F4)
                 return True
-        except LockLost:  # K3 failed: another cancel committed, or a held C2 landed
-            pass
-        except NotFound:
-            if not took_over:  # else a delayed put's item may still come: the
-                self._let_go(item_id, lock)  # lock expires no sooner than it would have
-            raise
-        except BaseException:
-            self._let_go(item_id, lock)
-            raise
-        self._let_go(item_id, lock)
+            except LockLost:  # K3 failed: committed, claimed, or changed by a late R0
+                if not self._unclaimed_since(state):
+                    return False
         return False
+
+    def _unclaimed_since(self, state: ClaimState) -> bool:
+        """After a failed K3: the item has no outcome, the claim token K2 saw, and
+        our lock is still ours, so no claim or cancel took it since K2."""
+        entry = self.read("work", state.id)
+        try:
+            item = Item.decode(entry.value) if entry else None
+        except Junk:
+            return False
+        return (item is not None and item.outcome is None and item.claim == state.item.claim
+                and self._lock_value(state.id) == state.lock.encode())
 
     def _let_go(self, item_id: str, lock: Lock) -> None:
         with contextlib.suppress(EtcdqError):  # else it simply expires
@@ -853,7 +978,12 @@ class Protocol:
         if in_work is None:
             return self.record_of(item_id)
         entry, item = in_work
-        return (item.outcome, Record.decode(entry.value)) if item.outcome else None
+        if not item.outcome:
+            return None
+        try:
+            return item.outcome, Record.decode(entry.value)
+        except Junk:  # an outcome without a record: not ours, as get() says
+            raise NotFound(f"no item {item_id} in {self.layout.root}") from None
 
     def _work_item(self, item_id: str) -> Optional[Tuple[Entry, Item]]:
         """``work/<id>`` decoded; None if it left work/ and has a record; NotFound

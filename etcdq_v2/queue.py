@@ -24,8 +24,8 @@ from .claim import Claim, Heartbeat
 from .codec import DEFAULT_MAX_PAYLOAD, Item, Junk, Record, new_token
 from .errors import ConfigError, InvalidArgument, NotFound, Unavailable, public_errors
 from .keys import Layout, check_item_id
-from .protocol import (COMPLETED, FAILED, Entry, Gone, Protocol, Taken, item_fields,
-                       lock_states, ttl_seconds)
+from .protocol import (COMPLETED, FAILED, MAX_TTL, Entry, Gone, Protocol, Taken, delay_ttl,
+                       item_fields, lock_states, ttl_seconds)
 from .transport import EventStream, Transport, connect
 from .view import QueueView
 
@@ -50,22 +50,6 @@ DEFAULT_COMPLETED_TTL = 24 * 3600
 WAIT_IDLE = 60.0
 #: A wait's stream that ends sooner than this is followed by a pause (growing to 1 s).
 QUICK_END = 1.0
-#: The longest put delay, in seconds (68 years).  etcd v2 mishandles TTLs from
-#: about 9.2e9 s on (they overflow its nanosecond clock): such a key never
-#: expires, or expires at a wrong time.
-MAX_DELAY = 2**31 - 1
-
-
-
-def delay_ttl(delay: Optional[float]) -> int:
-    """A put's ``delay`` as the TTL of its lock: whole seconds, rounded up; 0 for none."""
-    if delay is None:
-        return 0
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)) \
-            or not 0 <= delay <= MAX_DELAY:
-        raise InvalidArgument(f"delay must be a number of seconds from 0 to {MAX_DELAY} "
-                              f"(or None), not {delay!r}")
-    return ttl_seconds(delay) if delay > 0 else 0
 
 
 def default_node_id() -> str:
@@ -263,7 +247,9 @@ class Queue:
                      for entry, record in self._protocol.decoded(state)}
             for entry, item in self._protocol.decoded("work"):  # committed, not yet recorded
                 if item.outcome == state and entry.id not in infos:
-                    infos[entry.id] = _record_info(entry.id, state, Record.decode(entry.value))
+                    with contextlib.suppress(Junk):  # an outcome without a record: junk
+                        infos[entry.id] = _record_info(entry.id, state,
+                                                       Record.decode(entry.value))
             found = [infos[item_id] for item_id in sorted(infos)]
         else:
             work, locks = self._work_and_locks()
@@ -492,9 +478,9 @@ def _record_ttl(option: str, seconds: Optional[float]) -> Optional[int]:
     if seconds is None:
         return None
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
-            or not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(f"{option} must be a number of seconds > 0, or None to keep "
-                          f"records until purged; not {seconds!r}")
+            or not 0 < seconds <= MAX_TTL:
+        raise ConfigError(f"{option} must be a number of seconds > 0 (at most {MAX_TTL}), "
+                          f"or None to keep records until purged; not {seconds!r}")
     return ttl_seconds(seconds)
 def _deadline(timeout: Optional[float]) -> Optional[float]:
     """time.monotonic() at which ``timeout`` seconds from now end; None: never."""

@@ -15,10 +15,11 @@ from typing import Any, Callable, List
 
 import pytest
 
-from etcdq_v2 import Claim, ClaimClosed, ConfigError, LockLost, Queue, connect
+from etcdq_v2 import Claim, ClaimClosed, ConfigError, InvalidArgument, LockLost, Queue, connect
 from etcdq_v2.backoff import default_backoff
 from etcdq_v2.cli import build_parser
 from etcdq_v2.codec import Item, Lock
+from etcdq_v2.protocol import MAX_TTL
 
 from crashes import commit, stalled_claim
 from faultproxy import FaultProxy
@@ -108,6 +109,7 @@ def test_a_backoff_function_is_called_with_the_attempt(etcd_url: str,
 
 @pytest.mark.parametrize("backoff", [
     [], (), "12", b"12", 5, 2.5, [1, -1], [math.nan], [math.inf], [True], [1, "2"], {1: 2},
+    [1, MAX_TTL + 1], [1e20],
 ], ids=repr)
 def test_a_bad_backoff_is_a_config_error(etcd_url: str, queue_name: str,
                                          backoff: Any) -> None:
@@ -138,7 +140,43 @@ def test_a_backoff_function_that_fails_is_logged_and_the_default_used(
         assert "attempt 1" in warning.getMessage()
 
 
+@pytest.mark.parametrize("huge", [1e10, 1e20], ids=["past-etcds-clock", "past-int64"])
+def test_a_backoff_function_past_the_longest_ttl_is_cut_to_it(
+        etcd_url: str, queue_name: str, huge: float, caplog: pytest.LogCaptureFixture) -> None:
+    """1e20 s is over etcd's int64 TTL (HTTP 400: fail() would raise and the claim's
+    heartbeat would keep the item locked); 1e10 s is taken, and silently never
+    expires.  Both are cut to MAX_TTL, with a warning, and the item is released."""
+    with Queue(etcd_url, queue_name, lock_ttl=2, backoff=lambda attempt: huge) as queue:
+        item_id = queue.put("x")
+        claim = take(queue)
+        try:
+            with caplog.at_level(logging.WARNING, logger="etcdq_v2"):
+                claim.fail("downstream is down")
+            assert claim.outcome == "failed"
+            assert MAX_TTL - 5 <= delay_lock_ttl(queue, item_id) <= MAX_TTL
+            [warning] = [r for r in caplog.records if "longest TTL" in r.getMessage()]
+            assert queue.name in warning.getMessage() and "attempt 1" in warning.getMessage()
+        finally:
+            claim.abandon()
+            queue.etcd.delete(queue.layout.key("locks", item_id))  # 68 years is long
+
+
 # -- release gives the attempt back (R0) ---------------------------------------------------
+
+@pytest.mark.parametrize("delay", [-1, MAX_TTL + 1, 1e20, math.nan, math.inf, "5", True],
+                         ids=repr)
+def test_a_bad_release_delay_is_invalid_before_any_write(etcd_url: str, queue_name: str,
+                                                         delay: Any) -> None:
+    with Queue(etcd_url, queue_name, backoff=[0]) as queue:
+        item_id = queue.put("x")
+        claim = take(queue)
+        lock = queue._protocol.read("locks", item_id)
+        with pytest.raises(InvalidArgument, match="delay"):
+            claim.release(delay)
+        assert claim.outcome is None and attempts_in_etcd(queue, item_id) == 1  # no R0
+        assert queue._protocol.read("locks", item_id) == lock  # no R1
+        claim.release()  # the claim is still open
+        assert claim.outcome == "released" and attempts_in_etcd(queue, item_id) == 0
 
 @pytest.mark.parametrize("delay", [0, 1])
 def test_a_release_gives_the_attempt_back(etcd_url: str, queue_name: str,

@@ -14,21 +14,23 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
-from etcdq_v2 import Claim, InvalidName, NotFound, Queue, connect
+from etcdq_v2 import Claim, InvalidName, LockLost, NotFound, Queue, Unavailable, connect
 from etcdq_v2.codec import Lock, Record
 from etcdq_v2.protocol import CANCELLED, COMPLETED, FAILED, ClaimState
 
-from crashes import commit_then_crash
+from crashes import commit_then_crash, stalled_claim
 from faultproxy import FaultProxy
 from helpers import in_background, wait_until
 
 UNKNOWN = "00000000000000999999"
 #: A claim's C2, and a cancel's K3: the compare-and-swap of the item.
 ITEM_CAS = re.compile(rb"^PUT /v2/keys/\S+/work/", re.MULTILINE)
+#: etcd's reply to a compare-and-swap (C2, R0, K3, F1).
+CAS_REPLY = re.compile(rb'"action":"compareAndSwap"')
 
 
 @pytest.fixture
@@ -169,6 +171,27 @@ def test_crash_after_k1_on_a_delayed_item_never_makes_it_claimable_early(
     claim.complete()
 
 
+def test_a_cancel_that_fails_midway_leaves_the_delay_lock_it_took_over(
+        proxy: FaultProxy, queue_name: str, queue: Queue, other: Queue) -> None:
+    """An item released with delay=30: a delay lock.  A cancel takes it over (K1, ttl
+    = max(lock_ttl, 30)), reads the item (K2), and gets no answer to K3 (held: a
+    frozen member): Unavailable.  The lock it took over stays, with the delay's
+    time: the item is not claimable before its delay."""
+    item_id, _ = released_with_delay(queue, 30)
+    with Queue(connect(proxy.url, timeout=0.5, deadline=1.5), queue_name,
+               lock_ttl=2) as canceller:
+        proxy.hold("up", match=ITEM_CAS)
+        with pytest.raises(Unavailable):
+            canceller.cancel(item_id)
+    lock = lock_of(queue, item_id)
+    assert lock is not None and lock.delay, "the failed cancel dropped the delay lock"
+    early = other.claim(timeout=1)
+    if early is not None:
+        early.abandon()
+    assert early is None, "claimed long before its delay"
+    assert queue.get(item_id).state == "pending"
+
+
 def test_crash_after_k1_leaves_the_item_pending_for_another_queue(
         queue: Queue, other: Queue) -> None:
     """The canceller died after K1 (its lock, created fresh): the cancel was not
@@ -299,6 +322,61 @@ def test_a_claim_held_in_flight_loses_to_the_cancel_that_committed_first(
         assert_cancelled(queue, item_id, "contested")
 
 
+def test_a_claim_whose_c2_reply_came_after_its_lock_expired_is_not_handed_out_once_cancelled(
+        proxy: FaultProxy, queue_name: str, queue: Queue) -> None:
+    """A claimer's C1 and C2 apply; the reply of its C2 is held (a slow network, or the
+    process stalls between C2 and the hand-out) past its lock's TTL, and nothing
+    refreshes that lock (no Claim, no heartbeat yet).  A cancel then locks the item
+    (K1), finds it claimed but not finished (K2), commits (K3, K4): True.  When the C2
+    reply arrives, more than half a lock TTL has passed since C1, so C3 confirms the
+    lock before handing out: it is gone, and the claim is not handed out."""
+    with Queue(connect(proxy.url, timeout=8, deadline=20), queue_name, lock_ttl=2,
+               max_attempts=None) as claimer:
+        assert claimer.claim(timeout=0) is None  # its view is ready
+        item_id = queue.put("cancel me")
+        wait_until(lambda: knows(claimer, item_id), 5, message="the claimer's view to see it")
+        proxy.hold("down", match=CAS_REPLY)
+        thread, outcome = in_background(lambda: claimer.claim(timeout=0))
+        wait_until(lambda: CAS_REPLY.search(proxy.held("down")), 5,
+                   message="the reply of the claim's C2 held")
+        assert queue.get(item_id).attempts == 1  # C2 applied
+        wait_until(lambda: queue.cancel(item_id), 10, interval=0.2,
+                   message="the cancel, once the claim's lock expired")
+        proxy.release()
+        thread.join(20)
+        handed = outcome.get("returned")
+        if isinstance(handed, Claim):
+            handed.abandon()
+        assert outcome == {"returned": None}, \
+            f"cancel() returned True, then the claimer was handed the item: {outcome}"
+        assert_cancelled(queue, item_id, "cancel me", attempts=1)
+
+
+def test_a_claim_whose_c2_reply_came_after_its_lock_expired_retakes_the_lock(
+        proxy: FaultProxy, queue_name: str, queue: Queue) -> None:
+    """The same held C2 reply, with nobody touching the item meanwhile: the item
+    still carries the claim's token, so C3 takes the expired lock again and hands
+    the claim out holding it (the handler never runs without its lock)."""
+    with Queue(connect(proxy.url, timeout=8, deadline=20), queue_name, lock_ttl=2,
+               max_attempts=None) as claimer:
+        assert claimer.claim(timeout=0) is None
+        item_id = queue.put("slow reply")
+        wait_until(lambda: knows(claimer, item_id), 5, message="the claimer's view to see it")
+        proxy.hold("down", match=CAS_REPLY)
+        thread, outcome = in_background(lambda: claimer.claim(timeout=0))
+        wait_until(lambda: CAS_REPLY.search(proxy.held("down")), 5,
+                   message="the reply of the claim's C2 held")
+        wait_until(lambda: lock_of(queue, item_id) is None, 8,
+                   message="the claim's lock to expire")
+        proxy.release()
+        thread.join(20)
+        claim = outcome.get("returned")
+        assert isinstance(claim, Claim) and claim.id == item_id, outcome
+        assert lock_of(queue, item_id) == claim._state.lock
+        claim.complete("ran")
+        assert queue.get(item_id).state == COMPLETED
+
+
 def test_a_cancel_held_in_flight_loses_to_the_claim_that_took_the_item(
         proxy: FaultProxy, queue_name: str, queue: Queue, other: Queue) -> None:
     """A canceller's K1 and K2 apply, its K3 is held past its lock's TTL; a claim takes
@@ -318,6 +396,59 @@ def test_a_cancel_held_in_flight_loses_to_the_claim_that_took_the_item(
         claim.complete("ran")
         info = queue.get(item_id)
         assert (info.state, info.result) == (COMPLETED, "ran")
+
+
+@pytest.mark.parametrize("end", ["complete", "fail", "release"])
+def test_a_handler_whose_lock_expired_may_run_on_after_a_cancel_but_its_outcome_is_refused(
+        queue: Queue, other: Queue, end: str) -> None:
+    """The limit every lock has: a claim's heartbeat starved (here: stopped) past its
+    lock's TTL while its handler runs.  A cancel takes the expired lock and returns
+    True; the handler is still running, but its outcome is refused (LockLost: K3
+    changed the item's index) and the item stays cancelled."""
+    item_id = queue.put("slow handler")
+    claim = stalled_claim(other)
+    assert claim.id == item_id
+    wait_until(lambda: lock_of(queue, item_id) is None, 8, message="the claim's lock to expire")
+    assert queue.cancel(item_id) is True
+    with pytest.raises(LockLost):
+        getattr(claim, end)()
+    assert claim.outcome == "lost"
+    assert_cancelled(queue, item_id, "slow handler", attempts=1)
+
+
+def test_a_release_held_in_flight_that_lands_between_k2_and_k3_does_not_stop_the_cancel(
+        proxy_factory: Callable[[str], FaultProxy], etcd_url: str, queue_name: str,
+        queue: Queue) -> None:
+    """A claimer releases: its R0 is held past its lock's TTL.  A cancel locks the item
+    (K1) and reads it (K2); its K3 is held.  R0 lands (fenced on the claim's C2 index,
+    which nothing changed: it applies, a-1, the claim token kept); R1 finds the
+    cancel's lock (LockLost).  K3 lands: "compare failed".  The item has no outcome,
+    the same claim token and the cancel's lock: nothing took it, so the cancel reads
+    it again and commits (True), instead of calling a pending item running."""
+    releaser_proxy, canceller_proxy = proxy_factory(etcd_url), proxy_factory(etcd_url)
+    with Queue(connect(releaser_proxy.url, timeout=8, deadline=20), queue_name,
+               lock_ttl=2) as releaser, \
+            Queue(connect(canceller_proxy.url, timeout=8, deadline=20), queue_name,
+                  lock_ttl=2) as canceller:
+        item_id = queue.put("pending, really")
+        claim = releaser.claim(timeout=5)
+        assert claim is not None and claim.id == item_id
+        releaser_proxy.hold("up", match=ITEM_CAS)
+        rel_thread, released = in_background(claim.release)
+        wait_until(lambda: ITEM_CAS.search(releaser_proxy.held()), 5, message="R0 held")
+        wait_until(lambda: lock_of(queue, item_id) is None, 8,
+                   message="the releasing claim's lock to expire")
+        canceller_proxy.hold("up", match=ITEM_CAS)
+        can_thread, cancelled = in_background(lambda: canceller.cancel(item_id))
+        wait_until(lambda: ITEM_CAS.search(canceller_proxy.held()), 5, message="K3 held")
+        releaser_proxy.release()
+        rel_thread.join(20)
+        assert isinstance(released.get("raised"), LockLost), released  # R1 found our lock
+        canceller_proxy.release()
+        can_thread.join(20)
+        assert cancelled == {"returned": True}, (
+            f"cancel() said {cancelled} for an item that is {queue.get(item_id).state!r}")
+        assert_cancelled(queue, item_id, "pending, really")  # R0 gave the attempt back
 
 
 # -- the command line -----------------------------------------------------------------------

@@ -73,6 +73,40 @@ def test_r3_a_requeue_paused_past_its_lock_ttl_requeues_once(
         assert drain(r2) == []  # created again, but its first claim finds the record
 
 
+def test_a_late_q3_after_completed_ttl_passed_still_finds_the_record_and_runs_nothing(
+        etcd_url: str, queue_name: str) -> None:
+    """r3 with completed_ttl=1: R1 does Q0-Q2 and pauses; R2 requeues (same token, the
+    same new id m); m is claimed and completed; completed_ttl passes (an ordinary
+    record written after it expires); R1 wakes and its Q3 creates work/<m> again.
+    The record of an item carrying "q" is kept a week whatever completed_ttl says,
+    so that claim finds it (C3) and the item never runs twice."""
+    with Queue(etcd_url, queue_name, lock_ttl=1, max_attempts=1, completed_ttl=1) as r1, \
+            Queue(etcd_url, queue_name, lock_ttl=1, max_attempts=1, completed_ttl=1) as r2:
+        r1.put("run me once")
+        claim = r1.claim(timeout=2)
+        assert claim is not None
+        claim.fail("boom")  # max_attempts=1: a dead letter
+        dead, p = claim.id, r1._protocol
+        lock = p._lock_dead_letter(dead)                 # Q0
+        (token, index), record = p._requeue_token(dead)  # Q1
+        p._remove_dead_item(dead)                        # Q2, then R1 pauses
+        wait_until(lambda: p.read("locks", dead) is None, 5, message="R1's lock to expire")
+        new_id = r2.requeue(dead)                        # R2 does it all
+        assert new_id == f"{index:020d}"
+        for expected in (new_id, r2.put("an ordinary item, completed after it")):
+            claim = r2.claim(timeout=3)                  # the requeued item runs, then
+            assert claim is not None and claim.id == expected  # the ordinary one
+            claim.complete("ran")
+        ordinary = expected
+        wait_until(lambda: p.read(COMPLETED, ordinary) is None, 10,
+                   message="completed_ttl to pass: the ordinary record to expire")
+        raw = Item(record.payload, token, requeued=True).encode()
+        p._create_item(new_id, raw)                      # R1 wakes: its Q3
+        p._drop_lock(dead, lock)
+        assert r2.claim(timeout=1) is None  # created again; its first claim finds the record
+        assert p.read("work", new_id) is None
+
+
 def test_r4_a_late_f2_after_requeue_finds_the_key_taken(
         etcd_url: str, queue_name: str) -> None:
     with Queue(etcd_url, queue_name, lock_ttl=30, max_attempts=1) as queue:

@@ -6,7 +6,9 @@ import logging
 
 import pytest
 
-from etcdq_v2 import Queue
+from etcdq_v2 import NotFound, Queue
+from etcdq_v2.codec import Item, Junk, Record
+from etcdq_v2.protocol import COMPLETED
 
 
 @pytest.fixture
@@ -107,3 +109,44 @@ def test_a_directory_where_a_record_belongs_is_reported_and_skipped(
         assert other.claim(timeout=3) is None  # the blocked item is skipped, not raised
     assert queue.get(blocked).state == "completed"  # committed, as etcd has it
     assert any(blocked in message for message in caplog.messages)
+
+
+#: An item value that carries an outcome but is no record (no "c", no "n").
+ITEM_WITH_OUTCOME_NO_RECORD = '{"t":"x","a":0,"p":1,"o":"completed"}'
+#: A record whose "a" is no number.
+RECORD_WITH_BAD_ATTEMPTS = '{"c":"x","n":"y","a":"zz","p":1}'
+
+
+@pytest.mark.parametrize("raw, decode", [
+    (RECORD_WITH_BAD_ATTEMPTS, Record.decode),
+    ('{"c":"x","n":"y","a":[],"p":1}', Record.decode),
+    ('{"c":"x","n":"y","ts":"soon","p":1}', Record.decode),
+    ('{"t":"x","a":0,"ts":1' + "0" * 400 + ',"p":1}', Item.decode),
+], ids=["record-a-str", "record-a-list", "record-ts-str", "item-ts-overflow"])
+def test_a_field_of_the_wrong_type_makes_a_value_junk(raw: str, decode) -> None:
+    with pytest.raises(Junk):
+        decode(raw)
+
+
+@pytest.mark.parametrize("where, value", [
+    ("work", ITEM_WITH_OUTCOME_NO_RECORD),
+    (COMPLETED, RECORD_WITH_BAD_ATTEMPTS),
+], ids=["item-with-outcome-no-record", "record-with-bad-attempts"])
+def test_junk_where_an_item_or_its_record_belongs_is_not_found_for_wait_cancel_and_get(
+        queue: Queue, where: str, value: str) -> None:
+    """wait, cancel and get read the item and its records: junk there is NotFound
+    (or, for an item that says it is finished, nothing to cancel), never a bare
+    ValueError from decoding it."""
+    item_id = queue.put("x")
+    if where != "work":
+        queue.etcd.delete(queue.layout.key("work", item_id))
+    queue.etcd.put(queue.layout.key(where, item_id), value)
+    for call in (lambda: queue.wait(item_id, timeout=0.5), lambda: queue.get(item_id)):
+        with pytest.raises(NotFound):
+            call()
+    if where == "work":
+        assert queue.cancel(item_id) is False  # it says it is finished: nothing to cancel
+    else:
+        with pytest.raises(NotFound):
+            queue.cancel(item_id)
+    assert queue.items(COMPLETED) == []

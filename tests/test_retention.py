@@ -9,18 +9,20 @@ and retries", has the crash table these tests walk through.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from typing import Any, Dict, Optional
 
 import pytest
 
-from etcdq_v2 import ConfigError, NotFound, Queue
+from etcdq_v2 import ConfigError, EtcdqError, NotFound, Queue, Unavailable, connect
 from etcdq_v2.codec import Item, Record
-from etcdq_v2.protocol import COMPLETED, FAILED
+from etcdq_v2.protocol import COMPLETED, FAILED, MAX_TTL, TOMBSTONE_TTL
 
 import test_cli
 from crashes import commit, commit_then_crash, stalled_claim
-from helpers import wait_until
+from faultproxy import FaultProxy
+from helpers import in_background, wait_until
 from test_cli import assert_user_error
 
 # test_cli's fixture: etcdq on the shared etcd, for this module too.
@@ -66,6 +68,44 @@ def test_by_default_completion_records_last_a_day_and_dead_letters_forever(
         assert ttl_of(queue, FAILED, dead) is None
 
 
+@pytest.mark.parametrize("how", ["requeued", "delayed", "cancelled after a delay"])
+def test_records_of_items_carrying_q_are_kept_at_least_a_tombstones_week(
+        etcd_url: str, queue_name: str, how: str) -> None:
+    """A requeued or delayed item may be created again by a late Q3 or a late copy of
+    D2; its first claim must then find the record (C3), so the record outlives
+    completed_ttl and failed_ttl: a week at least, like a requeue's tombstone."""
+    with Queue(etcd_url, queue_name, completed_ttl=60, failed_ttl=30,
+               max_attempts=1) as queue:
+        plain = queue.put("plain")
+        queue.claim(timeout=BOUND).complete()
+        if how == "requeued":
+            queue.put("dead")
+            queue.claim(timeout=BOUND).fail("no")
+            item_id = queue.requeue(queue.items(FAILED)[0].id)
+        else:
+            item_id = queue.put(how, delay=1)
+        if how.startswith("cancelled"):
+            assert queue.cancel(item_id)
+            kind = FAILED
+        else:
+            claim = queue.claim(timeout=BOUND)
+            assert claim is not None and claim.id == item_id
+            claim.complete()
+            kind = COMPLETED
+        assert 55 <= ttl_of(queue, COMPLETED, plain) <= 60
+        assert TOMBSTONE_TTL - 5 <= ttl_of(queue, kind, item_id) <= TOMBSTONE_TTL
+
+
+def test_none_still_keeps_the_records_of_items_carrying_q_until_purged(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name, completed_ttl=None) as queue:
+        item_id = queue.put("later", delay=0.1)
+        claim = queue.claim(timeout=BOUND)
+        assert claim is not None and claim.id == item_id
+        claim.complete()
+        assert ttl_of(queue, COMPLETED, item_id) is None
+
+
 def test_none_keeps_records_until_purged(etcd_url: str, queue_name: str) -> None:
     with Queue(etcd_url, queue_name, completed_ttl=None) as queue:
         item_id = queue.put("kept")
@@ -94,7 +134,8 @@ def test_an_expired_record_is_gone_and_its_item_does_not_come_back(
 
 
 @pytest.mark.parametrize("option", ["completed_ttl", "failed_ttl"])
-@pytest.mark.parametrize("value", [0, -1, "60", True, math.nan, math.inf, [60]])
+@pytest.mark.parametrize("value", [0, -1, "60", True, math.nan, math.inf, [60], MAX_TTL + 1,
+                                   1e20])
 def test_a_bad_record_ttl_is_a_config_error(etcd_url: str, queue_name: str, option: str,
                                             value: Any) -> None:
     with pytest.raises(ConfigError, match=option):
@@ -147,6 +188,60 @@ def test_crash_after_f2_whose_record_expired_while_the_item_is_in_work(
         assert survivor.stats() == {"pending": 0, "running": 0, "completed": 1, "failed": 0}
 
 
+def test_a_claimer_whose_f2_read_back_finds_the_record_expired_writes_it_again(
+        proxy: FaultProxy, etcd_url: str, queue_name: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A finisher committed (F1), recorded (F2, completed_ttl=3) and died before F3.
+    Its lock expires; a claimer takes the item, finds "o" and finishes it: its F2 gets
+    "already exists", and its read-back of the record is held until the record has
+    expired (in the field: a race with the TTL).  No record: F2 is sent again, then
+    F3 removes the item, instead of the item being taken for junk and skipped."""
+    with Queue(etcd_url, queue_name, lock_ttl=1, completed_ttl=3) as crashed:
+        crashed.put("finish me")
+        dying = stalled_claim(crashed)
+        commit(crashed, dying, COMPLETED, record=True)  # F1, F2 (ttl 3); then dead
+        item_id = dying.id
+        wait_until(lambda: node(crashed, "locks", item_id) is None, BOUND,
+                   message="the dead finisher's lock to expire")
+    record_read = re.compile(rb"^GET /v2/keys/\S+/completed/\d{20}", re.MULTILINE)
+    with Queue(connect(proxy.url, timeout=8, deadline=20), queue_name,
+               lock_ttl=2) as claimer, Queue(etcd_url, queue_name) as look:
+        proxy.hold("up", match=record_read)
+        thread, outcome = in_background(lambda: claimer.claim(timeout=0))
+        wait_until(lambda: record_read.search(proxy.held()), 5,
+                   message="the claimer's F2 read-back held")
+        wait_until(lambda: look._protocol.read(COMPLETED, item_id) is None, 8,
+                   message="the record to expire")
+        proxy.release()
+        thread.join(20)
+        assert outcome == {"returned": None}, outcome
+        assert look._protocol.read("work", item_id) is None, (
+            "the committed item is still in work/: "
+            + "; ".join(r.getMessage() for r in caplog.records if "skipping" in r.getMessage()))
+        found = node(look, COMPLETED, item_id)
+        assert found is not None and Record.decode(found["value"]).result == "done"
+
+
+#: A producer's P1.
+POST_WORK = re.compile(rb"^POST /v2/keys/\S+/work", re.MULTILINE)
+
+
+@pytest.mark.parametrize("completed_ttl, may_have_expired", [(1, True), (3600, False)])
+def test_a_lost_put_is_not_found_and_may_have_run_if_records_outlive_no_deadline(
+        proxy: FaultProxy, queue_name: str, completed_ttl: int,
+        may_have_expired: bool) -> None:
+    """P1 unanswered until the deadline, and its token in no listing: Unavailable.  With
+    records that live less than that deadline, the item may also have been stored,
+    run and its record expired meanwhile: the message must not say it never ran."""
+    with Queue(connect(proxy.url, timeout=0.5, deadline=2), queue_name,
+               completed_ttl=completed_ttl) as queue:
+        proxy.hold("up", match=POST_WORK)
+        with pytest.raises(Unavailable, match="not found in the queue") as raised:
+            queue.put("lost")
+    assert "not in the queue now" not in str(raised.value)
+    assert ("its record expired" in str(raised.value)) is may_have_expired, raised.value
+
+
 # -- Q1: requeue keeps the dead letter's TTL --------------------------------------------
 
 def test_a_cas_without_ttl_makes_a_key_permanent(etcd_url: str, queue_name: str) -> None:
@@ -195,6 +290,44 @@ def test_q1_keeps_the_ttl_the_dead_letter_has_not_the_requeuers(
             assert ttl is not None and written_with - 10 <= ttl <= written_with
 
 
+def expiring_node(queue: Queue, kind: str, item_id: str) -> Optional[Dict[str, Any]]:
+    """``kind/<id>``'s node once past its expiry and not yet swept (etcd reports an
+    ``expiration`` and no ``ttl`` then); {"gone": True} once it is swept; else None."""
+    try:
+        found = queue.etcd.get(queue.layout.key(kind, item_id), quorum=True).node
+    except EtcdqError:
+        return {"gone": True}
+    return found if "expiration" in found and "ttl" not in found else None
+
+
+def test_q1_on_a_dead_letter_past_its_expiry_not_yet_swept_keeps_it_expiring(
+        etcd_url: str, queue_name: str) -> None:
+    """etcd removes an expired key up to 0.5 s after its expiry; meanwhile a GET still
+    returns it, with its ``expiration`` but without a ``ttl``.  Q1 there must still
+    write a TTL (1 s): a CAS without one would make a dead letter written with
+    failed_ttl=1 permanent, if the requeue then stopped."""
+    with Queue(etcd_url, queue_name, max_attempts=1, failed_ttl=1, lock_ttl=1) as queue:
+        p = queue._protocol
+        for _ in range(20):
+            item_id = queue.put("short-lived dead letter")
+            claim = queue.claim(timeout=2)
+            assert claim is not None and claim.id == item_id
+            claim.fail("no")
+            found = wait_until(lambda i=item_id: expiring_node(queue, FAILED, i), 5,
+                               interval=0.005, message="the dead letter to expire")
+            if found.get("gone"):
+                continue  # swept before we saw it: try again
+            try:
+                p._requeue_token(item_id)  # Q1 (a requeue that then stops)
+            except EtcdqError:
+                continue  # swept between our read and Q1's
+            break
+        else:
+            pytest.skip("never caught a dead letter between its expiry and its removal")
+        wait_until(lambda: p.read(FAILED, item_id) is None, 5,
+                   message="the dead letter Q1 rewrote (failed_ttl=1) to expire")
+
+
 # -- the command line -------------------------------------------------------------------
 
 FAIL_ODD = "import json, sys; sys.exit(json.load(sys.stdin)['n'] % 2)"
@@ -220,6 +353,7 @@ def test_work_writes_records_with_the_ttls_given(
 @pytest.mark.parametrize("option, value, message", [
     ("--completed-ttl", "soon", "not a number or 'none'"),
     ("--failed-ttl", "0", "failed_ttl must be a number of seconds > 0"),
+    ("--completed-ttl", "1e20", f"at most {MAX_TTL}"),
     ("--max-attempts", "0", "max_attempts >= 1"),
 ])
 def test_work_refuses_bad_retention_options(etcdq: Any, queue_name: str, option: str,
