@@ -26,7 +26,7 @@ import pytest
 
 from etcdq_v2 import Queue
 from etcdq_v2.cli import EXIT_CODES
-from etcdq_v2.demo import StatusLine
+from etcdq_v2.cli.output import StatusLine
 from etcdq_v2.server import TemporaryEtcd, free_port
 
 from helpers import is_gone, wait_until

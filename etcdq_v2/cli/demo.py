@@ -7,11 +7,11 @@ every item was completed exactly once with the right result, and reports the
 throughput.  It runs on the etcd it is given, or on a throwaway one in a
 temporary directory when none answers there.
 
-Also here: :class:`StatusLine` and :func:`format_counts`, the progress
-output the demo and ``etcdq stats --watch`` share.
+The verb's parser and handler come first, the demo itself after them.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import secrets
 import shlex
@@ -22,10 +22,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Callable, ContextManager, Dict, List, Optional
+from typing import Any, Callable, ContextManager, Dict, List, Optional
 
-from .errors import EtcdqError
-from .queue import Queue
+from ..errors import EtcdqError
+from ..queue import Queue
+from .exits import EXIT_FAILURE, EXIT_OK, UsageError
+from .options import open_queue, verb, worker_environment
+from .output import StatusLine, format_counts
 
 #: ``open_queue(endpoints, name, lock_ttl)``: a Queue on the caller's connection settings.
 OpenQueue = Callable[[str, str, float], ContextManager[Queue]]
@@ -40,50 +43,38 @@ CONCURRENCY = 2
 TICK = 0.2
 
 
-def format_counts(counts: Dict[str, int]) -> str:
-    """``pending 3  running 1  ...`` in the dict's order."""
-    return "  ".join(f"{name} {count}" for name, count in counts.items())
+def add_verbs(verbs: Any) -> None:
+    parser = verb(verbs, "demo", cmd_demo,
+                  "watch worker processes drain a queue, one of them SIGKILLed mid-way",
+                  epilog="Uses the etcd at --endpoints, or starts a throwaway one in a "
+                         "temporary directory when none answers.")
+    parser.add_argument("--items", type=int, default=300, metavar="N", help="default 300")
+    parser.add_argument("--workers", type=int, default=4, metavar="N", help="default 4")
+    parser.add_argument("--lock-ttl", type=float, default=3.0, metavar="S",
+                        help="the workers' lock TTL: how soon a killed worker's items "
+                             "come back (default 3)")
 
 
-class StatusLine:
-    """One line redrawn in place on a terminal; elsewhere, a line per update at most every
-    ``every`` seconds, so a log file gets a readable trace instead of carriage returns."""
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``etcdq demo``: on the etcd at --endpoints, or on a throwaway one."""
+    if args.items < 1 or args.workers < 2:
+        raise UsageError("the demo needs --items >= 1 and --workers >= 2")
 
-    def __init__(self, out: IO[str], every: float = 0.0) -> None:
-        self.out = out
-        self.tty = out.isatty()
-        self.every = every
-        self._last = 0.0
-        self._drawn = False
+    def on(endpoints: str) -> argparse.Namespace:
+        return argparse.Namespace(**{**vars(args), "endpoints": endpoints})
 
-    def update(self, text: str, *, final: bool = False) -> None:
-        if self.tty:
-            self.out.write(f"\r{text}\x1b[K")
-            self._drawn = True
-        elif final or time.monotonic() - self._last >= self.every:
-            self.out.write(text + "\n")
-            self._last = time.monotonic()
-        self.out.flush()
-
-    def event(self, text: str) -> None:
-        """A line that stays, printed above the status line."""
-        if self._drawn:
-            self.out.write("\r\x1b[K")
-            self._drawn = False
-        self.out.write(text + "\n")
-        self.out.flush()
-
-    def close(self) -> None:
-        if self._drawn:
-            self.out.write("\n")
-            self._drawn = False
-        self.out.flush()
+    verified = run_demo(
+        args.endpoints, items=args.items, workers=args.workers, lock_ttl=args.lock_ttl,
+        open_queue=lambda endpoints, name, lock_ttl: open_queue(on(endpoints), name,
+                                                                lock_ttl=lock_ttl),
+        worker_environment=lambda endpoints: worker_environment(on(endpoints)))
+    return EXIT_OK if verified else EXIT_FAILURE
 
 
 def run_demo(endpoints: str, *, items: int, workers: int, lock_ttl: float,
              open_queue: OpenQueue, worker_environment: WorkerEnvironment) -> bool:
     """Run the demo on the etcd at ``endpoints``, or on a throwaway one; True if it verified."""
-    from .server import ensure_etcd
+    from ..server import ensure_etcd
     started = ensure_etcd(endpoints)
     try:
         if started is None:
@@ -146,10 +137,10 @@ class _Demo:
         return f"etcdq {middle} python -c '<sleep 0.05 s, print n squared>'"
 
     def _start_workers(self) -> None:
-        from .server import popen_tied
+        from ..server import popen_tied
         env = {**os.environ, **self.worker_environment(self.endpoints),
                "PYTHONPATH": os.pathsep.join(filter(None, [
-                   str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))}
+                   str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))}
         for number in range(1, self.worker_count + 1):
             with open(self.logs / f"worker-{number}.log", "wb") as log_file:
                 # Tied: if the demo is killed, its etcd dies with it, and workers left
