@@ -74,7 +74,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def run_demo(endpoints: str, *, items: int, workers: int, lock_ttl: float,
              open_queue: OpenQueue, worker_environment: WorkerEnvironment) -> bool:
     """Run the demo on the etcd at ``endpoints``, or on a throwaway one; True if it verified."""
-    from ..server import ensure_etcd
+    from ..testing import ensure_etcd
     started = ensure_etcd(endpoints)
     try:
         if started is None:
@@ -137,7 +137,7 @@ class _Demo:
         return f"etcdq {middle} python -c '<sleep 0.05 s, print n squared>'"
 
     def _start_workers(self) -> None:
-        from ..server import popen_tied
+        from ..testing import popen_tied
         env = {**os.environ, **self.worker_environment(self.endpoints),
                "PYTHONPATH": os.pathsep.join(filter(None, [
                    str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))}

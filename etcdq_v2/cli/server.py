@@ -20,5 +20,5 @@ def add_verbs(verbs: Any) -> None:
 
 def cmd_server(args: argparse.Namespace) -> int:
     """``etcdq server``: etcd in the foreground until Ctrl-C."""
-    from ..server import run_foreground
+    from ..testing import run_foreground
     return run_foreground(args.data_dir, args.port)
