@@ -1,14 +1,12 @@
 """``etcdq server``: one member in the foreground until SIGINT/SIGTERM."""
 from __future__ import annotations
 
-import contextlib
-import signal
 import sys
 import time
-from types import FrameType
-from typing import IO, Iterator, Optional, Sequence
+from typing import IO, Optional
 
 from ..errors import ConfigError, Unavailable
+from ..signals import StopSignals
 from .member import EtcdServer, PathLike
 from .probe import POLL_INTERVAL
 
@@ -24,8 +22,8 @@ def run_foreground(data_dir: PathLike, port: Optional[int] = None, *,
     and every wait, start-up included, keeps looking at what they recorded,
     so a signal at any moment ends in a clean stop, never a traceback.
     """
-    stop = _StopSignals()
-    with stop.installed((signal.SIGINT, signal.SIGTERM)):
+    stop = StopSignals()
+    with stop.installed():
         try:
             server = EtcdServer(data_dir, client_port=port or None, binary=binary)
         except ConfigError as exc:
@@ -40,7 +38,7 @@ def run_foreground(data_dir: PathLike, port: Optional[int] = None, *,
         return code
 
 
-def _serve(server: EtcdServer, stop: "_StopSignals", out: IO[str]) -> int:
+def _serve(server: EtcdServer, stop: StopSignals, out: IO[str]) -> int:
     try:
         if not server.start(wait=False)._ready_unless(stop.requested, 30.0):
             return 0  # a signal during start-up
@@ -56,33 +54,3 @@ def _serve(server: EtcdServer, stop: "_StopSignals", out: IO[str]) -> int:
         return 0
     print(f"etcdq server: etcd exited on its own{server._log_excerpt_text()}", file=sys.stderr)
     return 1
-
-
-class _StopSignals:
-    """Counts the stop signals received while installed; loops poll :meth:`requested`.
-
-    The handler only adds to an int.  Python runs it in the main thread
-    between any two bytecodes, also while that thread holds a lock, so it
-    must take none: one that called ``threading.Event.set()`` deadlocked when
-    a signal landed inside ``Event.wait()``'s own critical section, or inside
-    an earlier run of the handler (Ctrl-C held down, or a burst of signals).
-    """
-
-    def __init__(self) -> None:
-        self.received = 0
-
-    def requested(self) -> bool:
-        return self.received > 0
-
-    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
-        self.received += 1
-
-    @contextlib.contextmanager
-    def installed(self, signums: Sequence[int]) -> Iterator[None]:
-        """Within the block, the signals are only counted; the old handlers come back after."""
-        previous = {signum: signal.signal(signum, self._on_signal) for signum in signums}
-        try:
-            yield
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
