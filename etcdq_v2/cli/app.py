@@ -81,28 +81,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: List[str]) -> argparse.Namespace:
-    """Parse ``argv``; ``work``'s command is everything after the first ``--``.
+    """Parse ``argv``; what follows the first ``--`` goes to the verb's ``after_dashes`` list.
 
     Split by hand because argparse's handling of ``--`` with a positional
-    list differs between Python versions and rejects a second ``--``.
+    list differs between Python versions and rejects a second ``--``.  A
+    verb without ``after_dashes`` gets argparse's own handling.
     """
-    head, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) \
+    head, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) \
         if "--" in argv else (argv, [])
     args, extra = parser.parse_known_args(head)
-    if args.verb == "put":
+    if args.intermixed:
         # argparse fills a positional list only up to the first option after
         # it (Python issue 15112): in ``put QUEUE --delay S A B``, A and B.
-        args.payloads = list(args.payloads) + [a for a in extra if not _looks_optional(a)]
+        _extend(args, args.intermixed, [a for a in extra if not _looks_optional(a)])
         extra = [a for a in extra if _looks_optional(a)]
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.verb == "work":
-        args.command = list(args.command) + command
-    elif args.verb == "put":
-        args.payloads = list(args.payloads) + command  # after "--": payloads, "-x" too
-    elif command:
+    if args.after_dashes:
+        _extend(args, args.after_dashes, rest)  # after "--": "-x" too
+    elif rest:
         args = parser.parse_args(argv)
     return args
+
+
+def _extend(args: argparse.Namespace, dest: str, values: List[str]) -> None:
+    setattr(args, dest, list(getattr(args, dest)) + values)
 
 
 def _looks_optional(argument: str) -> bool:
@@ -112,8 +115,7 @@ def _looks_optional(argument: str) -> bool:
 
 
 def _configure_logging(args: argparse.Namespace) -> None:
-    # A worker's log is its output; the other verbs speak only of problems.
-    base = logging.INFO if args.verb in ("work", "server") else logging.WARNING
-    level = min(max(base + 10 * (args.quiet - args.verbose), logging.DEBUG), logging.CRITICAL)
+    level = min(max(args.log_level + 10 * (args.quiet - args.verbose), logging.DEBUG),
+                logging.CRITICAL)
     logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

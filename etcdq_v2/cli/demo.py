@@ -22,18 +22,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ..errors import EtcdqError
 from ..queue import Queue
 from .exits import EXIT_FAILURE, EXIT_OK, UsageError
 from .options import open_queue, verb, worker_environment
 from .output import StatusLine, format_counts
-
-#: ``open_queue(endpoints, name, lock_ttl)``: a Queue on the caller's connection settings.
-OpenQueue = Callable[[str, str, float], ContextManager[Queue]]
-#: ``worker_environment(endpoints)``: the ETCDQ_* variables giving a worker those settings.
-WorkerEnvironment = Callable[[str], Dict[str, str]]
 
 #: What each demo item runs: reads {"n": N}, pretends to work, prints N squared.
 ITEM_SCRIPT = ("import json, sys, time; n = json.load(sys.stdin)['n']; time.sleep(0.05); "
@@ -59,31 +54,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """``etcdq demo``: on the etcd at --endpoints, or on a throwaway one."""
     if args.items < 1 or args.workers < 2:
         raise UsageError("the demo needs --items >= 1 and --workers >= 2")
-
-    def on(endpoints: str) -> argparse.Namespace:
-        return argparse.Namespace(**{**vars(args), "endpoints": endpoints})
-
-    verified = run_demo(
-        args.endpoints, items=args.items, workers=args.workers, lock_ttl=args.lock_ttl,
-        open_queue=lambda endpoints, name, lock_ttl: open_queue(on(endpoints), name,
-                                                                lock_ttl=lock_ttl),
-        worker_environment=lambda endpoints: worker_environment(on(endpoints)))
-    return EXIT_OK if verified else EXIT_FAILURE
+    return EXIT_OK if run_demo(args) else EXIT_FAILURE
 
 
-def run_demo(endpoints: str, *, items: int, workers: int, lock_ttl: float,
-             open_queue: OpenQueue, worker_environment: WorkerEnvironment) -> bool:
-    """Run the demo on the etcd at ``endpoints``, or on a throwaway one; True if it verified."""
+def run_demo(args: argparse.Namespace) -> bool:
+    """Run the demo on the etcd at ``args.endpoints``, or on a throwaway one; True if it
+    verified."""
     from ..testing import ensure_etcd
-    started = ensure_etcd(endpoints)
+    started = ensure_etcd(args.endpoints)
     try:
         if started is None:
-            print(f"Using the etcd at {endpoints}.")
+            print(f"Using the etcd at {args.endpoints}.")
         else:
-            print(f"No etcd answered at {endpoints}: started a throwaway etcd at "
+            print(f"No etcd answered at {args.endpoints}: started a throwaway etcd at "
                   f"{started.url} (pid {started.pid}), removed at the end.")
-            endpoints = started.url
-        return _Demo(endpoints, items, workers, lock_ttl, open_queue, worker_environment).run()
+            args = argparse.Namespace(**{**vars(args), "endpoints": started.url})
+        return _Demo(args).run()
     finally:
         if started is not None:
             started.stop()
@@ -92,14 +78,11 @@ def run_demo(endpoints: str, *, items: int, workers: int, lock_ttl: float,
 class _Demo:
     """Enqueue, start worker processes, SIGKILL one mid-way, verify, report."""
 
-    def __init__(self, endpoints: str, items: int, workers: int, lock_ttl: float,
-                 open_queue: OpenQueue, worker_environment: WorkerEnvironment) -> None:
-        self.endpoints = endpoints
-        self.items = items
-        self.worker_count = workers
-        self.lock_ttl = lock_ttl
-        self.open_queue = open_queue
-        self.worker_environment = worker_environment
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args  # the connection (global options) and the demo's own
+        self.items = args.items
+        self.worker_count = args.workers
+        self.lock_ttl = args.lock_ttl
         self.name = f"demo-{secrets.token_hex(3)}"
         self.workers: List["subprocess.Popen[bytes]"] = []
         self.logs = Path(tempfile.mkdtemp(prefix="etcdq-demo-"))
@@ -108,7 +91,7 @@ class _Demo:
         self.status = StatusLine(sys.stdout, every=1.0)
 
     def run(self) -> bool:
-        with self.open_queue(self.endpoints, self.name, self.lock_ttl) as queue:
+        with open_queue(self.args, self.name, lock_ttl=self.lock_ttl) as queue:
             ids = queue.put_many({"n": n} for n in range(self.items))
             print(f"Queued {len(ids)} items in queue {self.name!r}; starting "
                   f"{self.worker_count} workers:\n  {self._worker_description()}")
@@ -138,7 +121,7 @@ class _Demo:
 
     def _start_workers(self) -> None:
         from ..testing import popen_tied
-        env = {**os.environ, **self.worker_environment(self.endpoints),
+        env = {**os.environ, **worker_environment(self.args),
                "PYTHONPATH": os.pathsep.join(filter(None, [
                    str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))}
         for number in range(1, self.worker_count + 1):

