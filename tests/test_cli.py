@@ -32,7 +32,14 @@ from etcdq_v2.server import TemporaryEtcd, free_port
 from helpers import is_gone, wait_until
 
 BOUND = 20.0
-VERBS = ("put", "work", "stats", "ls", "show", "requeue", "purge", "server", "demo")
+VERBS = ("put", "work", "stats", "ls", "show", "wait", "cancel", "requeue", "purge", "server",
+         "demo")
+#: The global options, with their environment variables.
+GLOBAL_OPTIONS = {"--endpoints": "ETCDQ_ENDPOINTS", "--prefix": "ETCDQ_PREFIX",
+                  "--ca-cert": "ETCDQ_CA_CERT", "--cert": "ETCDQ_CERT", "--key": "ETCDQ_KEY",
+                  "--username": "ETCDQ_USERNAME", "--password": "ETCDQ_PASSWORD",
+                  "--request-timeout": "ETCDQ_TIMEOUT", "--json": None, "--verbose": None,
+                  "--quiet": None}
 
 Run = Callable[..., "subprocess.CompletedProcess[Any]"]
 
@@ -188,6 +195,20 @@ def test_the_console_script_is_installed() -> None:
     script = Path(sys.executable).with_name("etcdq")
     assert "usage: etcdq" in ok(subprocess.run([str(script), "work", "--help"],
                                                capture_output=True, text=True, timeout=30))
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_a_verbs_help_lists_the_global_options_with_their_environment(verb: str) -> None:
+    text = ok(run_etcdq([verb, "--help"]))
+    usage = text.split("\n\n")[0]
+    assert "--endpoints" not in usage  # the verb's own usage stays short
+    section = find(r"(?ms)^global options \(before or after the verb\):\n(.*?)(?:\n\n|\Z)",
+                   text).group(1)
+    flat = " ".join(section.split())
+    for flag, env in GLOBAL_OPTIONS.items():
+        assert flag in flat, flag
+        if env:  # named in the flag's own entry, before the next flag
+            find(rf"{re.escape(flag)}\b(?:(?!--\w).)*\(env {env}\b", flat)
 
 
 # -- put, stats, ls, show -----------------------------------------------------------------

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from ..queue import Queue
 from ..transport import connect
@@ -60,14 +60,18 @@ _GLOBAL_OPTIONS: Tuple[_GlobalOption, ...] = (
                   action="count"),
 )
 
+_GLOBAL_DESTS = frozenset(option.dest for option in _GLOBAL_OPTIONS)
+
 
 def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
-    """Add the global options to the top parser, or (hidden) to a verb's parser.
+    """Add the global options to the top parser, or to a verb's parser.
 
     On a verb they default to SUPPRESS, so they override the top parser's
-    value only when given after the verb.
+    value only when given after the verb; its ``--help`` lists them too,
+    with their environment variables.
     """
-    group = parser.add_argument_group("global options") if top else parser
+    group = parser.add_argument_group("global options" if top else
+                                      "global options (before or after the verb)")
     for option in _GLOBAL_OPTIONS:
         default = option.default
         if option.env and top:
@@ -75,13 +79,22 @@ def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
         kwargs: Dict[str, Any] = {
             "dest": option.dest,
             "default": default if top else argparse.SUPPRESS,
-            "help": _global_help(option) if top else argparse.SUPPRESS,
+            "help": _global_help(option),
         }
         if option.action:
             kwargs["action"] = option.action
         else:
             kwargs.update(metavar=option.metavar, type=option.kind)
         group.add_argument(*option.flags, **kwargs)
+
+
+class _VerbHelpFormatter(argparse.HelpFormatter):
+    """A verb's ``--help``: the usage line leaves out the global options, listed below it."""
+
+    def add_usage(self, usage: Optional[str], actions: Iterable[argparse.Action],
+                  groups: Iterable[Any], prefix: Optional[str] = None) -> None:
+        own = [action for action in actions if action.dest not in _GLOBAL_DESTS]
+        super().add_usage(usage, own, groups, prefix)
 
 
 def _global_help(option: _GlobalOption) -> str:
@@ -142,6 +155,7 @@ def verb(verbs: Any, name: str, run: Callable[[argparse.Namespace], int], summar
     is its output (INFO), the others speak only of problems.  The rest goes
     to ``add_parser`` (``usage=``, ``epilog=``).
     """
+    kwargs.setdefault("formatter_class", _VerbHelpFormatter)
     parser: argparse.ArgumentParser = verbs.add_parser(name, help=summary, description=summary,
                                                        **kwargs)
     parser.set_defaults(run=run, after_dashes=after_dashes, intermixed=intermixed,
