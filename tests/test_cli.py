@@ -11,6 +11,7 @@ import base64
 import io
 import json
 import os
+import pty
 import queue as queue_module
 import re
 import signal
@@ -20,15 +21,16 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
 
 from etcdq_v2 import Queue
 from etcdq_v2.cli import EXIT_CODES
-from etcdq_v2.cli.output import StatusLine
+from etcdq_v2.cli.output import Progress, StatusLine
 from etcdq_v2.server import TemporaryEtcd, free_port
 
+from faultproxy import FaultProxy
 from helpers import is_gone, wait_until
 
 BOUND = 20.0
@@ -300,6 +302,96 @@ def test_purge_asks_for_confirmation_unless_yes(etcdq: Run, queue: Queue) -> Non
     assert json.loads(ok(etcdq("purge", queue.name, "--all", "--yes", "--json"))) == \
         {"removed": 1}
     assert queue.stats() == {"pending": 0, "running": 0, "completed": 0, "failed": 0}
+
+
+# -- progress -----------------------------------------------------------------------------
+
+class Clock:
+    """A monotonic clock that a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_shows_a_count_and_rate_on_a_terminal_once_the_operation_is_long() -> None:
+    clock, terminal = Clock(), Terminal()
+    with Progress("put", terminal, after=1.0, every=0.5, clock=clock) as progress:
+        progress.advance()  # t=0: maybe a quick one, nothing yet
+        clock.now = 1.0
+        progress.advance()
+        clock.now = 1.2
+        progress.advance()  # drawn 0.2 s ago: not again yet
+        clock.now = 2.0
+        progress.advance()
+    assert terminal.getvalue() == ("\r2 items put  2 items/s\x1b[K"
+                                   "\r4 items put  2 items/s\x1b[K"
+                                   "\r4 items put  2 items/s\x1b[K\n")  # close: final, newline
+
+
+def test_progress_is_silent_for_a_quick_operation_and_off_a_terminal() -> None:
+    clock, terminal, log = Clock(), Terminal(), io.StringIO()
+    with Progress("put", terminal, after=1.0, clock=clock) as quick, \
+            Progress("put", log, after=1.0, clock=clock) as logged:
+        clock.now = 0.9
+        quick.advance()
+        clock.now = 5.0
+        logged.advance()
+    assert terminal.getvalue() == log.getvalue() == ""
+
+
+def run_on_a_terminal(args: Sequence[str], input: Optional[str]) -> Tuple[str, str]:
+    """Run etcdq with stderr on a pseudo-terminal: (stdout, what the terminal got)."""
+    master, slave = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "etcdq_v2", *args], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=slave, text=True)
+    os.close(slave)
+    chunks: List[bytes] = []
+    reader = threading.Thread(target=_read_terminal, args=(master, chunks), daemon=True)
+    reader.start()
+    try:
+        out, _ = process.communicate(input, timeout=60)
+    finally:
+        process.kill()
+        reader.join(BOUND)
+        os.close(master)
+    assert process.returncode == 0, b"".join(chunks)
+    return out, b"".join(chunks).decode()
+
+
+def _read_terminal(master: int, chunks: List[bytes]) -> None:
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: every process holding the terminal has ended
+            return
+        if not chunk:
+            return
+        chunks.append(chunk)
+
+
+@pytest.mark.parametrize("verb", ["put", "purge"])
+def test_a_long_put_or_purge_shows_progress_on_a_terminal_and_nothing_elsewhere(
+        proxy: FaultProxy, queue: Queue, verb: str) -> None:
+    count = 30
+    if verb == "put":
+        args, input, done = ["put", queue.name, "-"], "".join(f"{n}\n" for n in range(count)), "put"
+    else:
+        for item_id in queue.put_many(range(count)):
+            queue.cancel(item_id)
+        args, input, done = ["purge", queue.name, "--failed", "--yes"], None, "purged"
+    proxy.delay(25)  # >= 50 ms a request: 30 items take over PROGRESS_AFTER (1 s)
+    out, terminal = run_on_a_terminal(["--endpoints", proxy.url, *args], input)
+    if verb == "put":
+        assert out.split() == [info.id for info in queue.items()]
+    else:
+        assert out == f"removed {count} record(s)\n"
+    find(rf"\r{count} items {done}  \d+ items/s\x1b\[K\r?\n$", terminal)  # the final count
+    if verb == "put":  # the same with stderr on a pipe: quiet
+        done_piped = run_etcdq(["--endpoints", proxy.url, *args], input=input)
+        assert (done_piped.returncode, done_piped.stderr) == (0, "")
 
 
 # -- user errors ------------------------------------------------------------------------

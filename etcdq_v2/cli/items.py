@@ -14,7 +14,7 @@ from ..queue import MAX_DELAY, Queue
 from .exits import (EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_TIMEOUT, PROG, UsageError,
                     worst)
 from .options import add_failed_ttl, add_queue_argument, open_queue, verb
-from .output import format_value, info_fields, print_json, print_table
+from .output import Progress, format_value, info_fields, print_json, print_table
 
 STATES = ("pending", "running", "completed", "failed")
 
@@ -82,12 +82,16 @@ def _payloads(arguments: List[str]) -> List[Any]:
 
 
 def cmd_put(args: argparse.Namespace) -> int:
-    """``etcdq put``: every payload is checked before the first is written."""
+    """``etcdq put``: every payload is checked before the first is written.
+
+    A long put (``put -`` of a large file) shows its progress on a terminal's stderr.
+    """
     with open_queue(args) as queue:
         payloads = _payloads(args.payloads)
         if not payloads:
             raise UsageError("nothing to put: give payloads, or '-' to read them from stdin")
-        ids = queue.put_many(payloads, delay=args.delay)
+        with Progress("put") as progress:
+            ids = queue.put_many(payloads, delay=args.delay, progress=progress.advance)
     if args.json:
         print_json(ids)
     else:

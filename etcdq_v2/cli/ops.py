@@ -9,7 +9,7 @@ from typing import Any, Dict
 from ..queue import Queue
 from .exits import EXIT_FAILURE, EXIT_OK, PROG, UsageError
 from .options import add_queue_argument, open_queue, verb
-from .output import StatusLine, format_counts, print_json
+from .output import Progress, StatusLine, format_counts, print_json
 
 
 def add_verbs(verbs: Any) -> None:
@@ -102,7 +102,8 @@ def _add_purge(verbs: Any) -> None:
 
 
 def cmd_purge(args: argparse.Namespace) -> int:
-    """``etcdq purge``, after a confirmation unless ``--yes``."""
+    """``etcdq purge``, after a confirmation unless ``--yes``; a long one shows its
+    progress on a terminal's stderr."""
     completed, failed = args.completed or args.all, args.failed or args.all
     if not (completed or failed):
         raise UsageError("say what to purge: --completed, --failed or --all")
@@ -110,7 +111,8 @@ def cmd_purge(args: argparse.Namespace) -> int:
         if not args.yes and not _confirm_purge(queue, completed, failed):
             print(f"{PROG}: error: purge not confirmed; nothing removed", file=sys.stderr)
             return EXIT_FAILURE
-        removed = queue.purge(completed=completed, failed=failed)
+        with Progress("purged") as progress:
+            removed = queue.purge(completed=completed, failed=failed, progress=progress.advance)
     if args.json:
         print_json({"removed": removed})
     else:
