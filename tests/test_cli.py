@@ -14,6 +14,7 @@ import os
 import pty
 import queue as queue_module
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,7 +36,7 @@ from helpers import is_gone, wait_until
 
 BOUND = 20.0
 VERBS = ("put", "work", "stats", "ls", "show", "wait", "cancel", "requeue", "purge", "server",
-         "demo")
+         "demo", "completion")
 #: The global options, with their environment variables.
 GLOBAL_OPTIONS = {"--endpoints": "ETCDQ_ENDPOINTS", "--prefix": "ETCDQ_PREFIX",
                   "--ca-cert": "ETCDQ_CA_CERT", "--cert": "ETCDQ_CERT", "--key": "ETCDQ_KEY",
@@ -392,6 +393,53 @@ def test_a_long_put_or_purge_shows_progress_on_a_terminal_and_nothing_elsewhere(
     if verb == "put":  # the same with stderr on a pipe: quiet
         done_piped = run_etcdq(["--endpoints", proxy.url, *args], input=input)
         assert (done_piped.returncode, done_piped.stderr) == (0, "")
+
+
+# -- completion ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_completion_prints_a_script_that_knows_every_verb(shell: str) -> None:
+    script = ok(run_etcdq(["completion", shell]))
+    for verb in VERBS:
+        assert re.search(rf"\b{verb}\b", script), verb
+    assert "--endpoints" in script and "--until-empty" in script
+    interpreter = shutil.which(shell)
+    if interpreter:  # zsh may be missing: then the script is only read, not parsed
+        ok(subprocess.run([interpreter, "-n"], input=script, capture_output=True, text=True,
+                          timeout=30))
+
+
+def test_bash_completion_completes_verbs_options_and_files(tmp_path: Path) -> None:
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    script = tmp_path / "etcdq.bash"
+    script.write_text(ok(run_etcdq(["completion", "bash"])))
+    (tmp_path / "ca.pem").touch()
+
+    def complete(*words: str) -> List[str]:
+        # The function the script registers for etcdq, called as bash's TAB would.
+        program = ('source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); '
+                   'COMP_LINE="$*"; COMP_POINT=${#COMP_LINE}; '
+                   '$(complete -p etcdq | sed -E "s/.*-F ([^ ]+).*/\\1/"); '
+                   'printf "%s\\n" "${COMPREPLY[@]}"')
+        done = subprocess.run([bash, "-c", program, "-", str(script), "etcdq", *words],
+                              capture_output=True, text=True, timeout=30, cwd=tmp_path)
+        return sorted(ok(done).split())
+
+    assert complete("pu") == ["purge", "put"]
+    assert complete("work", "q", "--until") == ["--until-empty"]
+    assert complete("put", "--end") == ["--endpoints"]  # a global option after the verb
+    assert complete("completion", "") == ["bash", "zsh"]
+    assert "ca.pem" in complete("stats", "--ca-cert", "")
+
+
+def test_completion_without_shtab_says_which_extra_to_install() -> None:
+    program = ("import sys; sys.modules['shtab'] = None  # import shtab raises ImportError\n"
+               "from etcdq_v2.cli import main; sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", program, "completion", "bash"],
+                          capture_output=True, text=True, timeout=30)
+    assert_user_error(done, 1, "pip install 'etcdq_v2[completion]'")
 
 
 # -- user errors ------------------------------------------------------------------------

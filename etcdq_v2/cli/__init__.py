@@ -2,8 +2,8 @@
 
 A thin layer: every verb parses its arguments, opens a :class:`Queue` and
 calls one or two of its methods (``work`` wraps a :class:`Worker` around a
-:class:`~etcdq_v2.command.CommandHandler`, ``server`` calls
-:mod:`etcdq_v2.server`, ``demo`` runs worker processes).  What is
+:class:`~etcdq_v2.command.CommandHandler`, ``server`` and ``demo`` run etcd
+through :mod:`etcdq_v2.testing`).  What is
 particular to the shell lives here:
 
 * user errors print one line ``etcdq: error: ...`` and exit with a distinct
@@ -21,16 +21,21 @@ One module per verb or group of verbs, each parser beside its handler:
 app            the parser, :func:`main` and the registry of verb modules
 exits          exit statuses, :class:`UsageError`
 options        the global options (and ``ETCDQ_*``), options verbs share, open_queue
-output         --json, tables, item fields, counts, status lines
+output         --json, tables, item fields, counts, status lines, :class:`Progress`
 items          put, ls, show, wait, cancel
 work           work
 ops            stats, requeue, purge
 server         server
 demo           demo
+completion     completion (a bash or zsh script, by shtab, from this parser)
 =============  ================================================================
 
-A new verb is a module with ``add_verbs(verbs)`` and one line in
-:data:`etcdq_v2.cli.app.VERB_MODULES`.
+A new verb is a module with ``add_verbs(verbs)`` (each verb's parser from
+:func:`.options.verb`, which adds the global options and sets the handler) and
+one line in :data:`etcdq_v2.cli.app.VERB_MODULES`.  Import optional
+dependencies in the handler, as ``completion`` does, so that ``etcdq``
+starts without them.  Layers: this package sits on top; nothing in the
+library imports it.
 """
 from .app import VERB_MODULES, build_parser, main, parse_args
 from .exits import (EXIT_AUTH, EXIT_CODES, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_NOT_FOUND,
