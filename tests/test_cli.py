@@ -640,8 +640,10 @@ def test_server_runs_etcd_in_the_foreground_until_ctrl_c(tmp_path: Path) -> None
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "etcdq_v2", "server", "--data-dir", str(tmp_path / "data"),
-         "--port", str(port)], stdout=subprocess.PIPE, text=True)
+         "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        warning = Lines(server.stderr).next(timeout=60)
+        assert "for development and tests" in warning and "3.5.1" in warning
         url = Lines(server.stdout).next(timeout=60).strip()
         assert url == f"http://127.0.0.1:{port}"
         ok(run_etcdq(["--endpoints", url, "put", "q", "1"]))
