@@ -4,24 +4,5 @@ Start and stop real etcd processes: the code is in :mod:`etcdq_v2.testing`
 (members, clusters, the demo's throwaway etcd, ``etcdq server``'s
 foreground member) and :mod:`etcdq_v2.etcd_binary` (finding etcd).
 """
-from .testing import (ENV_BINARY, EtcdCluster, EtcdServer, Member, MemberAddress, TemporaryEtcd,
-                      cluster_flags, ensure_etcd, etcd_version, find_etcd_binary, free_port,
-                      initial_cluster_value, member_flags, popen_tied, run_foreground)
-
-__all__ = [
-    "ENV_BINARY",
-    "EtcdCluster",
-    "EtcdServer",
-    "Member",
-    "MemberAddress",
-    "TemporaryEtcd",
-    "cluster_flags",
-    "ensure_etcd",
-    "etcd_version",
-    "find_etcd_binary",
-    "free_port",
-    "initial_cluster_value",
-    "member_flags",
-    "popen_tied",
-    "run_foreground",
-]
+from .testing import *  # noqa: F403 (the names of etcdq_v2.testing.__all__, which it also has)
+from .testing import __all__  # noqa: F401
