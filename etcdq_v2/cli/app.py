@@ -17,11 +17,11 @@ from .options import add_global_options
 #: ``add_verbs(verbs)``, which adds its verbs' parsers (see :func:`.options.verb`), each
 #: with its handler.  A new verb: a module with ``add_verbs``, and a line here.
 VERB_MODULES = (
-    items,   # put, ls, show, wait, cancel
-    work,    # work
-    ops,     # stats, requeue, purge
-    server,  # server
-    demo,    # demo
+    items,       # put, ls, show, wait, cancel
+    work,        # work
+    ops,         # stats, requeue, purge
+    server,      # server
+    demo,        # demo
     completion,  # completion
 )
 
