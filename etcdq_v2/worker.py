@@ -51,11 +51,11 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Set, Tuple, Union
 
 from .errors import AuthError, ConfigError, EtcdqError, InvalidPayload, LockLost
 from .queue import Queue, claim_first
+from .signals import StopSignals
 
 if TYPE_CHECKING:  # pragma: no cover - only for the annotations
     from .claim import Claim
@@ -77,9 +77,6 @@ _POLL = 0.1
 # Pause before claiming again after etcd could not be reached, so an outage
 # is not met with a busy loop (and a flood of log lines).
 _RETRY_DELAY = 1.0
-
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
 
 @dataclass
 class WorkerStats:
@@ -178,12 +175,9 @@ class Worker:
         self._stopping = threading.Event()
         self._abandon = threading.Event()
         self._grace_deadline: Optional[float] = None
-        # Written by the signal handler, read by the main thread's loops: plain
-        # ints, because a signal handler must not take a lock the interrupted
-        # code may hold.
-        self._signals_received = 0
+        # Counted by the signal handler, read by the main thread's loops.
+        self._signals = StopSignals()
         self._signals_handled = 0
-        self._last_signal = 0
 
     # -- public --------------------------------------------------------------
 
@@ -425,28 +419,18 @@ class Worker:
         if not self.install_signal_handlers:
             yield
             return
-        if threading.current_thread() is not threading.main_thread():
-            log.debug("not in the main thread: SIGTERM/SIGINT handlers not installed")
+        with self._signals.installed() as installed:
+            if not installed:
+                log.debug("not in the main thread: SIGTERM/SIGINT handlers not installed")
             yield
-            return
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in _STOP_SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
-        self._last_signal = signum
-        self._signals_received += 1
 
     def _handle_signals(self) -> None:
         """Turn signals received since the last look into stop() calls (main thread)."""
-        received = self._signals_received
+        received = self._signals.received
         if received == self._signals_handled:
             return
         self._signals_handled = received
-        name = signal.Signals(self._last_signal).name
+        name = signal.Signals(self._signals.last).name
         if received == 1:
             grace = "as long as they take" if self.grace_period is None \
                 else f"{self.grace_period:g} s"

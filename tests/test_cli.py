@@ -11,8 +11,10 @@ import base64
 import io
 import json
 import os
+import pty
 import queue as queue_module
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,19 +22,27 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
 
 from etcdq_v2 import Queue
 from etcdq_v2.cli import EXIT_CODES
-from etcdq_v2.demo import StatusLine
+from etcdq_v2.cli.output import Progress, StatusLine
 from etcdq_v2.server import TemporaryEtcd, free_port
 
+from faultproxy import FaultProxy
 from helpers import is_gone, wait_until
 
 BOUND = 20.0
-VERBS = ("put", "work", "stats", "ls", "show", "requeue", "purge", "server", "demo")
+VERBS = ("put", "work", "stats", "ls", "show", "wait", "cancel", "requeue", "purge", "server",
+         "demo", "completion")
+#: The global options, with their environment variables.
+GLOBAL_OPTIONS = {"--endpoints": "ETCDQ_ENDPOINTS", "--prefix": "ETCDQ_PREFIX",
+                  "--ca-cert": "ETCDQ_CA_CERT", "--cert": "ETCDQ_CERT", "--key": "ETCDQ_KEY",
+                  "--username": "ETCDQ_USERNAME", "--password": "ETCDQ_PASSWORD",
+                  "--request-timeout": "ETCDQ_TIMEOUT", "--json": None, "--verbose": None,
+                  "--quiet": None}
 
 Run = Callable[..., "subprocess.CompletedProcess[Any]"]
 
@@ -190,6 +200,20 @@ def test_the_console_script_is_installed() -> None:
                                                capture_output=True, text=True, timeout=30))
 
 
+@pytest.mark.parametrize("verb", VERBS)
+def test_a_verbs_help_lists_the_global_options_with_their_environment(verb: str) -> None:
+    text = ok(run_etcdq([verb, "--help"]))
+    usage = text.split("\n\n")[0]
+    assert "--endpoints" not in usage  # the verb's own usage stays short
+    section = find(r"(?ms)^global options \(before or after the verb\):\n(.*?)(?:\n\n|\Z)",
+                   text).group(1)
+    flat = " ".join(section.split())
+    for flag, env in GLOBAL_OPTIONS.items():
+        assert flag in flat, flag
+        if env:  # named in the flag's own entry, before the next flag
+            find(rf"{re.escape(flag)}\b(?:(?!--\w).)*\(env {env}\b", flat)
+
+
 # -- put, stats, ls, show -----------------------------------------------------------------
 
 def test_put_parses_each_argument_as_json_else_as_a_string(etcdq: Run, queue: Queue) -> None:
@@ -279,6 +303,143 @@ def test_purge_asks_for_confirmation_unless_yes(etcdq: Run, queue: Queue) -> Non
     assert json.loads(ok(etcdq("purge", queue.name, "--all", "--yes", "--json"))) == \
         {"removed": 1}
     assert queue.stats() == {"pending": 0, "running": 0, "completed": 0, "failed": 0}
+
+
+# -- progress -----------------------------------------------------------------------------
+
+class Clock:
+    """A monotonic clock that a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_shows_a_count_and_rate_on_a_terminal_once_the_operation_is_long() -> None:
+    clock, terminal = Clock(), Terminal()
+    with Progress("put", terminal, after=1.0, every=0.5, clock=clock) as progress:
+        progress.advance()  # t=0: maybe a quick one, nothing yet
+        clock.now = 1.0
+        progress.advance()
+        clock.now = 1.2
+        progress.advance()  # drawn 0.2 s ago: not again yet
+        clock.now = 2.0
+        progress.advance()
+    assert terminal.getvalue() == ("\r2 items put  2 items/s\x1b[K"
+                                   "\r4 items put  2 items/s\x1b[K"
+                                   "\r4 items put  2 items/s\x1b[K\n")  # close: final, newline
+
+
+def test_progress_is_silent_for_a_quick_operation_and_off_a_terminal() -> None:
+    clock, terminal, log = Clock(), Terminal(), io.StringIO()
+    with Progress("put", terminal, after=1.0, clock=clock) as quick, \
+            Progress("put", log, after=1.0, clock=clock) as logged:
+        clock.now = 0.9
+        quick.advance()
+        clock.now = 5.0
+        logged.advance()
+    assert terminal.getvalue() == log.getvalue() == ""
+
+
+def run_on_a_terminal(args: Sequence[str], input: Optional[str]) -> Tuple[str, str]:
+    """Run etcdq with stderr on a pseudo-terminal: (stdout, what the terminal got)."""
+    master, slave = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "etcdq_v2", *args], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=slave, text=True)
+    os.close(slave)
+    chunks: List[bytes] = []
+    reader = threading.Thread(target=_read_terminal, args=(master, chunks), daemon=True)
+    reader.start()
+    try:
+        out, _ = process.communicate(input, timeout=60)
+    finally:
+        process.kill()
+        reader.join(BOUND)
+        os.close(master)
+    assert process.returncode == 0, b"".join(chunks)
+    return out, b"".join(chunks).decode()
+
+
+def _read_terminal(master: int, chunks: List[bytes]) -> None:
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: every process holding the terminal has ended
+            return
+        if not chunk:
+            return
+        chunks.append(chunk)
+
+
+@pytest.mark.parametrize("verb", ["put", "purge"])
+def test_a_long_put_or_purge_shows_progress_on_a_terminal_and_nothing_elsewhere(
+        proxy: FaultProxy, queue: Queue, verb: str) -> None:
+    count = 30
+    if verb == "put":
+        args, input, done = ["put", queue.name, "-"], "".join(f"{n}\n" for n in range(count)), "put"
+    else:
+        for item_id in queue.put_many(range(count)):
+            queue.cancel(item_id)
+        args, input, done = ["purge", queue.name, "--failed", "--yes"], None, "purged"
+    proxy.delay(25)  # >= 50 ms a request: 30 items take over PROGRESS_AFTER (1 s)
+    out, terminal = run_on_a_terminal(["--endpoints", proxy.url, *args], input)
+    if verb == "put":
+        assert out.split() == [info.id for info in queue.items()]
+    else:
+        assert out == f"removed {count} record(s)\n"
+    find(rf"\r{count} items {done}  \d+ items/s\x1b\[K\r?\n$", terminal)  # the final count
+    if verb == "put":  # the same with stderr on a pipe: quiet
+        done_piped = run_etcdq(["--endpoints", proxy.url, *args], input=input)
+        assert (done_piped.returncode, done_piped.stderr) == (0, "")
+
+
+# -- completion ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_completion_prints_a_script_that_knows_every_verb(shell: str) -> None:
+    script = ok(run_etcdq(["completion", shell]))
+    for verb in VERBS:
+        assert re.search(rf"\b{verb}\b", script), verb
+    assert "--endpoints" in script and "--until-empty" in script
+    interpreter = shutil.which(shell)
+    if interpreter:  # zsh may be missing: then the script is only read, not parsed
+        ok(subprocess.run([interpreter, "-n"], input=script, capture_output=True, text=True,
+                          timeout=30))
+
+
+def test_bash_completion_completes_verbs_options_and_files(tmp_path: Path) -> None:
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    script = tmp_path / "etcdq.bash"
+    script.write_text(ok(run_etcdq(["completion", "bash"])))
+    (tmp_path / "ca.pem").touch()
+
+    def complete(*words: str) -> List[str]:
+        # The function the script registers for etcdq, called as bash's TAB would.
+        program = ('source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); '
+                   'COMP_LINE="$*"; COMP_POINT=${#COMP_LINE}; '
+                   '$(complete -p etcdq | sed -E "s/.*-F ([^ ]+).*/\\1/"); '
+                   'printf "%s\\n" "${COMPREPLY[@]}"')
+        done = subprocess.run([bash, "-c", program, "-", str(script), "etcdq", *words],
+                              capture_output=True, text=True, timeout=30, cwd=tmp_path)
+        return sorted(ok(done).split())
+
+    assert complete("pu") == ["purge", "put"]
+    assert complete("work", "q", "--until") == ["--until-empty"]
+    assert complete("put", "--end") == ["--endpoints"]  # a global option after the verb
+    assert complete("completion", "") == ["bash", "zsh"]
+    assert "ca.pem" in complete("stats", "--ca-cert", "")
+
+
+def test_completion_without_shtab_says_which_extra_to_install() -> None:
+    program = ("import sys; sys.modules['shtab'] = None  # import shtab raises ImportError\n"
+               "from etcdq_v2.cli import main; sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", program, "completion", "bash"],
+                          capture_output=True, text=True, timeout=30)
+    assert_user_error(done, 1, "pip install 'etcdq_v2[completion]'")
 
 
 # -- user errors ------------------------------------------------------------------------
@@ -479,8 +640,10 @@ def test_server_runs_etcd_in_the_foreground_until_ctrl_c(tmp_path: Path) -> None
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "etcdq_v2", "server", "--data-dir", str(tmp_path / "data"),
-         "--port", str(port)], stdout=subprocess.PIPE, text=True)
+         "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        warning = Lines(server.stderr).next(timeout=60)
+        assert "for development and tests" in warning and "3.5.1" in warning
         url = Lines(server.stdout).next(timeout=60).strip()
         assert url == f"http://127.0.0.1:{port}"
         ok(run_etcdq(["--endpoints", url, "put", "q", "1"]))

@@ -38,7 +38,8 @@ BUDGET_SECONDS = 110.0  # for the whole module: under two minutes
 # (.ci/run makes .venv in the tree) would also be slow.
 NOT_SOURCE = (".git", ".tox", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__",
               "*.py[cod]", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis")
-VERBS = ("put", "work", "stats", "ls", "show", "requeue", "purge", "server", "demo")
+VERBS = ("put", "work", "stats", "ls", "show", "requeue", "purge", "server", "demo",
+         "completion")
 
 
 class Budget:
@@ -171,11 +172,19 @@ def test_sdist_carries_the_docs_and_tests(dists: Dists) -> None:
     with tarfile.open(dists.sdist) as archive:
         root = archive.getnames()[0].split("/")[0]
         names = {n[len(root) + 1:] for n in archive.getnames()}
-    expected = {"README.md", "setup.py", "tox.ini"}
+    expected = {"README.md", "setup.py", "pyproject.toml", "tox.ini"}
     expected |= files_under(dists.source, "docs") | files_under(dists.source, "tests")
     assert any(n.startswith("docs/") for n in expected), "the source tree has no docs/"
     # conftest.py and helpers.py too, so that the unpacked sdist runs its tests.
     assert expected <= names, f"missing from the sdist: {sorted(expected - names)}"
+
+
+def test_pyproject_holds_only_the_build_system() -> None:
+    # The metadata stays in setup.py; pyproject.toml only spares pip the
+    # deprecated setup.py fallback (setup.py develop for -e).
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    assert re.findall(r"(?m)^\s*\[+([^\]]+)\]", text) == ["build-system"]
+    assert re.search(r'(?m)^build-backend\s*=\s*"setuptools\.build_meta"$', text)
 
 
 # --------------------------------------------------------------------------

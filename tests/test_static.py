@@ -1,11 +1,13 @@
 """Lint and type checks, run by CI with the same settings as tox's lint and type envs."""
 from __future__ import annotations
 
+import ast
 import configparser
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Set, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 TOX = configparser.ConfigParser(interpolation=None)
@@ -31,3 +33,53 @@ def test_mypy_strict_finds_nothing() -> None:
     result = run(tox_command("type"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Success" in result.stdout
+
+
+# --------------------------------------------------------------------------
+# Layers: the library core imports neither the CLI nor the test harness
+# --------------------------------------------------------------------------
+
+PACKAGE = ROOT / "etcdq_v2"
+#: What the harness (etcdq_v2.testing) may use of etcdq: it must not depend on
+#: the client code it is there to test.
+HARNESS_MAY_USE = {"etcdq_v2.errors", "etcdq_v2.etcd_binary", "etcdq_v2.signals"}
+
+
+def etcdq_imports(path: Path) -> Tuple[str, Set[str]]:
+    """The module at ``path`` (dotted), and the etcdq_v2 modules it imports (absolute)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    package = parts[:-1]
+    if parts[-1] == "__init__":
+        parts = package
+    found: Set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            found.add(target)
+            if not node.module:  # from . import cli: maybe a module
+                found.update(f"{target}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return ".".join(parts), {name for name in found if name.split(".")[0] == "etcdq_v2"}
+
+
+def layer(module: str) -> str:
+    """core (the library), server (its old name for the harness), testing, or cli (the top)."""
+    parts = module.split(".") + [""]
+    if parts[1] == "__main__":
+        return "cli"
+    return parts[1] if parts[1] in ("cli", "testing", "server") else "core"
+
+
+def test_each_layer_imports_only_from_below() -> None:
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module, imports = etcdq_imports(path)
+        for imported in imports:
+            if layer(module) == "core" and layer(imported) != "core":
+                wrong.append(f"{module} imports {imported}")
+            if layer(module) == "testing" and layer(imported) != "testing" and \
+                    not any(imported.startswith(allowed) for allowed in HARNESS_MAY_USE):
+                wrong.append(f"{module} imports {imported}")
+    assert not wrong, "\n".join(wrong)

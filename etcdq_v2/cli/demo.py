@@ -7,11 +7,11 @@ every item was completed exactly once with the right result, and reports the
 throughput.  It runs on the etcd it is given, or on a throwaway one in a
 temporary directory when none answers there.
 
-Also here: :class:`StatusLine` and :func:`format_counts`, the progress
-output the demo and ``etcdq stats --watch`` share.
+The verb's parser and handler come first, the demo itself after them.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import secrets
 import shlex
@@ -22,15 +22,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Callable, ContextManager, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
-from .errors import EtcdqError
-from .queue import Queue
-
-#: ``open_queue(endpoints, name, lock_ttl)``: a Queue on the caller's connection settings.
-OpenQueue = Callable[[str, str, float], ContextManager[Queue]]
-#: ``worker_environment(endpoints)``: the ETCDQ_* variables giving a worker those settings.
-WorkerEnvironment = Callable[[str], Dict[str, str]]
+from ..errors import EtcdqError
+from ..queue import Queue
+from .exits import EXIT_FAILURE, EXIT_OK, UsageError
+from .options import open_queue, verb, worker_environment
+from .output import StatusLine, format_counts
 
 #: What each demo item runs: reads {"n": N}, pretends to work, prints N squared.
 ITEM_SCRIPT = ("import json, sys, time; n = json.load(sys.stdin)['n']; time.sleep(0.05); "
@@ -40,59 +38,38 @@ CONCURRENCY = 2
 TICK = 0.2
 
 
-def format_counts(counts: Dict[str, int]) -> str:
-    """``pending 3  running 1  ...`` in the dict's order."""
-    return "  ".join(f"{name} {count}" for name, count in counts.items())
+def add_verbs(verbs: Any) -> None:
+    parser = verb(verbs, "demo", cmd_demo,
+                  "watch worker processes drain a queue, one of them SIGKILLed mid-way",
+                  epilog="Uses the etcd at --endpoints, or starts a throwaway one in a "
+                         "temporary directory when none answers.")
+    parser.add_argument("--items", type=int, default=300, metavar="N", help="default 300")
+    parser.add_argument("--workers", type=int, default=4, metavar="N", help="default 4")
+    parser.add_argument("--lock-ttl", type=float, default=3.0, metavar="S",
+                        help="the workers' lock TTL: how soon a killed worker's items "
+                             "come back (default 3)")
 
 
-class StatusLine:
-    """One line redrawn in place on a terminal; elsewhere, a line per update at most every
-    ``every`` seconds, so a log file gets a readable trace instead of carriage returns."""
-
-    def __init__(self, out: IO[str], every: float = 0.0) -> None:
-        self.out = out
-        self.tty = out.isatty()
-        self.every = every
-        self._last = 0.0
-        self._drawn = False
-
-    def update(self, text: str, *, final: bool = False) -> None:
-        if self.tty:
-            self.out.write(f"\r{text}\x1b[K")
-            self._drawn = True
-        elif final or time.monotonic() - self._last >= self.every:
-            self.out.write(text + "\n")
-            self._last = time.monotonic()
-        self.out.flush()
-
-    def event(self, text: str) -> None:
-        """A line that stays, printed above the status line."""
-        if self._drawn:
-            self.out.write("\r\x1b[K")
-            self._drawn = False
-        self.out.write(text + "\n")
-        self.out.flush()
-
-    def close(self) -> None:
-        if self._drawn:
-            self.out.write("\n")
-            self._drawn = False
-        self.out.flush()
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``etcdq demo``: on the etcd at --endpoints, or on a throwaway one."""
+    if args.items < 1 or args.workers < 2:
+        raise UsageError("the demo needs --items >= 1 and --workers >= 2")
+    return EXIT_OK if run_demo(args) else EXIT_FAILURE
 
 
-def run_demo(endpoints: str, *, items: int, workers: int, lock_ttl: float,
-             open_queue: OpenQueue, worker_environment: WorkerEnvironment) -> bool:
-    """Run the demo on the etcd at ``endpoints``, or on a throwaway one; True if it verified."""
-    from .server import ensure_etcd
-    started = ensure_etcd(endpoints)
+def run_demo(args: argparse.Namespace) -> bool:
+    """Run the demo on the etcd at ``args.endpoints``, or on a throwaway one; True if it
+    verified."""
+    from ..testing import ensure_etcd
+    started = ensure_etcd(args.endpoints)
     try:
         if started is None:
-            print(f"Using the etcd at {endpoints}.")
+            print(f"Using the etcd at {args.endpoints}.")
         else:
-            print(f"No etcd answered at {endpoints}: started a throwaway etcd at "
+            print(f"No etcd answered at {args.endpoints}: started a throwaway etcd at "
                   f"{started.url} (pid {started.pid}), removed at the end.")
-            endpoints = started.url
-        return _Demo(endpoints, items, workers, lock_ttl, open_queue, worker_environment).run()
+            args = argparse.Namespace(**{**vars(args), "endpoints": started.url})
+        return _Demo(args).run()
     finally:
         if started is not None:
             started.stop()
@@ -101,14 +78,11 @@ def run_demo(endpoints: str, *, items: int, workers: int, lock_ttl: float,
 class _Demo:
     """Enqueue, start worker processes, SIGKILL one mid-way, verify, report."""
 
-    def __init__(self, endpoints: str, items: int, workers: int, lock_ttl: float,
-                 open_queue: OpenQueue, worker_environment: WorkerEnvironment) -> None:
-        self.endpoints = endpoints
-        self.items = items
-        self.worker_count = workers
-        self.lock_ttl = lock_ttl
-        self.open_queue = open_queue
-        self.worker_environment = worker_environment
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args  # the connection (global options) and the demo's own
+        self.items = args.items
+        self.worker_count = args.workers
+        self.lock_ttl = args.lock_ttl
         self.name = f"demo-{secrets.token_hex(3)}"
         self.workers: List["subprocess.Popen[bytes]"] = []
         self.logs = Path(tempfile.mkdtemp(prefix="etcdq-demo-"))
@@ -117,7 +91,7 @@ class _Demo:
         self.status = StatusLine(sys.stdout, every=1.0)
 
     def run(self) -> bool:
-        with self.open_queue(self.endpoints, self.name, self.lock_ttl) as queue:
+        with open_queue(self.args, self.name, lock_ttl=self.lock_ttl) as queue:
             ids = queue.put_many({"n": n} for n in range(self.items))
             print(f"Queued {len(ids)} items in queue {self.name!r}; starting "
                   f"{self.worker_count} workers:\n  {self._worker_description()}")
@@ -146,10 +120,10 @@ class _Demo:
         return f"etcdq {middle} python -c '<sleep 0.05 s, print n squared>'"
 
     def _start_workers(self) -> None:
-        from .server import popen_tied
-        env = {**os.environ, **self.worker_environment(self.endpoints),
+        from ..testing import popen_tied
+        env = {**os.environ, **worker_environment(self.args),
                "PYTHONPATH": os.pathsep.join(filter(None, [
-                   str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))}
+                   str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))}
         for number in range(1, self.worker_count + 1):
             with open(self.logs / f"worker-{number}.log", "wb") as log_file:
                 # Tied: if the demo is killed, its etcd dies with it, and workers left

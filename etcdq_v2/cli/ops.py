@@ -1,0 +1,132 @@
+"""``etcdq stats``, ``requeue`` and ``purge``: a queue as a whole."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, Dict
+
+from ..queue import Queue
+from .exits import EXIT_FAILURE, EXIT_OK, PROG, UsageError
+from .options import add_queue_argument, open_queue, verb
+from .output import Progress, StatusLine, format_counts, print_json
+
+
+def add_verbs(verbs: Any) -> None:
+    for add in (_add_stats, _add_requeue, _add_purge):
+        add(verbs)
+
+
+# --------------------------------------------------------------------------
+# stats
+# --------------------------------------------------------------------------
+
+def _add_stats(verbs: Any) -> None:
+    parser = verb(verbs, "stats", cmd_stats, "count pending, running, completed, failed items")
+    add_queue_argument(parser)
+    parser.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    parser.add_argument("--interval", type=float, default=1.0, metavar="S",
+                        help="seconds between refreshes with --watch (default 1)")
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """``etcdq stats``, once or ``--watch``ed."""
+    with open_queue(args) as queue:
+        if not args.watch:
+            _print_stats(queue.stats(), args.json)
+            return EXIT_OK
+        return _watch_stats(queue, args)
+
+
+def _print_stats(counts: Dict[str, int], as_json: bool) -> None:
+    if as_json:
+        print_json(counts)
+    else:
+        print(format_counts(counts))
+
+
+def _watch_stats(queue: Queue, args: argparse.Namespace) -> int:
+    """Refresh in place on a terminal; one line per refresh elsewhere (logs, pipes)."""
+    line = StatusLine(sys.stdout)
+    try:
+        while True:
+            counts = queue.stats()
+            if args.json:
+                print_json(counts)
+                sys.stdout.flush()
+            else:
+                line.update(f"{time.strftime('%H:%M:%S')}  {format_counts(counts)}")
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        line.close()
+        return EXIT_OK
+
+
+# --------------------------------------------------------------------------
+# requeue, purge
+# --------------------------------------------------------------------------
+
+def _add_requeue(verbs: Any) -> None:
+    parser = verb(verbs, "requeue", cmd_requeue, "move dead letters back to the queue",
+                  usage=f"{PROG} requeue QUEUE (ID... | --all-failed)")
+    add_queue_argument(parser)
+    parser.add_argument("ids", nargs="*", metavar="ID")
+    parser.add_argument("--all-failed", action="store_true", help="every dead letter")
+
+
+def cmd_requeue(args: argparse.Namespace) -> int:
+    """``etcdq requeue``: prints ``OLD -> NEW`` as each item moves."""
+    if bool(args.ids) == args.all_failed:
+        raise UsageError("give item ids or --all-failed (not both)")
+    moved = []
+    with open_queue(args) as queue:
+        ids = args.ids or [info.id for info in queue.items("failed")]
+        for item_id in ids:
+            new_id = queue.requeue(item_id)
+            moved.append({"id": item_id, "new_id": new_id})
+            if not args.json:
+                print(f"{item_id} -> {new_id}", flush=True)
+    if args.json:
+        print_json(moved)
+    return EXIT_OK
+
+
+def _add_purge(verbs: Any) -> None:
+    parser = verb(verbs, "purge", cmd_purge, "remove completion records and/or dead letters",
+                  usage=f"{PROG} purge QUEUE (--completed | --failed | --all) [--yes]")
+    add_queue_argument(parser)
+    parser.add_argument("--completed", action="store_true")
+    parser.add_argument("--failed", action="store_true")
+    parser.add_argument("--all", action="store_true", help="both")
+    parser.add_argument("-y", "--yes", action="store_true", help="do not ask")
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    """``etcdq purge``, after a confirmation unless ``--yes``; a long one shows its
+    progress on a terminal's stderr."""
+    completed, failed = args.completed or args.all, args.failed or args.all
+    if not (completed or failed):
+        raise UsageError("say what to purge: --completed, --failed or --all")
+    with open_queue(args) as queue:
+        if not args.yes and not _confirm_purge(queue, completed, failed):
+            print(f"{PROG}: error: purge not confirmed; nothing removed", file=sys.stderr)
+            return EXIT_FAILURE
+        with Progress("purged") as progress:
+            removed = queue.purge(completed=completed, failed=failed, progress=progress.advance)
+    if args.json:
+        print_json({"removed": removed})
+    else:
+        print(f"removed {removed} record(s)")
+    return EXIT_OK
+
+
+def _confirm_purge(queue: Queue, completed: bool, failed: bool) -> bool:
+    counts = queue.stats()
+    what = " and ".join(f"{counts[kind]} {kind}" for kind, chosen
+                        in (("completed", completed), ("failed", failed)) if chosen)
+    print(f"Remove {what} record(s) of queue {queue.name!r}? [y/N] ", end="",
+          file=sys.stderr, flush=True)
+    answer = sys.stdin.readline()
+    if not sys.stdin.isatty():
+        print(file=sys.stderr)  # no terminal echoed the answer and its newline
+    return answer.strip().lower() in ("y", "yes")

@@ -1,0 +1,100 @@
+"""``etcdq work``: run a command once per item.
+
+A :class:`~etcdq_v2.worker.Worker` whose handler is a
+:class:`~etcdq_v2.command.CommandHandler`: each command runs in a subprocess
+of its own process group, because a process can be killed on a timeout or a
+forced shutdown where a Python thread cannot.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from typing import Any, List
+
+from ..command import CommandHandler, check_command
+from ..keys import check_name
+from ..queue import DEFAULT_COMPLETED_TTL, DEFAULT_MAX_ATTEMPTS, default_node_id
+from ..worker import Worker
+from .exits import EXIT_FAILURE, EXIT_OK, PROG, UsageError
+from .options import add_failed_ttl, number_or_none, open_queues, verb
+from .output import format_counts, print_json
+
+
+def add_verbs(verbs: Any) -> None:
+    parser = verb(
+        verbs, "work", cmd_work, "run COMMAND once per item",
+        after_dashes="command", log_level=logging.INFO,
+        usage=f"{PROG} work QUEUE[,QUEUE...] [options] -- COMMAND [ARGS...]",
+        epilog="The payload goes to COMMAND's stdin (JSON; a bytes payload raw), with "
+               "ETCDQ_QUEUE, ETCDQ_ITEM_ID and ETCDQ_ATTEMPT in its environment. Exit "
+               "status 0 completes the item with stdout as the result (parsed as JSON "
+               "when it is JSON); anything else fails it with the end of stderr as the "
+               "reason. Several queues (e.g. high,low): each item comes from the first "
+               "one that has a free item. SIGTERM/SIGINT: no new items, running commands "
+               "get --grace seconds, then are terminated and their items released; a "
+               "second signal does that at once. etcdq work exits with status 1 when any "
+               "item it handled failed (retried later or dead-lettered), else 0.")
+    parser.add_argument("queue", metavar="QUEUE[,QUEUE...]",
+                        help="queue name, or names in priority order separated by commas")
+    parser.add_argument("command", nargs="*", metavar="COMMAND", help=argparse.SUPPRESS)
+    parser.add_argument("-c", "--concurrency", type=int, default=1, metavar="N",
+                        help="commands run at once (default 1)")
+    parser.add_argument("--max-items", type=int, metavar="N", help="stop after N items")
+    parser.add_argument("--until-empty", action="store_true",
+                        help="stop when there is nothing to claim")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="kill a command's process group after S seconds; the item fails")
+    parser.add_argument("--grace", type=float, default=30.0, metavar="S",
+                        help="on SIGTERM/SIGINT, how long running commands may finish "
+                             "(default 30)")
+    parser.add_argument("--lock-ttl", type=float, default=30.0, metavar="S",
+                        help="lock TTL: a dead worker's items come back after this "
+                             "(default 30)")
+    parser.add_argument("--max-attempts", type=number_or_none(int), metavar="N",
+                        default=DEFAULT_MAX_ATTEMPTS,
+                        help="dead-letter an item after N attempts ('none': never; "
+                             f"default {DEFAULT_MAX_ATTEMPTS})")
+    parser.add_argument("--completed-ttl", type=number_or_none(float), metavar="S",
+                        default=DEFAULT_COMPLETED_TTL,
+                        help="keep completion records S seconds ('none': until purged; "
+                             f"default {DEFAULT_COMPLETED_TTL})")
+    add_failed_ttl(parser)
+    parser.add_argument("--node-id", metavar="ID", help="this worker's name in locks and records")
+
+
+def cmd_work(args: argparse.Namespace) -> int:
+    """``etcdq work``: a Worker whose handler is a CommandHandler; exit 1 if an item failed."""
+    if not args.command:
+        raise UsageError("give the command to run after --, e.g. etcdq work QUEUE -- ./job.sh")
+    names = queue_names(args.queue)
+    command = check_command(args.command)
+    # One node id for all the queues: the same worker in every lock and record.
+    options = {"lock_ttl": args.lock_ttl, "node_id": args.node_id or default_node_id(),
+               "max_attempts": args.max_attempts, "completed_ttl": args.completed_ttl,
+               "failed_ttl": args.failed_ttl}
+    with open_queues(args, names, **options) as queues:
+        for queue in queues:
+            queue.stats()  # fail now (exit 3/4) rather than retry a wrong endpoint forever
+        worker = Worker(queues, CommandHandler(command),
+                        concurrency=args.concurrency, item_timeout=args.timeout,
+                        grace_period=args.grace)
+        stats = dataclasses.asdict(worker.run(until_empty=args.until_empty,
+                                              max_items=args.max_items))
+    if args.json:
+        print_json(stats)
+    else:
+        print(format_counts(stats))
+    return EXIT_FAILURE if stats["failed"] else EXIT_OK
+
+
+def queue_names(text: str) -> List[str]:
+    """``work``'s QUEUE argument: names in priority order, separated by commas.
+
+    Unambiguous, since a queue name cannot contain a comma.  Each name is
+    checked (InvalidName, exit 2); a name given twice is a usage error.
+    """
+    names = [check_name(name) for name in text.split(",")]
+    if len(set(names)) != len(names):
+        raise UsageError(f"a queue is named twice in {text!r}")
+    return names
