@@ -202,6 +202,7 @@ class Worker:
             metrics.etcd.unwatch()
             raise
         self.metrics = metrics
+        log.info("worker metrics at %s", self.metrics_server.url)
 
     # -- public --------------------------------------------------------------
 

@@ -7,10 +7,17 @@ own parser.  etcd reads are counted by the proxy in front of etcd (its
 from __future__ import annotations
 
 import logging
+import os
+import queue as queue_module
+import re
+import signal
+import subprocess
 import sys
 import threading
+import time
 import urllib.request
-from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Tuple
+from pathlib import Path
+from typing import IO, Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -371,3 +378,108 @@ def test_without_prometheus_client_metrics_are_a_config_error_naming_the_extra(
     with pytest.raises(ConfigError, match=r"etcdq_v2\[metrics\]"):
         metrics.prometheus()
     Worker(make_queue(), print)  # without metrics, nothing needs it
+
+
+# -- the command line -------------------------------------------------------------------
+
+def etcdq(*args: str, **options: Any) -> "subprocess.Popen[str]":
+    """``python -m etcdq_v2 ARGS`` (this tree's), its stdout and stderr piped."""
+    return subprocess.Popen([sys.executable, "-m", "etcdq_v2", *args], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **options)
+
+
+def lines_of(stream: Optional[IO[str]]) -> "queue_module.Queue[str]":
+    """A stream's lines, read in a thread, so that every wait for one is bounded."""
+    assert stream is not None
+    lines: "queue_module.Queue[str]" = queue_module.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in stream], daemon=True).start()
+    return lines
+
+
+def line_matching(lines: "queue_module.Queue[str]", pattern: str) -> "re.Match[str]":
+    deadline = time.monotonic() + BOUND
+    while True:
+        match = re.search(pattern, lines.get(timeout=max(deadline - time.monotonic(), 0.01)))
+        if match:
+            return match
+
+
+@needs_prometheus
+def test_etcdq_metrics_serves_the_counts_until_sigterm(
+        make_queue: Callable[..., Queue], etcd_url: str, queue_name: str) -> None:
+    fill_every_state(make_queue(max_attempts=1))
+    process = etcdq("--endpoints", etcd_url, "metrics", "--port", "0", queue_name,
+                    f"{queue_name}-empty")
+    try:
+        url = lines_of(process.stdout).get(timeout=BOUND).strip()
+        samples = scrape(url)
+        assert queue_items(samples, queue_name) == FILLED
+        assert queue_items(samples, f"{queue_name}-empty") == dict.fromkeys(FILLED, 0)
+        assert not [name for name in samples if name.endswith("_created")]
+        assert url.startswith("http://127.0.0.1:")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(BOUND) == 0
+    finally:
+        process.kill()
+        process.communicate()
+
+
+@needs_prometheus
+def test_etcdq_work_serves_its_metrics_while_it_runs(
+        make_queue: Callable[..., Queue], etcd_url: str, queue_name: str,
+        tmp_path: Path) -> None:
+    queue = make_queue()
+    queue.put_many([{"n": 1}, {"n": 2}, {"n": 3}])
+    process = etcdq("--endpoints", etcd_url, "work", queue_name, "--metrics-port", "0",
+                    "--max-attempts", "1", "--until-empty", "--",
+                    sys.executable, "-c", JOB, str(tmp_path))
+    try:
+        url = line_matching(lines_of(process.stderr), r"worker metrics at (\S+)").group(1)
+        samples = wait_until(lambda: running_third(scrape(url), queue_name), BOUND,
+                             message="items 1 and 2 settled, item 3 running")
+        assert value(samples, "etcdq_etcd_requests_total", method="PUT")
+        (tmp_path / "go").touch()
+        assert process.wait(BOUND) == 1  # an item failed
+    finally:
+        process.kill()
+        process.communicate()
+    assert queue.stats() == {"pending": 0, "running": 0, "completed": 2, "failed": 1}
+
+
+# Item 1 completes, item 2 fails, item 3 waits for a file "go" in the directory given.
+JOB = """
+import json, os, sys, time
+n = json.load(sys.stdin)["n"]
+if n == 2:
+    sys.exit(3)
+deadline = time.monotonic() + 30
+while n == 3 and not os.path.exists(os.path.join(sys.argv[1], "go")) \\
+        and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(n)
+"""
+
+
+def running_third(samples: Samples, queue: str) -> Optional[Samples]:
+    settled = worker_items(samples, queue)
+    flying = value(samples, "etcdq_worker_claims_in_flight", queue=queue)
+    return samples if (settled["completed"], settled["failed"], flying) == (1, 1, 1) else None
+
+
+@pytest.mark.parametrize("verb", [["metrics", "--port", "0", "q"],
+                                  ["work", "q", "--metrics-port", "0", "--", "true"]])
+def test_the_cli_without_prometheus_client_names_the_extra(
+        etcd_url: str, tmp_path: Path, verb: List[str]) -> None:
+    (tmp_path / "prometheus_client.py").write_text("raise ImportError('not installed')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    process = etcdq("--endpoints", etcd_url, *verb, env=env)
+    out, err = process.communicate(timeout=BOUND)
+    assert process.returncode == 2, err
+    assert "etcdq_v2[metrics]" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args", [["q"], ["--port", "0", "q", "q"], ["--port", "0", "a/b"]])
+def test_etcdq_metrics_usage_errors_exit_2(etcd_url: str, args: List[str]) -> None:
+    process = etcdq("--endpoints", etcd_url, "metrics", *args)
+    out, err = process.communicate(timeout=BOUND)
+    assert process.returncode == 2 and err.startswith("etcdq: error:"), err
