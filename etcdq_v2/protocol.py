@@ -146,6 +146,13 @@ wait(id)             (reads only)
         records (none: NotFound); a claim's C2 -> keep waiting.  A stream that
         ends (a minute without events, a member gone) -> W1 again.
 
+stats                (reads only)
+    S1. One recursive GET of the queue's directory (quorum, or the member's
+        own copy for monitoring): all four directories at one etcd index.
+        pending: no "o", no claim lock (a delay lock is pending); running: a
+        claim lock (an unreadable lock counts as held); completed/failed: the
+        records and the items carrying that "o", each id once.
+
 Refreshes (heartbeats) are CAS refreshes (refresh=true, prevValue=lock): they
 extend the TTL without notifying watchers.
 """
@@ -163,7 +170,7 @@ from .codec import Item, Junk, Lock, Record, new_token, tombstone
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdqError,
                      EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
                      Unavailable)
-from .keys import Layout, check_item_id
+from .keys import DIRS, Layout, check_item_id
 from .transport import EventStream, Node, Transport
 
 log = logging.getLogger("etcdq_v2.protocol")
@@ -1062,14 +1069,41 @@ class Protocol:
             yield Entry(parsed[1], node["modifiedIndex"], node.get("value"),
                         node.get("expiration"), node.get("ttl", 0))
 
+    def snapshot(self, *, quorum: bool = True) -> Dict[str, List[Entry]]:
+        """The entries of every directory of the queue (by kind), from ONE GET.
+
+        A recursive, unsorted GET of the queue's directory: one round trip
+        instead of a listing per directory, and the directories as they were
+        at one etcd index, so an item finishing meanwhile is not seen in
+        work/ and in completed/ (or in neither).  ``quorum=False`` is served
+        by the member from its own copy, without a round of consensus:
+        cheaper, and possibly a moment behind.  It downloads every value of
+        the queue: etcd v2 lists keys with their values, and has no count.
+        """
+        try:
+            node = self.etcd.get(self.layout.root, recursive=True, quorum=quorum).node
+        except KeyMissing:
+            node = {}
+        found: Dict[str, List[Entry]] = {kind: [] for kind in DIRS}
+        for child in node.get("nodes") or []:
+            kind = str(child.get("key", "")).rpartition("/")[2]
+            if child.get("dir") and kind in found:
+                found[kind] = list(self.entries(child.get("nodes") or []))
+        return found
+
     def decoded(self, kind: str) -> Iterator[Tuple[Entry, Any]]:
-        """``(entry, Item or Record)`` for the entries of ``kind`` that are ours.
+        """``(entry, Item or Record)`` for the entries of ``kind`` that are ours."""
+        return self.decode_entries(kind, self.list(kind)[1])
+
+    @staticmethod
+    def decode_entries(kind: str, entries: List[Entry]) -> Iterator[Tuple[Entry, Any]]:
+        """``(entry, Item or Record)`` for those of ``entries`` (of ``kind``) that are ours.
 
         work/ holds Items, completed/ and failed/ Records; a value etcdq_v2
         did not write (junk) is skipped.
         """
         decode = Item.decode if kind == "work" else Record.decode
-        for entry in self.list(kind)[1]:
+        for entry in entries:
             try:
                 yield entry, decode(entry.value)
             except Junk:

@@ -229,12 +229,20 @@ class Queue:
 
     # -- inspecting ----------------------------------------------------------------
     @public_errors()
-    def stats(self) -> Dict[str, int]:
-        """Counts of pending, running, completed and failed items (junk not counted)."""
-        work, locks = self._work_and_locks()
+    def stats(self, *, quorum: bool = True) -> Dict[str, int]:
+        """Counts of pending, running, completed and failed items (junk not counted).
+
+        One GET of the whole queue (see Protocol.snapshot), so the counts are
+        of one moment.  ``quorum=False``: read from the member's own copy,
+        without a round of consensus, as monitoring does (etcdq_v2.metrics).
+        """
+        found = self._protocol.snapshot(quorum=quorum)
+        decode = self._protocol.decode_entries
+        work = list(decode("work", found["work"]))
+        locks = lock_states(found["locks"])
         waiting = [entry for entry, item in work if not item.outcome]
         running = sum(1 for entry in waiting if _is_running(locks, entry.id))
-        finished = {kind: {entry.id for entry, _ in self._protocol.decoded(kind)}
+        finished = {kind: {entry.id for entry, _ in decode(kind, found[kind])}
                     for kind in (COMPLETED, FAILED)}
         for entry, item in work:  # committed (F1), not yet recorded (F2)
             if item.outcome:

@@ -17,7 +17,9 @@ the configuration (:meth:`Transport.from_client`) — and sends requests itself:
   or "compare failed" as possibly its own earlier attempt;
 * a POST whose outcome is unknown raises :class:`AmbiguousWrite`; the
   protocol resolves it by looking for the item's token (never a blind resend);
-* members are rotated under a lock, so many threads may share one Transport.
+* members are rotated under a lock, so many threads may share one Transport;
+* observers (:meth:`Transport.add_observer`) are told of every request: its
+  method, its time and how it failed, which is what metrics count.
 
 wire.py carries the bytes (keep-alive HTTP/1.1, a pool of connections per
 member shared by all threads); this module decides what a failure means, in
@@ -26,6 +28,7 @@ one place (:class:`_translated`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import string
@@ -40,12 +43,16 @@ from .errors import (AlreadyExists, AmbiguousWrite, AuthError, CompareFailed, Co
                      EtcdFailure, EtcdqError, KeyMissing, Unavailable)
 from .wire import Connection, Lost, Member, NotSent, Response, TLSFailed, tls_context
 
+log = logging.getLogger("etcdq_v2.transport")
+
 _ERRORS = {cls.code: cls for cls in (KeyMissing, CompareFailed, AlreadyExists)}
 _RAFT_INTERNAL = 300
 _NO_PERMISSION = 110
 
 Node = Dict[str, Any]
 T = TypeVar("T")
+#: ``observer(method, seconds, error)``, told of every request (see Transport.add_observer).
+Observer = Callable[[str, float, Optional[str]], None]
 
 
 class Reply:
@@ -81,12 +88,18 @@ class Reply:
 
 
 class _Transient(Exception):
-    """A failure worth another try; ``sent`` tells if the request may have applied."""
+    """A failure worth another try; ``sent`` tells if the request may have applied.
 
-    def __init__(self, message: str, sent: bool, timed_out: bool = False) -> None:
+    ``label`` names it for observers: Timeout, NotSent (never reached etcd),
+    Lost (the connection broke after sending), or the one given (ServerError).
+    """
+
+    def __init__(self, message: str, sent: bool, timed_out: bool = False,
+                 label: Optional[str] = None) -> None:
         super().__init__(message)
         self.sent = sent
         self.timed_out = timed_out
+        self.label = label or ("Timeout" if timed_out else "Lost" if sent else "NotSent")
 
 
 def parse_endpoints(endpoints: Union[str, Sequence[str]]) -> List[str]:
@@ -173,6 +186,7 @@ class Transport:
         self._lock = threading.Lock()
         self._limit = threading.local()
         self.requests: Counter[str] = Counter()
+        self._observers: Tuple[Observer, ...] = ()
 
     @classmethod
     def from_client(cls, client: Any) -> "Transport":
@@ -184,9 +198,30 @@ class Transport:
                    cert=pool_kw.get("cert_file"), key=pool_kw.get("key_file"),
                    username=client.username, password=client.password)
 
+    def add_observer(self, observer: Observer) -> None:
+        """Call ``observer(method, seconds, error)`` after every request to a member.
+
+        ``method`` is GET, PUT, POST, DELETE, or "watch" (a stream's start, up
+        to etcd's headers); ``seconds`` its time; ``error`` None for a success,
+        else the name of what it raised: KeyMissing, CompareFailed,
+        AlreadyExists (answers the protocol expects in races), AuthError,
+        EtcdFailure, ConfigError, or a failure that is retried: Timeout,
+        NotSent, Lost, ServerError (etcd's 5xx).  Each retry is a request of
+        its own.  Observers run in the requesting thread and must be quick; one
+        that raises is logged and does not affect the request.
+        """
+        with self._lock:
+            self._observers = self._observers + (observer,)
+
+    def remove_observer(self, observer: Observer) -> None:
+        """Stop calling ``observer`` (added by :meth:`add_observer`); no-op if absent."""
+        with self._lock:
+            self._observers = tuple(o for o in self._observers if o is not observer)
+
     # -- the keys API ------------------------------------------------------
-    def get(self, key: str, *, sorted: bool = False, quorum: bool = False) -> Reply:
-        query = {"sorted": sorted, "quorum": quorum}
+    def get(self, key: str, *, sorted: bool = False, quorum: bool = False,
+            recursive: bool = False) -> Reply:
+        query = {"sorted": sorted, "quorum": quorum, "recursive": recursive}
         return self._call("GET", key, query=query)
 
     def put(self, key: str, value: Optional[str] = None, *, ttl: Optional[int] = None,
@@ -230,19 +265,26 @@ class Transport:
             self.requests["DELETE"] += len(deletes)
         requests = [("DELETE", _path(key, query), None) for key, query in deletes]
         answers: Sequence[Union[Response, Exception]]
+        started = time.monotonic()
         try:
             with _translated(member.url):
                 answers = member.request_all(requests, self.timeout)
         except _Transient as exc:
             answers = [exc] * len(requests)
-        return [self._deleted(member, key, query, answer)
+        seconds = time.monotonic() - started
+        return [self._deleted(member, key, query, answer, seconds)
                 for (key, query), answer in zip(deletes, answers)]
 
     def _deleted(self, member: Member, key: str, query: Dict[str, Any],
-                 answer: Union[Response, Exception]) -> Union[Reply, EtcdqError]:
-        """One delete_all result: its reply, its error, or the outcome of redoing it."""
+                 answer: Union[Response, Exception], seconds: float
+                 ) -> Union[Reply, EtcdqError]:
+        """One delete_all result: its reply, its error, or the outcome of redoing it.
+
+        Observers see each delete with the time of the whole batch (they
+        travelled together).
+        """
         try:
-            with _translated(member.url):
+            with self._observed("DELETE", seconds), _translated(member.url):
                 if isinstance(answer, Exception):
                     raise answer
                 return self._reply(member, answer, retried=False)
@@ -316,7 +358,8 @@ class Transport:
             member = self._member()
             remaining = give_up - time.monotonic()
             try:
-                return attempt(member, min(self.timeout, max(remaining, 0.05)), retried)
+                with self._observed(method):
+                    return attempt(member, min(self.timeout, max(remaining, 0.05)), retried)
             except _Transient as exc:
                 last = f"{member.url}: {exc}"
                 self._failed(member)
@@ -330,6 +373,11 @@ class Transport:
                 raise Unavailable(f"etcd did not answer {method} {key} within "
                                   f"{deadline:g}s (last error: {last})")
             time.sleep(pause)
+
+    def _observed(self, method: str, seconds: Optional[float] = None) -> "_Observed":
+        """Report the request made inside the block to the observers (timed
+        from here unless ``seconds`` is given)."""
+        return _Observed(self._observers, method, seconds)
 
     def _send(self, member: Member, method: str, path: str, body: Optional[str],
               timeout: float, retried: bool) -> Reply:
@@ -361,7 +409,7 @@ class Transport:
         if code in _ERRORS:
             return _ERRORS[code](message, code=code, index=doc.get("index"))
         if code == _RAFT_INTERNAL or status >= 500:
-            return _Transient(f"HTTP {status} {message}", sent=True)
+            return _Transient(f"HTTP {status} {message}", sent=True, label="ServerError")
         if status == 404 and not doc:
             return ConfigError(f"{endpoint} does not serve the etcd v2 API "
                                "(start etcd 3.4/3.5 with --enable-v2)")
@@ -377,6 +425,45 @@ class Transport:
         with self._lock:
             if self._members[self._current] is member:
                 self._current = (self._current + 1) % len(self._members)
+
+
+class _Observed:
+    """The observers' report of one request: a context manager around it.
+
+    A class like :class:`_translated`, for the same reason; with no observer
+    it does nothing but compare a tuple.  Exceptions pass through unchanged.
+    """
+
+    __slots__ = ("_observers", "_method", "_seconds", "_started")
+
+    def __init__(self, observers: Tuple[Observer, ...], method: str,
+                 seconds: Optional[float]) -> None:
+        self._observers = observers
+        self._method = method
+        self._seconds = seconds
+        self._started = 0.0
+
+    def __enter__(self) -> None:
+        if self._observers and self._seconds is None:
+            self._started = time.monotonic()
+
+    def __exit__(self, kind: Optional[type], exc: Optional[BaseException],
+                 traceback: Any) -> None:
+        if not self._observers or (exc is not None and not isinstance(exc, Exception)):
+            return  # nobody listens, or a KeyboardInterrupt: not a request's outcome
+        seconds = self._seconds if self._seconds is not None \
+            else time.monotonic() - self._started
+        error = None if exc is None else _error_label(exc)
+        for observer in self._observers:
+            try:
+                observer(self._method, seconds, error)
+            except Exception:  # a metrics bug must not fail the request
+                log.exception("request observer %r failed", observer)
+
+
+def _error_label(exc: BaseException) -> str:
+    """How observers name a request's failure (see Transport.add_observer)."""
+    return exc.label if isinstance(exc, _Transient) else type(exc).__name__
 
 
 class EventStream:

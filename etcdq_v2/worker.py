@@ -54,6 +54,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Set, Tuple, Union
 
 from .errors import AuthError, ConfigError, EtcdqError, InvalidPayload, LockLost
+from .metrics import MetricsServer, WorkerMetrics, check_port
 from .queue import Queue, claim_first
 from .signals import StopSignals
 
@@ -149,12 +150,18 @@ class Worker:
     claim waits for an item and so how quickly the main loop notices a stop.
     With ``install_signal_handlers``, :meth:`run` handles SIGTERM and SIGINT
     while it runs (only possible in the main thread; elsewhere it is skipped).
+
+    ``metrics_port``: serve Prometheus metrics (see :mod:`etcdq_v2.metrics`;
+    the ``metrics`` extra) on that port of ``metrics_addr`` from now until
+    :meth:`close`, from a registry of this worker's own (``worker.metrics``);
+    0 takes a free port (``worker.metrics_server.port``).
     """
 
     def __init__(self, queue: Union[Queue, Sequence[Queue]], handler: Handler, *,
                  concurrency: int = 1,
                  item_timeout: Optional[float] = None, grace_period: Optional[float] = None,
-                 claim_timeout: float = 1.0, install_signal_handlers: bool = True) -> None:
+                 claim_timeout: float = 1.0, install_signal_handlers: bool = True,
+                 metrics_port: Optional[int] = None, metrics_addr: str = "127.0.0.1") -> None:
         _check_positive("concurrency", concurrency, allow_zero=False)
         _check_positive("item_timeout", item_timeout, allow_zero=False)
         _check_positive("grace_period", grace_period, allow_zero=True)
@@ -178,6 +185,24 @@ class Worker:
         # Counted by the signal handler, read by the main thread's loops.
         self._signals = StopSignals()
         self._signals_handled = 0
+        self.metrics: Optional[WorkerMetrics] = None
+        self.metrics_server: Optional[MetricsServer] = None
+        if metrics_port is not None:
+            self._serve_metrics(metrics_port, metrics_addr)
+
+    def _serve_metrics(self, port: int, addr: str) -> None:
+        """Count into a registry of our own, the requests of our queues' transports
+        too, and serve it (last: a port taken raises ConfigError, counting nothing)."""
+        check_port(port)
+        metrics = WorkerMetrics([queue.name for queue in self.queues])
+        metrics.etcd.watch(queue.etcd for queue in self.queues)
+        try:
+            self.metrics_server = metrics.serve(port, addr)
+        except BaseException:
+            metrics.etcd.unwatch()
+            raise
+        self.metrics = metrics
+        log.info("worker metrics at %s", self.metrics_server.url)
 
     # -- public --------------------------------------------------------------
 
@@ -191,6 +216,17 @@ class Worker:
     def stopping(self) -> bool:
         """True once a stop was asked for: no new items are claimed."""
         return self._stopping.is_set()
+
+    def close(self) -> None:
+        """Stop serving metrics (given ``metrics_port``) and counting requests.
+
+        ``worker.metrics`` keeps the counts; without metrics this does nothing.
+        """
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
+        if self.metrics is not None:
+            self.metrics.etcd.unwatch()
 
     def stop(self, grace: bool = True) -> None:
         """Stop claiming; release running items after ``grace_period``, or at once.
@@ -281,6 +317,8 @@ class Worker:
 
     def _start(self, claim: "Claim") -> None:
         task = Task(claim)
+        if self.metrics is not None:
+            self.metrics.claimed(claim.queue)
         with self._changed:
             self._tasks.add(task)
         if self._stopping.is_set():
@@ -365,6 +403,8 @@ class Worker:
             if not isinstance(exc, Exception):
                 raise  # e.g. KeyboardInterrupt in the main thread keeps its meaning
         finally:
+            if self.metrics is not None:
+                self.metrics.ended(task.claim.queue)
             with self._changed:
                 self._tasks.discard(task)
                 self._changed.notify_all()
@@ -407,6 +447,8 @@ class Worker:
                exc_info: Optional[BaseException] = None) -> None:
         with self._stats_lock:
             setattr(self._stats, what, getattr(self._stats, what) + 1)
+        if self.metrics is not None:
+            self.metrics.settled(task.claim.queue, what, time.monotonic() - task.started)
         level = logging.INFO if what in ("completed", "released") else logging.WARNING
         level = logging.ERROR if exc_info is not None else level
         log.log(level, "item %s (attempt %d) %s", task.claim.id, task.claim.attempt, message,

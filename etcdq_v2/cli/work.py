@@ -14,9 +14,10 @@ from typing import Any, List
 
 from ..command import CommandHandler, check_command
 from ..keys import check_name
-from ..queue import DEFAULT_COMPLETED_TTL, DEFAULT_MAX_ATTEMPTS, default_node_id
+from ..queue import DEFAULT_COMPLETED_TTL, DEFAULT_MAX_ATTEMPTS, Queue, default_node_id
 from ..worker import Worker
 from .exits import EXIT_FAILURE, EXIT_OK, PROG, UsageError
+from .metrics import quiet_created_series
 from .options import add_failed_ttl, number_or_none, open_queues, verb
 from .output import format_counts, print_json
 
@@ -61,6 +62,11 @@ def add_verbs(verbs: Any) -> None:
                              f"default {DEFAULT_COMPLETED_TTL})")
     add_failed_ttl(parser)
     parser.add_argument("--node-id", metavar="ID", help="this worker's name in locks and records")
+    parser.add_argument("--metrics-port", type=int, metavar="N",
+                        help="serve this worker's Prometheus metrics on port N (0: any free "
+                             "port; the URL is logged); needs the metrics extra")
+    parser.add_argument("--metrics-bind", default="127.0.0.1", metavar="ADDR",
+                        help="address of --metrics-port (default 127.0.0.1)")
 
 
 def cmd_work(args: argparse.Namespace) -> int:
@@ -76,16 +82,25 @@ def cmd_work(args: argparse.Namespace) -> int:
     with open_queues(args, names, **options) as queues:
         for queue in queues:
             queue.stats()  # fail now (exit 3/4) rather than retry a wrong endpoint forever
-        worker = Worker(queues, CommandHandler(command),
-                        concurrency=args.concurrency, item_timeout=args.timeout,
-                        grace_period=args.grace)
-        stats = dataclasses.asdict(worker.run(until_empty=args.until_empty,
-                                              max_items=args.max_items))
+        worker = _worker(args, queues, CommandHandler(command))
+        try:
+            stats = dataclasses.asdict(worker.run(until_empty=args.until_empty,
+                                                  max_items=args.max_items))
+        finally:
+            worker.close()
     if args.json:
         print_json(stats)
     else:
         print(format_counts(stats))
     return EXIT_FAILURE if stats["failed"] else EXIT_OK
+
+
+def _worker(args: argparse.Namespace, queues: List[Queue], handler: CommandHandler) -> Worker:
+    if args.metrics_port is not None:
+        quiet_created_series()
+    return Worker(queues, handler, concurrency=args.concurrency, item_timeout=args.timeout,
+                  grace_period=args.grace, metrics_port=args.metrics_port,
+                  metrics_addr=args.metrics_bind)
 
 
 def queue_names(text: str) -> List[str]:
