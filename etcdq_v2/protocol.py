@@ -118,8 +118,10 @@ cancel(id)           (a pending item to failed/, reason "cancelled")
         delay lock (a release's backoff, a delayed put, a cancel) is taken over
         by CAS on its value with ttl=max(lock_ttl, its ttl left); another lock
         is a claim's -> False.
-    K2. Read ``work/<id>`` (quorum).  Committed ("o") or recorded -> drop our
-        lock, False; neither in work/ nor recorded -> NotFound.  On NotFound or
+    K2. Read ``work/<id>`` (quorum).  Committed ("o") or recorded (as C3: any
+        key in completed/ or failed/, a tombstone too; the item, re-created by
+        a late Q3 or D2, is removed) -> drop our lock, False; neither in work/
+        nor recorded -> NotFound.  On NotFound or
         any error (Unavailable) a delay lock we took over is left to expire,
         never dropped: the item it held back (or a delayed put's item, yet to
         come) is not claimable before its time.
@@ -947,17 +949,19 @@ class Protocol:
         """K2: the item as read now (quorum), to be committed on that index (K3).
 
         None if it is finished: committed (``"o"``), or recorded (gone from
-        work/, or left there by 0.1.0's crash: checked for claimed items, as
-        C3 does); NotFound if it is neither in work/ nor recorded.
+        work/; or, for an item claimed before or carrying ``q``, any key in
+        completed/ or failed/, a tombstone too, as C3 checks: 0.1.0's crash
+        left it, or a late Q3 or D2 copy re-created it, and it is removed);
+        NotFound if it is neither in work/ nor recorded.
         """
         found = self._work_item(item_id)
         if found is None:
             return None
         entry, item = found
-        if item.outcome or ((item.attempts or item.requeued)
-                            and self.record_of(item_id) is not None):
+        state = ClaimState(item_id, lock, item, entry.index, time.monotonic())
+        if item.outcome or ((item.attempts or item.requeued) and self._finished_before(state)):
             return None
-        return ClaimState(item_id, lock, item, entry.index, time.monotonic())
+        return state
 
     # -- W: wait -----------------------------------------------------------------
     def watch_item(self, item_id: str, idle_timeout: float) -> EventStream:

@@ -451,6 +451,41 @@ def test_a_release_held_in_flight_that_lands_between_k2_and_k3_does_not_stop_the
         assert_cancelled(queue, item_id, "pending, really")  # R0 gave the attempt back
 
 
+#: A delayed put's D2: the PUT of the item.
+D2_PUT = re.compile(rb"^PUT /v2/keys/\S+/work/\d{20}", re.MULTILINE)
+
+
+def test_a_cancel_of_an_item_a_late_d2_recreated_after_its_requeue_finds_the_tombstone(
+        proxy_factory: Callable[[str], FaultProxy], etcd_url: str, queue_name: str,
+        queue: Queue) -> None:
+    """put(delay=1) through endpoints A, B: D2 to A is held, the transport sends it
+    again to B, where it applies: item m.  m is dead-lettered (max_attempts=1) and
+    requeued: failed/m becomes a tombstone.  A's held D2 lands: work/m exists again.
+    cancel(m) finds the tombstone at K2 (any key counts, as in C3): the item is a
+    leftover, removed, and cancel returns False.  (K2 used to skip the tombstone:
+    K3 committed m, F2 hit the tombstone (EtcdRejected) and m stayed in work/.)"""
+    a, b = proxy_factory(etcd_url), proxy_factory(etcd_url)
+    with Queue(connect([a.url, b.url], timeout=1, deadline=6), queue_name) as producer:
+        a.hold("up", match=D2_PUT)
+        item_id = producer.put("delayed", delay=1)
+        assert D2_PUT.search(a.held())  # the first copy of D2, still in flight
+        claim = queue.claim(timeout=5)
+        assert claim is not None and claim.id == item_id
+        claim.fail("boom")  # max_attempts=1: a dead letter
+        requeued = queue.requeue(item_id)
+        a.release()  # the held D2 lands: work/m again
+        wait_until(lambda: queue._protocol.read("work", item_id) is not None, 5,
+                   message="the held D2 to land")
+        assert queue.cancel(item_id) is False
+        assert queue._protocol.read("work", item_id) is None
+        assert lock_of(queue, item_id) is None
+        assert "requeued_as" in (queue._protocol.read(FAILED, item_id).value or "")
+        got = queue.claim(timeout=5)
+        assert got is not None and (got.id, got.payload) == (requeued, "delayed")
+        got.complete()
+        assert queue.claim(timeout=0.5) is None
+
+
 # -- the command line -----------------------------------------------------------------------
 
 def etcdq(etcd_url: str, *args: str) -> "subprocess.CompletedProcess[str]":
