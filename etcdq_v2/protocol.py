@@ -73,7 +73,9 @@ complete / dead-letter (``kind`` = completed or failed)
         (the value F1 wrote, less "o").  "Already exists" with our claim
         token is a resent PUT or a claimer that finished our item for us
         (below): fine.  "Already exists", then gone when read back (it
-        expired, or was purged): F2 again (bounded).
+        expired, or was purged): F2 again (bounded) if the item is still in
+        work/ at F1's index; an item gone too (purged with its record, or
+        finished by another claimer) is not recorded again.
     F3. compareAndDelete ``work/<id>`` prevIndex=<F1's index>.
     F4. compareAndDelete ``locks/<id>`` prevValue=<our lock>.  F3 and F4 are
         independent and are sent together.
@@ -606,7 +608,7 @@ class Protocol:
         """F2-F4 for an item whose F1 applied: by its finisher, or by a claimer after a crash."""
         item = Item.decode(entry.value)
         assert item.outcome is not None
-        self._record(item_id, item, Record.decode(entry.value).encode())
+        self._record(item_id, item, Record.decode(entry.value).encode(), entry.index)
         deletes: List[Tuple[str, Dict[str, Any]]] = [
             (self.layout.key("work", item_id), {"prevIndex": entry.index})]
         if lock is not None:
@@ -626,12 +628,14 @@ class Protocol:
         ttl = self.record_ttls[item.outcome]
         return max(ttl, TOMBSTONE_TTL) if ttl is not None and item.requeued else ttl
 
-    def _record(self, item_id: str, item: Item, record: str) -> None:
+    def _record(self, item_id: str, item: Item, record: str, committed: int) -> None:
         """F2: PUT the record prevExist=false; "already exists" is read back.
 
         A record that is gone when read back expired (its TTL) or was purged
-        in between: the item still carries it, so F2 is sent again (a few
-        times: each needs the record to vanish again).
+        in between: if the item is still in work/ at F1's index (``committed``)
+        it still carries the record, so F2 is sent again (a few times: each
+        needs the record to vanish again).  An item gone too was purged with
+        its record, or finished by another claimer: nothing to write.
         """
         assert item.outcome is not None
         key = self.layout.key(item.outcome, item_id)
@@ -642,11 +646,22 @@ class Protocol:
             except AlreadyExists:
                 if self._check_record(item_id, item):
                     return
+            if not self._still_committed(item_id, committed):
+                log.info("the %s record of item %s of %s vanished as it was read back, and "
+                         "so did the item (purged, or finished by another claimer); not "
+                         "writing it again", item.outcome, item_id, self.layout.root,
+                         extra=item_fields(self.layout.name, item_id, item.attempts))
+                return
             log.info("the %s record of item %s of %s vanished as it was read back; "
                      "writing it again", item.outcome, item_id, self.layout.root,
                      extra=item_fields(self.layout.name, item_id, item.attempts))
         raise EtcdRejected(f"{key} kept vanishing as it was written; the item stays in "
                            "work/, committed, until it is removed", code=AlreadyExists.code)
+
+    def _still_committed(self, item_id: str, committed: int) -> bool:
+        """Before F2 is sent again: ``work/<id>`` is still the item F1 wrote."""
+        entry = self.read("work", item_id)
+        return entry is not None and entry.index == committed
 
     def _check_record(self, item_id: str, item: Item) -> bool:
         """F2 found a record: ours (resent, or written by a claimer), one of 0.1.0's,
