@@ -111,8 +111,12 @@ requeue(id)          (a dead letter back to work/)
     Q3. PUT ``work/<m>`` prevExist=false: the new item, with ``"q"`` (its first
         claim runs C3).  No POST can take the name m; a resent or resumed
         requeue computes the same name and gets "already exists".
-    Q4. CAS ``failed/<id>`` into a tombstone with a week's TTL, so that a late
-        F2 finds the key taken.  Q5. Drop the lock.
+    Q4. CAS ``failed/<id>`` (on Q1's index) into a tombstone with a week's
+        TTL, so that a late F2 finds the key taken.  "Not found" (the dead
+        letter expired, or was purged): create the tombstone, prevExist=false.
+        A late F2 that took the key first (the same claim token) is turned
+        into the tombstone; anything else there is left, with a warning.
+        Q5. Drop the lock.
 
 cancel(id)           (a pending item to failed/, reason "cancelled")
     K1. PUT ``locks/<id>`` prevExist=false, ttl=lock_ttl: a delay lock ("d") with a
@@ -788,9 +792,7 @@ class Protocol:
             new_id = f"{index:020d}"  # Q1's own index: no POST can ever take this name
             raw = Item(record.payload, token, requeued=True).encode()
             new_index = self._create_item(new_id, raw)
-            with contextlib.suppress(CompareFailed, KeyMissing):  # Q4
-                self.etcd.put(self.layout.key(FAILED, item_id), tombstone(new_id),
-                              ttl=TOMBSTONE_TTL, prev_index=index)
+            self._bury(item_id, new_id, record, index)  # Q4
             return new_id, new_index, raw
         finally:
             self._drop_lock(item_id, lock)
@@ -813,6 +815,47 @@ class Protocol:
                                  prev_exist=False).written_index
         except AlreadyExists:
             return 0
+
+    def _bury(self, item_id: str, new_id: str, record: Record, index: int) -> None:
+        """Q4: ``failed/<id>`` becomes a tombstone, so that a late F2 finds the key taken.
+
+        A CAS on Q1's index.  "Not found": the dead letter expired (failed_ttl)
+        or was purged since Q1: create the tombstone (prevExist=false).  A key
+        that is neither our tombstone nor the dead letter we marked is read:
+        a late copy of this dead letter's F2 (the same claim token) landed on
+        the free key first, and is turned into the tombstone on its index;
+        anything else (junk, another claim's dead letter) is left, with a
+        warning.  Only late writes change the key: we hold its lock.
+        """
+        key, buried = self.layout.key(FAILED, item_id), tombstone(new_id)
+        for _ in range(5):
+            condition: Dict[str, Any] = ({"prev_index": index} if index
+                                         else {"prev_exist": False})
+            try:
+                self.etcd.put(key, buried, ttl=TOMBSTONE_TTL, **condition)
+                return
+            except (CompareFailed, KeyMissing, AlreadyExists):
+                pass
+            entry = self.read(FAILED, item_id)
+            if entry is None:
+                index = 0  # expired or purged since: create it
+            elif entry.value == buried:
+                return  # a resent request of ours applied
+            elif self._late_copy(entry, record):
+                index = entry.index
+            else:
+                break
+        log.warning("dead letter %s of %s was requeued as %s, but %s holds something else "
+                    "now (junk, or another claim's dead letter); left as it is", item_id,
+                    self.layout.root, new_id, key, extra=item_fields(self.layout.name, item_id))
+
+    @staticmethod
+    def _late_copy(entry: Entry, record: Record) -> bool:
+        """``entry`` is the dead letter ``record`` again (a late F2: the same claim)."""
+        try:
+            return Record.decode(entry.value).claim == record.claim
+        except Junk:
+            return False
 
     def _lock_dead_letter(self, item_id: str) -> Lock:
         """Q0: the lock of ``locks/<id>``, so that one requeue at a time works on it.
