@@ -131,11 +131,16 @@ cancel(id)           (a pending item to failed/, reason "cancelled")
         any error (Unavailable) a delay lock we took over is left to expire,
         never dropped: the item it held back (or a delayed put's item, yet to
         come) is not claimable before its time.
+    K2'. Read ``locks/<id>`` (quorum): still the lock K1 wrote (its index and
+        value)?  Else it lapsed (we stalled past lock_ttl) and a claim may hold
+        the item, handed out before K2 read it: drop ours, start again at K1
+        (bounded; then False).
     K3. F1 on K2's index: the dead letter (attempts unchanged, "o": failed) into
-        the item.  "Compare failed": read it again; an outcome (another cancel's
-        K3) or a new claim token (a claim's C2 held in flight past its lock)
-        -> drop our lock, False; neither, our lock still ours (a release's R0
-        held past its lock: a-1, the token kept) -> K2, K3 again (bounded).
+        the item.  A claim after K2' changes that index, so K3 fails.  "Compare
+        failed": read it again; an outcome (another cancel's K3) or a new claim
+        token (a claim's C2 held in flight past its lock) -> drop our lock,
+        False; neither (a release's R0 held past its lock: a-1, the token
+        kept) -> K2, K2', K3 again (bounded).
     K4. F2-F4 with our lock.
     Crash after K1: the lock expires (a delay lock taken over no sooner than it
     would have), the item is pending again.  Crash after K3: the item carries
@@ -906,40 +911,57 @@ class Protocol:
     def cancel(self, item_id: str) -> bool:
         """K1-K4: dead-letter a pending item as cancelled; False if it is running or finished.
 
-        Raises NotFound for an item that is neither in work/ nor recorded.
+        Raises NotFound for an item that is neither in work/ nor recorded.  A
+        cancel whose lock lapsed before K3 (it stalled past lock_ttl) starts
+        again at K1 (a few times), since a claim may hold the item now.
         """
         check_item_id(item_id)
-        taken = self._cancel_lock(item_id)  # K1
-        if taken is None:
-            return False
-        lock, took_over = taken
-        try:
-            cancelled = self._cancel_pending(item_id, lock)  # K2-K4
-        except BaseException:
-            # A delay lock we took over is left to expire, no sooner than it would
-            # have: dropping it would make a delayed (or released, or backed-off)
-            # item claimable early, or a delayed put's item not created yet.
-            if not took_over:
+        for _ in range(3):
+            taken = self._cancel_lock(item_id)  # K1
+            if taken is None:
+                return False
+            lock, took_over, locked_at = taken
+            try:
+                cancelled = self._cancel_pending(item_id, lock, locked_at)  # K2-K4
+            except BaseException:
+                # A delay lock we took over is left to expire, no sooner than it would
+                # have: dropping it would make a delayed (or released, or backed-off)
+                # item claimable early, or a delayed put's item not created yet.
+                if not took_over:
+                    self._let_go(item_id, lock)
+                raise
+            if not cancelled:
                 self._let_go(item_id, lock)
-            raise
-        if not cancelled:
-            self._let_go(item_id, lock)
-        return cancelled
+            if cancelled is not None:
+                return cancelled
+            log.info("the cancel of item %s of %s lost its lock before committing (it "
+                     "stalled past lock_ttl); starting again", item_id, self.layout.root,
+                     extra=item_fields(self.layout.name, item_id))
+        return False
 
-    def _cancel_pending(self, item_id: str, lock: Lock) -> bool:
-        """K2-K4 under our lock: True once committed; False if the item is finished,
-        or a claim took it after K2 (a claim's C2 held in flight past its lock).
+    def _cancel_pending(self, item_id: str, lock: Lock, locked_at: int) -> Optional[bool]:
+        """K2-K4 under our lock, made at index ``locked_at`` (K1): True once
+        committed; False if the item is finished, or a claim took it after K2
+        (a claim's C2 held in flight past its lock); None if our lock lapsed.
+
+        After each K2 the lock must still be the one K1 made (its index and
+        value): else it expired meanwhile and a claim may have taken the item
+        the ordinary way (C1, C2, handed out) before K2 read it, and K3 on that
+        index would apply over a live claim.  A claim after this check changes
+        the item's index, so K3 fails.
 
         K3 also fails when a release's R0, held in flight past its claim's lock,
         lands after K2: it writes a-1 and keeps the claim token.  So a failed K3
-        reads the item again: no outcome, the claim token K2 saw, and our lock
-        still ours -> K2 and K3 again (a few times: each retry needs another
-        held write to land).
+        reads the item again: no outcome, the claim token K2 saw -> K2, the lock
+        check and K3 again (a few times: each retry needs another held write to
+        land).
         """
         for _ in range(5):
             state = self._pending_item(item_id, lock)  # K2
             if state is None:
                 return False
+            if not self._still_held(item_id, lock, locked_at):
+                return None
             try:
                 self.finish(state, FAILED, reason=CANCELLED)  # K3 (F1), K4 (F2-F4)
                 return True
@@ -948,23 +970,29 @@ class Protocol:
                     return False
         return False
 
+    def _still_held(self, item_id: str, lock: Lock, locked_at: int) -> bool:
+        """After K2: ``locks/<id>`` is still the lock K1 wrote at ``locked_at``
+        (a lock re-created by a late copy of K1 has our value, not that index)."""
+        entry = self.read("locks", item_id)
+        return entry is not None and entry.index == locked_at and entry.value == lock.encode()
+
     def _unclaimed_since(self, state: ClaimState) -> bool:
-        """After a failed K3: the item has no outcome, the claim token K2 saw, and
-        our lock is still ours, so no claim or cancel took it since K2."""
+        """After a failed K3: the item has no outcome and the claim token K2 saw,
+        so no claim or cancel took it since K2 (the next K2 checks our lock)."""
         entry = self.read("work", state.id)
         try:
             item = Item.decode(entry.value) if entry else None
         except Junk:
             return False
-        return (item is not None and item.outcome is None and item.claim == state.item.claim
-                and self._lock_value(state.id) == state.lock.encode())
+        return item is not None and item.outcome is None and item.claim == state.item.claim
 
     def _let_go(self, item_id: str, lock: Lock) -> None:
         with contextlib.suppress(EtcdqError):  # else it simply expires
             self._drop_lock(item_id, lock)
 
-    def _cancel_lock(self, item_id: str) -> Optional[Tuple[Lock, bool]]:
-        """K1: (our lock, whether it took over a delay lock), or None: a claim holds it.
+    def _cancel_lock(self, item_id: str) -> Optional[Tuple[Lock, bool, int]]:
+        """K1: (our lock, whether it took over a delay lock, the index it was written
+        at), or None: a claim holds it.
 
         Our lock is a delay lock (``"d"``): it holds the item back without
         running it, so stats and ls keep calling the item pending.  A delay
@@ -975,8 +1003,7 @@ class Protocol:
         lock = Lock(self.node_id, new_token(), delay=True)
         for _ in range(5):
             try:
-                self._create_lock(item_id, lock, self.lock_ttl)
-                return lock, False
+                return lock, False, self._create_lock(item_id, lock, self.lock_ttl)
             except Taken:
                 pass
             held = self._read_node("locks", item_id)
@@ -987,21 +1014,23 @@ class Protocol:
                     return None
             except Junk:
                 return None  # a lock we cannot read counts as held
-            if self._take_over(item_id, held, lock):
-                return lock, True
+            locked_at = self._take_over(item_id, held, lock)
+            if locked_at:
+                return lock, True, locked_at
         return None
 
-    def _take_over(self, item_id: str, held: Node, lock: Lock) -> bool:
-        """K1 on a delay lock: CAS it into ours, ttl = max(lock_ttl, its time left)."""
+    def _take_over(self, item_id: str, held: Node, lock: Lock) -> int:
+        """K1 on a delay lock: CAS it into ours, ttl = max(lock_ttl, its time left);
+        the index of that write, 0 if the lock changed or went meanwhile."""
         ttl = max(self.lock_ttl, int(held.get("ttl") or 0))
         try:
-            self.etcd.put(self.layout.key("locks", item_id), lock.encode(), ttl=ttl,
-                          prev_value=held.get("value"))
-            return True
+            return self.etcd.put(self.layout.key("locks", item_id), lock.encode(), ttl=ttl,
+                                 prev_value=held.get("value")).written_index
         except KeyMissing:
-            return False
+            return 0
         except CompareFailed as exc:  # changed, unless it was our own resent CAS
-            return exc.retried and self._lock_value(item_id) == lock.encode()
+            entry = self.read("locks", item_id) if exc.retried else None
+            return entry.index if entry and entry.value == lock.encode() else 0
 
     def _pending_item(self, item_id: str, lock: Lock) -> Optional[ClaimState]:
         """K2: the item as read now (quorum), to be committed on that index (K3).

@@ -398,6 +398,66 @@ def test_a_cancel_held_in_flight_loses_to_the_claim_that_took_the_item(
         assert (info.state, info.result) == (COMPLETED, "ran")
 
 
+#: A read of one item (a cancel's K2).
+WORK_READ = re.compile(rb"^GET /v2/keys/\S+/work/\d{20}", re.MULTILINE)
+
+
+def ready(queue: Queue) -> Queue:
+    assert queue.claim(timeout=0) is None  # its view is listed and followed
+    return queue
+
+
+def test_a_cancel_stalled_past_its_lock_after_k1_returns_false_to_a_claim_that_took_the_item(
+        proxy: FaultProxy, etcd_url: str, queue_name: str, queue: Queue) -> None:
+    """K1 creates the cancel's lock; the canceller then stalls (its K2 read held) past
+    lock_ttl.  Its lock expires, and a claim takes the item the ordinary way: its own
+    lock, C2, handed out, refreshed.  The cancel resumes: K2 reads the item as the
+    claim left it (no outcome).  K2' finds the lock is no longer the one K1 wrote, so
+    the cancel starts again at K1, finds the claim's lock: False.  (K3 on K2's index
+    used to apply: cancel() returned True while a claim with a live lock ran it.)"""
+    with Queue(connect(proxy.url, timeout=8, deadline=20), queue_name,
+               lock_ttl=2) as canceller, \
+            ready(Queue(etcd_url, queue_name, lock_ttl=2, max_attempts=None)) as claimer:
+        item_id = queue.put("cancel me, or run me: not both")
+        wait_until(lambda: knows(claimer, item_id), 5, message="the claimer's view to see it")
+        proxy.hold("up", match=WORK_READ)
+        thread, outcome = in_background(lambda: canceller.cancel(item_id))
+        wait_until(lambda: WORK_READ.search(proxy.held()), 5, message="the cancel's K2 held")
+        held = lock_of(queue, item_id)
+        assert held is not None and held.delay  # K1 applied: the cancel's lock
+        claim = claimer.claim(timeout=8)  # once the cancel's lock expired
+        assert claim is not None and claim.id == item_id
+        claim.refresh()
+        proxy.release()
+        thread.join(20)
+        assert outcome == {"returned": False}, (
+            f"cancel() gave {outcome} while a claim with a live lock held the item, "
+            f"now {queue.get(item_id).state}/{queue.get(item_id).reason}")
+        claim.refresh()  # still the claim's lock
+        claim.complete("ran")
+        info = queue.get(item_id)
+        assert (info.state, info.result) == (COMPLETED, "ran")
+
+
+def test_a_cancel_stalled_past_its_lock_after_k1_starts_again_and_cancels_an_untouched_item(
+        proxy: FaultProxy, queue_name: str, queue: Queue) -> None:
+    """The same stall with nobody claiming the item: K2' finds the lock K1 wrote gone
+    (expired), and the cancel starts again at K1 rather than call a pending item
+    running: True."""
+    with Queue(connect(proxy.url, timeout=8, deadline=20), queue_name,
+               lock_ttl=2) as canceller:
+        item_id = queue.put("cancel me late")
+        proxy.hold("up", match=WORK_READ)
+        thread, outcome = in_background(lambda: canceller.cancel(item_id))
+        wait_until(lambda: WORK_READ.search(proxy.held()), 5, message="the cancel's K2 held")
+        wait_until(lambda: lock_of(queue, item_id) is None, 8,
+                   message="the cancel's lock to expire")
+        proxy.release()
+        thread.join(20)
+        assert outcome == {"returned": True}, outcome
+        assert_cancelled(queue, item_id, "cancel me late")
+
+
 @pytest.mark.parametrize("end", ["complete", "fail", "release"])
 def test_a_handler_whose_lock_expired_may_run_on_after_a_cancel_but_its_outcome_is_refused(
         queue: Queue, other: Queue, end: str) -> None:
