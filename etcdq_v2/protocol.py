@@ -47,10 +47,13 @@ claim(id)            (the caller picked ``id`` from its view of work/ and locks/
         An item carrying an outcome (``o``, its finisher crashed after F1) is
         finished instead (F2-F4), before C2.
         If ``a`` >= max_attempts, dead-letter the item (F1-F4) instead.
-        Past lock_ttl/2 since C1 was sent (a slow C2 reply, a stall), confirm
-        the lock (refresh, or retake while the item carries our token); lost
-        -> hand nothing out (a cancel may have committed).  Within lock_ttl/2
-        the lock is ours: etcd expires it no sooner than lock_ttl after C1.
+        Past lock_ttl/2 since C1 was sent (a slow C2 reply, a stall), refresh the lock on our value:
+        its createdIndex must be C1's.  A lock that lapsed (re-created by a late
+        copy of C1, or expired: created again) -> CAS the item, unchanged, on
+        our C2 index (a cancel between its K2 and K3 then fails K3).  Another's
+        lock, or that CAS failing -> hand nothing out: Taken while the item is
+        in work/ without "o", else Gone.  Within lock_ttl/2 the lock is ours:
+        etcd expires it no sooner than lock_ttl after C1.
         Only now is the claim handed out.
     Crash after C1: the lock expires, the item is free again, nothing counted.
     Crash after C2: the lock expires, the next claim counts attempt a+2 (a
@@ -218,6 +221,17 @@ class ClaimState:
     item: Item
     index: int          # work/<id>'s modifiedIndex after our C2
     confirmed: float    # time.monotonic() before the request that last proved the lock ours
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A claim's lock as C1 left it: the lock, the index C1 created it at, and
+    when C1 was sent (time.monotonic(), for the heartbeat and for C3)."""
+
+    lock: Lock
+    index: int
+    sent: float
+    since: float
 
 
 @dataclass
@@ -395,10 +409,10 @@ class Protocol:
         caller skips it).
         """
         lock = Lock(self.node_id, new_token())
-        started = time.monotonic()
+        started = since = time.monotonic()
         locked = self._create_lock(item_id, lock, self.lock_ttl)
         try:
-            state = self._take_item(item_id, (lock, locked, started), index, raw)
+            state = self._take_item(item_id, _Held(lock, locked, started, since), index, raw)
         except BaseException:
             with contextlib.suppress(EtcdqError):  # else the lock simply expires
                 self._drop_lock(item_id, lock)
@@ -419,7 +433,7 @@ class Protocol:
                 raise Taken(exc.index or 0) from None
             return entry.index
 
-    def _take_item(self, item_id: str, held: Tuple[Lock, int, float], index: int,
+    def _take_item(self, item_id: str, held: _Held, index: int,
                    raw: Optional[str]) -> Optional[ClaimState]:
         """C2, then C3 on the item as C2 found it (fresh, unlike the view).
 
@@ -428,7 +442,7 @@ class Protocol:
         lock after us: ours expired before our C2 could apply (it was held in
         flight), so the item is theirs, however stale our view looked.
         """
-        lock, locked_at, sent = held
+        lock, locked_at, sent = held.lock, held.index, held.sent
         for _ in range(5):
             if raw is None:
                 entry = self.read("work", item_id)
@@ -439,7 +453,7 @@ class Protocol:
             if item.outcome:  # its finisher committed F1 and stopped: finish for it
                 self._finish_for(item_id, Entry(item_id, index, raw))
             if item.claim == lock.token:  # our C2 applied; its reply was lost
-                return self._checked(ClaimState(item_id, lock, item, index, sent))
+                return self._checked(ClaimState(item_id, lock, item, index, sent), held)
             if index > locked_at:
                 raise Taken(index)
             claimed = replace(item, attempts=item.attempts + 1, claim=lock.token)
@@ -452,7 +466,7 @@ class Protocol:
             except KeyMissing:
                 raise Gone(item_id) from None
             state = ClaimState(item_id, lock, claimed, reply.written_index, sent)
-            return self._checked(state)
+            return self._checked(state, held)
         return None
 
     def _finish_for(self, item_id: str, entry: Entry) -> None:
@@ -463,7 +477,7 @@ class Protocol:
             raise Junk(str(exc)) from None
         raise Gone(item_id)
 
-    def _checked(self, state: ClaimState) -> ClaimState:
+    def _checked(self, state: ClaimState, held: _Held) -> ClaimState:
         """C3: hand out the claim unless the item is finished or out of attempts,
         or the lock is no longer ours."""
         before = state.item.attempts - 1
@@ -473,24 +487,79 @@ class Protocol:
             with contextlib.suppress(LockLost):  # another claim took it meanwhile
                 self._abandon(state, before)
             raise Gone(state.id)
-        self._still_locked(state)
+        if time.monotonic() - held.since > self.lock_ttl / 2:
+            self._still_locked(state, held.index)
         return state
 
-    def _still_locked(self, state: ClaimState) -> None:
-        """C3's last check: past half a lock TTL since C1 was sent, confirm the lock.
+    def _still_locked(self, state: ClaimState, locked_at: int) -> None:
+        """C3's last check, past half a lock TTL since C1 was sent: is the lock
+        still the one C1 created at ``locked_at``?
 
         etcd cannot expire our lock sooner than ``lock_ttl`` after C1 was sent
         (C1 applied after that, and TTLs round up), so within half of it the
         lock is ours.  Later (C2's reply was held, the process stalled) it may
-        have expired and a cancel taken the item (K1-K3): confirm it (refresh,
-        or retake while the item carries our claim token), else Gone.
+        have lapsed, and a cancel may have taken the item meanwhile (K1-K3).
+        A refresh on our value proves little: a late copy of C1 can re-create
+        the lock with our value after a cancel removed the item.  The lock's
+        ``createdIndex`` does: the same as C1's, it never lapsed, so no cancel
+        or claim took the lock since.  Otherwise (re-created, or expired: then
+        retaken) the item is fenced again (:meth:`_refence`), since a cancel
+        may be between its K2 and K3.  Not ours: Gone if the item left work/ or
+        is committed, else Taken (it is live: the view frees it when that lock
+        goes).
         """
-        if time.monotonic() - state.confirmed <= self.lock_ttl / 2:
-            return
+        started = time.monotonic()
+        key = self.layout.key("locks", state.id)
         try:
-            self.confirm(state)
-        except LockLost:
-            raise Gone(state.id) from None
+            reply = self.etcd.put(key, ttl=self.lock_ttl, refresh=True, prev_exist=True,
+                                  prev_value=state.lock.encode())
+            lapsed = reply.node.get("createdIndex") != locked_at
+        except CompareFailed as exc:
+            raise self._not_ours(state, exc.index or 0) from None
+        except KeyMissing:
+            try:
+                self._create_lock(state.id, state.lock, self.lock_ttl)
+            except Taken as exc:
+                raise self._not_ours(state, exc.index) from None
+            lapsed = True
+        if lapsed:
+            self._refence(state)
+        state.confirmed = started
+
+    def _refence(self, state: ClaimState) -> None:
+        """C3 on a lock that lapsed since C1, now ours again: CAS the item, unchanged,
+        on our C2 index.  A cancel that read that index (K2) while our lock was
+        gone then fails its K3, and one that committed makes this fail."""
+        try:
+            reply = self.etcd.put(self.layout.key("work", state.id), state.item.encode(),
+                                  prev_index=state.index)
+            state.index = reply.written_index
+            return
+        except (CompareFailed, KeyMissing) as exc:
+            index = exc.index or 0
+        entry = self.read("work", state.id)  # only our own writes keep our claim token
+        if entry is not None and self._ours_unfinished(entry, state):
+            state.index = entry.index  # our resent CAS applied
+            return
+        raise self._not_ours(state, index)
+
+    @staticmethod
+    def _ours_unfinished(entry: Entry, state: ClaimState) -> bool:
+        try:
+            item = Item.decode(entry.value)
+        except Junk:
+            return False
+        return item.claim == state.lock.token and not item.outcome
+
+    def _not_ours(self, state: ClaimState, index: int) -> Exception:
+        """C3 lost the lock: Gone if the item left work/ or is finished (or junk),
+        else Taken at ``index``: it is live, free once the lock we found goes."""
+        entry = self.read("work", state.id)
+        try:
+            live = entry is not None and not Item.decode(entry.value).outcome
+        except Junk:
+            live = False
+        return Taken(index) if live else Gone(state.id)
 
     def _finished_before(self, state: ClaimState) -> bool:
         """A record without a committed item: written by 0.1.0, whose F2 was the

@@ -458,6 +458,91 @@ def test_a_cancel_stalled_past_its_lock_after_k1_starts_again_and_cancels_an_unt
         assert_cancelled(queue, item_id, "cancel me late")
 
 
+#: A claim's C1 (or a cancel's K1): the PUT of a lock.
+LOCK_PUT = re.compile(rb"^PUT /v2/keys/\S+/locks/\d{20}", re.MULTILINE)
+
+
+def test_a_claim_whose_lock_a_late_copy_of_its_c1_recreated_after_a_cancel_is_not_handed_out(
+        proxy_factory: Callable[[str], FaultProxy], etcd_url: str, queue_name: str,
+        queue: Queue) -> None:
+    """Two endpoints (A, B) to one etcd.  The claimer's C1 to A is held; the transport
+    sends it again to B, where it applies.  C2 applies too, its reply held.  The
+    lock expires; a cancel runs K1-K4 (True: item and lock removed).  A's held C1
+    then lands on the free key: the claimer's lock again, with its value.  C2's
+    reply arrives past half a TTL: C3's refresh on our value succeeds, but the
+    lock's createdIndex is not C1's: it lapsed.  The item is fenced again (a CAS on
+    our C2 index), which finds it gone: nothing is handed out.  (The refresh alone
+    used to hand out the claim of a cancelled item.)"""
+    a, b = proxy_factory(etcd_url), proxy_factory(etcd_url)
+    with ready(Queue(connect([a.url, b.url], timeout=6, deadline=30), queue_name,
+                     lock_ttl=2, max_attempts=None)) as claimer:
+        item_id = queue.put("cancelled, then handed out")
+        wait_until(lambda: knows(claimer, item_id), 5, message="the claimer's view to see it")
+        a.hold("up", match=LOCK_PUT)
+        b.hold("down", match=CAS_REPLY)
+        thread, outcome = in_background(lambda: claimer.claim(timeout=0))
+        wait_until(lambda: LOCK_PUT.search(a.held()), 5, message="C1 held on A")
+        wait_until(lambda: CAS_REPLY.search(b.held("down")), 10,
+                   message="C1 sent again to B, applied; C2 applied, its reply held")
+        wait_until(lambda: lock_of(queue, item_id) is None, 8,
+                   message="the claim's lock to expire")
+        wait_until(lambda: queue.cancel(item_id), 5, interval=0.2, message="the cancel")
+        assert queue.get(item_id).reason == CANCELLED
+        a.release()  # the held C1 lands: the claimer's lock, again
+        wait_until(lambda: lock_of(queue, item_id) is not None, 5,
+                   message="the held C1 to land")
+        b.release()
+        thread.join(20)
+        handed = outcome.get("returned")
+        if isinstance(handed, Claim):
+            handed.abandon()
+        assert outcome == {"returned": None}, (
+            f"cancel() returned True, then the claim was handed out: {outcome}")
+        assert_cancelled(queue, item_id, "cancelled, then handed out", attempts=1)
+
+
+def test_a_claim_retaking_its_lapsed_lock_at_c3_fences_out_a_cancel_between_k2_and_k3(
+        proxy_factory: Callable[[str], FaultProxy], etcd_url: str, queue_name: str,
+        queue: Queue) -> None:
+    """A claim's C2 applies, its reply held past its lock's TTL.  A cancel takes the
+    free lock (K1), reads the item claimed but unfinished (K2), finds its lock its
+    own (K2'), and its K3 is held past the cancel's lock's TTL too.  The claim's C2
+    reply arrives: C3 finds no lock, retakes it (the item still carries its token)
+    and, since its lock lapsed, fences the item again (a CAS on its C2 index) before
+    the hand-out.  The cancel's K3 then lands on the old index: it fails, and the
+    cancel, its own lock gone, starts again and finds the claim's: False.  (A retake
+    alone let K3 apply: cancel() True over a claim handed out after it.)"""
+    c_proxy, k_proxy = proxy_factory(etcd_url), proxy_factory(etcd_url)
+    with ready(Queue(connect(c_proxy.url, timeout=8, deadline=20), queue_name, lock_ttl=2,
+                     max_attempts=None)) as claimer, \
+            Queue(connect(k_proxy.url, timeout=8, deadline=20), queue_name,
+                  lock_ttl=2) as canceller:
+        item_id = queue.put("run me")
+        wait_until(lambda: knows(claimer, item_id), 5, message="the claimer's view to see it")
+        c_proxy.hold("down", match=CAS_REPLY)
+        c_thread, claimed = in_background(lambda: claimer.claim(timeout=0))
+        wait_until(lambda: CAS_REPLY.search(c_proxy.held("down")), 5,
+                   message="the claim's C2 reply held")
+        wait_until(lambda: lock_of(queue, item_id) is None, 8,
+                   message="the claim's lock to expire")
+        k_proxy.hold("up", match=ITEM_CAS)
+        k_thread, cancelled = in_background(lambda: canceller.cancel(item_id))
+        wait_until(lambda: ITEM_CAS.search(k_proxy.held()), 5, message="the cancel's K3 held")
+        wait_until(lambda: lock_of(queue, item_id) is None, 8,
+                   message="the cancel's lock to expire")
+        c_proxy.release()
+        c_thread.join(20)
+        claim = claimed.get("returned")
+        assert isinstance(claim, Claim) and claim.id == item_id, claimed
+        k_proxy.release()
+        k_thread.join(20)
+        assert cancelled == {"returned": False}, (
+            f"cancel() gave {cancelled} after the claim was handed out")
+        claim.complete("ran")
+        info = queue.get(item_id)
+        assert (info.state, info.result) == (COMPLETED, "ran")
+
+
 @pytest.mark.parametrize("end", ["complete", "fail", "release"])
 def test_a_handler_whose_lock_expired_may_run_on_after_a_cancel_but_its_outcome_is_refused(
         queue: Queue, other: Queue, end: str) -> None:
