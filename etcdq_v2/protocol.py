@@ -47,7 +47,8 @@ claim(id)            (the caller picked ``id`` from its view of work/ and locks/
         An item carrying an outcome (``o``, its finisher crashed after F1) is
         finished instead (F2-F4), before C2.
         If ``a`` >= max_attempts, dead-letter the item (F1-F4) instead.
-        Past lock_ttl/2 since C1 was sent (a slow C2 reply, a stall), refresh the lock on our value:
+        Past lock_ttl/2 since C1 was sent (a slow C2 reply, a stall; a clock
+        that runs while the host is suspended), refresh the lock on our value:
         its createdIndex must be C1's.  A lock that lapsed (re-created by a late
         copy of C1, or expired: created again) -> CAS the item, unchanged, on
         our C2 index (a cancel between its K2 and K3 then fails K3).  Another's
@@ -200,6 +201,18 @@ MAX_TTL = 2**31 - 1
 TOMBSTONE_TTL = 7 * 24 * 3600
 
 
+_BOOTTIME: Optional[int] = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def boot_clock() -> float:
+    """Seconds on a clock that also runs while the host is suspended: Linux's
+    CLOCK_BOOTTIME (time.monotonic() stops then, etcd's clock does not), else
+    time.monotonic().  For C3's "within half a lock TTL of C1" check."""
+    if _BOOTTIME is not None:
+        return time.clock_gettime(_BOOTTIME)
+    return time.monotonic()
+
+
 class Gone(Exception):
     """The item a claim tried is no longer in work/, or is finished. Internal."""
 
@@ -226,7 +239,7 @@ class ClaimState:
 @dataclass(frozen=True)
 class _Held:
     """A claim's lock as C1 left it: the lock, the index C1 created it at, and
-    when C1 was sent (time.monotonic(), for the heartbeat and for C3)."""
+    when C1 was sent (time.monotonic(), and boot_clock() for C3)."""
 
     lock: Lock
     index: int
@@ -409,7 +422,7 @@ class Protocol:
         caller skips it).
         """
         lock = Lock(self.node_id, new_token())
-        started = since = time.monotonic()
+        started, since = time.monotonic(), boot_clock()
         locked = self._create_lock(item_id, lock, self.lock_ttl)
         try:
             state = self._take_item(item_id, _Held(lock, locked, started, since), index, raw)
@@ -487,7 +500,7 @@ class Protocol:
             with contextlib.suppress(LockLost):  # another claim took it meanwhile
                 self._abandon(state, before)
             raise Gone(state.id)
-        if time.monotonic() - held.since > self.lock_ttl / 2:
+        if boot_clock() - held.since > self.lock_ttl / 2:
             self._still_locked(state, held.index)
         return state
 
