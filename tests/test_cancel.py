@@ -354,9 +354,10 @@ def test_a_claim_whose_c2_reply_came_after_its_lock_expired_is_not_handed_out_on
 
 def test_a_claim_whose_c2_reply_came_after_its_lock_expired_retakes_the_lock(
         proxy: FaultProxy, queue_name: str, queue: Queue) -> None:
-    """The same held C2 reply, with nobody touching the item meanwhile: the item
-    still carries the claim's token, so C3 takes the expired lock again and hands
-    the claim out holding it (the handler never runs without its lock)."""
+    """The same held C2 reply, with nobody touching the item meanwhile: C3 takes the
+    expired lock again, fences the item again (a CAS on its C2 index: the claim's
+    index moves on) and hands the claim out holding it (the handler never runs
+    without its lock)."""
     with Queue(connect(proxy.url, timeout=8, deadline=20), queue_name, lock_ttl=2,
                max_attempts=None) as claimer:
         assert claimer.claim(timeout=0) is None
@@ -373,6 +374,7 @@ def test_a_claim_whose_c2_reply_came_after_its_lock_expired_retakes_the_lock(
         claim = outcome.get("returned")
         assert isinstance(claim, Claim) and claim.id == item_id, outcome
         assert lock_of(queue, item_id) == claim._state.lock
+        assert queue._protocol.read("work", item_id).index == claim._state.index
         claim.complete("ran")
         assert queue.get(item_id).state == COMPLETED
 
