@@ -6,6 +6,13 @@ payload is stored as ``"p": <JSON value>`` or, for ``bytes``, as
 
 Short field names keep listings small: a claim downloads no listing, but a
 consumer's first view of the queue does (etcd has no keys-only listing).
+
+A payload (or a result) may nest lists and objects :data:`MAX_DEPTH` levels
+deep at most.  json.loads recurses once per level, so a value that a producer
+encoded at a shallow stack could fail to decode deeper in a claimer's stack
+(RecursionError, ~950 levels): every claimer meeting it would die.  Deeper
+payloads are refused at put (InvalidPayload), and a stored value too deep to
+decode is junk.
 """
 from __future__ import annotations
 
@@ -21,6 +28,8 @@ from typing import Any, Dict, Iterator, Optional
 from .errors import InvalidPayload, PayloadTooLarge
 
 DEFAULT_MAX_PAYLOAD = 1 << 20
+#: How deep a payload or result may nest lists and objects (``[[1]]`` is 2).
+MAX_DEPTH = 100
 #: The record kinds, which are also the outcomes a fenced commit writes into an item.
 OUTCOMES = ("completed", "failed")
 
@@ -39,21 +48,43 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan
 
 
 def dumps(doc: Dict[str, Any]) -> str:
-    """Compact JSON; raises InvalidPayload for what JSON or UTF-8 can't carry."""
+    """Compact JSON; raises InvalidPayload for what JSON or UTF-8 can't carry,
+    and for a payload (or result) in ``doc`` nested deeper than MAX_DEPTH."""
     try:
         text = _ENCODER.encode(doc)
         text.encode("utf-8")
-    except (TypeError, ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise InvalidPayload(f"payload is nested more than {MAX_DEPTH} levels deep") from None
+    except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
+    # Fewer brackets than levels allowed cannot nest too deep: most values
+    # are never walked.  ``doc`` itself is one level more than its fields.
+    if text.count("[") + text.count("{") > MAX_DEPTH + 1 and _depth(doc) > MAX_DEPTH + 1:
+        raise InvalidPayload(f"payload is nested more than {MAX_DEPTH} levels deep "
+                             "(lists and objects), which a consumer might fail to decode")
     return text
 
 
+def _depth(value: Any) -> int:
+    """How deep ``value`` nests lists, tuples and dicts (no recursion: any depth)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, (dict, list, tuple)):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1)
+                         for child in (node.values() if isinstance(node, dict) else node)
+                         if isinstance(child, (dict, list, tuple)))
+    return deepest
+
+
 def loads(raw: Optional[str]) -> Dict[str, Any]:
-    """Decode one of our JSON objects, or raise Junk."""
+    """Decode one of our JSON objects, or raise Junk (also for one nested too
+    deep for this thread's stack: RecursionError must never reach a claimer)."""
     try:
         doc = json.loads(raw or "")
-    except ValueError:
-        raise Junk("not JSON") from None
+    except (ValueError, RecursionError):
+        raise Junk("not JSON, or nested too deep") from None
     if not isinstance(doc, dict):
         raise Junk("not a JSON object")
     return doc

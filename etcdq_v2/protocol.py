@@ -47,10 +47,14 @@ claim(id)            (the caller picked ``id`` from its view of work/ and locks/
         An item carrying an outcome (``o``, its finisher crashed after F1) is
         finished instead (F2-F4), before C2.
         If ``a`` >= max_attempts, dead-letter the item (F1-F4) instead.
-        Past lock_ttl/2 since C1 was sent (a slow C2 reply, a stall), confirm
-        the lock (refresh, or retake while the item carries our token); lost
-        -> hand nothing out (a cancel may have committed).  Within lock_ttl/2
-        the lock is ours: etcd expires it no sooner than lock_ttl after C1.
+        Past lock_ttl/2 since C1 was sent (a slow C2 reply, a stall; a clock
+        that runs while the host is suspended), refresh the lock on our value:
+        its createdIndex must be C1's.  A lock that lapsed (re-created by a late
+        copy of C1, or expired: created again) -> CAS the item, unchanged, on
+        our C2 index (a cancel between its K2 and K3 then fails K3).  Another's
+        lock, or that CAS failing -> hand nothing out: Taken while the item is
+        in work/ without "o", else Gone.  Within lock_ttl/2 the lock is ours:
+        etcd expires it no sooner than lock_ttl after C1.
         Only now is the claim handed out.
     Crash after C1: the lock expires, the item is free again, nothing counted.
     Crash after C2: the lock expires, the next claim counts attempt a+2 (a
@@ -73,7 +77,9 @@ complete / dead-letter (``kind`` = completed or failed)
         (the value F1 wrote, less "o").  "Already exists" with our claim
         token is a resent PUT or a claimer that finished our item for us
         (below): fine.  "Already exists", then gone when read back (it
-        expired, or was purged): F2 again (bounded).
+        expired, or was purged): F2 again (bounded) if the item is still in
+        work/ at F1's index; an item gone too (purged with its record, or
+        finished by another claimer) is not recorded again.
     F3. compareAndDelete ``work/<id>`` prevIndex=<F1's index>.
     F4. compareAndDelete ``locks/<id>`` prevValue=<our lock>.  F3 and F4 are
         independent and are sent together.
@@ -109,8 +115,12 @@ requeue(id)          (a dead letter back to work/)
     Q3. PUT ``work/<m>`` prevExist=false: the new item, with ``"q"`` (its first
         claim runs C3).  No POST can take the name m; a resent or resumed
         requeue computes the same name and gets "already exists".
-    Q4. CAS ``failed/<id>`` into a tombstone with a week's TTL, so that a late
-        F2 finds the key taken.  Q5. Drop the lock.
+    Q4. CAS ``failed/<id>`` (on Q1's index) into a tombstone with a week's
+        TTL, so that a late F2 finds the key taken.  "Not found" (the dead
+        letter expired, or was purged): create the tombstone, prevExist=false.
+        A late F2 that took the key first (the same claim token) is turned
+        into the tombstone; anything else there is left, with a warning.
+        Q5. Drop the lock.
 
 cancel(id)           (a pending item to failed/, reason "cancelled")
     K1. PUT ``locks/<id>`` prevExist=false, ttl=lock_ttl: a delay lock ("d") with a
@@ -118,16 +128,23 @@ cancel(id)           (a pending item to failed/, reason "cancelled")
         delay lock (a release's backoff, a delayed put, a cancel) is taken over
         by CAS on its value with ttl=max(lock_ttl, its ttl left); another lock
         is a claim's -> False.
-    K2. Read ``work/<id>`` (quorum).  Committed ("o") or recorded -> drop our
-        lock, False; neither in work/ nor recorded -> NotFound.  On NotFound or
+    K2. Read ``work/<id>`` (quorum).  Committed ("o") or recorded (as C3: any
+        key in completed/ or failed/, a tombstone too; the item, re-created by
+        a late Q3 or D2, is removed) -> drop our lock, False; neither in work/
+        nor recorded -> NotFound.  On NotFound or
         any error (Unavailable) a delay lock we took over is left to expire,
         never dropped: the item it held back (or a delayed put's item, yet to
         come) is not claimable before its time.
+    K2'. Read ``locks/<id>`` (quorum): still the lock K1 wrote (its index and
+        value)?  Else it lapsed (we stalled past lock_ttl) and a claim may hold
+        the item, handed out before K2 read it: drop ours, start again at K1
+        (bounded; then False).
     K3. F1 on K2's index: the dead letter (attempts unchanged, "o": failed) into
-        the item.  "Compare failed": read it again; an outcome (another cancel's
-        K3) or a new claim token (a claim's C2 held in flight past its lock)
-        -> drop our lock, False; neither, our lock still ours (a release's R0
-        held past its lock: a-1, the token kept) -> K2, K3 again (bounded).
+        the item.  A claim after K2' changes that index, so K3 fails.  "Compare
+        failed": read it again; an outcome (another cancel's K3) or a new claim
+        token (a claim's C2 held in flight past its lock) -> drop our lock,
+        False; neither (a release's R0 held past its lock: a-1, the token
+        kept) -> K2, K2', K3 again (bounded).
     K4. F2-F4 with our lock.
     Crash after K1: the lock expires (a delay lock taken over no sooner than it
     would have), the item is pending again.  Crash after K3: the item carries
@@ -191,6 +208,18 @@ MAX_TTL = 2**31 - 1
 TOMBSTONE_TTL = 7 * 24 * 3600
 
 
+_BOOTTIME: Optional[int] = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def boot_clock() -> float:
+    """Seconds on a clock that also runs while the host is suspended: Linux's
+    CLOCK_BOOTTIME (time.monotonic() stops then, etcd's clock does not), else
+    time.monotonic().  For C3's "within half a lock TTL of C1" check."""
+    if _BOOTTIME is not None:
+        return time.clock_gettime(_BOOTTIME)
+    return time.monotonic()
+
+
 class Gone(Exception):
     """The item a claim tried is no longer in work/, or is finished. Internal."""
 
@@ -212,6 +241,17 @@ class ClaimState:
     item: Item
     index: int          # work/<id>'s modifiedIndex after our C2
     confirmed: float    # time.monotonic() before the request that last proved the lock ours
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A claim's lock as C1 left it: the lock, the index C1 created it at, and
+    when C1 was sent (time.monotonic(), and boot_clock() for C3)."""
+
+    lock: Lock
+    index: int
+    sent: float
+    since: float
 
 
 @dataclass
@@ -389,10 +429,10 @@ class Protocol:
         caller skips it).
         """
         lock = Lock(self.node_id, new_token())
-        started = time.monotonic()
+        started, since = time.monotonic(), boot_clock()
         locked = self._create_lock(item_id, lock, self.lock_ttl)
         try:
-            state = self._take_item(item_id, (lock, locked, started), index, raw)
+            state = self._take_item(item_id, _Held(lock, locked, started, since), index, raw)
         except BaseException:
             with contextlib.suppress(EtcdqError):  # else the lock simply expires
                 self._drop_lock(item_id, lock)
@@ -413,7 +453,7 @@ class Protocol:
                 raise Taken(exc.index or 0) from None
             return entry.index
 
-    def _take_item(self, item_id: str, held: Tuple[Lock, int, float], index: int,
+    def _take_item(self, item_id: str, held: _Held, index: int,
                    raw: Optional[str]) -> Optional[ClaimState]:
         """C2, then C3 on the item as C2 found it (fresh, unlike the view).
 
@@ -422,7 +462,7 @@ class Protocol:
         lock after us: ours expired before our C2 could apply (it was held in
         flight), so the item is theirs, however stale our view looked.
         """
-        lock, locked_at, sent = held
+        lock, locked_at, sent = held.lock, held.index, held.sent
         for _ in range(5):
             if raw is None:
                 entry = self.read("work", item_id)
@@ -433,7 +473,7 @@ class Protocol:
             if item.outcome:  # its finisher committed F1 and stopped: finish for it
                 self._finish_for(item_id, Entry(item_id, index, raw))
             if item.claim == lock.token:  # our C2 applied; its reply was lost
-                return self._checked(ClaimState(item_id, lock, item, index, sent))
+                return self._checked(ClaimState(item_id, lock, item, index, sent), held)
             if index > locked_at:
                 raise Taken(index)
             claimed = replace(item, attempts=item.attempts + 1, claim=lock.token)
@@ -446,7 +486,7 @@ class Protocol:
             except KeyMissing:
                 raise Gone(item_id) from None
             state = ClaimState(item_id, lock, claimed, reply.written_index, sent)
-            return self._checked(state)
+            return self._checked(state, held)
         return None
 
     def _finish_for(self, item_id: str, entry: Entry) -> None:
@@ -457,7 +497,7 @@ class Protocol:
             raise Junk(str(exc)) from None
         raise Gone(item_id)
 
-    def _checked(self, state: ClaimState) -> ClaimState:
+    def _checked(self, state: ClaimState, held: _Held) -> ClaimState:
         """C3: hand out the claim unless the item is finished or out of attempts,
         or the lock is no longer ours."""
         before = state.item.attempts - 1
@@ -467,24 +507,79 @@ class Protocol:
             with contextlib.suppress(LockLost):  # another claim took it meanwhile
                 self._abandon(state, before)
             raise Gone(state.id)
-        self._still_locked(state)
+        if boot_clock() - held.since > self.lock_ttl / 2:
+            self._still_locked(state, held.index)
         return state
 
-    def _still_locked(self, state: ClaimState) -> None:
-        """C3's last check: past half a lock TTL since C1 was sent, confirm the lock.
+    def _still_locked(self, state: ClaimState, locked_at: int) -> None:
+        """C3's last check, past half a lock TTL since C1 was sent: is the lock
+        still the one C1 created at ``locked_at``?
 
         etcd cannot expire our lock sooner than ``lock_ttl`` after C1 was sent
         (C1 applied after that, and TTLs round up), so within half of it the
         lock is ours.  Later (C2's reply was held, the process stalled) it may
-        have expired and a cancel taken the item (K1-K3): confirm it (refresh,
-        or retake while the item carries our claim token), else Gone.
+        have lapsed, and a cancel may have taken the item meanwhile (K1-K3).
+        A refresh on our value proves little: a late copy of C1 can re-create
+        the lock with our value after a cancel removed the item.  The lock's
+        ``createdIndex`` does: the same as C1's, it never lapsed, so no cancel
+        or claim took the lock since.  Otherwise (re-created, or expired: then
+        retaken) the item is fenced again (:meth:`_refence`), since a cancel
+        may be between its K2 and K3.  Not ours: Gone if the item left work/ or
+        is committed, else Taken (it is live: the view frees it when that lock
+        goes).
         """
-        if time.monotonic() - state.confirmed <= self.lock_ttl / 2:
-            return
+        started = time.monotonic()
+        key = self.layout.key("locks", state.id)
         try:
-            self.confirm(state)
-        except LockLost:
-            raise Gone(state.id) from None
+            reply = self.etcd.put(key, ttl=self.lock_ttl, refresh=True, prev_exist=True,
+                                  prev_value=state.lock.encode())
+            lapsed = reply.node.get("createdIndex") != locked_at
+        except CompareFailed as exc:
+            raise self._not_ours(state, exc.index or 0) from None
+        except KeyMissing:
+            try:
+                self._create_lock(state.id, state.lock, self.lock_ttl)
+            except Taken as exc:
+                raise self._not_ours(state, exc.index) from None
+            lapsed = True
+        if lapsed:
+            self._refence(state)
+        state.confirmed = started
+
+    def _refence(self, state: ClaimState) -> None:
+        """C3 on a lock that lapsed since C1, now ours again: CAS the item, unchanged,
+        on our C2 index.  A cancel that read that index (K2) while our lock was
+        gone then fails its K3, and one that committed makes this fail."""
+        try:
+            reply = self.etcd.put(self.layout.key("work", state.id), state.item.encode(),
+                                  prev_index=state.index)
+            state.index = reply.written_index
+            return
+        except (CompareFailed, KeyMissing) as exc:
+            index = exc.index or 0
+        entry = self.read("work", state.id)  # only our own writes keep our claim token
+        if entry is not None and self._ours_unfinished(entry, state):
+            state.index = entry.index  # our resent CAS applied
+            return
+        raise self._not_ours(state, index)
+
+    @staticmethod
+    def _ours_unfinished(entry: Entry, state: ClaimState) -> bool:
+        try:
+            item = Item.decode(entry.value)
+        except Junk:
+            return False
+        return item.claim == state.lock.token and not item.outcome
+
+    def _not_ours(self, state: ClaimState, index: int) -> Exception:
+        """C3 lost the lock: Gone if the item left work/ or is finished (or junk),
+        else Taken at ``index``: it is live, free once the lock we found goes."""
+        entry = self.read("work", state.id)
+        try:
+            live = entry is not None and not Item.decode(entry.value).outcome
+        except Junk:
+            live = False
+        return Taken(index) if live else Gone(state.id)
 
     def _finished_before(self, state: ClaimState) -> bool:
         """A record without a committed item: written by 0.1.0, whose F2 was the
@@ -611,7 +706,7 @@ class Protocol:
         """F2-F4 for an item whose F1 applied: by its finisher, or by a claimer after a crash."""
         item = Item.decode(entry.value)
         assert item.outcome is not None
-        self._record(item_id, item, Record.decode(entry.value).encode())
+        self._record(item_id, item, Record.decode(entry.value).encode(), entry.index)
         deletes: List[Tuple[str, Dict[str, Any]]] = [
             (self.layout.key("work", item_id), {"prevIndex": entry.index})]
         if lock is not None:
@@ -631,12 +726,14 @@ class Protocol:
         ttl = self.record_ttls[item.outcome]
         return max(ttl, TOMBSTONE_TTL) if ttl is not None and item.requeued else ttl
 
-    def _record(self, item_id: str, item: Item, record: str) -> None:
+    def _record(self, item_id: str, item: Item, record: str, committed: int) -> None:
         """F2: PUT the record prevExist=false; "already exists" is read back.
 
         A record that is gone when read back expired (its TTL) or was purged
-        in between: the item still carries it, so F2 is sent again (a few
-        times: each needs the record to vanish again).
+        in between: if the item is still in work/ at F1's index (``committed``)
+        it still carries the record, so F2 is sent again (a few times: each
+        needs the record to vanish again).  An item gone too was purged with
+        its record, or finished by another claimer: nothing to write.
         """
         assert item.outcome is not None
         key = self.layout.key(item.outcome, item_id)
@@ -647,11 +744,22 @@ class Protocol:
             except AlreadyExists:
                 if self._check_record(item_id, item):
                     return
+            if not self._still_committed(item_id, committed):
+                log.info("the %s record of item %s of %s vanished as it was read back, and "
+                         "so did the item (purged, or finished by another claimer); not "
+                         "writing it again", item.outcome, item_id, self.layout.root,
+                         extra=item_fields(self.layout.name, item_id, item.attempts))
+                return
             log.info("the %s record of item %s of %s vanished as it was read back; "
                      "writing it again", item.outcome, item_id, self.layout.root,
                      extra=item_fields(self.layout.name, item_id, item.attempts))
         raise EtcdRejected(f"{key} kept vanishing as it was written; the item stays in "
                            "work/, committed, until it is removed", code=AlreadyExists.code)
+
+    def _still_committed(self, item_id: str, committed: int) -> bool:
+        """Before F2 is sent again: ``work/<id>`` is still the item F1 wrote."""
+        entry = self.read("work", item_id)
+        return entry is not None and entry.index == committed
 
     def _check_record(self, item_id: str, item: Item) -> bool:
         """F2 found a record: ours (resent, or written by a claimer), one of 0.1.0's,
@@ -778,9 +886,7 @@ class Protocol:
             new_id = f"{index:020d}"  # Q1's own index: no POST can ever take this name
             raw = Item(record.payload, token, requeued=True).encode()
             new_index = self._create_item(new_id, raw)
-            with contextlib.suppress(CompareFailed, KeyMissing):  # Q4
-                self.etcd.put(self.layout.key(FAILED, item_id), tombstone(new_id),
-                              ttl=TOMBSTONE_TTL, prev_index=index)
+            self._bury(item_id, new_id, record, index)  # Q4
             return new_id, new_index, raw
         finally:
             self._drop_lock(item_id, lock)
@@ -803,6 +909,47 @@ class Protocol:
                                  prev_exist=False).written_index
         except AlreadyExists:
             return 0
+
+    def _bury(self, item_id: str, new_id: str, record: Record, index: int) -> None:
+        """Q4: ``failed/<id>`` becomes a tombstone, so that a late F2 finds the key taken.
+
+        A CAS on Q1's index.  "Not found": the dead letter expired (failed_ttl)
+        or was purged since Q1: create the tombstone (prevExist=false).  A key
+        that is neither our tombstone nor the dead letter we marked is read:
+        a late copy of this dead letter's F2 (the same claim token) landed on
+        the free key first, and is turned into the tombstone on its index;
+        anything else (junk, another claim's dead letter) is left, with a
+        warning.  Only late writes change the key: we hold its lock.
+        """
+        key, buried = self.layout.key(FAILED, item_id), tombstone(new_id)
+        for _ in range(5):
+            condition: Dict[str, Any] = ({"prev_index": index} if index
+                                         else {"prev_exist": False})
+            try:
+                self.etcd.put(key, buried, ttl=TOMBSTONE_TTL, **condition)
+                return
+            except (CompareFailed, KeyMissing, AlreadyExists):
+                pass
+            entry = self.read(FAILED, item_id)
+            if entry is None:
+                index = 0  # expired or purged since: create it
+            elif entry.value == buried:
+                return  # a resent request of ours applied
+            elif self._late_copy(entry, record):
+                index = entry.index
+            else:
+                break
+        log.warning("dead letter %s of %s was requeued as %s, but %s holds something else "
+                    "now (junk, or another claim's dead letter); left as it is", item_id,
+                    self.layout.root, new_id, key, extra=item_fields(self.layout.name, item_id))
+
+    @staticmethod
+    def _late_copy(entry: Entry, record: Record) -> bool:
+        """``entry`` is the dead letter ``record`` again (a late F2: the same claim)."""
+        try:
+            return Record.decode(entry.value).claim == record.claim
+        except Junk:
+            return False
 
     def _lock_dead_letter(self, item_id: str) -> Lock:
         """Q0: the lock of ``locks/<id>``, so that one requeue at a time works on it.
@@ -853,40 +1000,57 @@ class Protocol:
     def cancel(self, item_id: str) -> bool:
         """K1-K4: dead-letter a pending item as cancelled; False if it is running or finished.
 
-        Raises NotFound for an item that is neither in work/ nor recorded.
+        Raises NotFound for an item that is neither in work/ nor recorded.  A
+        cancel whose lock lapsed before K3 (it stalled past lock_ttl) starts
+        again at K1 (a few times), since a claim may hold the item now.
         """
         check_item_id(item_id)
-        taken = self._cancel_lock(item_id)  # K1
-        if taken is None:
-            return False
-        lock, took_over = taken
-        try:
-            cancelled = self._cancel_pending(item_id, lock)  # K2-K4
-        except BaseException:
-            # A delay lock we took over is left to expire, no sooner than it would
-            # have: dropping it would make a delayed (or released, or backed-off)
-            # item claimable early, or a delayed put's item not created yet.
-            if not took_over:
+        for _ in range(3):
+            taken = self._cancel_lock(item_id)  # K1
+            if taken is None:
+                return False
+            lock, took_over, locked_at = taken
+            try:
+                cancelled = self._cancel_pending(item_id, lock, locked_at)  # K2-K4
+            except BaseException:
+                # A delay lock we took over is left to expire, no sooner than it would
+                # have: dropping it would make a delayed (or released, or backed-off)
+                # item claimable early, or a delayed put's item not created yet.
+                if not took_over:
+                    self._let_go(item_id, lock)
+                raise
+            if not cancelled:
                 self._let_go(item_id, lock)
-            raise
-        if not cancelled:
-            self._let_go(item_id, lock)
-        return cancelled
+            if cancelled is not None:
+                return cancelled
+            log.info("the cancel of item %s of %s lost its lock before committing (it "
+                     "stalled past lock_ttl); starting again", item_id, self.layout.root,
+                     extra=item_fields(self.layout.name, item_id))
+        return False
 
-    def _cancel_pending(self, item_id: str, lock: Lock) -> bool:
-        """K2-K4 under our lock: True once committed; False if the item is finished,
-        or a claim took it after K2 (a claim's C2 held in flight past its lock).
+    def _cancel_pending(self, item_id: str, lock: Lock, locked_at: int) -> Optional[bool]:
+        """K2-K4 under our lock, made at index ``locked_at`` (K1): True once
+        committed; False if the item is finished, or a claim took it after K2
+        (a claim's C2 held in flight past its lock); None if our lock lapsed.
+
+        After each K2 the lock must still be the one K1 made (its index and
+        value): else it expired meanwhile and a claim may have taken the item
+        the ordinary way (C1, C2, handed out) before K2 read it, and K3 on that
+        index would apply over a live claim.  A claim after this check changes
+        the item's index, so K3 fails.
 
         K3 also fails when a release's R0, held in flight past its claim's lock,
         lands after K2: it writes a-1 and keeps the claim token.  So a failed K3
-        reads the item again: no outcome, the claim token K2 saw, and our lock
-        still ours -> K2 and K3 again (a few times: each retry needs another
-        held write to land).
+        reads the item again: no outcome, the claim token K2 saw -> K2, the lock
+        check and K3 again (a few times: each retry needs another held write to
+        land).
         """
         for _ in range(5):
             state = self._pending_item(item_id, lock)  # K2
             if state is None:
                 return False
+            if not self._still_held(item_id, lock, locked_at):
+                return None
             try:
                 self.finish(state, FAILED, reason=CANCELLED)  # K3 (F1), K4 (F2-F4)
                 return True
@@ -895,23 +1059,29 @@ class Protocol:
                     return False
         return False
 
+    def _still_held(self, item_id: str, lock: Lock, locked_at: int) -> bool:
+        """After K2: ``locks/<id>`` is still the lock K1 wrote at ``locked_at``
+        (a lock re-created by a late copy of K1 has our value, not that index)."""
+        entry = self.read("locks", item_id)
+        return entry is not None and entry.index == locked_at and entry.value == lock.encode()
+
     def _unclaimed_since(self, state: ClaimState) -> bool:
-        """After a failed K3: the item has no outcome, the claim token K2 saw, and
-        our lock is still ours, so no claim or cancel took it since K2."""
+        """After a failed K3: the item has no outcome and the claim token K2 saw,
+        so no claim or cancel took it since K2 (the next K2 checks our lock)."""
         entry = self.read("work", state.id)
         try:
             item = Item.decode(entry.value) if entry else None
         except Junk:
             return False
-        return (item is not None and item.outcome is None and item.claim == state.item.claim
-                and self._lock_value(state.id) == state.lock.encode())
+        return item is not None and item.outcome is None and item.claim == state.item.claim
 
     def _let_go(self, item_id: str, lock: Lock) -> None:
         with contextlib.suppress(EtcdqError):  # else it simply expires
             self._drop_lock(item_id, lock)
 
-    def _cancel_lock(self, item_id: str) -> Optional[Tuple[Lock, bool]]:
-        """K1: (our lock, whether it took over a delay lock), or None: a claim holds it.
+    def _cancel_lock(self, item_id: str) -> Optional[Tuple[Lock, bool, int]]:
+        """K1: (our lock, whether it took over a delay lock, the index it was written
+        at), or None: a claim holds it.
 
         Our lock is a delay lock (``"d"``): it holds the item back without
         running it, so stats and ls keep calling the item pending.  A delay
@@ -922,8 +1092,7 @@ class Protocol:
         lock = Lock(self.node_id, new_token(), delay=True)
         for _ in range(5):
             try:
-                self._create_lock(item_id, lock, self.lock_ttl)
-                return lock, False
+                return lock, False, self._create_lock(item_id, lock, self.lock_ttl)
             except Taken:
                 pass
             held = self._read_node("locks", item_id)
@@ -934,37 +1103,41 @@ class Protocol:
                     return None
             except Junk:
                 return None  # a lock we cannot read counts as held
-            if self._take_over(item_id, held, lock):
-                return lock, True
+            locked_at = self._take_over(item_id, held, lock)
+            if locked_at:
+                return lock, True, locked_at
         return None
 
-    def _take_over(self, item_id: str, held: Node, lock: Lock) -> bool:
-        """K1 on a delay lock: CAS it into ours, ttl = max(lock_ttl, its time left)."""
+    def _take_over(self, item_id: str, held: Node, lock: Lock) -> int:
+        """K1 on a delay lock: CAS it into ours, ttl = max(lock_ttl, its time left);
+        the index of that write, 0 if the lock changed or went meanwhile."""
         ttl = max(self.lock_ttl, int(held.get("ttl") or 0))
         try:
-            self.etcd.put(self.layout.key("locks", item_id), lock.encode(), ttl=ttl,
-                          prev_value=held.get("value"))
-            return True
+            return self.etcd.put(self.layout.key("locks", item_id), lock.encode(), ttl=ttl,
+                                 prev_value=held.get("value")).written_index
         except KeyMissing:
-            return False
+            return 0
         except CompareFailed as exc:  # changed, unless it was our own resent CAS
-            return exc.retried and self._lock_value(item_id) == lock.encode()
+            entry = self.read("locks", item_id) if exc.retried else None
+            return entry.index if entry and entry.value == lock.encode() else 0
 
     def _pending_item(self, item_id: str, lock: Lock) -> Optional[ClaimState]:
         """K2: the item as read now (quorum), to be committed on that index (K3).
 
         None if it is finished: committed (``"o"``), or recorded (gone from
-        work/, or left there by 0.1.0's crash: checked for claimed items, as
-        C3 does); NotFound if it is neither in work/ nor recorded.
+        work/; or, for an item claimed before or carrying ``q``, any key in
+        completed/ or failed/, a tombstone too, as C3 checks: 0.1.0's crash
+        left it, or a late Q3 or D2 copy re-created it, and it is removed);
+        NotFound if it is neither in work/ nor recorded.
         """
         found = self._work_item(item_id)
         if found is None:
             return None
         entry, item = found
-        if item.outcome or ((item.attempts or item.requeued)
-                            and self.record_of(item_id) is not None):
+        state = ClaimState(item_id, lock, item, entry.index, time.monotonic())
+        if item.outcome or ((item.attempts or item.requeued) and self._finished_before(state)):
             return None
-        return ClaimState(item_id, lock, item, entry.index, time.monotonic())
+        return state
 
     # -- W: wait -----------------------------------------------------------------
     def watch_item(self, item_id: str, idle_timeout: float) -> EventStream:

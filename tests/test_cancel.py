@@ -354,9 +354,10 @@ def test_a_claim_whose_c2_reply_came_after_its_lock_expired_is_not_handed_out_on
 
 def test_a_claim_whose_c2_reply_came_after_its_lock_expired_retakes_the_lock(
         proxy: FaultProxy, queue_name: str, queue: Queue) -> None:
-    """The same held C2 reply, with nobody touching the item meanwhile: the item
-    still carries the claim's token, so C3 takes the expired lock again and hands
-    the claim out holding it (the handler never runs without its lock)."""
+    """The same held C2 reply, with nobody touching the item meanwhile: C3 takes the
+    expired lock again, fences the item again (a CAS on its C2 index: the claim's
+    index moves on) and hands the claim out holding it (the handler never runs
+    without its lock)."""
     with Queue(connect(proxy.url, timeout=8, deadline=20), queue_name, lock_ttl=2,
                max_attempts=None) as claimer:
         assert claimer.claim(timeout=0) is None
@@ -373,6 +374,7 @@ def test_a_claim_whose_c2_reply_came_after_its_lock_expired_retakes_the_lock(
         claim = outcome.get("returned")
         assert isinstance(claim, Claim) and claim.id == item_id, outcome
         assert lock_of(queue, item_id) == claim._state.lock
+        assert queue._protocol.read("work", item_id).index == claim._state.index
         claim.complete("ran")
         assert queue.get(item_id).state == COMPLETED
 
@@ -393,6 +395,151 @@ def test_a_cancel_held_in_flight_loses_to_the_claim_that_took_the_item(
         thread.join(20)
         assert outcome == {"returned": False}, outcome
         claim.refresh()  # the claim's lock is still the claim's
+        claim.complete("ran")
+        info = queue.get(item_id)
+        assert (info.state, info.result) == (COMPLETED, "ran")
+
+
+#: A read of one item (a cancel's K2).
+WORK_READ = re.compile(rb"^GET /v2/keys/\S+/work/\d{20}", re.MULTILINE)
+
+
+def ready(queue: Queue) -> Queue:
+    assert queue.claim(timeout=0) is None  # its view is listed and followed
+    return queue
+
+
+def test_a_cancel_stalled_past_its_lock_after_k1_returns_false_to_a_claim_that_took_the_item(
+        proxy: FaultProxy, etcd_url: str, queue_name: str, queue: Queue) -> None:
+    """K1 creates the cancel's lock; the canceller then stalls (its K2 read held) past
+    lock_ttl.  Its lock expires, and a claim takes the item the ordinary way: its own
+    lock, C2, handed out, refreshed.  The cancel resumes: K2 reads the item as the
+    claim left it (no outcome).  K2' finds the lock is no longer the one K1 wrote, so
+    the cancel starts again at K1, finds the claim's lock: False.  (K3 on K2's index
+    used to apply: cancel() returned True while a claim with a live lock ran it.)"""
+    with Queue(connect(proxy.url, timeout=8, deadline=20), queue_name,
+               lock_ttl=2) as canceller, \
+            ready(Queue(etcd_url, queue_name, lock_ttl=2, max_attempts=None)) as claimer:
+        item_id = queue.put("cancel me, or run me: not both")
+        wait_until(lambda: knows(claimer, item_id), 5, message="the claimer's view to see it")
+        proxy.hold("up", match=WORK_READ)
+        thread, outcome = in_background(lambda: canceller.cancel(item_id))
+        wait_until(lambda: WORK_READ.search(proxy.held()), 5, message="the cancel's K2 held")
+        held = lock_of(queue, item_id)
+        assert held is not None and held.delay  # K1 applied: the cancel's lock
+        claim = claimer.claim(timeout=8)  # once the cancel's lock expired
+        assert claim is not None and claim.id == item_id
+        claim.refresh()
+        proxy.release()
+        thread.join(20)
+        assert outcome == {"returned": False}, (
+            f"cancel() gave {outcome} while a claim with a live lock held the item, "
+            f"now {queue.get(item_id).state}/{queue.get(item_id).reason}")
+        claim.refresh()  # still the claim's lock
+        claim.complete("ran")
+        info = queue.get(item_id)
+        assert (info.state, info.result) == (COMPLETED, "ran")
+
+
+def test_a_cancel_stalled_past_its_lock_after_k1_starts_again_and_cancels_an_untouched_item(
+        proxy: FaultProxy, queue_name: str, queue: Queue) -> None:
+    """The same stall with nobody claiming the item: K2' finds the lock K1 wrote gone
+    (expired), and the cancel starts again at K1 rather than call a pending item
+    running: True."""
+    with Queue(connect(proxy.url, timeout=8, deadline=20), queue_name,
+               lock_ttl=2) as canceller:
+        item_id = queue.put("cancel me late")
+        proxy.hold("up", match=WORK_READ)
+        thread, outcome = in_background(lambda: canceller.cancel(item_id))
+        wait_until(lambda: WORK_READ.search(proxy.held()), 5, message="the cancel's K2 held")
+        wait_until(lambda: lock_of(queue, item_id) is None, 8,
+                   message="the cancel's lock to expire")
+        proxy.release()
+        thread.join(20)
+        assert outcome == {"returned": True}, outcome
+        assert_cancelled(queue, item_id, "cancel me late")
+
+
+#: A claim's C1 (or a cancel's K1): the PUT of a lock.
+LOCK_PUT = re.compile(rb"^PUT /v2/keys/\S+/locks/\d{20}", re.MULTILINE)
+
+
+def test_a_claim_whose_lock_a_late_copy_of_its_c1_recreated_after_a_cancel_is_not_handed_out(
+        proxy_factory: Callable[[str], FaultProxy], etcd_url: str, queue_name: str,
+        queue: Queue) -> None:
+    """Two endpoints (A, B) to one etcd.  The claimer's C1 to A is held; the transport
+    sends it again to B, where it applies.  C2 applies too, its reply held.  The
+    lock expires; a cancel runs K1-K4 (True: item and lock removed).  A's held C1
+    then lands on the free key: the claimer's lock again, with its value.  C2's
+    reply arrives past half a TTL: C3's refresh on our value succeeds, but the
+    lock's createdIndex is not C1's: it lapsed.  The item is fenced again (a CAS on
+    our C2 index), which finds it gone: nothing is handed out.  (The refresh alone
+    used to hand out the claim of a cancelled item.)"""
+    a, b = proxy_factory(etcd_url), proxy_factory(etcd_url)
+    with ready(Queue(connect([a.url, b.url], timeout=6, deadline=30), queue_name,
+                     lock_ttl=2, max_attempts=None)) as claimer:
+        item_id = queue.put("cancelled, then handed out")
+        wait_until(lambda: knows(claimer, item_id), 5, message="the claimer's view to see it")
+        a.hold("up", match=LOCK_PUT)
+        b.hold("down", match=CAS_REPLY)
+        thread, outcome = in_background(lambda: claimer.claim(timeout=0))
+        wait_until(lambda: LOCK_PUT.search(a.held()), 5, message="C1 held on A")
+        wait_until(lambda: CAS_REPLY.search(b.held("down")), 10,
+                   message="C1 sent again to B, applied; C2 applied, its reply held")
+        wait_until(lambda: lock_of(queue, item_id) is None, 8,
+                   message="the claim's lock to expire")
+        wait_until(lambda: queue.cancel(item_id), 5, interval=0.2, message="the cancel")
+        assert queue.get(item_id).reason == CANCELLED
+        a.release()  # the held C1 lands: the claimer's lock, again
+        wait_until(lambda: lock_of(queue, item_id) is not None, 5,
+                   message="the held C1 to land")
+        b.release()
+        thread.join(20)
+        handed = outcome.get("returned")
+        if isinstance(handed, Claim):
+            handed.abandon()
+        assert outcome == {"returned": None}, (
+            f"cancel() returned True, then the claim was handed out: {outcome}")
+        assert_cancelled(queue, item_id, "cancelled, then handed out", attempts=1)
+
+
+def test_a_claim_retaking_its_lapsed_lock_at_c3_fences_out_a_cancel_between_k2_and_k3(
+        proxy_factory: Callable[[str], FaultProxy], etcd_url: str, queue_name: str,
+        queue: Queue) -> None:
+    """A claim's C2 applies, its reply held past its lock's TTL.  A cancel takes the
+    free lock (K1), reads the item claimed but unfinished (K2), finds its lock its
+    own (K2'), and its K3 is held past the cancel's lock's TTL too.  The claim's C2
+    reply arrives: C3 finds no lock, retakes it (the item still carries its token)
+    and, since its lock lapsed, fences the item again (a CAS on its C2 index) before
+    the hand-out.  The cancel's K3 then lands on the old index: it fails, and the
+    cancel, its own lock gone, starts again and finds the claim's: False.  (A retake
+    alone let K3 apply: cancel() True over a claim handed out after it.)"""
+    c_proxy, k_proxy = proxy_factory(etcd_url), proxy_factory(etcd_url)
+    with ready(Queue(connect(c_proxy.url, timeout=8, deadline=20), queue_name, lock_ttl=2,
+                     max_attempts=None)) as claimer, \
+            Queue(connect(k_proxy.url, timeout=8, deadline=20), queue_name,
+                  lock_ttl=2) as canceller:
+        item_id = queue.put("run me")
+        wait_until(lambda: knows(claimer, item_id), 5, message="the claimer's view to see it")
+        c_proxy.hold("down", match=CAS_REPLY)
+        c_thread, claimed = in_background(lambda: claimer.claim(timeout=0))
+        wait_until(lambda: CAS_REPLY.search(c_proxy.held("down")), 5,
+                   message="the claim's C2 reply held")
+        wait_until(lambda: lock_of(queue, item_id) is None, 8,
+                   message="the claim's lock to expire")
+        k_proxy.hold("up", match=ITEM_CAS)
+        k_thread, cancelled = in_background(lambda: canceller.cancel(item_id))
+        wait_until(lambda: ITEM_CAS.search(k_proxy.held()), 5, message="the cancel's K3 held")
+        wait_until(lambda: lock_of(queue, item_id) is None, 8,
+                   message="the cancel's lock to expire")
+        c_proxy.release()
+        c_thread.join(20)
+        claim = claimed.get("returned")
+        assert isinstance(claim, Claim) and claim.id == item_id, claimed
+        k_proxy.release()
+        k_thread.join(20)
+        assert cancelled == {"returned": False}, (
+            f"cancel() gave {cancelled} after the claim was handed out")
         claim.complete("ran")
         info = queue.get(item_id)
         assert (info.state, info.result) == (COMPLETED, "ran")
@@ -449,6 +596,41 @@ def test_a_release_held_in_flight_that_lands_between_k2_and_k3_does_not_stop_the
         assert cancelled == {"returned": True}, (
             f"cancel() said {cancelled} for an item that is {queue.get(item_id).state!r}")
         assert_cancelled(queue, item_id, "pending, really")  # R0 gave the attempt back
+
+
+#: A delayed put's D2: the PUT of the item.
+D2_PUT = re.compile(rb"^PUT /v2/keys/\S+/work/\d{20}", re.MULTILINE)
+
+
+def test_a_cancel_of_an_item_a_late_d2_recreated_after_its_requeue_finds_the_tombstone(
+        proxy_factory: Callable[[str], FaultProxy], etcd_url: str, queue_name: str,
+        queue: Queue) -> None:
+    """put(delay=1) through endpoints A, B: D2 to A is held, the transport sends it
+    again to B, where it applies: item m.  m is dead-lettered (max_attempts=1) and
+    requeued: failed/m becomes a tombstone.  A's held D2 lands: work/m exists again.
+    cancel(m) finds the tombstone at K2 (any key counts, as in C3): the item is a
+    leftover, removed, and cancel returns False.  (K2 used to skip the tombstone:
+    K3 committed m, F2 hit the tombstone (EtcdRejected) and m stayed in work/.)"""
+    a, b = proxy_factory(etcd_url), proxy_factory(etcd_url)
+    with Queue(connect([a.url, b.url], timeout=1, deadline=6), queue_name) as producer:
+        a.hold("up", match=D2_PUT)
+        item_id = producer.put("delayed", delay=1)
+        assert D2_PUT.search(a.held())  # the first copy of D2, still in flight
+        claim = queue.claim(timeout=5)
+        assert claim is not None and claim.id == item_id
+        claim.fail("boom")  # max_attempts=1: a dead letter
+        requeued = queue.requeue(item_id)
+        a.release()  # the held D2 lands: work/m again
+        wait_until(lambda: queue._protocol.read("work", item_id) is not None, 5,
+                   message="the held D2 to land")
+        assert queue.cancel(item_id) is False
+        assert queue._protocol.read("work", item_id) is None
+        assert lock_of(queue, item_id) is None
+        assert "requeued_as" in (queue._protocol.read(FAILED, item_id).value or "")
+        got = queue.claim(timeout=5)
+        assert got is not None and (got.id, got.payload) == (requeued, "delayed")
+        got.complete()
+        assert queue.claim(timeout=0.5) is None
 
 
 # -- the command line -----------------------------------------------------------------------

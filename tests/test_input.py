@@ -93,6 +93,35 @@ def test_oversized_payloads_write_nothing(queue: Queue) -> None:
     assert queue.stats()["pending"] == 1
 
 
+def nested(depth: int) -> object:
+    payload: object = 0
+    for _ in range(depth):
+        payload = [payload]
+    return payload
+
+
+def test_payloads_nested_deeper_than_the_limit_write_nothing(queue: Queue) -> None:
+    """A payload a producer can encode may be too deep for a claimer to decode
+    (json.loads recurses per level, deeper in its stack): put refuses one
+    nested beyond MAX_DEPTH (lists and objects), whatever its size, and a
+    claimer gets every payload put accepted."""
+    from etcdq_v2.codec import MAX_DEPTH
+    for payload in (nested(MAX_DEPTH + 1), {"k": nested(MAX_DEPTH)}, nested(951),
+                    nested(100_000)):
+        with pytest.raises(InvalidPayload, match="nested"):
+            queue.put(payload)
+    with pytest.raises(InvalidPayload, match="nested"):
+        queue.put_many(["ok", nested(MAX_DEPTH + 1)])  # all checked before the first write
+    assert queue.stats()["pending"] == 0
+    item_id = queue.put(nested(MAX_DEPTH))
+    claim = queue.claim()
+    assert claim.id == item_id and claim.payload == nested(MAX_DEPTH)
+    with pytest.raises(InvalidPayload, match="nested"):
+        claim.complete(nested(MAX_DEPTH + 1))  # a result too: refused before F1
+    claim.complete(nested(MAX_DEPTH))
+    assert queue.get(item_id).result == nested(MAX_DEPTH)
+
+
 def test_default_limit_is_one_mebibyte(etcd_url: str, queue_name: str) -> None:
     with Queue(etcd_url, queue_name) as queue:
         item_id = queue.put(b"\x01" * 700_000)

@@ -8,7 +8,9 @@ lost its item never holds on to it.
 """
 from __future__ import annotations
 
+import json
 import re
+import urllib.request
 
 import pytest
 
@@ -20,7 +22,7 @@ from etcdq_v2.protocol import COMPLETED, FAILED
 from crashes import (commit, commit_then_crash, record_like_0_1_0_then_crash,
                      stalled_claim)
 from faultproxy import FaultProxy
-from helpers import wait_until
+from helpers import in_background, wait_until
 
 
 def drain(queue: Queue) -> list:
@@ -121,6 +123,70 @@ def test_r4_a_late_f2_after_requeue_finds_the_key_taken(
         assert queue.stats()["failed"] == 0
         with pytest.raises(NotFound):
             queue.requeue(claim.id)
+
+
+#: A claimer's F2 of a dead letter.
+DEAD_LETTER_PUT = re.compile(rb"^PUT /v2/keys/\S+/failed/\d{20}", re.MULTILINE)
+#: Q4: the tombstone's value.
+TOMBSTONE_PUT = re.compile(rb"requeued_as")
+
+
+def create_failures(etcd_url: str) -> int:
+    """etcd's count of PUTs prevExist=false that found the key taken."""
+    with urllib.request.urlopen(f"{etcd_url}/v2/stats/store", timeout=5) as reply:
+        return int(json.load(reply)["createFail"])
+
+
+@pytest.mark.parametrize("first", ["q4", "late-f2"])
+def test_r4_a_q4_after_the_dead_letter_expired_still_leaves_the_tombstone(
+        proxy_factory, etcd_url: str, queue_name: str, first: str) -> None:
+    """failed_ttl=6.  A finisher dead-letters item X (F1, F2) and dies before F3.
+    Claimer K finds "o" and finishes for it: its F2 is held in flight (K gives up).
+    A requeue runs Q0-Q3 (new item m) and its Q4 is held until failed/X expired.
+    q4: Q4 lands first ("not found") and creates the tombstone; K's F2 then finds
+    the key taken.  late-f2: K's F2 lands first, writing the dead letter again;
+    Q4 ("compare failed") finds that copy (the same claim token) and buries it.
+    Either way a second requeue of X finds nothing, and the payload runs once (Q4
+    used to ignore "not found": the late F2 wrote the dead letter again, and a
+    second requeue ran it twice)."""
+    ttl = 6
+    with Queue(etcd_url, queue_name, lock_ttl=1, max_attempts=1, failed_ttl=ttl) as q:
+        q.put("run me once")
+        dead = commit_then_crash(q, FAILED, record=True)  # F1, F2; the finisher dies
+        wait_until(lambda: q._protocol.read("locks", dead) is None, 5,
+                   message="the finisher's lock to expire")
+        k_proxy, r_proxy = proxy_factory(etcd_url), proxy_factory(etcd_url)
+        k_proxy.hold("up", match=DEAD_LETTER_PUT)
+        with Queue(connect(k_proxy.url, timeout=1, deadline=2), queue_name, lock_ttl=1,
+                   failed_ttl=ttl) as k:
+            with pytest.raises(Unavailable):
+                k.claim(timeout=0)  # its F2 held: Unavailable
+        assert DEAD_LETTER_PUT.search(k_proxy.held())
+        r_proxy.hold("up", match=TOMBSTONE_PUT)
+        with Queue(connect(r_proxy.url, timeout=8, deadline=20), queue_name,
+                   lock_ttl=5) as requeuer:
+            thread, requeued = in_background(lambda: requeuer.requeue(dead))
+            wait_until(lambda: TOMBSTONE_PUT.search(r_proxy.held()), 5, message="Q4 held")
+            wait_until(lambda: q._protocol.read(FAILED, dead) is None, ttl + 2,
+                       message="the dead letter to expire (failed_ttl)")
+            refused = create_failures(etcd_url)
+            if first == "late-f2":
+                k_proxy.release()
+                wait_until(lambda: q._protocol.read(FAILED, dead) is not None, 5,
+                           message="K's held F2 to write the dead letter again")
+            r_proxy.release()
+            thread.join(20)
+        new_id = requeued["returned"]
+        buried = q._protocol.read(FAILED, dead)
+        assert buried is not None and "requeued_as" in (buried.value or ""), (
+            f"no tombstone after requeue: failed/{dead} is {buried}")
+        if first == "q4":
+            k_proxy.release()
+            wait_until(lambda: create_failures(etcd_url) > refused, 5,
+                       message="K's held F2 to land, and find the key taken")
+        with pytest.raises(NotFound):
+            q.requeue(dead)
+        assert drain(q) == [(new_id, "run me once")]
 
 
 def test_r5_complete_after_a_fail_that_committed_reports_the_dead_letter(

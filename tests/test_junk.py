@@ -150,3 +150,29 @@ def test_junk_where_an_item_or_its_record_belongs_is_not_found_for_wait_cancel_a
         with pytest.raises(NotFound):
             queue.cancel(item_id)
     assert queue.items(COMPLETED) == []
+
+
+def nested_raw(depth: int) -> str:
+    """An item whose payload is a list nested ``depth`` deep, as etcd would hold it."""
+    return '{"t":"x","a":0,"p":' + "[" * depth + "0" + "]" * depth + "}"
+
+
+def test_a_value_too_deep_to_decode_is_junk_and_workers_run_the_items_behind_it(
+        queue: Queue) -> None:
+    """A value nested deeper than a claimer's stack can decode (json.loads recurses per
+    level: RecursionError) is junk like any other: skipped by claims, by Worker.run
+    and by stats, never a RecursionError that kills the worker and every worker
+    restarted after it (the item is at the head of the queue)."""
+    from etcdq_v2 import Worker
+    deep = queue.etcd.post(queue.layout.work, nested_raw(5000)).node["key"]
+    behind = queue.put("an ordinary item behind it")
+    done: list = []
+    worker = Worker(queue, done.append, claim_timeout=0.5, install_signal_handlers=False)
+    worker.run(until_empty=True)
+    assert done == ["an ordinary item behind it"]
+    assert queue.stats() == {"pending": 0, "running": 0, "completed": 1, "failed": 0}
+    assert queue.get(behind).state == COMPLETED
+    with pytest.raises(NotFound):
+        queue.get(deep.rsplit("/", 1)[-1])
+    with pytest.raises(Junk):
+        Item.decode(nested_raw(5000))

@@ -222,6 +222,37 @@ def test_a_claimer_whose_f2_read_back_finds_the_record_expired_writes_it_again(
         assert found is not None and Record.decode(found["value"]).result == "done"
 
 
+def test_a_claimer_whose_f2_read_back_finds_item_and_record_purged_writes_nothing(
+        proxy: FaultProxy, etcd_url: str, queue_name: str) -> None:
+    """A finisher committed (F1), recorded (F2, kept until purged) and died before F3.
+    A claimer finds "o" and finishes for it: its F2 gets "already exists", and its
+    read-back of the record is held.  Meanwhile an operator's purge removes the
+    committed item (its F3), then the record.  The read-back finds no record; the
+    item is no longer at F1's index, so F2 is not sent again: the purged record
+    does not come back (it did: "the item still carries it" was not checked)."""
+    record_read = re.compile(rb"^GET /v2/keys/\S+/completed/\d{20}", re.MULTILINE)
+    with Queue(etcd_url, queue_name, lock_ttl=1, completed_ttl=None) as crashed:
+        crashed.put("purge me")
+        item_id = commit_then_crash(crashed, COMPLETED, record=True)
+        wait_until(lambda: node(crashed, "locks", item_id) is None, BOUND,
+                   message="the dead finisher's lock to expire")
+        with Queue(connect(proxy.url, timeout=8, deadline=20), queue_name, lock_ttl=2,
+                   completed_ttl=None) as claimer:
+            proxy.hold("up", match=record_read)
+            thread, outcome = in_background(lambda: claimer.claim(timeout=0))
+            wait_until(lambda: record_read.search(proxy.held()), 5,
+                       message="the claimer's F2 read-back held")
+            assert crashed.purge(completed=True) == 1
+            assert node(crashed, "work", item_id) is None
+            assert node(crashed, COMPLETED, item_id) is None
+            proxy.release()
+            thread.join(20)
+            assert outcome == {"returned": None}, outcome
+        assert node(crashed, COMPLETED, item_id) is None, "the purged record came back"
+        assert node(crashed, "work", item_id) is None
+        assert crashed.stats() == {"pending": 0, "running": 0, "completed": 0, "failed": 0}
+
+
 #: A producer's P1.
 POST_WORK = re.compile(rb"^POST /v2/keys/\S+/work", re.MULTILINE)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import re
 import threading
 import time
 from typing import List
@@ -20,7 +21,7 @@ from etcdq_v2.server import free_port
 from etcdq_v2.view import BACKLOG
 
 from faultproxy import FaultProxy
-from helpers import wait_until
+from helpers import in_background, wait_until
 
 #: Values whose JSON encoding has escapes, non-ASCII text, and one too large
 #: for the view to keep (a claim reads that one).
@@ -174,6 +175,52 @@ def test_an_item_whose_race_was_lost_during_a_relist_comes_back_when_its_lock_go
         claim = result.get("value")
         assert claim is not None and claim.id == item_id, result
         assert claim.attempt == (1 if lock_goes_by == "release" else 2)
+
+
+#: etcd's reply to a compare-and-swap (a claim's C2).
+CAS_REPLY = re.compile(rb'"action":"compareAndSwap"')
+
+
+def knows(queue: Queue, item_id: str) -> bool:
+    view = queue._view
+    return view is not None and any(c[0] == item_id for c in view.candidates(64))
+
+
+def test_a_claim_that_finds_another_claims_lock_at_c3_keeps_the_item_in_its_view(
+        proxy: FaultProxy, etcd_url: str, queue_name: str) -> None:
+    """Claimer C's C2 applies, its reply is held past its lock's TTL.  Claimer Z takes
+    the item meanwhile.  C's reply arrives: C3 finds Z's lock.  The item is still in
+    work/ without an outcome, so C's view is told it is taken (free once Z's lock
+    goes), not gone.  Z's worker dies, its lock expires: C's next claim gets the
+    item.  (C3 said "gone": C's view forgot a live item until it listed work/
+    again, up to a minute of silence later.)"""
+    with Queue(connect(proxy.url, timeout=8, deadline=20), queue_name, lock_ttl=2,
+               max_attempts=None) as c, \
+            Queue(etcd_url, queue_name, lock_ttl=2, max_attempts=None) as z, \
+            Queue(etcd_url, queue_name) as look:
+        for q in (c, z):
+            assert q.claim(timeout=0) is None  # its view is listed and followed
+        item_id = look.put("still here")
+        for q in (c, z):
+            wait_until(lambda q=q: knows(q, item_id), 5, message="the views to see it")
+        proxy.hold("down", match=CAS_REPLY)
+        thread, outcome = in_background(lambda: c.claim(timeout=0))
+        wait_until(lambda: CAS_REPLY.search(proxy.held("down")), 5,
+                   message="C's C2 reply held")
+        wait_until(lambda: look._protocol.read("locks", item_id) is None, 8,
+                   message="C's lock to expire")
+        taken = z.claim(timeout=5)
+        assert taken is not None and taken.id == item_id
+        proxy.release()
+        thread.join(20)
+        assert outcome == {"returned": None}, outcome  # not handed out
+        taken.abandon()  # Z's worker dies
+        wait_until(lambda: look._protocol.read("locks", item_id) is None, 8,
+                   message="Z's lock to expire")
+        got = c.claim(timeout=6)
+        assert got is not None and got.id == item_id, (
+            f"C's view forgot a pending, free item (stats: {look.stats()})")
+        got.complete()
 
 
 def test_a_consumer_that_also_puts_claims_other_producers_items_in_put_order(
