@@ -104,6 +104,10 @@ class Dashboard:
         self._thread.start()
         return self
 
+    def is_serving(self) -> bool:
+        """True while the thread :meth:`start` began serves (not before, nor after close)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def serve_forever(self) -> None:
         """Serve in this thread until :meth:`close` (from another thread) or an interrupt."""
         self._httpd.serve_forever()
