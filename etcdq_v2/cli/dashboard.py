@@ -52,7 +52,8 @@ def add_verbs(verbs: Any) -> None:
     parser.add_argument("--allow-actions", action="store_true",
                         help="requeue and purge buttons (POSTs guarded against cross-site "
                              "requests); the etcd user then needs write access")
-    parser.add_argument("--token", default=os.environ.get(TOKEN_ENV), metavar="T",
+    # An empty variable (a unit file's blank) is no token, not a too-short one.
+    parser.add_argument("--token", default=os.environ.get(TOKEN_ENV) or None, metavar="T",
                         help=f"required by the API as a bearer token, on any bind (env "
                              f"{TOKEN_ENV}; prefer it: arguments show in ps); off loopback "
                              "one is generated when none is given")
