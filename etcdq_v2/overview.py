@@ -1,11 +1,12 @@
 """One look at a queue for an operator: counts, running claims, dead letters, finish times.
 
-:meth:`Queue.overview` lists each of the queue's four directories once
-(``stats()``, ``items("running")`` and ``items("failed")`` together would
-list nine times), with serializable reads: any member answers from its own
-store, so a dashboard that looks every few seconds adds no raft traffic.
-The directories are listed one after another, so an item finishing between
-two listings can show in both for one look, as with ``stats()``.
+:meth:`Queue.overview` reads the whole queue in one GET, as ``stats()``
+does (:meth:`Protocol.snapshot`: ``stats()``, ``items("running")`` and
+``items("failed")`` together would make five requests), with a
+serializable read: any member answers from its own store, so a dashboard
+that looks every few seconds adds no raft traffic.  The four directories
+are seen at one etcd index, so an item finishing meanwhile shows in work/
+or in its record, never in both or neither.
 
 The counts follow ``stats()``: an item is *running* while a claim's lock
 (not a delay lock) is on it, an item committed (F1) but not yet recorded
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .codec import Item, Junk, Lock, Record
 from .protocol import COMPLETED, FAILED, Entry, Protocol, lock_states
@@ -67,11 +68,16 @@ class QueueOverview:
 
 
 def overview(protocol: Protocol, dead_letters: int = DEAD_LETTERS) -> QueueOverview:
-    """List work/, locks/, completed/ and failed/ once each, and sum them up."""
-    work = list(_decoded(protocol, "work", Item.decode))
-    locks = protocol.list("locks", quorum=False)[1]
+    """One GET of the queue from the member's own copy (work/, locks/, completed/ and
+    failed/ at one index), summed up; junk skipped."""
+    found = protocol.snapshot(quorum=False)
+    # Unsorted from a recursive GET: by id (etcd's index, so put order) for the page.
+    work: List[Tuple[Entry, Item]] = sorted(protocol.decode_entries("work", found["work"]),
+                                            key=lambda pair: pair[0].id)
+    locks = found["locks"]
     records = {kind: {entry.id: record for entry, record in
-                      _decoded(protocol, kind, Record.decode)} for kind in (COMPLETED, FAILED)}
+                      protocol.decode_entries(kind, found[kind])}
+               for kind in (COMPLETED, FAILED)}
     for entry, item in work:  # committed (F1), not yet recorded (F2): finished
         if item.outcome and entry.id not in records[item.outcome]:
             with contextlib.suppress(Junk):
@@ -83,16 +89,6 @@ def overview(protocol: Protocol, dead_letters: int = DEAD_LETTERS) -> QueueOverv
     return QueueOverview(protocol.layout.name, counts, running,
                          _dead_letters(records[FAILED], dead_letters),
                          _finish_times(records[COMPLETED]), _finish_times(records[FAILED]))
-
-
-def _decoded(protocol: Protocol, kind: str,
-             decode: Callable[[Optional[str]], Any]) -> Iterator[Tuple[Entry, Any]]:
-    """Protocol.decoded, with a serializable read: junk skipped."""
-    for entry in protocol.list(kind, quorum=False)[1]:
-        try:
-            yield entry, decode(entry.value)
-        except Junk:
-            continue
 
 
 def _running(waiting: List[Tuple[Entry, Item]], locks: List[Entry]) -> List[RunningItem]:

@@ -155,9 +155,9 @@ stats                (reads only)
 
 overview and queue names    (reads only: Queue.overview, the dashboard)
     GET ``{prefix}`` (not recursive: the children without their contents) for
-    the queue directories; then each queue's work/, locks/, completed/ and
-    failed/, one listing each.  Serializable reads (any member answers from
-    its store, no raft round): a display may lag; nothing is decided on it.
+    the queue directories; then each queue as S1 reads it (one recursive
+    GET).  Serializable reads (any member answers from its store, no raft
+    round): a display may lag; nothing is decided on it.
 
 Refreshes (heartbeats) are CAS refreshes (refresh=true, prevValue=lock): they
 extend the TTL without notifying watchers.

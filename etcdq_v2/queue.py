@@ -299,8 +299,8 @@ class Queue:
     @public_errors()
     def overview(self, dead_letters: int = DEAD_LETTERS) -> QueueOverview:
         """Counts, running items, the ``dead_letters`` newest dead letters and the
-        finish times of the records kept: one listing of each directory, read
-        from any member (see :mod:`etcdq_v2.overview`)."""
+        finish times of the records kept: one GET of the queue, as ``stats()``
+        makes, read from any member (see :mod:`etcdq_v2.overview`)."""
         return overview(self._protocol, dead_letters)
 
     def _find_record(self, item_id: str) -> Optional[ItemInfo]:

@@ -274,9 +274,9 @@ def test_many_pages_share_one_read_of_etcd(etcd_url: str, make_queue: MakeQueue,
         for thread in threads:
             thread.join(BOUND)
         assert results == [200] * 20
-        # One round: the prefix, then 4 directories of each of the 2 queues.
+        # One round: the prefix, then one GET of each of the 2 queues.
         assert board.snapshots.rounds == 1
-        assert sum(transport.requests.values()) == 1 + 4 * 2
+        assert sum(transport.requests.values()) == 1 + 2
     finally:
         transport.close()
 

@@ -5,8 +5,8 @@ other open page.  Each request is answered from the last snapshot while it
 is younger than ``interval``; the first request after that takes a new one
 while the others wait for it (one at a time, under a lock).  So etcd sees
 one round of reads per ``interval`` however many pages are open, and none
-while no page is: a round lists the prefix, then each queue's four
-directories once (:meth:`Queue.overview`), with serializable reads.
+while no page is: a round lists the prefix, then reads each queue in one
+GET (:meth:`Queue.overview`), with serializable reads.
 
 Throughput comes from the records themselves: each completion record and
 dead letter carries its finish time (``fin``), counted into buckets over the
