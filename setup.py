@@ -14,7 +14,8 @@ setup(
     license_files=["LICENSE"],
     python_requires=">=3.8",
     packages=find_packages(include=["etcdq_v2", "etcdq_v2.*"]),
-    package_data={"etcdq_v2": ["py.typed"]},
+    # The dashboard's page, script and style: served from the installed package.
+    package_data={"etcdq_v2": ["py.typed"], "etcdq_v2.dashboard": ["static/*"]},
     install_requires=[
         "python-etcd>=0.4.5",
         # 2.6.0 removed HTTPResponse.getheaders(), which python-etcd calls.

@@ -45,6 +45,11 @@ def check_prefix(prefix: object) -> str:
     return "/" + "/".join(segments)
 
 
+def is_queue_name(text: str) -> bool:
+    """True for a name :func:`check_name` accepts (a directory another tool made may not be)."""
+    return bool(_SEGMENT.fullmatch(text)) and text not in (".", "..")
+
+
 def is_item_id(text: str) -> bool:
     """True for the names etcd gives in-order keys (20 zero-padded digits)."""
     return bool(_ITEM_ID.fullmatch(text))

@@ -170,6 +170,12 @@ stats                (reads only)
         claim lock (an unreadable lock counts as held); completed/failed: the
         records and the items carrying that "o", each id once.
 
+overview and queue names    (reads only: Queue.overview, the dashboard)
+    GET ``{prefix}`` (not recursive: the children without their contents) for
+    the queue directories; then each queue as S1 reads it (one recursive
+    GET).  Serializable reads (any member answers from its store, no raft
+    round): a display may lag; nothing is decided on it.
+
 Refreshes (heartbeats) are CAS refreshes (refresh=true, prevValue=lock): they
 extend the TTL without notifying watchers.
 """
@@ -187,7 +193,7 @@ from .codec import Item, Junk, Lock, Record, new_token, tombstone
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdqError,
                      EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
                      Unavailable)
-from .keys import DIRS, Layout, check_item_id
+from .keys import DIRS, Layout, check_item_id, check_prefix, is_queue_name
 from .transport import EventStream, Node, Transport
 
 log = logging.getLogger("etcdq_v2.protocol")
@@ -292,6 +298,23 @@ def delay_ttl(delay: Optional[float]) -> int:
         raise InvalidArgument(f"delay must be a number of seconds from 0 to {MAX_TTL} "
                               f"(or None), not {delay!r}")
     return ttl_seconds(delay) if delay > 0 else 0
+
+
+def queue_names(transport: Transport, prefix: str) -> List[str]:
+    """The queues under ``prefix``: a plain (not recursive) GET of its directory,
+    whose children are listed without their contents.  Only directories whose
+    name is a valid queue name count; none when the prefix does not exist yet.
+    A serializable read (any member answers from its own store): for display."""
+    try:
+        reply = transport.get(check_prefix(prefix), sorted=True)
+    except KeyMissing:
+        return []
+    names = []
+    for node in reply.node.get("nodes") or []:
+        name = str(node.get("key", "")).rsplit("/", 1)[-1]
+        if node.get("dir") and is_queue_name(name):
+            names.append(name)
+    return names
 
 
 class Protocol:

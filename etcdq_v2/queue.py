@@ -25,6 +25,7 @@ from .claim import Claim, Heartbeat
 from .codec import DEFAULT_MAX_PAYLOAD, Item, Junk, Record, new_token
 from .errors import ConfigError, InvalidArgument, NotFound, Unavailable, public_errors
 from .keys import Layout, check_item_id
+from .overview import DEAD_LETTERS, QueueOverview, overview
 from .protocol import (COMPLETED, FAILED, MAX_TTL, Entry, Gone, Protocol, Taken, delay_ttl,
                        item_fields, lock_states, ttl_seconds)
 from .transport import EventStream, Transport, connect
@@ -294,6 +295,13 @@ class Queue:
             raise NotFound(f"no item {item_id} in queue {self.name}") from None
         lock = self._protocol.read("locks", item_id)
         return _item_info(entry, item, lock_states([lock] if lock else []))
+
+    @public_errors()
+    def overview(self, dead_letters: int = DEAD_LETTERS) -> QueueOverview:
+        """Counts, running items, the ``dead_letters`` newest dead letters and the
+        finish times of the records kept: one GET of the queue, as ``stats()``
+        makes, read from any member (see :mod:`etcdq_v2.overview`)."""
+        return overview(self._protocol, dead_letters)
 
     def _find_record(self, item_id: str) -> Optional[ItemInfo]:
         for kind in (COMPLETED, FAILED):

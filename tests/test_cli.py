@@ -1,8 +1,8 @@
 """The ``etcdq`` command line, run as a subprocess against a real etcd.
 
 Every verb, the exit codes of user errors, ``work`` with a real command
-(results, failures, a timeout, SIGTERM), ``server``, and ``demo`` end to end
-on an embedded etcd in a bare environment.  State is checked through the
+(results, failures, a timeout, SIGTERM), ``dashboard`` served until a signal,
+``server``, and ``demo`` end to end on an embedded etcd in a bare environment.  State is checked through the
 Python API, so a CLI that printed the right thing but did the wrong thing fails.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -36,7 +37,7 @@ from helpers import is_gone, wait_until
 
 BOUND = 20.0
 VERBS = ("put", "work", "stats", "ls", "show", "wait", "cancel", "requeue", "purge", "metrics",
-         "server", "demo", "completion")
+         "dashboard", "server", "demo", "completion")
 #: The global options, with their environment variables.
 GLOBAL_OPTIONS = {"--endpoints": "ETCDQ_ENDPOINTS", "--prefix": "ETCDQ_PREFIX",
                   "--ca-cert": "ETCDQ_CA_CERT", "--cert": "ETCDQ_CERT", "--key": "ETCDQ_KEY",
@@ -160,6 +161,15 @@ class Lines:
         line = self._lines.get(timeout=timeout)
         assert line is not None, "the output ended"
         return line
+
+    def rest(self, timeout: float = BOUND) -> List[str]:
+        """The lines up to the end of the output (of a process that has exited)."""
+        found: List[str] = []
+        line = self._lines.get(timeout=timeout)
+        while line is not None:
+            found.append(line)
+            line = self._lines.get(timeout=timeout)
+        return found
 
 
 def find(pattern: str, text: str) -> "re.Match[str]":
@@ -445,7 +455,8 @@ def test_completion_without_shtab_says_which_extra_to_install() -> None:
 # -- user errors ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [["stats", "q"], ["put", "q", "1"], ["ls", "q"],
-                                  ["work", "q", "--", "true"]], ids=lambda a: a[0])
+                                  ["work", "q", "--", "true"], ["dashboard", "--port", "0"]],
+                         ids=lambda a: a[0])
 def test_an_unreachable_endpoint_exits_3(args: List[str]) -> None:
     endpoint = f"http://127.0.0.1:{free_port()}"
     done = run_etcdq(["--endpoints", endpoint, "--request-timeout", "0.5", *args])
@@ -482,6 +493,7 @@ def test_a_missing_item_exits_5(etcdq: Run, queue: Queue) -> None:
     (["put", "q"], "nothing to put"),
     (["frobnicate"], "invalid choice"),
     (["stats"], "QUEUE"),
+    (["dashboard", "--port", "0", "--token", "short"], "at least 16"),
 ])
 def test_usage_errors_exit_2_with_one_line(etcdq: Run, args: List[str], fragment: str) -> None:
     assert_user_error(etcdq(*args), 2, fragment)
@@ -615,6 +627,102 @@ def test_sigterm_then_terminates_the_command_and_releases_its_item(
         again = take(queue, timeout=2)  # released: no lock TTL (30 s) to wait out
         assert (again.id, again.attempt) == (item_id, 1)  # a release uses up no attempt
         again.complete()
+
+
+# -- dashboard --------------------------------------------------------------------------
+
+def start_dashboard(etcd_url: str, prefix: str, *options: str,
+                    env: Optional[Dict[str, str]] = None) -> "subprocess.Popen[str]":
+    """``etcdq dashboard --port 0`` on ``prefix`` of the shared etcd, its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "etcdq_v2", "--endpoints", etcd_url, "--prefix", prefix,
+         "dashboard", "--port", "0", *options], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+
+
+def get_json(url: str, token: Optional[str] = None) -> Tuple[int, Any]:
+    """``(status, JSON body)`` of a GET, error statuses included; no proxy."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(
+        url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with opener.open(request, timeout=BOUND) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def stop_dashboard(board: "subprocess.Popen[str]", out: Lines,
+                   signum: int = signal.SIGTERM) -> str:
+    """Send ``signum``; the dashboard must exit 0. The rest of its stdout (``out``)."""
+    board.send_signal(signum)
+    assert board.wait(BOUND) == 0, board.stderr.read() if board.stderr else ""
+    return "".join(out.rest())
+
+
+@pytest.mark.parametrize("signum, options", [(signal.SIGTERM, []),
+                                             (signal.SIGINT, ["--allow-actions"])],
+                         ids=["SIGTERM", "SIGINT, --allow-actions"])
+def test_dashboard_serves_the_queues_until_a_stop_signal(
+        etcd_url: str, queue_name: str, signum: int, options: List[str]) -> None:
+    prefix = f"/{queue_name}"
+    with Queue(etcd_url, "jobs", prefix=prefix, max_attempts=1) as jobs:
+        fail_items(jobs, 1)
+        jobs.put_many([1, 2])
+        # An empty variable is no token (not a too-short one).
+        board = start_dashboard(etcd_url, prefix, *options, env={"ETCDQ_DASHBOARD_TOKEN": ""})
+        try:
+            out = Lines(board.stdout)
+            url = out.next().strip()
+            assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", url), url
+            status, document = get_json(url + "api/overview")
+            assert status == 200, document
+            assert [q["name"] for q in document["queues"]] == ["jobs"]
+            assert document["queues"][0]["counts"] == jobs.stats() == \
+                {"pending": 2, "running": 0, "completed": 0, "failed": 1}
+            assert document["queues"][0]["dead_letters"][0]["reason"] == "on purpose"
+            assert document["prefix"] == prefix and document["actions"] is bool(options)
+            assert stop_dashboard(board, out, signum) == ""  # no token line on loopback
+        finally:
+            board.kill()
+            board.wait()
+    with pytest.raises(urllib.error.URLError):  # nothing listens any more
+        get_json(url + "api/overview")
+
+
+def test_dashboard_off_loopback_prints_the_token_its_api_requires(
+        etcd_url: str, queue_name: str) -> None:
+    board = start_dashboard(etcd_url, f"/{queue_name}", "--bind", "0.0.0.0")
+    try:
+        out = Lines(board.stdout)
+        url = out.next().strip()
+        token = find(r"^token: (\S{16,})$", out.next()).group(1)
+        status, answer = get_json(url + "api/overview")
+        assert status == 401 and "token" in answer["error"]
+        assert get_json(url + "api/overview", token[::-1])[0] == 401
+        status, document = get_json(url + "api/overview", token)
+        assert status == 200 and document["queues"] == []
+        stop_dashboard(board, out)
+    finally:
+        board.kill()
+        board.wait()
+
+
+def test_dashboard_takes_a_token_from_the_environment_and_keeps_it_quiet(
+        etcd_url: str, queue_name: str) -> None:
+    token = "t0ken-from-the-environment"
+    board = start_dashboard(etcd_url, f"/{queue_name}", env={"ETCDQ_DASHBOARD_TOKEN": token})
+    try:
+        out = Lines(board.stdout)
+        url = out.next().strip()
+        assert url.startswith("http://127.0.0.1:")  # loopback, and a token all the same
+        assert get_json(url + "api/overview")[0] == 401
+        assert get_json(url + "api/overview", token)[0] == 200
+        assert token not in stop_dashboard(board, out)
+        assert board.stderr is not None and token not in board.stderr.read()
+    finally:
+        board.kill()
+        board.wait()
 
 
 # -- server and demo --------------------------------------------------------------------

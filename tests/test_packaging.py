@@ -38,8 +38,9 @@ BUDGET_SECONDS = 110.0  # for the whole module: under two minutes
 # (.ci/run makes .venv in the tree) would also be slow.
 NOT_SOURCE = (".git", ".tox", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__",
               "*.py[cod]", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis")
-VERBS = ("put", "work", "stats", "ls", "show", "requeue", "purge", "server", "demo",
-         "completion")
+VERBS = ("put", "work", "stats", "ls", "show", "requeue", "purge", "dashboard", "server",
+         "demo", "completion")
+DASHBOARD_FILES = ("index.html", "app.js", "app.css")
 
 
 class Budget:
@@ -141,6 +142,10 @@ def test_wheel_holds_the_whole_package_and_nothing_else(dists: Dists) -> None:
     assert modules <= names, f"modules missing from the wheel: {sorted(modules - names)}"
     # The marker that lets users' type checkers read the package's hints.
     assert f"{PACKAGE}/py.typed" in names
+    # The dashboard's page, script and style, which it serves from the package.
+    static = files_under(dists.source, f"{PACKAGE}/dashboard/static")
+    assert {f"{PACKAGE}/dashboard/static/{name}" for name in DASHBOARD_FILES} <= static
+    assert static <= names, f"dashboard files missing from the wheel: {sorted(static - names)}"
 
 
 def test_wheel_metadata_describes_the_project(dists: Dists) -> None:
@@ -205,5 +210,10 @@ def test_installed_package_imports_from_the_virtualenv(venv: Path, budget: Budge
     package_dir = Path(where.strip()).parent
     assert venv.resolve() in package_dir.resolve().parents, package_dir
     assert (package_dir / "py.typed").is_file()
+    # The installed dashboard finds its page where it serves it from.
+    static = Path(budget.run([venv / "bin" / "python", "-c", "from etcdq_v2.dashboard.server "
+                              "import STATIC; print(STATIC)"], cwd=venv).strip())
+    assert package_dir in static.parents
+    assert all((static / name).is_file() for name in DASHBOARD_FILES)
     usage = budget.run([venv / "bin" / "python", "-m", PACKAGE, "--help"], cwd=venv)
     assert "usage:" in usage

@@ -26,6 +26,7 @@ items          put, ls, show, wait, cancel
 work           work
 ops            stats, requeue, purge
 metrics        metrics (a Prometheus exporter; work --metrics-port is in work)
+dashboard      dashboard (the web page of :mod:`etcdq_v2.dashboard`)
 server         server
 demo           demo
 completion     completion (a bash or zsh script, by shtab, from this parser)

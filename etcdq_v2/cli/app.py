@@ -9,7 +9,7 @@ import sys
 from typing import List, NoReturn, Optional, Sequence
 
 from ..errors import EtcdqError
-from . import completion, demo, items, metrics, ops, server, work
+from . import completion, dashboard, demo, items, metrics, ops, server, work
 from .exits import EXIT_CODES, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, PROG, exit_code_for
 from .options import add_global_options
 
@@ -21,6 +21,7 @@ VERB_MODULES = (
     work,        # work
     ops,         # stats, requeue, purge
     metrics,     # metrics
+    dashboard,   # dashboard
     server,      # server
     demo,        # demo
     completion,  # completion

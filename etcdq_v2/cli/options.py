@@ -15,7 +15,7 @@ import os
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from ..queue import Queue
-from ..transport import connect
+from ..transport import Transport, connect
 
 DEFAULT_ENDPOINTS = "http://127.0.0.1:2379"
 DEFAULT_PREFIX = "/etcdq"
@@ -116,6 +116,13 @@ def worker_environment(args: argparse.Namespace) -> Dict[str, str]:
     return env
 
 
+def connect_from(args: argparse.Namespace) -> Transport:
+    """A Transport on the connection the global options describe (the caller closes it)."""
+    return connect(args.endpoints, ca_cert=args.ca_cert, cert=args.cert, key=args.key,
+                   username=args.username, password=args.password,
+                   timeout=args.request_timeout)
+
+
 @contextlib.contextmanager
 def open_queue(args: argparse.Namespace, name: Optional[str] = None,
                **options: Any) -> Iterator[Queue]:
@@ -128,9 +135,7 @@ def open_queue(args: argparse.Namespace, name: Optional[str] = None,
 def open_queues(args: argparse.Namespace, names: Sequence[str],
                 **options: Any) -> Iterator[List[Queue]]:
     """Queues on one connection (the global options'), in the order named; closed afterwards."""
-    transport = connect(args.endpoints, ca_cert=args.ca_cert, cert=args.cert, key=args.key,
-                        username=args.username, password=args.password,
-                        timeout=args.request_timeout)
+    transport = connect_from(args)
     try:
         with contextlib.ExitStack() as stack:
             yield [stack.enter_context(Queue(transport, name, prefix=args.prefix, **options))
