@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 import threading
 import tracemalloc
+from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
@@ -32,6 +34,7 @@ from etcdq_v2.protocol import COMPLETED, FAILED
 from crashes import commit_then_crash
 from faultproxy import FaultProxy
 from helpers import in_background, wait_until
+from test_cli import assert_user_error, ok, run_etcdq
 from test_delay import Once
 
 BOUND = 20.0
@@ -371,6 +374,49 @@ def test_a_bad_line_is_refused_by_number_and_nothing_is_stored_for_it(
     assert fragment in str(raised.value)
     assert tokens(target) == ["token-0000"]
     assert target._protocol.read("locks", "0" * 20) is None  # the lock went with it
+
+
+# -- the command line -----------------------------------------------------------------------
+
+def etcdq(url: str, *args: str, **kwargs: Any) -> "Any":
+    return run_etcdq(args, env={**os.environ, "ETCDQ_ENDPOINTS": url}, **kwargs)
+
+
+def test_etcdq_export_and_import(source: Queue, target: Queue, etcd_url: str,
+                                 tmp_path: Path) -> None:
+    populate(source, etcd_url)
+    exported = etcdq(etcd_url, "export", source.name, input=b"")
+    assert exported.returncode == 0 and exported.stderr == b""
+    assert exported.stdout.decode().splitlines(keepends=True) == list(source.export_items())
+    (tmp_path / "items.jsonl").write_bytes(exported.stdout)
+    done = ok(etcdq(etcd_url, "import", target.name, str(tmp_path / "items.jsonl")))
+    assert done == ("stored 8 (pending 4, completed 2, failed 2); "
+                    "skipped 0 already in the queue\n")
+    again = etcdq(etcd_url, "--json", "import", target.name, input=exported.stdout)
+    assert again.returncode == 0
+    assert json.loads(again.stdout) == {"pending": 0, COMPLETED: 0, FAILED: 0, "skipped": 8}
+    running = etcdq(etcd_url, "export", source.name, "--state", "running", input=b"")
+    assert [json.loads(line)["payload"] for line in running.stdout.splitlines()] == ["running"]
+
+
+def test_etcdq_import_exit_codes(target: Queue, etcd_url: str, tmp_path: Path) -> None:
+    bad = etcdq(etcd_url, "import", target.name, input=GOOD + "\n{oops\n")
+    assert_user_error(bad, 2, "line 2: not JSON")
+    assert tokens(target) == ["token-0000"]
+    assert_user_error(etcdq(etcd_url, "import", target.name, str(tmp_path / "nope")), 2,
+                      "cannot read")
+    unreachable = etcdq("http://127.0.0.1:9", "--request-timeout", "0.2", "import",
+                        target.name, input=GOOD + "\n")
+    assert_user_error(unreachable, 3)
+    wrong = etcdq(etcd_url, "export", target.name, "--state", "lost")
+    assert wrong.returncode == 2 and "invalid choice" in wrong.stderr
+
+
+@pytest.mark.parametrize("verb", ["export", "import"])
+def test_the_verbs_help_says_what_they_do(verb: str) -> None:
+    text = ok(run_etcdq([verb, "--help"]))
+    assert "ETCDQ_ENDPOINTS" in text and ("put token" in text or "running" in text)
+    assert re.search(rf"^\s+{verb}\s", ok(run_etcdq(["--help"])), re.MULTILINE)
 
 
 # -- memory ---------------------------------------------------------------------------------

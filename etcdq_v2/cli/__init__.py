@@ -25,6 +25,7 @@ output         --json, tables, item fields, counts, status lines, :class:`Progre
 items          put, ls, show, wait, cancel
 work           work
 ops            stats, requeue, purge
+transfer       export, import
 server         server
 demo           demo
 completion     completion (a bash or zsh script, by shtab, from this parser)

@@ -9,7 +9,7 @@ import sys
 from typing import List, NoReturn, Optional, Sequence
 
 from ..errors import EtcdqError
-from . import completion, demo, items, ops, server, work
+from . import completion, demo, items, ops, server, transfer, work
 from .exits import EXIT_CODES, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, PROG, exit_code_for
 from .options import add_global_options
 
@@ -20,6 +20,7 @@ VERB_MODULES = (
     items,       # put, ls, show, wait, cancel
     work,        # work
     ops,         # stats, requeue, purge
+    transfer,    # export, import
     server,      # server
     demo,        # demo
     completion,  # completion
