@@ -18,8 +18,12 @@ import json
 import logging
 import os
 import re
+import shlex
+import shutil
+import subprocess
 import threading
 import tracemalloc
+import urllib.request
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -455,3 +459,44 @@ def test_the_exports_memory_does_not_grow_with_the_queue(etcd_url: str,
     assert 0 < peaks[20_000] < peaks[5_000] * 1.25 + 100_000, peaks
     assert peaks[20_000] < 2_000_000, peaks
 
+
+
+# -- the README's way off v2 --------------------------------------------------------------
+
+def readme_command(start: str) -> List[str]:
+    """The README's command line that starts with ``start``, split as a shell would."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    [line] = [line for line in readme.splitlines() if line.startswith(start)]
+    return shlex.split(line.split("  #")[0])
+
+
+def etcdctl_beside(etcd_binary: str) -> Optional[str]:
+    beside = Path(etcd_binary).with_name("etcdctl")
+    return str(beside) if beside.exists() else shutil.which("etcdctl")
+
+
+@pytest.mark.parametrize("tool", ["curl", "etcdctl"])
+def test_the_readmes_command_removes_every_key_of_the_prefix(
+        tool: str, etcd_url: str, etcd_binary: str, queue_name: str) -> None:
+    """Step 5 of "Leaving etcd v2", as written there (another prefix and host): items,
+    locks, records and the directories themselves are gone."""
+    prefix = f"t-{queue_name[-8:]}"
+    with Queue(etcd_url, "jobs", prefix=f"/{prefix}", max_attempts=1) as queue:
+        queue.put_many(["a", "b", "c"])
+        queue.claim().complete("done")
+        queue.claim().fail("no")
+        assert queue.claim() is not None  # its lock stays
+    if tool == "curl":
+        command = readme_command("curl -X DELETE")
+        command[-1] = command[-1].replace("http://old:2379", etcd_url).replace("etcdq", prefix)
+    else:
+        command = readme_command("ETCDCTL_API=2 etcdctl")
+        command = [etcdctl_beside(etcd_binary) or "etcdctl", *command[2:]]
+        command = [etcd_url if arg == "http://old:2379" else arg.replace("etcdq", prefix)
+                   for arg in command]
+    if shutil.which(command[0]) is None:
+        pytest.skip(f"no {tool}")
+    subprocess.run(command, check=True, capture_output=True, timeout=30,
+                   env={**os.environ, "ETCDCTL_API": "2"})
+    root = json.loads(urllib.request.urlopen(f"{etcd_url}/v2/keys/").read())
+    assert f"/{prefix}" not in [node["key"] for node in root["node"].get("nodes", [])]
