@@ -403,7 +403,11 @@ def test_etcdq_export_and_import(source: Queue, target: Queue, etcd_url: str,
     assert [json.loads(line)["payload"] for line in running.stdout.splitlines()] == ["running"]
 
 
-def test_etcdq_import_exit_codes(target: Queue, etcd_url: str, tmp_path: Path) -> None:
+def test_etcdq_export_and_import_exit_codes(source: Queue, target: Queue, etcd_url: str,
+                                            tmp_path: Path, proxy: FaultProxy) -> None:
+    source.put_many([{"n": n, "pad": "x" * 300} for n in range(300)])
+    proxy.cut(50_000)  # the listing breaks off: the output is incomplete
+    assert_user_error(etcdq(proxy.url, "export", source.name), 3, "broke off")
     bad = etcdq(etcd_url, "import", target.name, input=GOOD + "\n{oops\n")
     assert_user_error(bad, 2, "line 2: not JSON")
     assert tokens(target) == ["token-0000"]

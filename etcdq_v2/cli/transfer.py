@@ -31,7 +31,9 @@ def _add_export(verbs: Any) -> None:
                          "payloads in base64. Read as etcd sends it: memory does not grow "
                          "with the queue. Stop the workers first for an exact copy: an item "
                          "that finishes during the export may be written twice, and then "
-                         "runs again after the import. E.g. etcdq export jobs > jobs.jsonl")
+                         "runs again after the import. Exit status 3: etcd could not be "
+                         "reached, or a listing broke off: the output is incomplete, run it "
+                         "again. E.g. etcdq export jobs > jobs.jsonl")
     add_queue_argument(parser)
     parser.add_argument("--state", choices=STATES,
                         help="only the items in this state (default: all)")
