@@ -175,6 +175,26 @@ overview and queue names    (reads only: Queue.overview, the dashboard)
     the queue directories; then each queue as S1 reads it (one recursive
     GET).  Serializable reads (any member answers from its store, no raft
     round): a display may lag; nothing is decided on it.
+export               (reads only)
+    List locks/ (keeping the running ids), then work/, completed/, failed/
+    (quorum), each decoded as its listing arrives (memory: one entry): a line
+    per item or record, with its put token; running -> pending, an item with
+    "o" -> its record.  Each listing is a snapshot: stop the workers first.
+
+import(lines)
+    I1. PUT ``locks/<0 * 20>`` prevExist=false, ttl=lock_ttl: one import at a time
+        (held: wait, bounded).  No item has id 0.  Its index m names the first key.
+    I2. List work/, completed/, failed/ (quorum, streamed): the put tokens present.
+    I3. Per line: its token present -> skip.  Else PUT ``work/<m>`` (the item,
+        with ``q``) or ``completed|failed/<m>`` (the record, its kind's TTL)
+        prevExist=false; the index of this write is the next m.  No POST can
+        take m, the index of our own write.  "Already exists" after a resend:
+        our token there -> its createdIndex is the next m; gone -> I4.
+    I4. CAS refresh of the import lock: its index (ours) is a fresh m.  Also
+        every lock_ttl/3; lock lost (a stall) -> LockLost, stop.
+    I5. Drop the lock.
+    Crash anywhere: a re-run skips what is stored (the tokens).  A held copy
+    of I3 landing after its item finished: ``q``, its first claim removes it.
 
 Refreshes (heartbeats) are CAS refreshes (refresh=true, prevValue=lock): they
 extend the TTL without notifying watchers.
@@ -187,7 +207,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from .codec import Item, Junk, Lock, Record, new_token, tombstone
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdqError,
@@ -224,6 +244,9 @@ def boot_clock() -> float:
     if _BOOTTIME is not None:
         return time.clock_gettime(_BOOTTIME)
     return time.monotonic()
+#: The id of the import lock, ``locks/<IMPORT_LOCK>``: no write has index 0, so no
+#: item has this id, and views and stats ignore its lock.
+IMPORT_LOCK = "0" * 20
 
 
 class Gone(Exception):
@@ -275,6 +298,18 @@ class Entry:
     def ttl_left(self) -> Optional[int]:
         """The TTL to write back so the key keeps its expiry; None: it has none."""
         return max(self.ttl, 1) if self.expiration else None
+
+
+@dataclass
+class ImportState:
+    """An import under way (I1-I5)."""
+
+    lock: Lock
+    #: The put tokens in the queue: of what was there (I2), and of what we stored.
+    tokens: Set[str]
+    #: The index of our latest write, which names the next key (I3); None: unknown.
+    name: Optional[int]
+    refreshed: float    # time.monotonic() before the lock was last created or refreshed
 
 
 def item_fields(queue: str, item_id: str, attempt: Optional[int] = None) -> Dict[str, Any]:
@@ -1231,6 +1266,114 @@ class Protocol:
                     return kind, Record.decode(entry.value)
         return None
 
+    # -- I: import ---------------------------------------------------------------
+    def begin_import(self) -> "ImportState":
+        """I1, I2: the import lock (its index names the first key), then the put
+        tokens of every item and record already in the queue."""
+        lock = Lock(self.node_id, new_token())
+        index = self._lock_import(lock)  # I1
+        try:
+            tokens = self.put_tokens()  # I2
+        except BaseException:
+            self._let_go(IMPORT_LOCK, lock)
+            raise
+        return ImportState(lock, tokens, index, time.monotonic())
+
+    def _lock_import(self, lock: Lock) -> int:
+        """I1: create ``locks/<IMPORT_LOCK>``; its index.  Another import's lock is
+        waited for (up to lock_ttl and the deadline: a crashed import's expires)."""
+        give_up = time.monotonic() + self.lock_ttl + self.etcd.deadline
+        waiting = False
+        while True:
+            try:
+                return self._create_lock(IMPORT_LOCK, lock, self.lock_ttl)
+            except Taken:
+                if time.monotonic() >= give_up:
+                    raise Unavailable(f"another import into {self.layout.root} is under way "
+                                      "(its lock stayed); run this one when it ends") from None
+                if not waiting:
+                    log.warning("waiting for another import into %s to end (or for the lock "
+                                "of one that stopped to expire)", self.layout.root)
+                    waiting = True
+                time.sleep(0.2)
+
+    def put_tokens(self) -> Set[str]:
+        """I2: the put tokens in work/, completed/ and failed/ (quorum, streamed listings)."""
+        tokens = set()
+        for kind in ("work", COMPLETED, FAILED):
+            for _, decoded in self.streamed(kind):
+                if decoded.token:
+                    tokens.add(decoded.token)
+        return tokens
+
+    def import_value(self, state: "ImportState", kind: str, raw: str, token: str) -> None:
+        """I3: store one item (``kind`` work) or record whose token is not in the queue.
+
+        Its name is the index of our previous write (I1, I3 or I4): no POST,
+        and no other writer, can ever take it.  "Already exists" after a
+        resent PUT is read back: our token is our own first copy.  The index
+        of this write names the next key; when it is unknown (our copy was
+        already consumed and removed), I4 makes a fresh one.
+        """
+        self._keep_import_lock(state)
+        if state.name is None:
+            state.name = self._refresh_import_lock(state)  # I4
+        item_id = f"{state.name:020d}"
+        ttl = self.record_ttls.get(kind)  # None for work/: an item never expires
+        try:
+            state.name = self.etcd.put(self.layout.key(kind, item_id), raw, ttl=ttl,
+                                       prev_exist=False).written_index
+        except AlreadyExists as exc:
+            state.name = self._imported(kind, item_id, token, exc.retried)
+        state.tokens.add(token)
+
+    @staticmethod
+    def imported_item(payload: Any, token: str, attempts: int, created: float) -> Item:
+        """The value I3 writes for a pending item: marked ``q``, as D2's and Q3's are,
+        since a copy of I3 held in flight could land after the item finished and
+        create it again: its first claim then finds the record (C3)."""
+        return Item(payload, token, attempts, created=created, requeued=True)
+
+    def _imported(self, kind: str, item_id: str, token: str, retried: bool) -> Optional[int]:
+        """After I3's "already exists": the index of our own copy (its createdIndex,
+        which a claim's CAS keeps), None if it is ours but gone again (a resent PUT
+        whose first copy a consumer already finished); EtcdRejected if not ours."""
+        node = self._read_node(kind, item_id)
+        if node is None and retried:
+            return None
+        decode = Item.decode if kind == "work" else Record.decode
+        if node is not None and _put_token(decode, node.get("value")) == token:
+            return int(node["createdIndex"])
+        raise EtcdRejected(f"{self.layout.key(kind, item_id)} holds a value this import did "
+                           "not write; the line was not stored", code=AlreadyExists.code)
+
+    def _keep_import_lock(self, state: "ImportState") -> None:
+        """Refresh the import lock every lock_ttl/3, between writes (no thread)."""
+        if time.monotonic() - state.refreshed >= self.lock_ttl / 3:
+            self._refresh_import_lock(state)
+
+    def _refresh_import_lock(self, state: "ImportState") -> int:
+        """I4: a CAS refresh of our import lock; its index, ours, is a fresh name.
+
+        A resent refresh applies again (the value is unchanged): each copy's
+        index is ours.  LockLost if the lock expired or changed: this import
+        stalled past lock_ttl and another may have begun, so it stops.
+        """
+        started = time.monotonic()
+        try:
+            reply = self.etcd.put(self.layout.key("locks", IMPORT_LOCK), ttl=self.lock_ttl,
+                                  refresh=True, prev_exist=True, prev_value=state.lock.encode())
+        except (CompareFailed, KeyMissing):
+            raise LockLost(f"the import lock of {self.layout.root} expired (the import "
+                           "stalled for longer than lock_ttl): stopped; run the import "
+                           "again") from None
+        state.refreshed = started
+        return reply.written_index
+
+    def end_import(self, state: "ImportState") -> None:
+        """I5: drop the import lock (else it expires)."""
+        self._let_go(IMPORT_LOCK, state.lock)
+
     # -- reads -----------------------------------------------------------------
     def read(self, kind: str, item_id: str) -> Optional[Entry]:
         """A linearizable read of one key of the queue; None if it does not exist."""
@@ -1257,7 +1400,7 @@ class Protocol:
         entries = list(self.entries(reply.node.get("nodes") or []))
         return reply.index, entries
 
-    def entries(self, nodes: List[Node]) -> Iterator[Entry]:
+    def entries(self, nodes: Iterable[Node]) -> Iterator[Entry]:
         for node in nodes:
             parsed = self.layout.split(node.get("key", ""))
             if node.get("dir") or parsed is None:
@@ -1304,6 +1447,37 @@ class Protocol:
                 yield entry, decode(entry.value)
             except Junk:
                 continue
+
+    def streamed(self, kind: str) -> Iterator[Tuple[Entry, Any]]:
+        """Like :meth:`decoded`, but each entry as the listing arrives (quorum, sorted):
+        memory holds one entry, never the directory (export, import's I2)."""
+        decode = Item.decode if kind == "work" else Record.decode
+        for entry in self._streamed_entries(kind):
+            try:
+                yield entry, decode(entry.value)
+            except Junk:
+                continue
+
+    def _streamed_entries(self, kind: str) -> Iterator[Entry]:
+        try:
+            listing = self.etcd.listing(self.layout.dir(kind), sorted=True, quorum=True)
+        except KeyMissing:
+            return
+        yield from self.entries(listing.nodes())
+
+    def claimed_ids(self) -> Set[str]:
+        """The ids whose lock is a claim's (running items), from a streamed listing of
+        locks/: memory grows with the running items only, not with delay locks.  A
+        lock we cannot read counts as a claim's, as in :func:`lock_states`."""
+        claimed = set()
+        for entry in self._streamed_entries("locks"):
+            try:
+                if Lock.decode(entry.value).delay:
+                    continue
+            except Junk:
+                pass
+            claimed.add(entry.id)
+        return claimed
 
     def purge(self, kind: str, progress: Optional[Callable[[], Any]] = None) -> int:
         """Delete the records of ``kind`` one by one (never the directory: junk stays).

@@ -17,8 +17,8 @@ import threading
 import time
 from dataclasses import dataclass
 from types import TracebackType
-from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple,
-                    Type, Union)
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set,
+                    Tuple, Type, Union)
 
 from .backoff import BackoffOption, make_backoff
 from .claim import Claim, Heartbeat
@@ -28,6 +28,7 @@ from .keys import Layout, check_item_id
 from .overview import DEAD_LETTERS, QueueOverview, overview
 from .protocol import (COMPLETED, FAILED, MAX_TTL, Entry, Gone, Protocol, Taken, delay_ttl,
                        item_fields, lock_states, ttl_seconds)
+from .transfer import export_lines, guarded, import_lines
 from .transport import EventStream, Transport, connect
 from .view import QueueView
 
@@ -406,6 +407,31 @@ class Queue:
         """
         kinds = [kind for kind, chosen in ((COMPLETED, completed), (FAILED, failed)) if chosen]
         return sum(self._protocol.purge(kind, progress) for kind in kinds)
+
+    def export_items(self, state: Optional[str] = None) -> Iterator[str]:
+        """The queue as JSON lines, one per item or record ("\\n"-ended), for
+        :meth:`import_items`; only those in ``state`` if given (running items
+        are written as pending).  Read as etcd's listings arrive: memory does not
+        grow with the queue.  etcdq_v2/transfer.py describes the lines.
+        """
+        if state is not None and state not in STATES:
+            raise InvalidArgument(f"unknown state {state!r}: use one of {', '.join(STATES)}")
+        return guarded(export_lines(self._protocol, state))
+
+    @public_errors()
+    def import_items(self, lines: Iterable[Union[str, bytes]], *,
+                     progress: Optional[Callable[[], Any]] = None) -> Dict[str, int]:
+        """Store the items and records of :meth:`export_items`'s lines; the counts.
+
+        A line whose put token the queue already holds is skipped, so importing
+        a file twice, or again after an import that stopped half-way, stores
+        each item once.  Returns how many were stored per state (pending,
+        completed, failed) and how many were ``skipped``.  A bad line raises
+        InvalidArgument naming it (the lines before it are stored).  One import
+        at a time per queue: another waits for it (docs/protocol.md, "import").
+        ``progress`` is called after each line.
+        """
+        return import_lines(self._protocol, lines, progress)
 
     def close(self) -> None:
         """Stop the background threads (open claims stop being refreshed) and end waits."""

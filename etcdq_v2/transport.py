@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 
 from .errors import (AlreadyExists, AmbiguousWrite, AuthError, CompareFailed, ConfigError,
                      EtcdFailure, EtcdqError, KeyMissing, Unavailable)
+from .listing import listed_nodes
 from .wire import Connection, Lost, Member, NotSent, Response, TLSFailed, tls_context
 
 log = logging.getLogger("etcdq_v2.transport")
@@ -317,6 +318,27 @@ class Transport:
                 raise self._error(member.url, response.status, response.body)
         return EventStream(connection, member.url)
 
+    def listing(self, key: str, *, sorted: bool = False, quorum: bool = False) -> "Listing":
+        """A directory's listing, read as it arrives (:meth:`Listing.nodes`).
+
+        Sent as a GET is, on a connection of its own, and retried on the next
+        member until the deadline; KeyMissing for a missing directory.  Once
+        its body is being read a failure cannot be retried without yielding
+        children twice: it raises Unavailable, and the caller lists again.
+        """
+        path = _path(key, {"sorted": sorted, "quorum": quorum})
+        return self._retrying("GET", key, lambda member, timeout, retried:
+                              self._open_listing(member, path, timeout))
+
+    def _open_listing(self, member: Member, path: str, timeout: float) -> "Listing":
+        with self._lock:
+            self.requests["GET"] += 1
+        with _translated(member.url):
+            connection, response = member.stream(path, timeout, timeout)
+            if response.status != 200:
+                raise self._error(member.url, response.status, response.body)
+        return Listing(connection, response.headers, member.url)
+
     @contextmanager
     def time_limit(self, seconds: float) -> Iterator[None]:
         """Calls made by this thread inside the block give up after ``seconds``.
@@ -498,6 +520,28 @@ class EventStream:
     def release(self) -> None:
         """Close the connection: for the reading thread, once it is done reading."""
         self._connection.close()
+
+
+class Listing:
+    """A directory listing whose body is still to be read: etcd's index, and its children."""
+
+    def __init__(self, connection: Connection, headers: Dict[str, str], endpoint: str) -> None:
+        self._connection = connection
+        self._headers = headers
+        self._endpoint = endpoint
+        #: The X-Etcd-Index of the reply: the listing shows the store at this index.
+        self.index = int(headers.get("x-etcd-index") or 0)
+
+    def nodes(self) -> Iterator[Node]:
+        """The children, decoded one by one as the body arrives; the connection is
+        closed at the end (or when the caller stops).  Unavailable if it breaks off."""
+        try:
+            with _translated(self._endpoint):
+                yield from listed_nodes(self._connection.pieces(self._headers))
+        except _Transient as exc:
+            raise Unavailable(f"a listing from {self._endpoint} broke off: {exc}") from None
+        finally:
+            self._connection.close()
 
 
 def _quoting(safe: str, space: str) -> List[str]:

@@ -193,6 +193,49 @@ class Connection:
                 raise ValueError("a chunk is longer than its size")
             yield chunk
 
+    def pieces(self, headers: Dict[str, str]) -> Iterator[bytes]:
+        """A reply's body in pieces of at most 64 KiB, as they arrive, however it is framed.
+
+        For a listing read without holding it whole: etcd sends a directory's
+        listing as one chunk of its full size (tens of MB at 100,000 items),
+        which :meth:`chunks` would read into memory at once.
+        """
+        encoding = headers.get("transfer-encoding")
+        if encoding is None:
+            length = headers.get("content-length")
+            if length is not None and not length.isdigit():
+                raise ValueError(f"bad Content-Length: {length!r}")
+            yield from self._pieces(int(length) if length is not None else None)
+            return
+        if encoding.lower() != "chunked":
+            raise ValueError(f"unsupported Transfer-Encoding: {encoding}")
+        while True:
+            size = int(self._take_until(b"\r\n").split(b";", 1)[0], 16)
+            if size <= 0:
+                if size < 0:
+                    raise ValueError("negative chunk size")
+                while self._take_until(b"\r\n"):
+                    pass  # trailer fields, up to the empty line that ends the body
+                return
+            yield from self._pieces(size)
+            if self._take_until(b"\r\n"):
+                raise ValueError("a chunk is longer than its size")
+
+    def _pieces(self, length: Optional[int]) -> Iterator[bytes]:
+        """The next ``length`` bytes (None: until the member closes) as they arrive."""
+        while length is None or length > 0:
+            if self._pos == len(self._buffer) and not self._fill():
+                if length is None:
+                    return
+                raise Lost("the member closed the connection")
+            end = len(self._buffer) if length is None else \
+                min(len(self._buffer), self._pos + length)
+            piece = bytes(self._buffer[self._pos:end])
+            self._pos = end
+            if length is not None:
+                length -= len(piece)
+            yield piece
+
     def blocks(self) -> Iterator[bytes]:
         """A chunked body as blocks of whole lines; ends with the body or close().
 

@@ -37,7 +37,7 @@ from helpers import is_gone, wait_until
 
 BOUND = 20.0
 VERBS = ("put", "work", "stats", "ls", "show", "wait", "cancel", "requeue", "purge", "metrics",
-         "dashboard", "server", "demo", "completion")
+         "dashboard", "export", "import", "server", "demo", "completion")
 #: The global options, with their environment variables.
 GLOBAL_OPTIONS = {"--endpoints": "ETCDQ_ENDPOINTS", "--prefix": "ETCDQ_PREFIX",
                   "--ca-cert": "ETCDQ_CA_CERT", "--cert": "ETCDQ_CERT", "--key": "ETCDQ_KEY",

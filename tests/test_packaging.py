@@ -38,8 +38,8 @@ BUDGET_SECONDS = 110.0  # for the whole module: under two minutes
 # (.ci/run makes .venv in the tree) would also be slow.
 NOT_SOURCE = (".git", ".tox", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__",
               "*.py[cod]", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis")
-VERBS = ("put", "work", "stats", "ls", "show", "requeue", "purge", "dashboard", "server",
-         "demo", "completion")
+VERBS = ("put", "work", "stats", "ls", "show", "wait", "cancel", "requeue", "purge", "metrics",
+         "dashboard", "export", "import", "server", "demo", "completion")
 DASHBOARD_FILES = ("index.html", "app.js", "app.css")
 
 

@@ -27,6 +27,7 @@ work           work
 ops            stats, requeue, purge
 metrics        metrics (a Prometheus exporter; work --metrics-port is in work)
 dashboard      dashboard (the web page of :mod:`etcdq_v2.dashboard`)
+transfer       export, import
 server         server
 demo           demo
 completion     completion (a bash or zsh script, by shtab, from this parser)

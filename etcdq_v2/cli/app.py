@@ -9,7 +9,7 @@ import sys
 from typing import List, NoReturn, Optional, Sequence
 
 from ..errors import EtcdqError
-from . import completion, dashboard, demo, items, metrics, ops, server, work
+from . import completion, dashboard, demo, items, metrics, ops, server, transfer, work
 from .exits import EXIT_CODES, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, PROG, exit_code_for
 from .options import add_global_options
 
@@ -22,6 +22,7 @@ VERB_MODULES = (
     ops,         # stats, requeue, purge
     metrics,     # metrics
     dashboard,   # dashboard
+    transfer,    # export, import
     server,      # server
     demo,        # demo
     completion,  # completion

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import List, Sequence, Tuple
 
-from ..errors import (AuthError, ConfigError, EtcdqError, InvalidName, InvalidPayload, NotFound,
-                      Unavailable)
+from ..errors import (AuthError, ConfigError, EtcdqError, InvalidArgument, InvalidName,
+                      InvalidPayload, NotFound, Unavailable)
 
 PROG = "etcdq"
 
@@ -27,7 +27,8 @@ EXIT_CODES: Tuple[Tuple[int, str], ...] = (
     (EXIT_OK, "success"),
     (EXIT_FAILURE, "any other error (e.g. a declined purge, a demo that did not verify), "
                    "or work: an item it handled failed"),
-    (EXIT_USAGE, "bad usage: arguments, queue name, item id, payload, endpoint or TLS files"),
+    (EXIT_USAGE, "bad usage: arguments, queue name, item id, payload, endpoint or TLS files, "
+                 "a bad line to import"),
     (EXIT_UNAVAILABLE, "etcd could not be reached at the endpoints"),
     (EXIT_AUTH, "etcd refused the credentials or the access"),
     (EXIT_NOT_FOUND, "no such item"),
@@ -42,6 +43,7 @@ _ERROR_EXITS: Tuple[Tuple[type, int], ...] = (
     (Unavailable, EXIT_UNAVAILABLE),
     (InvalidName, EXIT_USAGE),
     (InvalidPayload, EXIT_USAGE),
+    (InvalidArgument, EXIT_USAGE),
     (ConfigError, EXIT_USAGE),
 )
 

@@ -52,7 +52,7 @@ _GLOBAL_OPTIONS: Tuple[_GlobalOption, ...] = (
                   "S", kind=float),
     _GlobalOption(("--json",), "json", None, False,
                   "machine-readable output (put, stats, ls, show, wait, cancel, requeue, "
-                  "purge, work)",
+                  "purge, work, import)",
                   action="store_true"),
     _GlobalOption(("-v", "--verbose"), "verbose", None, 0, "more log output (repeatable)",
                   action="count"),
