@@ -181,17 +181,26 @@ class Connection:
     def chunks(self) -> Iterator[bytes]:
         """The chunks of a chunked body, as they arrive, until the last one."""
         while True:
-            size = int(self._take_until(b"\r\n").split(b";", 1)[0], 16)
-            if size <= 0:
-                if size < 0:
-                    raise ValueError("negative chunk size")
-                while self._take_until(b"\r\n"):
-                    pass  # trailer fields, up to the empty line that ends the body
+            size = self._chunk_size()
+            if not size:
                 return
             chunk = self._take(size)
-            if self._take_until(b"\r\n"):
-                raise ValueError("a chunk is longer than its size")
+            self._end_chunk()
             yield chunk
+
+    def _chunk_size(self) -> int:
+        """The next chunk's size; 0 after the last one, whose trailer fields it reads."""
+        size = int(self._take_until(b"\r\n").split(b";", 1)[0], 16)
+        if size < 0:
+            raise ValueError("negative chunk size")
+        if size == 0:
+            while self._take_until(b"\r\n"):
+                pass  # trailer fields, up to the empty line that ends the body
+        return size
+
+    def _end_chunk(self) -> None:
+        if self._take_until(b"\r\n"):
+            raise ValueError("a chunk is longer than its size")
 
     def pieces(self, headers: Dict[str, str]) -> Iterator[bytes]:
         """A reply's body in pieces of at most 64 KiB, as they arrive, however it is framed.
@@ -210,16 +219,11 @@ class Connection:
         if encoding.lower() != "chunked":
             raise ValueError(f"unsupported Transfer-Encoding: {encoding}")
         while True:
-            size = int(self._take_until(b"\r\n").split(b";", 1)[0], 16)
-            if size <= 0:
-                if size < 0:
-                    raise ValueError("negative chunk size")
-                while self._take_until(b"\r\n"):
-                    pass  # trailer fields, up to the empty line that ends the body
+            size = self._chunk_size()
+            if not size:
                 return
             yield from self._pieces(size)
-            if self._take_until(b"\r\n"):
-                raise ValueError("a chunk is longer than its size")
+            self._end_chunk()
 
     def _pieces(self, length: Optional[int]) -> Iterator[bytes]:
         """The next ``length`` bytes (None: until the member closes) as they arrive."""
