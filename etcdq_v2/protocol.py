@@ -16,6 +16,9 @@ put
         found -> that is our item; not found -> Unavailable (the request may
         still apply later, so it is never resent: no duplicate, ever; with
         record TTLs under the deadline it may also have run, its record gone).
+    A payload nested deeper than MAX_DEPTH is refused before P1 (a result,
+    before F1).  Stored payloads are written back unchecked (C2, C3, R0, F1,
+    F2, Q1, Q3, K3): one that decoded is ours, however deep.
 
 delayed put (delay > 0)
     D1. POST ``locks/`` with ttl=delay (whole seconds, rounded up) and a delay
@@ -209,7 +212,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
-from .codec import Item, Junk, Lock, Record, new_token, tombstone
+from .codec import Item, Junk, Lock, Record, check_depth, new_token, tombstone
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdqError,
                      EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
                      Unavailable)
@@ -536,7 +539,7 @@ class Protocol:
                 raise Taken(index)
             claimed = replace(item, attempts=item.attempts + 1, claim=lock.token)
             try:
-                reply = self.etcd.put(self.layout.key("work", item_id), claimed.encode(),
+                reply = self.etcd.put(self.layout.key("work", item_id), claimed.encode(stored=True),
                                       prev_index=index)
             except CompareFailed:
                 raw = None
@@ -609,7 +612,7 @@ class Protocol:
         on our C2 index.  A cancel that read that index (K2) while our lock was
         gone then fails its K3, and one that committed makes this fail."""
         try:
-            reply = self.etcd.put(self.layout.key("work", state.id), state.item.encode(),
+            reply = self.etcd.put(self.layout.key("work", state.id), state.item.encode(stored=True),
                                   prev_index=state.index)
             state.index = reply.written_index
             return
@@ -716,11 +719,13 @@ class Protocol:
     # -- F: complete, dead-letter --------------------------------------------
     def finish(self, state: ClaimState, kind: str, *, result: Any = None,
                reason: Optional[str] = None) -> None:
-        """F1-F4: commit ``kind`` (completed or failed) on the item, record it, remove it."""
+        """F1-F4: commit ``kind`` (completed or failed) on the item, record it, remove it.
+        Only ``result`` is checked for depth: the payload is the stored one."""
+        check_depth(result)
         record = Record(state.item.payload, state.lock.token, self.node_id, state.item.attempts,
                         state.item.created, time.time(), result, reason, token=state.item.token,
                         requeued=state.item.requeued)
-        committed = self._commit(state, kind, record.encode(outcome=kind))
+        committed = self._commit(state, kind, record.encode(outcome=kind, stored=True))
         if committed is not None:
             self.finish_committed(state.id, committed, state.lock)
 
@@ -764,7 +769,7 @@ class Protocol:
         """F2-F4 for an item whose F1 applied: by its finisher, or by a claimer after a crash."""
         item = Item.decode(entry.value)
         assert item.outcome is not None
-        self._record(item_id, item, Record.decode(entry.value).encode(), entry.index)
+        self._record(item_id, item, Record.decode(entry.value).encode(stored=True), entry.index)
         deletes: List[Tuple[str, Dict[str, Any]]] = [
             (self.layout.key("work", item_id), {"prevIndex": entry.index})]
         if lock is not None:
@@ -873,7 +878,7 @@ class Protocol:
         """
         returned = replace(state.item, attempts=state.item.attempts - 1)
         try:
-            reply = self.etcd.put(self.layout.key("work", state.id), returned.encode(),
+            reply = self.etcd.put(self.layout.key("work", state.id), returned.encode(stored=True),
                                   prev_index=state.index)
             state.index = reply.written_index
         except (CompareFailed, KeyMissing):
@@ -942,7 +947,7 @@ class Protocol:
             (token, index), record = self._requeue_token(item_id)
             self._remove_dead_item(item_id)
             new_id = f"{index:020d}"  # Q1's own index: no POST can ever take this name
-            raw = Item(record.payload, token, requeued=True).encode()
+            raw = Item(record.payload, token, requeued=True).encode(stored=True)
             new_index = self._create_item(new_id, raw)
             self._bury(item_id, new_id, record, index)  # Q4
             return new_id, new_index, raw
@@ -1042,7 +1047,7 @@ class Protocol:
         if record.requeue_token:
             return (record.requeue_token, entry.index), record
         token = new_token()
-        marked = replace(record, requeue_token=token).encode()
+        marked = replace(record, requeue_token=token).encode(stored=True)
         try:
             # With the time it has left: a CAS without a TTL makes the key
             # permanent, and this Queue's failed_ttl need not be the one the
