@@ -172,6 +172,9 @@ stats                (reads only)
         pending: no "o", no claim lock (a delay lock is pending); running: a
         claim lock (an unreadable lock counts as held); completed/failed: the
         records and the items carrying that "o", each id once.
+        A reply too deep to decode (a directory ~500 deep in the queue's
+        directory, junk) -> four listings instead, not recursive: junk never
+        makes stats fail.
 
 overview and queue names    (reads only: Queue.overview, the dashboard)
     GET ``{prefix}`` (not recursive: the children without their contents) for
@@ -217,7 +220,7 @@ from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, 
                      EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
                      Unavailable)
 from .keys import DIRS, Layout, check_item_id, check_prefix, is_queue_name
-from .transport import EventStream, Node, Transport
+from .transport import EventStream, Node, Transport, UndecodableReply
 
 log = logging.getLogger("etcdq_v2.protocol")
 
@@ -1428,12 +1431,24 @@ class Protocol:
             node = self.etcd.get(self.layout.root, recursive=True, quorum=quorum).node
         except KeyMissing:
             node = {}
+        except UndecodableReply as exc:
+            return self._listed_snapshot(quorum, exc)
         found: Dict[str, List[Entry]] = {kind: [] for kind in DIRS}
         for child in node.get("nodes") or []:
             kind = str(child.get("key", "")).rpartition("/")[2]
             if child.get("dir") and kind in found:
                 found[kind] = list(self.entries(child.get("nodes") or []))
         return found
+
+    def _listed_snapshot(self, quorum: bool, exc: UndecodableReply) -> Dict[str, List[Entry]]:
+        """The snapshot from a listing per directory, when the recursive GET cannot
+        be decoded: a directory nested hundreds of levels deep somewhere in the
+        queue's directory (junk), whose JSON nests twice as deep.  A listing is
+        not recursive, so it never carries such a subtree; the four are not of
+        one etcd index, which is all that is lost."""
+        log.warning("%s: %s; reading its directories one by one (remove the deep "
+                    "directory to read them in one request again)", self.layout.root, exc)
+        return {kind: self.list(kind, quorum=quorum)[1] for kind in DIRS}
 
     def decoded(self, kind: str) -> Iterator[Tuple[Entry, Any]]:
         """``(entry, Item or Record)`` for the entries of ``kind`` that are ours."""

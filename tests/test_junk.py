@@ -256,3 +256,17 @@ def test_an_item_stored_deeper_than_max_depth_is_released_failed_requeued_and_ca
         requeued = queue.requeue(deep)  # Q1, Q3
         assert queue.cancel(requeued) is True  # K3
         assert queue.get(requeued).state == FAILED
+
+
+def test_stats_and_overview_count_a_queue_holding_a_directory_nested_600_deep(
+        queue: Queue) -> None:
+    """A directory nested 600 levels deep in the queue's directory (junk) makes the
+    reply of stats' recursive GET too deep for json.loads (two levels of JSON per
+    directory): stats and overview read the four directories one by one instead
+    (not recursive: the subtree is never sent), and count as without it."""
+    queue.put("pending")
+    queue.etcd.put(queue.layout.root + "/junk" + "/a" * 600, "v")
+    queue.etcd.put(queue.layout.work + "/deep" + "/a" * 600, "v")
+    assert queue.stats() == {"pending": 1, "running": 0, "completed": 0, "failed": 0}
+    assert queue.stats(quorum=False)["pending"] == 1
+    assert queue.overview().counts["pending"] == 1
