@@ -1564,12 +1564,18 @@ def _put_token(decode: Callable[[Optional[str]], Any], raw: Optional[str]) -> Op
     return token
 
 
-def lock_states(entries: List[Entry]) -> Dict[str, Optional[Lock]]:
-    """Locks by item id; a lock we cannot read counts as held (None), never as free."""
-    locks: Dict[str, Optional[Lock]] = {}
+#: What :func:`lock_states` gives for a lock it cannot read (junk): a claim's
+#: lock of no known node.  It holds its item (C1 gets "already exists"), so the
+#: item counts as running, never pending; an id without a lock is absent.
+UNREADABLE_LOCK = Lock(node_id="", token="")
+
+
+def lock_states(entries: List[Entry]) -> Dict[str, Lock]:
+    """Locks by item id; a lock we cannot read is UNREADABLE_LOCK: held, never free."""
+    locks: Dict[str, Lock] = {}
     for entry in entries:
         try:
             locks[entry.id] = Lock.decode(entry.value)
         except Junk:
-            locks[entry.id] = None
+            locks[entry.id] = UNREADABLE_LOCK
     return locks

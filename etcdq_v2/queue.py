@@ -549,6 +549,7 @@ def _remaining(deadline: Optional[float]) -> Optional[float]:
 
 
 def _is_running(locks: Dict[str, Any], item_id: str) -> bool:
+    """Under a claim's lock, or one we cannot read (UNREADABLE_LOCK: held)."""
     lock = locks.get(item_id)
     return lock is not None and not lock.delay
 
@@ -556,7 +557,8 @@ def _is_running(locks: Dict[str, Any], item_id: str) -> bool:
 def _item_info(entry: Entry, item: Item, locks: Dict[str, Any]) -> ItemInfo:
     running = _is_running(locks, entry.id)
     return ItemInfo(entry.id, "running" if running else "pending", item.payload, item.attempts,
-                    locks[entry.id].node_id if running else None, created=item.created or None)
+                    (locks[entry.id].node_id or None) if running else None,
+                    created=item.created or None)
 
 
 def _record_info(item_id: str, state: str, record: Record) -> ItemInfo:

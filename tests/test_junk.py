@@ -65,7 +65,8 @@ def test_a_lock_without_ttl_blocks_only_its_item(queue: Queue) -> None:
     assert claim.id == free
     claim.complete()
     assert queue.claim(timeout=0.5) is None
-    assert queue.stats()["pending"] == 1
+    # Held (no claim can take it), so running, as docs S1 say: not claimable pending.
+    assert queue.stats() == {"pending": 0, "running": 1, "completed": 1, "failed": 0}
     assert queue.etcd.get(queue.layout.key("locks", stuck)).node["value"] == \
         "held by some other tool"
 
@@ -270,3 +271,20 @@ def test_stats_and_overview_count_a_queue_holding_a_directory_nested_600_deep(
     assert queue.stats() == {"pending": 1, "running": 0, "completed": 0, "failed": 0}
     assert queue.stats(quorum=False)["pending"] == 1
     assert queue.overview().counts["pending"] == 1
+
+
+def test_an_item_under_an_unreadable_lock_is_running_in_stats_get_items_and_overview(
+        queue: Queue) -> None:
+    """A lock we cannot read holds its item (C1 gets "already exists": no claim can
+    take it), so every read counts the item as running, as docs S1 say: never pending."""
+    item_id = queue.put("held by a lock nobody can read")
+    queue.etcd.put(queue.layout.key("locks", item_id), "not a lock", ttl=30)
+    assert queue.claim(timeout=0.5) is None  # held, indeed
+    assert queue.stats() == {"pending": 0, "running": 1, "completed": 0, "failed": 0}
+    info = queue.get(item_id)
+    assert (info.state, info.node_id) == ("running", None)
+    assert [item.id for item in queue.items("running")] == [item_id]
+    assert queue.items("pending") == []
+    overview = queue.overview()
+    assert overview.counts["running"] == 1 and overview.counts["pending"] == 0
+    assert [item.id for item in overview.running] == [item_id]
