@@ -112,15 +112,18 @@ release(delay) / fail with retries left
 requeue(id)          (a dead letter back to work/)
     Q0. Create ``locks/<id>`` (prevExist=false): one requeue at a time.
     Q1. CAS ``failed/<id>`` adding a requeue token (or reuse one already there),
-        with the TTL it has left (a CAS without ttl makes a key permanent);
-        m = the index of that write.
+        with the TTL it has left (a CAS without ttl makes a key permanent) but
+        at least a week, TOMBSTONE_TTL (none stays none): a requeue that dies
+        after Q3 (no Q4) leaves the key taken against a late F2 as long as a
+        tombstone would; m = the index of that write.
     Q2. Remove the dead letter's own item if a crash left it in work/.
     Q3. PUT ``work/<m>`` prevExist=false: the new item, with ``"q"`` (its first
         claim runs C3).  No POST can take the name m; a resent or resumed
         requeue computes the same name and gets "already exists".
     Q4. CAS ``failed/<id>`` (on Q1's index) into a tombstone with a week's
         TTL, so that a late F2 finds the key taken.  "Not found" (the dead
-        letter expired, or was purged): create the tombstone, prevExist=false.
+        letter was purged, or expired: a week after Q1 at least): create the
+        tombstone, prevExist=false.
         A late F2 that took the key first (the same claim token) is turned
         into the tombstone; anything else there is left, with a warning.
         Q5. Drop the lock.
@@ -1052,11 +1055,8 @@ class Protocol:
         token = new_token()
         marked = replace(record, requeue_token=token).encode(stored=True)
         try:
-            # With the time it has left: a CAS without a TTL makes the key
-            # permanent, and this Queue's failed_ttl need not be the one the
-            # dead letter was written with.
             reply = self.etcd.put(self.layout.key(FAILED, item_id), marked,
-                                  ttl=entry.ttl_left(), prev_index=entry.index)
+                                  ttl=_marked_ttl(entry), prev_index=entry.index)
         except (CompareFailed, KeyMissing):
             # Only a resent CAS of ours can have changed it: we hold its lock.
             return self._requeue_token(item_id)
@@ -1547,6 +1547,18 @@ class Protocol:
             return True
         except (KeyMissing, CompareFailed):
             return False
+
+
+def _marked_ttl(entry: Entry) -> Optional[int]:
+    """Q1's TTL for the marked dead letter: none if it has none (a CAS without a
+    TTL makes the key permanent, and this Queue's failed_ttl need not be the
+    one it was written with), else at least TOMBSTONE_TTL.  A requeue that
+    dies after Q3 leaves no tombstone (Q4); were the marked dead letter to
+    expire then, a late F2 could write it again without the requeue token and
+    a second requeue would create a second item.  Kept a week, the key stays
+    taken as long as the other late-write bounds (F2, Q4) last."""
+    ttl = entry.ttl_left()
+    return None if ttl is None else max(ttl, TOMBSTONE_TTL)
 
 
 def _committed_before(state: ClaimState, done: str) -> ClaimClosed:
