@@ -144,7 +144,7 @@ cancel(id)           (a pending item to failed/, reason "cancelled")
     K2'. Read ``locks/<id>`` (quorum): still the lock K1 wrote (its index and
         value)?  Else it lapsed (we stalled past lock_ttl) and a claim may hold
         the item, handed out before K2 read it: drop ours, start again at K1
-        (bounded; then False).
+        (3 rounds; then Unavailable, not False: the item may be pending).
     K3. F1 on K2's index: the dead letter (attempts unchanged, "o": failed) into
         the item.  A claim after K2' changes that index, so K3 fails.  "Compare
         failed": read it again; an outcome (another cancel's K3) or a new claim
@@ -1068,7 +1068,8 @@ class Protocol:
 
         Raises NotFound for an item that is neither in work/ nor recorded.  A
         cancel whose lock lapsed before K3 (it stalled past lock_ttl) starts
-        again at K1 (a few times), since a claim may hold the item now.
+        again at K1 (a few times), since a claim may hold the item now; then
+        Unavailable, nothing written (the item may be pending: not False).
         """
         check_item_id(item_id)
         for _ in range(3):
@@ -1092,7 +1093,10 @@ class Protocol:
             log.info("the cancel of item %s of %s lost its lock before committing (it "
                      "stalled past lock_ttl); starting again", item_id, self.layout.root,
                      extra=item_fields(self.layout.name, item_id))
-        return False
+        # Not False ("running or finished"): the item may well be pending, unheld.
+        raise Unavailable(f"could not hold the lock of item {item_id} long enough to cancel "
+                          f"it (each try took longer than lock_ttl={self.lock_ttl:g} s: a "
+                          "slow link to etcd, or stalls); it was not cancelled")
 
     def _cancel_pending(self, item_id: str, lock: Lock, locked_at: int) -> Optional[bool]:
         """K2-K4 under our lock, made at index ``locked_at`` (K1): True once

@@ -382,7 +382,9 @@ class Queue:
     def cancel(self, item_id: str) -> bool:
         """Dead-letter a pending item with the reason "cancelled": True once it will
         never be handed out; False if it is running or already finished (nothing
-        changes).  NotFound for an unknown id.  ``requeue`` brings it back.
+        changes).  NotFound for an unknown id; Unavailable (nothing changed) if
+        each try lost its lock, taking longer than lock_ttl (a slow link to
+        etcd).  ``requeue`` brings it back.
 
         Racing a claim of the same item, exactly one of them wins (see
         docs/protocol.md, "cancel").
