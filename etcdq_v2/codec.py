@@ -11,8 +11,11 @@ A payload (or a result) may nest lists and objects :data:`MAX_DEPTH` levels
 deep at most.  json.loads recurses once per level, so a value that a producer
 encoded at a shallow stack could fail to decode deeper in a claimer's stack
 (RecursionError, ~950 levels): every claimer meeting it would die.  Deeper
-payloads are refused at put (InvalidPayload), and a stored value too deep to
-decode is junk.
+payloads are refused at put and deeper results at complete (InvalidPayload),
+and a stored value too deep to decode is junk.  The limit applies to values a
+caller supplies now, never to a stored payload written back (C2, F1, F2, Q1,
+Q3, ...): one that decoded is an item of ours, however deep (etcdq 0.1.0 and
+other writers had no limit), and refusing it would stall its queue.
 """
 from __future__ import annotations
 
@@ -47,9 +50,11 @@ def new_token() -> str:
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def dumps(doc: Dict[str, Any]) -> str:
+def dumps(doc: Dict[str, Any], *, stored: bool = False) -> str:
     """Compact JSON; raises InvalidPayload for what JSON or UTF-8 can't carry,
-    and for a payload (or result) in ``doc`` nested deeper than MAX_DEPTH."""
+    and for a payload (or result) in ``doc`` nested deeper than MAX_DEPTH,
+    unless ``stored``: ``doc`` carries a payload read back from etcd (it
+    decoded), which is written back as it is, however deep."""
     try:
         text = _ENCODER.encode(doc)
         text.encode("utf-8")
@@ -59,10 +64,23 @@ def dumps(doc: Dict[str, Any]) -> str:
         raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
     # Fewer brackets than levels allowed cannot nest too deep: most values
     # are never walked.  ``doc`` itself is one level more than its fields.
-    if text.count("[") + text.count("{") > MAX_DEPTH + 1 and _depth(doc) > MAX_DEPTH + 1:
+    if not stored:  # ``doc`` itself is one level more than its fields
+        check_depth(doc, MAX_DEPTH + 1, text)
+    return text
+
+
+def check_depth(value: Any, limit: int = MAX_DEPTH, text: Optional[str] = None) -> None:
+    """InvalidPayload if ``value`` (a payload or result a caller gave us) nests
+    lists and objects deeper than ``limit``; ``text`` is its JSON, if known."""
+    # Fewer brackets than levels allowed cannot nest too deep: most values
+    # are never walked.
+    if text is None and not isinstance(value, (dict, list, tuple)):
+        return
+    if text is not None and text.count("[") + text.count("{") <= limit:
+        return
+    if _depth(value) > limit:
         raise InvalidPayload(f"payload is nested more than {MAX_DEPTH} levels deep "
                              "(lists and objects), which a consumer might fail to decode")
-    return text
 
 
 def _depth(value: Any) -> int:
@@ -132,14 +150,15 @@ class Item:
     #: put's PUT, could create it again after it finished.
     requeued: bool = False
 
-    def encode(self, max_bytes: Optional[int] = None) -> str:
+    def encode(self, max_bytes: Optional[int] = None, *, stored: bool = False) -> str:
+        """The item's value; ``stored``: its payload was read from etcd (no depth limit)."""
         doc: Dict[str, Any] = {"t": self.token, "a": self.attempts, "ts": round(self.created, 3)}
         if self.claim:
             doc["c"] = self.claim
         if self.requeued:
             doc["q"] = 1
         doc.update(payload_fields(self.payload))
-        text = dumps(doc)
+        text = dumps(doc, stored=stored)
         size = len(text.encode("utf-8"))
         if max_bytes is not None and size > max_bytes:
             raise PayloadTooLarge(f"payload too large: the encoded item is {size} bytes, "
@@ -206,8 +225,10 @@ class Record:
     #: least a week, so that a late re-creation of the item finds it (C3).
     requeued: bool = False
 
-    def encode(self, outcome: Optional[str] = None) -> str:
-        """The record's value; with ``outcome``, the value of its item once committed."""
+    def encode(self, outcome: Optional[str] = None, *, stored: bool = False) -> str:
+        """The record's value; with ``outcome``, the value of its item once committed.
+        ``stored``: its payload and result were read from etcd, or checked
+        (:func:`check_depth`) by the caller: no depth limit here."""
         doc: Dict[str, Any] = {
             "c": self.claim, "n": self.node_id, "a": self.attempts,
             "ts": round(self.created, 3), "fin": round(self.finished, 3)}
@@ -223,7 +244,7 @@ class Record:
         if self.requeued:
             doc["q"] = 1
         doc["r"] = self.result
-        return dumps(doc)
+        return dumps(doc, stored=stored)
 
     @classmethod
     def decode(cls, raw: Optional[str]) -> "Record":

@@ -278,11 +278,16 @@ class _QueueCounts:
         started = time.monotonic()
         try:
             self.counts = self.queue.stats(quorum=False)
-        except EtcdqError as exc:
-            # No counts rather than old ones: a stale gauge looks healthy.
+        except Exception as exc:  # any failure is this queue's alone
+            # No counts rather than old ones: a stale gauge looks healthy.  Not
+            # only EtcdqError: an unexpected error must neither fail the whole
+            # scrape (every queue's gauges) nor be read again at each scrape.
             self.counts = None
             self.errors += 1
-            log.warning("cannot read queue %s for metrics: %s", self.queue.name, exc)
+            if isinstance(exc, EtcdqError):
+                log.warning("cannot read queue %s for metrics: %s", self.queue.name, exc)
+            else:
+                log.exception("cannot read queue %s for metrics", self.queue.name)
         self._read_at = time.monotonic()  # a failure waits its interval too
         self.duration = self._read_at - started
 

@@ -93,7 +93,7 @@ def overview(protocol: Protocol, dead_letters: int = DEAD_LETTERS) -> QueueOverv
 
 def _running(waiting: List[Tuple[Entry, Item]], locks: List[Entry]) -> List[RunningItem]:
     """The waiting items under a claim's lock, as ``stats()`` counts them."""
-    states: Dict[str, Optional[Lock]] = lock_states(locks)
+    states: Dict[str, Lock] = lock_states(locks)
     ttls = {entry.id: entry.ttl for entry in locks}
     found = []
     for entry, item in waiting:

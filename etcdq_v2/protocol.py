@@ -16,6 +16,9 @@ put
         found -> that is our item; not found -> Unavailable (the request may
         still apply later, so it is never resent: no duplicate, ever; with
         record TTLs under the deadline it may also have run, its record gone).
+    A payload nested deeper than MAX_DEPTH is refused before P1 (a result,
+    before F1).  Stored payloads are written back unchecked (C2, C3, R0, F1,
+    F2, Q1, Q3, K3): one that decoded is ours, however deep.
 
 delayed put (delay > 0)
     D1. POST ``locks/`` with ttl=delay (whole seconds, rounded up) and a delay
@@ -109,15 +112,18 @@ release(delay) / fail with retries left
 requeue(id)          (a dead letter back to work/)
     Q0. Create ``locks/<id>`` (prevExist=false): one requeue at a time.
     Q1. CAS ``failed/<id>`` adding a requeue token (or reuse one already there),
-        with the TTL it has left (a CAS without ttl makes a key permanent);
-        m = the index of that write.
+        with the TTL it has left (a CAS without ttl makes a key permanent) but
+        at least a week, TOMBSTONE_TTL (none stays none): a requeue that dies
+        after Q3 (no Q4) leaves the key taken against a late F2 as long as a
+        tombstone would; m = the index of that write.
     Q2. Remove the dead letter's own item if a crash left it in work/.
     Q3. PUT ``work/<m>`` prevExist=false: the new item, with ``"q"`` (its first
         claim runs C3).  No POST can take the name m; a resent or resumed
         requeue computes the same name and gets "already exists".
     Q4. CAS ``failed/<id>`` (on Q1's index) into a tombstone with a week's
         TTL, so that a late F2 finds the key taken.  "Not found" (the dead
-        letter expired, or was purged): create the tombstone, prevExist=false.
+        letter was purged, or expired: a week after Q1 at least): create the
+        tombstone, prevExist=false.
         A late F2 that took the key first (the same claim token) is turned
         into the tombstone; anything else there is left, with a warning.
         Q5. Drop the lock.
@@ -138,7 +144,7 @@ cancel(id)           (a pending item to failed/, reason "cancelled")
     K2'. Read ``locks/<id>`` (quorum): still the lock K1 wrote (its index and
         value)?  Else it lapsed (we stalled past lock_ttl) and a claim may hold
         the item, handed out before K2 read it: drop ours, start again at K1
-        (bounded; then False).
+        (3 rounds; then Unavailable, not False: the item may be pending).
     K3. F1 on K2's index: the dead letter (attempts unchanged, "o": failed) into
         the item.  A claim after K2' changes that index, so K3 fails.  "Compare
         failed": read it again; an outcome (another cancel's K3) or a new claim
@@ -169,6 +175,9 @@ stats                (reads only)
         pending: no "o", no claim lock (a delay lock is pending); running: a
         claim lock (an unreadable lock counts as held); completed/failed: the
         records and the items carrying that "o", each id once.
+        A reply too deep to decode (a directory ~500 deep in the queue's
+        directory, junk) -> four listings instead, not recursive: junk never
+        makes stats fail.
 
 overview and queue names    (reads only: Queue.overview, the dashboard)
     GET ``{prefix}`` (not recursive: the children without their contents) for
@@ -209,12 +218,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
-from .codec import Item, Junk, Lock, Record, new_token, tombstone
+from .codec import Item, Junk, Lock, Record, check_depth, new_token, tombstone
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdqError,
                      EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
                      Unavailable)
 from .keys import DIRS, Layout, check_item_id, check_prefix, is_queue_name
-from .transport import EventStream, Node, Transport
+from .transport import EventStream, Node, Transport, UndecodableReply
 
 log = logging.getLogger("etcdq_v2.protocol")
 
@@ -536,7 +545,7 @@ class Protocol:
                 raise Taken(index)
             claimed = replace(item, attempts=item.attempts + 1, claim=lock.token)
             try:
-                reply = self.etcd.put(self.layout.key("work", item_id), claimed.encode(),
+                reply = self.etcd.put(self.layout.key("work", item_id), claimed.encode(stored=True),
                                       prev_index=index)
             except CompareFailed:
                 raw = None
@@ -609,7 +618,7 @@ class Protocol:
         on our C2 index.  A cancel that read that index (K2) while our lock was
         gone then fails its K3, and one that committed makes this fail."""
         try:
-            reply = self.etcd.put(self.layout.key("work", state.id), state.item.encode(),
+            reply = self.etcd.put(self.layout.key("work", state.id), state.item.encode(stored=True),
                                   prev_index=state.index)
             state.index = reply.written_index
             return
@@ -716,11 +725,13 @@ class Protocol:
     # -- F: complete, dead-letter --------------------------------------------
     def finish(self, state: ClaimState, kind: str, *, result: Any = None,
                reason: Optional[str] = None) -> None:
-        """F1-F4: commit ``kind`` (completed or failed) on the item, record it, remove it."""
+        """F1-F4: commit ``kind`` (completed or failed) on the item, record it, remove it.
+        Only ``result`` is checked for depth: the payload is the stored one."""
+        check_depth(result)
         record = Record(state.item.payload, state.lock.token, self.node_id, state.item.attempts,
                         state.item.created, time.time(), result, reason, token=state.item.token,
                         requeued=state.item.requeued)
-        committed = self._commit(state, kind, record.encode(outcome=kind))
+        committed = self._commit(state, kind, record.encode(outcome=kind, stored=True))
         if committed is not None:
             self.finish_committed(state.id, committed, state.lock)
 
@@ -764,7 +775,7 @@ class Protocol:
         """F2-F4 for an item whose F1 applied: by its finisher, or by a claimer after a crash."""
         item = Item.decode(entry.value)
         assert item.outcome is not None
-        self._record(item_id, item, Record.decode(entry.value).encode(), entry.index)
+        self._record(item_id, item, Record.decode(entry.value).encode(stored=True), entry.index)
         deletes: List[Tuple[str, Dict[str, Any]]] = [
             (self.layout.key("work", item_id), {"prevIndex": entry.index})]
         if lock is not None:
@@ -873,7 +884,7 @@ class Protocol:
         """
         returned = replace(state.item, attempts=state.item.attempts - 1)
         try:
-            reply = self.etcd.put(self.layout.key("work", state.id), returned.encode(),
+            reply = self.etcd.put(self.layout.key("work", state.id), returned.encode(stored=True),
                                   prev_index=state.index)
             state.index = reply.written_index
         except (CompareFailed, KeyMissing):
@@ -942,7 +953,7 @@ class Protocol:
             (token, index), record = self._requeue_token(item_id)
             self._remove_dead_item(item_id)
             new_id = f"{index:020d}"  # Q1's own index: no POST can ever take this name
-            raw = Item(record.payload, token, requeued=True).encode()
+            raw = Item(record.payload, token, requeued=True).encode(stored=True)
             new_index = self._create_item(new_id, raw)
             self._bury(item_id, new_id, record, index)  # Q4
             return new_id, new_index, raw
@@ -1042,13 +1053,10 @@ class Protocol:
         if record.requeue_token:
             return (record.requeue_token, entry.index), record
         token = new_token()
-        marked = replace(record, requeue_token=token).encode()
+        marked = replace(record, requeue_token=token).encode(stored=True)
         try:
-            # With the time it has left: a CAS without a TTL makes the key
-            # permanent, and this Queue's failed_ttl need not be the one the
-            # dead letter was written with.
             reply = self.etcd.put(self.layout.key(FAILED, item_id), marked,
-                                  ttl=entry.ttl_left(), prev_index=entry.index)
+                                  ttl=_marked_ttl(entry), prev_index=entry.index)
         except (CompareFailed, KeyMissing):
             # Only a resent CAS of ours can have changed it: we hold its lock.
             return self._requeue_token(item_id)
@@ -1060,7 +1068,8 @@ class Protocol:
 
         Raises NotFound for an item that is neither in work/ nor recorded.  A
         cancel whose lock lapsed before K3 (it stalled past lock_ttl) starts
-        again at K1 (a few times), since a claim may hold the item now.
+        again at K1 (a few times), since a claim may hold the item now; then
+        Unavailable, nothing written (the item may be pending: not False).
         """
         check_item_id(item_id)
         for _ in range(3):
@@ -1084,7 +1093,10 @@ class Protocol:
             log.info("the cancel of item %s of %s lost its lock before committing (it "
                      "stalled past lock_ttl); starting again", item_id, self.layout.root,
                      extra=item_fields(self.layout.name, item_id))
-        return False
+        # Not False ("running or finished"): the item may well be pending, unheld.
+        raise Unavailable(f"could not hold the lock of item {item_id} long enough to cancel "
+                          f"it (each try took longer than lock_ttl={self.lock_ttl:g} s: a "
+                          "slow link to etcd, or stalls); it was not cancelled")
 
     def _cancel_pending(self, item_id: str, lock: Lock, locked_at: int) -> Optional[bool]:
         """K2-K4 under our lock, made at index ``locked_at`` (K1): True once
@@ -1423,12 +1435,24 @@ class Protocol:
             node = self.etcd.get(self.layout.root, recursive=True, quorum=quorum).node
         except KeyMissing:
             node = {}
+        except UndecodableReply as exc:
+            return self._listed_snapshot(quorum, exc)
         found: Dict[str, List[Entry]] = {kind: [] for kind in DIRS}
         for child in node.get("nodes") or []:
             kind = str(child.get("key", "")).rpartition("/")[2]
             if child.get("dir") and kind in found:
                 found[kind] = list(self.entries(child.get("nodes") or []))
         return found
+
+    def _listed_snapshot(self, quorum: bool, exc: UndecodableReply) -> Dict[str, List[Entry]]:
+        """The snapshot from a listing per directory, when the recursive GET cannot
+        be decoded: a directory nested hundreds of levels deep somewhere in the
+        queue's directory (junk), whose JSON nests twice as deep.  A listing is
+        not recursive, so it never carries such a subtree; the four are not of
+        one etcd index, which is all that is lost."""
+        log.warning("%s: %s; reading its directories one by one (remove the deep "
+                    "directory to read them in one request again)", self.layout.root, exc)
+        return {kind: self.list(kind, quorum=quorum)[1] for kind in DIRS}
 
     def decoded(self, kind: str) -> Iterator[Tuple[Entry, Any]]:
         """``(entry, Item or Record)`` for the entries of ``kind`` that are ours."""
@@ -1529,6 +1553,18 @@ class Protocol:
             return False
 
 
+def _marked_ttl(entry: Entry) -> Optional[int]:
+    """Q1's TTL for the marked dead letter: none if it has none (a CAS without a
+    TTL makes the key permanent, and this Queue's failed_ttl need not be the
+    one it was written with), else at least TOMBSTONE_TTL.  A requeue that
+    dies after Q3 leaves no tombstone (Q4); were the marked dead letter to
+    expire then, a late F2 could write it again without the requeue token and
+    a second requeue would create a second item.  Kept a week, the key stays
+    taken as long as the other late-write bounds (F2, Q4) last."""
+    ttl = entry.ttl_left()
+    return None if ttl is None else max(ttl, TOMBSTONE_TTL)
+
+
 def _committed_before(state: ClaimState, done: str) -> ClaimClosed:
     """A release found the item committed by an earlier call of the same claim."""
     return ClaimClosed(f"item {state.id} was already committed as {done} by this claim "
@@ -1544,12 +1580,18 @@ def _put_token(decode: Callable[[Optional[str]], Any], raw: Optional[str]) -> Op
     return token
 
 
-def lock_states(entries: List[Entry]) -> Dict[str, Optional[Lock]]:
-    """Locks by item id; a lock we cannot read counts as held (None), never as free."""
-    locks: Dict[str, Optional[Lock]] = {}
+#: What :func:`lock_states` gives for a lock it cannot read (junk): a claim's
+#: lock of no known node.  It holds its item (C1 gets "already exists"), so the
+#: item counts as running, never pending; an id without a lock is absent.
+UNREADABLE_LOCK = Lock(node_id="", token="")
+
+
+def lock_states(entries: List[Entry]) -> Dict[str, Lock]:
+    """Locks by item id; a lock we cannot read is UNREADABLE_LOCK: held, never free."""
+    locks: Dict[str, Lock] = {}
     for entry in entries:
         try:
             locks[entry.id] = Lock.decode(entry.value)
         except Junk:
-            locks[entry.id] = None
+            locks[entry.id] = UNREADABLE_LOCK
     return locks

@@ -382,7 +382,9 @@ class Queue:
     def cancel(self, item_id: str) -> bool:
         """Dead-letter a pending item with the reason "cancelled": True once it will
         never be handed out; False if it is running or already finished (nothing
-        changes).  NotFound for an unknown id.  ``requeue`` brings it back.
+        changes).  NotFound for an unknown id; Unavailable (nothing changed) if
+        each try lost its lock, taking longer than lock_ttl (a slow link to
+        etcd).  ``requeue`` brings it back.
 
         Racing a claim of the same item, exactly one of them wins (see
         docs/protocol.md, "cancel").
@@ -549,6 +551,7 @@ def _remaining(deadline: Optional[float]) -> Optional[float]:
 
 
 def _is_running(locks: Dict[str, Any], item_id: str) -> bool:
+    """Under a claim's lock, or one we cannot read (UNREADABLE_LOCK: held)."""
     lock = locks.get(item_id)
     return lock is not None and not lock.delay
 
@@ -556,7 +559,8 @@ def _is_running(locks: Dict[str, Any], item_id: str) -> bool:
 def _item_info(entry: Entry, item: Item, locks: Dict[str, Any]) -> ItemInfo:
     running = _is_running(locks, entry.id)
     return ItemInfo(entry.id, "running" if running else "pending", item.payload, item.attempts,
-                    locks[entry.id].node_id if running else None, created=item.created or None)
+                    (locks[entry.id].node_id or None) if running else None,
+                    created=item.created or None)
 
 
 def _record_info(item_id: str, state: str, record: Record) -> ItemInfo:

@@ -56,6 +56,11 @@ T = TypeVar("T")
 Observer = Callable[[str, float, Optional[str]], None]
 
 
+class UndecodableReply(Unavailable):
+    """etcd's reply came, but its JSON cannot be decoded (not JSON, or nested
+    too deep): sending the same request again would get the same reply."""
+
+
 class Reply:
     """One answer of etcd: its node (decoded when first asked for) and etcd's index.
 
@@ -76,8 +81,11 @@ class Reply:
             try:
                 self._node = json.loads(self._body.decode("utf-8")).get("node") or {}
             except (ValueError, AttributeError):  # not JSON, or not an object
-                raise Unavailable(f"etcd sent a reply that is not etcd's JSON: "
-                                  f"{self._body[:80]!r}") from None
+                raise UndecodableReply(f"etcd sent a reply that is not etcd's JSON: "
+                                       f"{self._body[:80]!r}") from None
+            except RecursionError:  # a recursive GET of directories nested ~500 deep
+                raise UndecodableReply("etcd sent a reply nested too deep to decode (a "
+                                       "directory tree hundreds of levels deep)") from None
         return self._node
 
     @property

@@ -688,3 +688,26 @@ def test_cli_cancel_exits_5_for_an_unknown_id_which_wins_over_1(etcd_url: str,
     assert done.stderr.strip() == f"etcdq: error: no item {UNKNOWN} in {queue.layout.root}"
     bad = etcdq(etcd_url, "cancel", queue.name, "12")
     assert bad.returncode == 2 and "invalid item id" in bad.stderr
+
+
+def test_a_cancel_that_keeps_losing_its_lock_is_unavailable_not_false(
+        proxy: FaultProxy, etcd_url: str, queue_name: str) -> None:
+    """Requests take 1 s each way up (a slow link; lock_ttl=1 keeps the test short:
+    with the default 30 s the same happens at ~10 s per request).  Each round K1
+    creates the lock, K2 reads the item and K2' finds the lock expired: the cancel
+    starts again.  After the third round it must not say False ("running or
+    finished") for an item that is pending and unheld: Unavailable, nothing written."""
+    with Queue(etcd_url, queue_name, lock_ttl=1) as queue, \
+            Queue(connect(proxy.url, timeout=5, deadline=20), queue_name,
+                  lock_ttl=1) as canceller:
+        item_id = queue.put("cancel me")
+        proxy.delay(1000, "up")
+        try:
+            with pytest.raises(Unavailable, match="lock .* long enough to cancel"):
+                canceller.cancel(item_id)
+        finally:
+            proxy.pass_through()
+        assert queue.get(item_id).state == "pending"
+        claim = queue.claim(timeout=5)  # unheld: claimable once our last lock is gone
+        assert claim is not None and claim.id == item_id
+        claim.complete()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.request
 
 import pytest
@@ -138,11 +139,12 @@ def create_failures(etcd_url: str) -> int:
 
 
 @pytest.mark.parametrize("first", ["q4", "late-f2"])
-def test_r4_a_q4_after_the_dead_letter_expired_still_leaves_the_tombstone(
+def test_r4_a_q4_after_the_dead_letter_was_purged_still_leaves_the_tombstone(
         proxy_factory, etcd_url: str, queue_name: str, first: str) -> None:
     """failed_ttl=6.  A finisher dead-letters item X (F1, F2) and dies before F3.
     Claimer K finds "o" and finishes for it: its F2 is held in flight (K gives up).
-    A requeue runs Q0-Q3 (new item m) and its Q4 is held until failed/X expired.
+    A requeue runs Q0-Q3 (new item m) and its Q4 is held until failed/X is gone:
+    purged (it cannot expire: Q1 gave it a week, TOMBSTONE_TTL).
     q4: Q4 lands first ("not found") and creates the tombstone; K's F2 then finds
     the key taken.  late-f2: K's F2 lands first, writing the dead letter again;
     Q4 ("compare failed") finds that copy (the same claim token) and buries it.
@@ -167,8 +169,8 @@ def test_r4_a_q4_after_the_dead_letter_expired_still_leaves_the_tombstone(
                    lock_ttl=5) as requeuer:
             thread, requeued = in_background(lambda: requeuer.requeue(dead))
             wait_until(lambda: TOMBSTONE_PUT.search(r_proxy.held()), 5, message="Q4 held")
-            wait_until(lambda: q._protocol.read(FAILED, dead) is None, ttl + 2,
-                       message="the dead letter to expire (failed_ttl)")
+            assert q.purge(failed=True) == 1  # the marked dead letter, as an operator would
+            assert q._protocol.read(FAILED, dead) is None
             refused = create_failures(etcd_url)
             if first == "late-f2":
                 k_proxy.release()
@@ -187,6 +189,51 @@ def test_r4_a_q4_after_the_dead_letter_expired_still_leaves_the_tombstone(
         with pytest.raises(NotFound):
             q.requeue(dead)
         assert drain(q) == [(new_id, "run me once")]
+
+
+def test_r4_a_requeue_dead_after_q3_keeps_the_marked_dead_letter_against_a_late_f2(
+        proxy_factory, etcd_url: str, queue_name: str) -> None:
+    """failed_ttl=4.  A finisher dead-letters X (F1, F2) and dies before F3; claimer
+    K finds "o" and finishes for it: its F2 is held in flight.  A requeue runs
+    Q0-Q3 (item m, with the requeue token) and dies: no Q4, no tombstone.  Q1
+    gave the marked dead letter a week (TOMBSTONE_TTL), so it outlives
+    failed_ttl; K's held F2 then finds the key taken, and a second requeue
+    reuses the token (Q3: "already exists"): the payload runs once.  (With
+    failed_ttl kept, the dead letter expired, the late F2 wrote it again
+    without the token, and the second requeue created a second item.)"""
+    ttl = 4
+    with Queue(etcd_url, queue_name, lock_ttl=1, max_attempts=1, failed_ttl=ttl) as q:
+        q.put("run me once")
+        dead = commit_then_crash(q, FAILED, record=True)  # F1, F2; the finisher dies
+        wait_until(lambda: q._protocol.read("locks", dead) is None, 5,
+                   message="the finisher's lock to expire")
+        k_proxy = proxy_factory(etcd_url)
+        k_proxy.hold("up", match=DEAD_LETTER_PUT)
+        with Queue(connect(k_proxy.url, timeout=1, deadline=2), queue_name, lock_ttl=1,
+                   failed_ttl=ttl) as k:
+            with pytest.raises(Unavailable):
+                k.claim(timeout=0)  # its F2 held
+        assert DEAD_LETTER_PUT.search(k_proxy.held())
+        p = q._protocol
+        p._lock_dead_letter(dead)                                 # Q0
+        (token, index), record = p._requeue_token(dead)           # Q1
+        p._remove_dead_item(dead)                                 # Q2
+        first = f"{index:020d}"
+        assert p._create_item(first, Item(record.payload, token, requeued=True).encode())  # Q3
+        # The requeue dies here.  Past the time failed_ttl would have expired the key:
+        marked_at = time.monotonic()
+        wait_until(lambda: time.monotonic() > marked_at + ttl + 1.5, ttl + 3,
+                   message="failed_ttl to pass")
+        left = p.read(FAILED, dead)
+        assert left is not None and token in (left.value or ""), (
+            "the marked dead letter expired before its requeue finished")
+        refused = create_failures(etcd_url)
+        k_proxy.release()  # K's F2 lands: the key is taken
+        wait_until(lambda: create_failures(etcd_url) > refused, 5,
+                   message="K's held F2 to land, and find the key taken")
+        second = q.requeue(dead)  # waits out the dead requeuer's lock (Q0)
+        assert second == first
+        assert drain(q) == [(first, "run me once")]
 
 
 def test_r5_complete_after_a_fail_that_committed_reports_the_dead_letter(

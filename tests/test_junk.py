@@ -2,6 +2,7 @@
 and nothing that is not the queue's own is deleted."""
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -9,6 +10,8 @@ import pytest
 from etcdq_v2 import NotFound, Queue
 from etcdq_v2.codec import Item, Junk, Record
 from etcdq_v2.protocol import COMPLETED
+
+from helpers import in_background, wait_until
 
 
 @pytest.fixture
@@ -62,7 +65,8 @@ def test_a_lock_without_ttl_blocks_only_its_item(queue: Queue) -> None:
     assert claim.id == free
     claim.complete()
     assert queue.claim(timeout=0.5) is None
-    assert queue.stats()["pending"] == 1
+    # Held (no claim can take it), so running, as docs S1 say: not claimable pending.
+    assert queue.stats() == {"pending": 0, "running": 1, "completed": 1, "failed": 0}
     assert queue.etcd.get(queue.layout.key("locks", stuck)).node["value"] == \
         "held by some other tool"
 
@@ -176,3 +180,111 @@ def test_a_value_too_deep_to_decode_is_junk_and_workers_run_the_items_behind_it(
         queue.get(deep.rsplit("/", 1)[-1])
     with pytest.raises(Junk):
         Item.decode(nested_raw(5000))
+
+
+def nested_stored_item(depth: int) -> str:
+    """An item (as etcdq 0.1.0, or etcdq_v2 before the MAX_DEPTH limit, stored it)
+    whose payload is a list nested ``depth`` deep: decodable (json.loads manages
+    ~990 levels), so an item of ours, not junk."""
+    return '{"t":"put-token","a":0,"ts":0,"p":' + "[" * depth + "0" + "]" * depth + "}"
+
+
+def nested_stored_committed(depth: int) -> str:
+    """The same payload in an item committed (F1) by such a version, not yet recorded."""
+    return ('{"c":"claim-token","n":"old-node","a":1,"ts":0,"fin":0,"o":"completed",'
+            '"t":"put-token","p":' + "[" * depth + "0" + "]" * depth + ',"r":null}')
+
+
+@pytest.mark.parametrize("stored", ["pending", "committed"])
+def test_an_item_stored_deeper_than_max_depth_is_claimed_or_finished_not_refused(
+        etcd_url: str, queue_name: str, stored: str) -> None:
+    """MAX_DEPTH limits what a caller puts now; a stored payload nested 150 levels
+    (put before the limit existed) decodes, so C2 (pending) or the claimer's F2
+    (committed by F1) must write it back: never InvalidPayload from claim()."""
+    from etcdq_v2.codec import MAX_DEPTH
+    raw = nested_stored_item(150) if stored == "pending" else nested_stored_committed(150)
+    assert 150 > MAX_DEPTH
+    with Queue(etcd_url, queue_name, lock_ttl=5) as queue:
+        Item.decode(raw)  # no Junk: it is an item of ours
+        deep = queue.etcd.post(queue.layout.work, raw).node["key"].rsplit("/", 1)[-1]
+        behind = queue.put("an ordinary item behind it")
+        seen = []
+        while (claim := queue.claim(timeout=1)) is not None:
+            seen.append(claim.id)
+            claim.complete("ran")
+        assert seen == ([deep, behind] if stored == "pending" else [behind])
+        assert queue.get(deep).state == COMPLETED
+
+
+def test_a_worker_runs_the_items_behind_an_item_stored_deeper_than_max_depth(
+        etcd_url: str, queue_name: str) -> None:
+    """The same item at the head of the queue does not stall a Worker (FIFO, window 1:
+    a claim refusing it would be offered it again, forever)."""
+    from etcdq_v2 import Worker
+    with Queue(etcd_url, queue_name, lock_ttl=5) as queue:
+        queue.etcd.post(queue.layout.work, nested_stored_item(150))
+        queue.put("an ordinary item behind it")
+        done: list = []
+        worker = Worker(queue, done.append, claim_timeout=0.5, install_signal_handlers=False)
+        thread, _ = in_background(worker.run)
+        try:
+            wait_until(lambda: "an ordinary item behind it" in done, 8,
+                       message="the worker to run the item behind the deep one")
+        finally:
+            worker.stop(grace=False)
+            thread.join(15)
+
+
+def test_an_item_stored_deeper_than_max_depth_is_released_failed_requeued_and_cancelled(
+        etcd_url: str, queue_name: str) -> None:
+    """Every write-back of a stored payload passes it through: R0 (release), F1 and
+    F2 of a dead letter, Q1 and Q3 (requeue), K3 (cancel); a result or a new
+    payload that deep is still refused."""
+    from etcdq_v2 import InvalidPayload
+    from etcdq_v2.codec import MAX_DEPTH
+    from etcdq_v2.protocol import FAILED
+    with Queue(etcd_url, queue_name, lock_ttl=5, max_attempts=1) as queue:
+        deep = queue.etcd.post(queue.layout.work,
+                               nested_stored_item(150)).node["key"].rsplit("/", 1)[-1]
+        claim = queue.claim(timeout=1)
+        assert claim is not None and claim.id == deep
+        claim.release()  # R0
+        claim = queue.claim(timeout=1)
+        assert claim is not None
+        with pytest.raises(InvalidPayload, match="nested"):
+            claim.complete(json.loads("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1)))
+        claim.fail("no")  # F1, F2: a dead letter
+        requeued = queue.requeue(deep)  # Q1, Q3
+        assert queue.cancel(requeued) is True  # K3
+        assert queue.get(requeued).state == FAILED
+
+
+def test_stats_and_overview_count_a_queue_holding_a_directory_nested_600_deep(
+        queue: Queue) -> None:
+    """A directory nested 600 levels deep in the queue's directory (junk) makes the
+    reply of stats' recursive GET too deep for json.loads (two levels of JSON per
+    directory): stats and overview read the four directories one by one instead
+    (not recursive: the subtree is never sent), and count as without it."""
+    queue.put("pending")
+    queue.etcd.put(queue.layout.root + "/junk" + "/a" * 600, "v")
+    queue.etcd.put(queue.layout.work + "/deep" + "/a" * 600, "v")
+    assert queue.stats() == {"pending": 1, "running": 0, "completed": 0, "failed": 0}
+    assert queue.stats(quorum=False)["pending"] == 1
+    assert queue.overview().counts["pending"] == 1
+
+
+def test_an_item_under_an_unreadable_lock_is_running_in_stats_get_items_and_overview(
+        queue: Queue) -> None:
+    """A lock we cannot read holds its item (C1 gets "already exists": no claim can
+    take it), so every read counts the item as running, as docs S1 say: never pending."""
+    item_id = queue.put("held by a lock nobody can read")
+    queue.etcd.put(queue.layout.key("locks", item_id), "not a lock", ttl=30)
+    assert queue.claim(timeout=0.5) is None  # held, indeed
+    assert queue.stats() == {"pending": 0, "running": 1, "completed": 0, "failed": 0}
+    info = queue.get(item_id)
+    assert (info.state, info.node_id) == ("running", None)
+    assert [item.id for item in queue.items("running")] == [item_id]
+    assert queue.items("pending") == []
+    overview = queue.overview()
+    assert overview.counts["running"] == 1 and overview.counts["pending"] == 0
+    assert [item.id for item in overview.running] == [item_id]

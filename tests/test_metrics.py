@@ -221,6 +221,58 @@ def test_a_failed_read_serves_no_counts_counts_the_error_and_recovers(
                message="counts again once etcd answers")
 
 
+@needs_prometheus
+def test_a_queue_with_a_directory_nested_600_deep_is_counted_and_the_others_served(
+        make_queue: Callable[..., Queue], queue_name: str, opened: List[Any]) -> None:
+    """A recursive GET of a queue holding a directory 600 levels deep (junk) is JSON
+    too deep to decode: stats falls back to a listing per directory, so the scrape
+    serves that queue and every other one (it used to be an HTTP 500 for all)."""
+    junk, clean = make_queue(name=f"{queue_name}-junk"), make_queue(name=f"{queue_name}-clean")
+    clean.put("counted")
+    junk.put("counted too")
+    junk.etcd.put(junk.layout.root + "/junk" + "/a" * 600, "v")
+    server = export_queues([junk, clean], 0)
+    opened.append(server)
+    samples = scrape(server.url)
+    assert queue_items(samples, clean.name)["pending"] == 1
+    assert queue_items(samples, junk.name)["pending"] == 1
+    assert value(samples, "etcdq_queue_read_errors_total", queue=junk.name) == 0
+
+
+class BrokenQueue(Queue):
+    """A queue whose stats() fails with an error outside etcdq_v2.errors (a bug)."""
+
+    reads = 0
+
+    def stats(self, *, quorum: bool = True) -> Dict[str, int]:
+        BrokenQueue.reads += 1
+        raise RuntimeError("a bug in stats")
+
+
+@needs_prometheus
+def test_an_unexpected_error_reading_one_queue_is_counted_and_the_others_served(
+        etcd_url: str, make_queue: Callable[..., Queue], queue_name: str,
+        opened: List[Any], caplog: pytest.LogCaptureFixture) -> None:
+    """Not only EtcdqError: any failure of one queue's read is that queue's alone
+    (counted in read_errors, logged with its traceback, not read again within the
+    interval); the scrape serves every other queue."""
+    broken = BrokenQueue(etcd_url, f"{queue_name}-broken")
+    opened.append(broken)
+    clean = make_queue()
+    clean.put("counted")
+    server = export_queues([broken, clean], 0, min_interval=60)
+    opened.append(server)
+    with caplog.at_level(logging.ERROR, logger="etcdq_v2.metrics"):
+        first = scrape(server.url)
+        second = scrape(server.url)
+    for samples in (first, second):
+        assert queue_items(samples, queue_name)["pending"] == 1
+        assert queue_items(samples, broken.name) == {}
+        assert value(samples, "etcdq_queue_read_errors_total", queue=broken.name) == 1
+    assert BrokenQueue.reads == 1  # the failure is kept for the interval
+    assert any("a bug in stats" in (record.exc_text or "") for record in caplog.records)
+
+
 def failed_read(samples: Samples, queue: str) -> Optional[Samples]:
     errors = value(samples, "etcdq_queue_read_errors_total", queue=queue)
     return samples if errors else None

@@ -286,9 +286,15 @@ def test_a_cas_without_ttl_makes_a_key_permanent(etcd_url: str, queue_name: str)
         queue.etcd.delete(key)
 
 
-def test_crash_after_q1_leaves_the_dead_letter_with_its_ttl(
-        etcd_url: str, queue_name: str) -> None:
-    with Queue(etcd_url, queue_name, max_attempts=1, failed_ttl=600, lock_ttl=1) as queue:
+@pytest.mark.parametrize("failed_ttl, kept", [(600, TOMBSTONE_TTL),
+                                              (2 * TOMBSTONE_TTL, 2 * TOMBSTONE_TTL)],
+                         ids=["short-made-a-week", "longer-kept"])
+def test_crash_after_q1_leaves_the_dead_letter_expiring_a_week_later_at_least(
+        etcd_url: str, queue_name: str, failed_ttl: int, kept: int) -> None:
+    """Q1 keeps the dead letter's TTL, but a week at least (a requeue dead after Q3
+    leaves no tombstone: the marked dead letter must outlive a late F2 as one)."""
+    with Queue(etcd_url, queue_name, max_attempts=1, failed_ttl=failed_ttl,
+               lock_ttl=1) as queue:
         item_id = queue.put("dead")
         queue.claim().fail("no")
         protocol = queue._protocol
@@ -296,7 +302,7 @@ def test_crash_after_q1_leaves_the_dead_letter_with_its_ttl(
         protocol._requeue_token(item_id)     # Q1; then the requeue dies
         marked = node(queue, FAILED, item_id)
         assert marked is not None and Record.decode(marked["value"]).requeue_token
-        assert 590 <= marked.get("ttl", 0) <= 600
+        assert kept - 10 <= marked.get("ttl", 0) <= kept
         new_id = queue.requeue(item_id)  # once the dead requeue's lock expired
         assert [info.id for info in queue.items("pending")] == [new_id]
 
@@ -306,8 +312,9 @@ def test_crash_after_q1_leaves_the_dead_letter_with_its_ttl(
 def test_q1_keeps_the_ttl_the_dead_letter_has_not_the_requeuers(
         etcd_url: str, queue_name: str, written_with: Optional[int],
         requeued_with: Optional[int]) -> None:
-    """A requeue that dies after Q1 leaves the dead letter as it was: its own
-    expiry, whatever failed_ttl the requeuing Queue (e.g. `etcdq requeue`) has."""
+    """A requeue that dies after Q1 leaves the dead letter expiring if it did (at
+    least a week later: TOMBSTONE_TTL), or kept if it was, whatever failed_ttl
+    the requeuing Queue (e.g. `etcdq requeue`) has."""
     with Queue(etcd_url, queue_name, max_attempts=1, failed_ttl=written_with) as worker, \
             Queue(etcd_url, queue_name, failed_ttl=requeued_with, lock_ttl=1) as operator:
         item_id = worker.put("dead")
@@ -318,7 +325,7 @@ def test_q1_keeps_the_ttl_the_dead_letter_has_not_the_requeuers(
         if written_with is None:
             assert ttl is None
         else:
-            assert ttl is not None and written_with - 10 <= ttl <= written_with
+            assert ttl is not None and TOMBSTONE_TTL - 10 <= ttl <= TOMBSTONE_TTL
 
 
 def expiring_node(queue: Queue, kind: str, item_id: str) -> Optional[Dict[str, Any]]:
@@ -335,8 +342,8 @@ def test_q1_on_a_dead_letter_past_its_expiry_not_yet_swept_keeps_it_expiring(
         etcd_url: str, queue_name: str) -> None:
     """etcd removes an expired key up to 0.5 s after its expiry; meanwhile a GET still
     returns it, with its ``expiration`` but without a ``ttl``.  Q1 there must still
-    write a TTL (1 s): a CAS without one would make a dead letter written with
-    failed_ttl=1 permanent, if the requeue then stopped."""
+    write a TTL (TOMBSTONE_TTL: it has one): a CAS without one would make a dead
+    letter written with failed_ttl=1 permanent, if the requeue then stopped."""
     with Queue(etcd_url, queue_name, max_attempts=1, failed_ttl=1, lock_ttl=1) as queue:
         p = queue._protocol
         for _ in range(20):
@@ -355,8 +362,8 @@ def test_q1_on_a_dead_letter_past_its_expiry_not_yet_swept_keeps_it_expiring(
             break
         else:
             pytest.skip("never caught a dead letter between its expiry and its removal")
-        wait_until(lambda: p.read(FAILED, item_id) is None, 5,
-                   message="the dead letter Q1 rewrote (failed_ttl=1) to expire")
+        ttl = node(queue, FAILED, item_id).get("ttl")
+        assert ttl is not None and TOMBSTONE_TTL - 10 <= ttl <= TOMBSTONE_TTL
 
 
 # -- the command line -------------------------------------------------------------------
