@@ -199,7 +199,9 @@ def _add_cancel(verbs: Any) -> None:
                   "dead-letter pending items with the reason 'cancelled'",
                   epilog="An item already running or finished is left alone. Exit status: "
                          "0 every id was cancelled, 1 any was running or finished, 5 any "
-                         "is unknown (5 wins over 1). 'etcdq requeue' brings one back.")
+                         "is unknown (5 wins over 1); 3 when etcd could not be reached, or "
+                         "the item's lock not held long enough to cancel it (the ids after "
+                         "it are not tried). 'etcdq requeue' brings one back.")
     add_queue_argument(parser)
     parser.add_argument("ids", nargs="+", metavar="ID")
     add_failed_ttl(parser)
