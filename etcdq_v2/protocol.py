@@ -194,6 +194,8 @@ import(lines)
     I1. PUT ``locks/<0 * 20>`` prevExist=false, ttl=lock_ttl: one import at a time
         (held: wait, bounded).  No item has id 0.  Its index m names the first key.
     I2. List work/, completed/, failed/ (quorum, streamed): the put tokens present.
+        The lock counts as fresh from before I1 was sent; refreshed (I4) every
+        lock_ttl/3 during I2, and once after it, before the first write.
     I3. Per line: its token present -> skip.  Else PUT ``work/<m>`` (the item,
         with ``q``) or ``completed|failed/<m>`` (the record, its kind's TTL)
         prevExist=false; the index of this write is the next m.  No POST can
@@ -1280,25 +1282,33 @@ class Protocol:
 
     # -- I: import ---------------------------------------------------------------
     def begin_import(self) -> "ImportState":
-        """I1, I2: the import lock (its index names the first key), then the put
-        tokens of every item and record already in the queue."""
+        """I1, I2, I4: the import lock, then the put tokens of every item and record
+        already in the queue, then a refresh of the lock (its index names the
+        first key).  The lock's age counts from before I1 was sent, and I2
+        refreshes it every lock_ttl/3: a slow I2 whose lock expired meanwhile
+        (another import may have taken it and stored the lines) ends in
+        LockLost at I4, before any write."""
         lock = Lock(self.node_id, new_token())
-        index = self._lock_import(lock)  # I1
+        state = ImportState(lock, set(), None, self._lock_import(lock))  # I1
         try:
-            tokens = self.put_tokens()  # I2
+            state.tokens = self.put_tokens(lambda: self._keep_import_lock(state))  # I2
+            state.name = self._refresh_import_lock(state)  # I4
         except BaseException:
             self._let_go(IMPORT_LOCK, lock)
             raise
-        return ImportState(lock, tokens, index, time.monotonic())
+        return state
 
-    def _lock_import(self, lock: Lock) -> int:
-        """I1: create ``locks/<IMPORT_LOCK>``; its index.  Another import's lock is
-        waited for (up to lock_ttl and the deadline: a crashed import's expires)."""
+    def _lock_import(self, lock: Lock) -> float:
+        """I1: create ``locks/<IMPORT_LOCK>``; time.monotonic() before the PUT that
+        created it.  Another import's lock is waited for (up to lock_ttl and the
+        deadline: a crashed import's expires)."""
         give_up = time.monotonic() + self.lock_ttl + self.etcd.deadline
         waiting = False
         while True:
+            sent = time.monotonic()
             try:
-                return self._create_lock(IMPORT_LOCK, lock, self.lock_ttl)
+                self._create_lock(IMPORT_LOCK, lock, self.lock_ttl)
+                return sent
             except Taken:
                 if time.monotonic() >= give_up:
                     raise Unavailable(f"another import into {self.layout.root} is under way "
@@ -1309,13 +1319,16 @@ class Protocol:
                     waiting = True
                 time.sleep(0.2)
 
-    def put_tokens(self) -> Set[str]:
-        """I2: the put tokens in work/, completed/ and failed/ (quorum, streamed listings)."""
+    def put_tokens(self, keep: Optional[Callable[[], Any]] = None) -> Set[str]:
+        """I2: the put tokens in work/, completed/ and failed/ (quorum, streamed
+        listings); ``keep`` is called after each entry (the lock's refresh)."""
         tokens = set()
         for kind in ("work", COMPLETED, FAILED):
             for _, decoded in self.streamed(kind):
                 if decoded.token:
                     tokens.add(decoded.token)
+                if keep is not None:
+                    keep()
         return tokens
 
     def import_value(self, state: "ImportState", kind: str, raw: str, token: str) -> None:

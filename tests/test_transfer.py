@@ -349,6 +349,25 @@ def test_an_import_that_stalls_past_its_lock_stops(proxy: FaultProxy, target: Qu
     stored_once(target, lines)
 
 
+def test_an_import_whose_listing_outlasts_its_lock_stops_before_writing(
+        proxy: FaultProxy, target: Queue, etcd_url: str) -> None:
+    """I2 is slow (one listing held in the proxy, as a slow link or a big queue would
+    make it): the import lock (lock_ttl 1 s) expires and a second import takes it and
+    stores every line.  The first import then ends its listings: its I4 finds the lock
+    gone (LockLost) and it writes nothing; each item is stored once (review rv5, R1)."""
+    lines = numbered(5)
+    proxy.hold("up", match=rb"GET /v2/keys/\S*/completed\?")  # I2's second listing
+    with through(proxy, target.name, timeout=8, deadline=8, lock_ttl=1) as first, \
+            Queue(etcd_url, target.name, lock_ttl=1) as second:
+        thread, done = in_background(lambda: first.import_items(lines))
+        wait_until(lambda: proxy.held(), BOUND, message="the first import's I2 to be held")
+        assert second.import_items(lines)["pending"] == 5  # waits for the lock to expire
+        proxy.release()
+        thread.join(BOUND)
+    assert isinstance(done.get("raised"), LockLost), done
+    stored_once(target, lines)
+
+
 # -- bad lines ------------------------------------------------------------------------------
 
 GOOD = numbered(1)[0].rstrip("\n")
