@@ -156,8 +156,13 @@ def parse_line(number: int, line: Line, max_payload: int
     try:
         return _parsed(line, max_payload)
     except ValueError as exc:  # also InvalidPayload, UnicodeDecodeError, JSONDecodeError
-        raise InvalidArgument(f"line {number}: {exc}; nothing was stored for it (the lines "
-                              "before it were; a re-run skips them)") from None
+        problem = str(exc)
+    except RecursionError:  # json.loads on a line nested thousands of levels deep
+        problem = "nested too deeply"
+    except OverflowError:  # a number too large for a float (a time, say)
+        problem = "a number out of range"
+    raise InvalidArgument(f"line {number}: {problem}; nothing was stored for it (the lines "
+                          "before it were; a re-run skips them)")
 
 
 def _parsed(line: Line, max_payload: int) -> Optional[Tuple[str, str, str, str]]:

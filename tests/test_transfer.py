@@ -384,6 +384,10 @@ BAD_LINES = {
     "record without node": (GOOD.replace('"pending"', '"completed"'), "claim None"),
     "too large": (GOOD.replace('{"n": 0}', json.dumps("x" * (1 << 20))), "too large"),
     "not UTF-8": (b'{"state": "pending", "token": "\xff"}', "utf-8"),
+    # json.loads raises RecursionError, float() OverflowError: neither is a ValueError.
+    "deeply nested": (GOOD.replace('{"n": 0}', "[" * 100_000 + "]" * 100_000),
+                      "nested too deeply"),
+    "huge created": (GOOD.replace("1700000000.0", "1" + "0" * 400), "out of range"),
 }
 
 
@@ -429,6 +433,8 @@ def test_etcdq_export_and_import_exit_codes(source: Queue, target: Queue, etcd_u
     assert_user_error(etcdq(proxy.url, "export", source.name), 3, "broke off")
     bad = etcdq(etcd_url, "import", target.name, input=GOOD + "\n{oops\n")
     assert_user_error(bad, 2, "line 2: not JSON")
+    deep = etcdq(etcd_url, "import", target.name, input=BAD_LINES["deeply nested"][0])
+    assert_user_error(deep, 2, "line 1: nested too deeply")
     assert tokens(target) == ["token-0000"]
     assert_user_error(etcdq(etcd_url, "import", target.name, str(tmp_path / "nope")), 2,
                       "cannot read")
