@@ -23,6 +23,9 @@ a queue of a cluster that still serves v2.  A line::
 * ``id``: the item's id in the exported queue, for the reader; the import
   names each item and record itself (docs/protocol.md, "import").
 
+A payload is written as it is stored, however deep (an item put by 0.1.0 may
+nest deeper than MAX_DEPTH); import checks the depth as put does.
+
 Delays and backoffs are not exported: an imported item is claimable at once.
 
 Memory: export reads each directory as its listing arrives
@@ -98,7 +101,7 @@ def _item_line(item_id: str, item: Item) -> str:
     doc: Dict[str, Any] = {"id": item_id, "state": "pending", "token": item.token,
                            "attempts": item.attempts, "created": round(item.created, 3)}
     doc.update(_payload_fields(item.payload))
-    return dumps(doc) + "\n"
+    return dumps(doc, stored=True) + "\n"  # as stored: a 0.1.0 item may be deeper
 
 
 def _record_line(item_id: str, kind: str, record: Record) -> str:
@@ -109,7 +112,7 @@ def _record_line(item_id: str, kind: str, record: Record) -> str:
                result=record.result)
     if record.reason is not None:
         doc["reason"] = record.reason
-    return dumps(doc) + "\n"
+    return dumps(doc, stored=True) + "\n"  # as stored, however deep (see _item_line)
 
 
 def _payload_fields(payload: Any) -> Dict[str, Any]:

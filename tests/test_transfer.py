@@ -194,6 +194,20 @@ def test_every_state_survives_a_round_trip(source: Queue, target: Queue,
     expected["running"].complete()  # the source's claim is not disturbed
 
 
+def test_an_item_nested_deeper_than_max_depth_is_exported_with_the_others(
+        source: Queue) -> None:
+    """An item put before MAX_DEPTH existed (0.1.0 took any JSON), 150 levels deep, is
+    exported as stored; the export goes on past it (review rv5, R8)."""
+    source.put("first")
+    deep = "[" * 150 + "]" * 150
+    source.etcd.post(source.layout.dir("work"),
+                     '{"t":"legacy-token","a":0,"ts":1700000000.0,"p":%s}' % deep)
+    source.put("last")
+    lines = [json.loads(line) for line in source.export_items()]
+    assert [line["token"] for line in lines][1] == "legacy-token"
+    assert [line["payload"] for line in lines] == ["first", json.loads(deep), "last"]
+
+
 def test_a_running_item_is_exported_as_pending_and_the_state_filter_selects(
         source: Queue, etcd_url: str) -> None:
     populate(source, etcd_url)
