@@ -187,8 +187,11 @@ def _parsed(line: Line, max_payload: int) -> Optional[Tuple[str, str, str, str]]
         raise ValueError(f"attempts {attempts!r}: expected a whole number >= 0")
     payload = _payload(doc)
     if state == "pending":
+        # put's limit, on the item as put stores it: I3's "q" (6 bytes more) does not count,
+        # or an item just under the limit in the source could not be imported.
+        Item(payload, token, attempts, created=created).encode(max_payload)
         item = Protocol.imported_item(payload, token, attempts, created)
-        return "work", item.encode(max_payload), token, state
+        return "work", item.encode(), token, state
     record = Record(payload, _text(doc, "claim"), _text(doc, "node"), attempts, created,
                     _seconds(doc, "finished"), doc.get("result"), _reason(doc), token=token)
     return state, record.encode(), token, state

@@ -31,6 +31,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from etcdq_v2 import InvalidArgument, LockLost, Queue, Unavailable, connect
+from etcdq_v2.codec import DEFAULT_MAX_PAYLOAD, Item
 from etcdq_v2.errors import KeyMissing
 from etcdq_v2.listing import listed_nodes
 from etcdq_v2.protocol import COMPLETED, FAILED
@@ -206,6 +207,18 @@ def test_an_item_nested_deeper_than_max_depth_is_exported_with_the_others(
     lines = [json.loads(line) for line in source.export_items()]
     assert [line["token"] for line in lines][1] == "legacy-token"
     assert [line["payload"] for line in lines] == ["first", json.loads(deep), "last"]
+
+
+def test_an_item_just_under_the_payload_limit_is_exported_and_imported(
+        source: Queue, target: Queue) -> None:
+    """The import writes the item with "q" (6 bytes more than put stored); the limit
+    applies to the item as put stores it, so what the source held comes back (rv5, R7)."""
+    size = len(Item("", "0" * 24, created=1764523200.123).encode())
+    source.put("x" * (DEFAULT_MAX_PAYLOAD - size - 2))  # encoded: 2 bytes under the limit
+    source.put("after it")
+    lines = list(source.export_items())
+    assert len(lines) == 2
+    assert target.import_items(lines)["pending"] == 2
 
 
 def test_a_running_item_is_exported_as_pending_and_the_state_filter_selects(
