@@ -446,6 +446,17 @@ def test_it_binds_loopback_without_a_token_by_default(etcd_url: str) -> None:
         assert board.url.startswith("http://127.0.0.1:") and board.token is None
 
 
+def test_a_dashboard_bound_to_another_loopback_address_serves_its_own_url(
+        make_queue: MakeQueue, etcd_url: str, prefix: str) -> None:
+    """127.0.0.2 is loopback (no token): the Host check accepts the URL the dashboard
+    itself gives, not only 127.0.0.1 and localhost (review rv5, R9)."""
+    make_queue("jobs").put("x")
+    with Dashboard(etcd_url, prefix=prefix, bind="127.0.0.2", port=0).start() as board:
+        assert board.token is None and board.url.startswith("http://127.0.0.2:")
+        status, _, document = call(board.url + "api/overview")
+    assert status == 200, document
+
+
 def test_a_non_local_bind_requires_the_token(make_queue: MakeQueue,
                                             make_dashboard: MakeDashboard) -> None:
     jobs = make_queue("jobs")

@@ -84,7 +84,7 @@ class Dashboard:
         self.token_generated = token is None and not local
         self.token = check_token(token) if token is not None else (
             None if local else new_token())
-        self.guard = Guard(local=local, token=self.token)
+        self.guard = Guard(local=local, token=self.token, bind=bind)
         self.etcd, self._owns_transport = _transport(client)
         self.snapshots = Snapshots(self.etcd, self.prefix, interval=interval, window=window,
                                    bucket=bucket, actions=allow_actions)
