@@ -16,6 +16,10 @@ a queue of a cluster that still serves v2.  A line::
   as the codec stores it).
 * A record adds ``node``, ``claim`` (its claim token), ``finished``,
   ``result`` and, if it has one, ``reason``.
+* ``rq``, on a dead letter whose requeue began (Q1): the requeue token, which
+  is the put token of the item the requeue makes.  Import skips such a dead
+  letter when that token is in the queue (the item is; export writes work/
+  first): a requeue stopped after Q3 does not leave it to run twice.
 * ``token``: the item's put token (a 0.1.0 record, which has none: its claim
   token).  Import skips a line whose token the queue already holds, so a
   file imported twice, or again after an import that stopped half-way,
@@ -112,6 +116,8 @@ def _record_line(item_id: str, kind: str, record: Record) -> str:
                result=record.result)
     if record.reason is not None:
         doc["reason"] = record.reason
+    if record.requeue_token:  # a requeue began (Q1): its new item may be in the file too
+        doc["rq"] = record.requeue_token
     return dumps(doc, stored=True) + "\n"  # as stored, however deep (see _item_line)
 
 
@@ -139,8 +145,8 @@ def import_lines(protocol: Protocol, lines: Iterable[Line],
             parsed = parse_line(number, line, protocol.max_payload)
             if parsed is None:
                 continue
-            kind, raw, token, line_state = parsed
-            if token in state.tokens:
+            kind, raw, token, line_state, requeued_as = parsed
+            if token in state.tokens or requeued_as in state.tokens:
                 counts["skipped"] += 1
             else:
                 protocol.import_value(state, kind, raw, token)  # I3 (I4)
@@ -153,9 +159,10 @@ def import_lines(protocol: Protocol, lines: Iterable[Line],
 
 
 def parse_line(number: int, line: Line, max_payload: int
-               ) -> Optional[Tuple[str, str, str, str]]:
-    """``(directory, value, token, state)`` of one line, None for a blank line;
-    InvalidArgument naming the line if it is not one that export writes."""
+               ) -> Optional[Tuple[str, str, str, str, Optional[str]]]:
+    """``(directory, value, token, state, rq)`` of one line, None for a blank line;
+    InvalidArgument naming the line if it is not one that export writes.  ``rq``:
+    a dead letter's requeue token, the put token of the item its requeue made."""
     try:
         return _parsed(line, max_payload)
     except ValueError as exc:  # also InvalidPayload, UnicodeDecodeError, JSONDecodeError
@@ -168,7 +175,8 @@ def parse_line(number: int, line: Line, max_payload: int
                           "before it were; a re-run skips them)")
 
 
-def _parsed(line: Line, max_payload: int) -> Optional[Tuple[str, str, str, str]]:
+def _parsed(line: Line, max_payload: int
+            ) -> Optional[Tuple[str, str, str, str, Optional[str]]]:
     text = line.decode("utf-8") if isinstance(line, bytes) else line
     if not text.strip():
         return None
@@ -191,10 +199,10 @@ def _parsed(line: Line, max_payload: int) -> Optional[Tuple[str, str, str, str]]
         # or an item just under the limit in the source could not be imported.
         Item(payload, token, attempts, created=created).encode(max_payload)
         item = Protocol.imported_item(payload, token, attempts, created)
-        return "work", item.encode(), token, state
+        return "work", item.encode(), token, state, None
     record = Record(payload, _text(doc, "claim"), _text(doc, "node"), attempts, created,
                     _seconds(doc, "finished"), doc.get("result"), _reason(doc), token=token)
-    return state, record.encode(), token, state
+    return state, record.encode(), token, state, _requeue_token(doc)
 
 
 def _payload(doc: Dict[str, Any]) -> Any:
@@ -220,6 +228,14 @@ def _seconds(doc: Dict[str, Any], name: str, default: Optional[float] = None) ->
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise ValueError(f"{name} {value!r}: expected a time in seconds since the epoch")
     return float(value)
+
+
+def _requeue_token(doc: Dict[str, Any]) -> Optional[str]:
+    if doc.get("rq") is None:
+        return None
+    if doc.get("state") != FAILED:
+        raise ValueError("rq: only a dead letter (state failed) has a requeue token")
+    return _text(doc, "rq")
 
 
 def _reason(doc: Dict[str, Any]) -> Optional[str]:

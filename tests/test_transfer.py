@@ -221,6 +221,43 @@ def test_an_item_just_under_the_payload_limit_is_exported_and_imported(
     assert target.import_items(lines)["pending"] == 2
 
 
+def runs_of(queue: Queue) -> List[Any]:
+    """The payloads a worker runs, each claim completed, until the queue is empty."""
+    runs = []
+    claim = queue.claim(timeout=0.5)
+    while claim is not None:
+        runs.append(claim.payload)
+        claim.complete()
+        claim = queue.claim(timeout=0.5)
+    return runs
+
+
+def test_a_dead_letter_whose_requeue_stopped_after_q3_is_imported_as_its_new_item_only(
+        etcd_url: str, queue_name: str, target: Queue) -> None:
+    """A requeue that stopped after Q3 leaves the dead letter marked with its requeue
+    token (rq) and the new item carrying it.  Export writes rq; import skips the dead
+    letter (its new item came first), so requeuing the target's dead letters does not
+    run the payload twice (review rv5, R3)."""
+    with Queue(etcd_url, f"{queue_name}-dead", max_attempts=1) as source:
+        source.put("once")
+        source.claim().fail("boom")
+        [dead] = source.items(FAILED)
+        protocol = source._protocol
+        lock = protocol._lock_dead_letter(dead.id)                   # Q0
+        (token, index), record = protocol._requeue_token(dead.id)    # Q1
+        protocol._remove_dead_item(dead.id)                          # Q2
+        protocol._create_item(f"{index:020d}",
+                              Item(record.payload, token, requeued=True).encode())  # Q3
+        protocol._drop_lock(dead.id, lock)                           # then the requeue dies
+        lines = list(source.export_items())
+    assert json.loads(lines[-1])["rq"] == token
+    assert target.import_items(lines) == {"pending": 1, COMPLETED: 0, FAILED: 0,
+                                          "skipped": 1}
+    for info in target.items(FAILED):
+        target.requeue(info.id)
+    assert runs_of(target) == ["once"]
+
+
 def test_a_running_item_is_exported_as_pending_and_the_state_filter_selects(
         source: Queue, etcd_url: str) -> None:
     populate(source, etcd_url)
