@@ -121,7 +121,8 @@ requeue(id)          (a dead letter back to work/)
         claim runs C3).  No POST can take the name m; a resent or resumed
         requeue computes the same name and gets "already exists".
     Q4. CAS ``failed/<id>`` (on Q1's index) into a tombstone with a week's
-        TTL, so that a late F2 finds the key taken.  "Not found" (the dead
+        TTL, so that a late F2 finds the key taken; it keeps the put token
+        (``"t"``: import's I2 reads it).  "Not found" (the dead
         letter was purged, or expired: a week after Q1 at least): create the
         tombstone, prevExist=false.
         A late F2 that took the key first (the same claim token) is turned
@@ -193,7 +194,8 @@ export               (reads only)
 import(lines)
     I1. PUT ``locks/<0 * 20>`` prevExist=false, ttl=lock_ttl: one import at a time
         (held: wait, bounded).  No item has id 0.  Its index m names the first key.
-    I2. List work/, completed/, failed/ (quorum, streamed): the put tokens present.
+    I2. List work/, completed/, failed/ (quorum, streamed): the put tokens present
+        (a requeued dead letter's in its tombstone).
         The lock counts as fresh from before I1 was sent; refreshed (I4) every
         lock_ttl/3 during I2, and once after it, before the first write.
     I3. Per line: its token present -> skip.  Else PUT ``work/<m>`` (the item,
@@ -220,7 +222,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
-from .codec import Item, Junk, Lock, Record, check_depth, new_token, tombstone
+from .codec import (Item, Junk, Lock, Record, check_depth, new_token, tombstone,
+                    tombstone_token)
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdqError,
                      EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
                      Unavailable)
@@ -992,7 +995,7 @@ class Protocol:
         anything else (junk, another claim's dead letter) is left, with a
         warning.  Only late writes change the key: we hold its lock.
         """
-        key, buried = self.layout.key(FAILED, item_id), tombstone(new_id)
+        key, buried = self.layout.key(FAILED, item_id), tombstone(new_id, record.token)
         for _ in range(5):
             condition: Dict[str, Any] = ({"prev_index": index} if index
                                          else {"prev_exist": False})
@@ -1324,9 +1327,13 @@ class Protocol:
         listings); ``keep`` is called after each entry (the lock's refresh)."""
         tokens = set()
         for kind in ("work", COMPLETED, FAILED):
-            for _, decoded in self.streamed(kind):
-                if decoded.token:
-                    tokens.add(decoded.token)
+            for entry in self._streamed_entries(kind):
+                token = _put_token(Item.decode if kind == "work" else Record.decode,
+                                   entry.value)
+                if token is None and kind == FAILED:  # a requeued dead letter's tombstone
+                    token = tombstone_token(entry.value)
+                if token:
+                    tokens.add(token)
                 if keep is not None:
                     keep()
         return tokens

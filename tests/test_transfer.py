@@ -258,6 +258,25 @@ def test_a_dead_letter_whose_requeue_stopped_after_q3_is_imported_as_its_new_ite
     assert runs_of(target) == ["once"]
 
 
+def test_a_dead_letter_requeued_in_the_target_is_skipped_by_a_second_import(
+        etcd_url: str, queue_name: str, target: Queue) -> None:
+    """An imported dead letter, requeued in the target (Q4 leaves a tombstone, which
+    keeps the put token), then the same file imported again (the first import stopped
+    half-way, say): I2 finds the token in the tombstone and skips the dead letter, so
+    its payload does not run twice (review rv5, R4)."""
+    with Queue(etcd_url, f"{queue_name}-dead", max_attempts=1) as source:
+        source.put("once")
+        source.claim().fail("boom")
+        lines = list(source.export_items())
+    target.import_items(lines)
+    [dead] = target.items(FAILED)
+    target.requeue(dead.id)
+    assert target.import_items(lines)["skipped"] == 1
+    for info in target.items(FAILED):
+        target.requeue(info.id)
+    assert runs_of(target) == ["once"]
+
+
 def test_a_running_item_is_exported_as_pending_and_the_state_filter_selects(
         source: Queue, etcd_url: str) -> None:
     populate(source, etcd_url)
