@@ -75,7 +75,9 @@ def export_lines(protocol: Protocol, state: Optional[str] = None) -> Iterator[st
     arrives.  Each listing is a snapshot of its directory: an item that
     finishes while the export runs may appear twice (pending, then in its
     record: an import keeps the first, and the item runs again), never not
-    at all.  Stop the workers first for an exact copy.
+    at all, except an item requeued meanwhile (failed/ -> work/ after work/
+    was listed): it is missing.  Stop the workers and requeues first for an
+    exact copy.
     """
     wanted = STATES if state is None else (state,)
     claimed = protocol.claimed_ids() if {"pending", "running"} & set(wanted) else set()
