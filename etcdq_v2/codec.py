@@ -179,9 +179,24 @@ class Item:
                        outcome if outcome in OUTCOMES else None, bool(doc.get("q")))
 
 
-def tombstone(new_id: str) -> str:
-    """What a requeued dead letter becomes (not a Record: every reader skips it)."""
-    return dumps({"requeued_as": new_id})
+def tombstone(new_id: str, token: Optional[str] = None) -> str:
+    """What a requeued dead letter becomes (not a Record: every reader skips it).
+    ``token``: the dead letter's put token, which import's I2 reads from it, so
+    that the dead letter is not imported again once it was requeued."""
+    doc: Dict[str, Any] = {"requeued_as": new_id}
+    if token:
+        doc["t"] = token
+    return dumps(doc)
+
+
+def tombstone_token(raw: Optional[str]) -> Optional[str]:
+    """The put token a tombstone keeps; None for anything else (or an older tombstone)."""
+    try:
+        doc = loads(raw)
+    except Junk:
+        return None
+    token = doc.get("t")
+    return token if "requeued_as" in doc and isinstance(token, str) else None
 
 
 @dataclass(frozen=True)

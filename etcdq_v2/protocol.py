@@ -121,7 +121,8 @@ requeue(id)          (a dead letter back to work/)
         claim runs C3).  No POST can take the name m; a resent or resumed
         requeue computes the same name and gets "already exists".
     Q4. CAS ``failed/<id>`` (on Q1's index) into a tombstone with a week's
-        TTL, so that a late F2 finds the key taken.  "Not found" (the dead
+        TTL, so that a late F2 finds the key taken; it keeps the put token
+        (``"t"``: import's I2 reads it).  "Not found" (the dead
         letter was purged, or expired: a week after Q1 at least): create the
         tombstone, prevExist=false.
         A late F2 that took the key first (the same claim token) is turned
@@ -193,7 +194,10 @@ export               (reads only)
 import(lines)
     I1. PUT ``locks/<0 * 20>`` prevExist=false, ttl=lock_ttl: one import at a time
         (held: wait, bounded).  No item has id 0.  Its index m names the first key.
-    I2. List work/, completed/, failed/ (quorum, streamed): the put tokens present.
+    I2. List work/, completed/, failed/ (quorum, streamed): the put tokens present
+        (a requeued dead letter's in its tombstone).
+        The lock counts as fresh from before I1 was sent; refreshed (I4) every
+        lock_ttl/3 during I2, and once after it, before the first write.
     I3. Per line: its token present -> skip.  Else PUT ``work/<m>`` (the item,
         with ``q``) or ``completed|failed/<m>`` (the record, its kind's TTL)
         prevExist=false; the index of this write is the next m.  No POST can
@@ -218,7 +222,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
-from .codec import Item, Junk, Lock, Record, check_depth, new_token, tombstone
+from .codec import (Item, Junk, Lock, Record, check_depth, new_token, tombstone,
+                    tombstone_token)
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdqError,
                      EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
                      Unavailable)
@@ -990,7 +995,7 @@ class Protocol:
         anything else (junk, another claim's dead letter) is left, with a
         warning.  Only late writes change the key: we hold its lock.
         """
-        key, buried = self.layout.key(FAILED, item_id), tombstone(new_id)
+        key, buried = self.layout.key(FAILED, item_id), tombstone(new_id, record.token)
         for _ in range(5):
             condition: Dict[str, Any] = ({"prev_index": index} if index
                                          else {"prev_exist": False})
@@ -1280,25 +1285,33 @@ class Protocol:
 
     # -- I: import ---------------------------------------------------------------
     def begin_import(self) -> "ImportState":
-        """I1, I2: the import lock (its index names the first key), then the put
-        tokens of every item and record already in the queue."""
+        """I1, I2, I4: the import lock, then the put tokens of every item and record
+        already in the queue, then a refresh of the lock (its index names the
+        first key).  The lock's age counts from before I1 was sent, and I2
+        refreshes it every lock_ttl/3: a slow I2 whose lock expired meanwhile
+        (another import may have taken it and stored the lines) ends in
+        LockLost at I4, before any write."""
         lock = Lock(self.node_id, new_token())
-        index = self._lock_import(lock)  # I1
+        state = ImportState(lock, set(), None, self._lock_import(lock))  # I1
         try:
-            tokens = self.put_tokens()  # I2
+            state.tokens = self.put_tokens(lambda: self._keep_import_lock(state))  # I2
+            state.name = self._refresh_import_lock(state)  # I4
         except BaseException:
             self._let_go(IMPORT_LOCK, lock)
             raise
-        return ImportState(lock, tokens, index, time.monotonic())
+        return state
 
-    def _lock_import(self, lock: Lock) -> int:
-        """I1: create ``locks/<IMPORT_LOCK>``; its index.  Another import's lock is
-        waited for (up to lock_ttl and the deadline: a crashed import's expires)."""
+    def _lock_import(self, lock: Lock) -> float:
+        """I1: create ``locks/<IMPORT_LOCK>``; time.monotonic() before the PUT that
+        created it.  Another import's lock is waited for (up to lock_ttl and the
+        deadline: a crashed import's expires)."""
         give_up = time.monotonic() + self.lock_ttl + self.etcd.deadline
         waiting = False
         while True:
+            sent = time.monotonic()
             try:
-                return self._create_lock(IMPORT_LOCK, lock, self.lock_ttl)
+                self._create_lock(IMPORT_LOCK, lock, self.lock_ttl)
+                return sent
             except Taken:
                 if time.monotonic() >= give_up:
                     raise Unavailable(f"another import into {self.layout.root} is under way "
@@ -1309,13 +1322,20 @@ class Protocol:
                     waiting = True
                 time.sleep(0.2)
 
-    def put_tokens(self) -> Set[str]:
-        """I2: the put tokens in work/, completed/ and failed/ (quorum, streamed listings)."""
+    def put_tokens(self, keep: Optional[Callable[[], Any]] = None) -> Set[str]:
+        """I2: the put tokens in work/, completed/ and failed/ (quorum, streamed
+        listings); ``keep`` is called after each entry (the lock's refresh)."""
         tokens = set()
         for kind in ("work", COMPLETED, FAILED):
-            for _, decoded in self.streamed(kind):
-                if decoded.token:
-                    tokens.add(decoded.token)
+            for entry in self._streamed_entries(kind):
+                token = _put_token(Item.decode if kind == "work" else Record.decode,
+                                   entry.value)
+                if token is None and kind == FAILED:  # a requeued dead letter's tombstone
+                    token = tombstone_token(entry.value)
+                if token:
+                    tokens.add(token)
+                if keep is not None:
+                    keep()
         return tokens
 
     def import_value(self, state: "ImportState", kind: str, raw: str, token: str) -> None:

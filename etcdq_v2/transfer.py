@@ -16,12 +16,19 @@ a queue of a cluster that still serves v2.  A line::
   as the codec stores it).
 * A record adds ``node``, ``claim`` (its claim token), ``finished``,
   ``result`` and, if it has one, ``reason``.
+* ``rq``, on a dead letter whose requeue began (Q1): the requeue token, which
+  is the put token of the item the requeue makes.  Import skips such a dead
+  letter when that token is in the queue (the item is; export writes work/
+  first): a requeue stopped after Q3 does not leave it to run twice.
 * ``token``: the item's put token (a 0.1.0 record, which has none: its claim
   token).  Import skips a line whose token the queue already holds, so a
   file imported twice, or again after an import that stopped half-way,
   stores each item once.
 * ``id``: the item's id in the exported queue, for the reader; the import
   names each item and record itself (docs/protocol.md, "import").
+
+A payload is written as it is stored, however deep (an item put by 0.1.0 may
+nest deeper than MAX_DEPTH); import checks the depth as put does.
 
 Delays and backoffs are not exported: an imported item is claimable at once.
 
@@ -68,7 +75,9 @@ def export_lines(protocol: Protocol, state: Optional[str] = None) -> Iterator[st
     arrives.  Each listing is a snapshot of its directory: an item that
     finishes while the export runs may appear twice (pending, then in its
     record: an import keeps the first, and the item runs again), never not
-    at all.  Stop the workers first for an exact copy.
+    at all, except an item requeued meanwhile (failed/ -> work/ after work/
+    was listed): it is missing.  Stop the workers and requeues first for an
+    exact copy.
     """
     wanted = STATES if state is None else (state,)
     claimed = protocol.claimed_ids() if {"pending", "running"} & set(wanted) else set()
@@ -98,7 +107,7 @@ def _item_line(item_id: str, item: Item) -> str:
     doc: Dict[str, Any] = {"id": item_id, "state": "pending", "token": item.token,
                            "attempts": item.attempts, "created": round(item.created, 3)}
     doc.update(_payload_fields(item.payload))
-    return dumps(doc) + "\n"
+    return dumps(doc, stored=True) + "\n"  # as stored: a 0.1.0 item may be deeper
 
 
 def _record_line(item_id: str, kind: str, record: Record) -> str:
@@ -109,7 +118,9 @@ def _record_line(item_id: str, kind: str, record: Record) -> str:
                result=record.result)
     if record.reason is not None:
         doc["reason"] = record.reason
-    return dumps(doc) + "\n"
+    if record.requeue_token:  # a requeue began (Q1): its new item may be in the file too
+        doc["rq"] = record.requeue_token
+    return dumps(doc, stored=True) + "\n"  # as stored, however deep (see _item_line)
 
 
 def _payload_fields(payload: Any) -> Dict[str, Any]:
@@ -136,8 +147,8 @@ def import_lines(protocol: Protocol, lines: Iterable[Line],
             parsed = parse_line(number, line, protocol.max_payload)
             if parsed is None:
                 continue
-            kind, raw, token, line_state = parsed
-            if token in state.tokens:
+            kind, raw, token, line_state, requeued_as = parsed
+            if token in state.tokens or requeued_as in state.tokens:
                 counts["skipped"] += 1
             else:
                 protocol.import_value(state, kind, raw, token)  # I3 (I4)
@@ -150,17 +161,24 @@ def import_lines(protocol: Protocol, lines: Iterable[Line],
 
 
 def parse_line(number: int, line: Line, max_payload: int
-               ) -> Optional[Tuple[str, str, str, str]]:
-    """``(directory, value, token, state)`` of one line, None for a blank line;
-    InvalidArgument naming the line if it is not one that export writes."""
+               ) -> Optional[Tuple[str, str, str, str, Optional[str]]]:
+    """``(directory, value, token, state, rq)`` of one line, None for a blank line;
+    InvalidArgument naming the line if it is not one that export writes.  ``rq``:
+    a dead letter's requeue token, the put token of the item its requeue made."""
     try:
         return _parsed(line, max_payload)
     except ValueError as exc:  # also InvalidPayload, UnicodeDecodeError, JSONDecodeError
-        raise InvalidArgument(f"line {number}: {exc}; nothing was stored for it (the lines "
-                              "before it were; a re-run skips them)") from None
+        problem = str(exc)
+    except RecursionError:  # json.loads on a line nested thousands of levels deep
+        problem = "nested too deeply"
+    except OverflowError:  # a number too large for a float (a time, say)
+        problem = "a number out of range"
+    raise InvalidArgument(f"line {number}: {problem}; nothing was stored for it (the lines "
+                          "before it were; a re-run skips them)")
 
 
-def _parsed(line: Line, max_payload: int) -> Optional[Tuple[str, str, str, str]]:
+def _parsed(line: Line, max_payload: int
+            ) -> Optional[Tuple[str, str, str, str, Optional[str]]]:
     text = line.decode("utf-8") if isinstance(line, bytes) else line
     if not text.strip():
         return None
@@ -179,11 +197,14 @@ def _parsed(line: Line, max_payload: int) -> Optional[Tuple[str, str, str, str]]
         raise ValueError(f"attempts {attempts!r}: expected a whole number >= 0")
     payload = _payload(doc)
     if state == "pending":
+        # put's limit, on the item as put stores it: I3's "q" (6 bytes more) does not count,
+        # or an item just under the limit in the source could not be imported.
+        Item(payload, token, attempts, created=created).encode(max_payload)
         item = Protocol.imported_item(payload, token, attempts, created)
-        return "work", item.encode(max_payload), token, state
+        return "work", item.encode(), token, state, None
     record = Record(payload, _text(doc, "claim"), _text(doc, "node"), attempts, created,
                     _seconds(doc, "finished"), doc.get("result"), _reason(doc), token=token)
-    return state, record.encode(), token, state
+    return state, record.encode(), token, state, _requeue_token(doc)
 
 
 def _payload(doc: Dict[str, Any]) -> Any:
@@ -209,6 +230,14 @@ def _seconds(doc: Dict[str, Any], name: str, default: Optional[float] = None) ->
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise ValueError(f"{name} {value!r}: expected a time in seconds since the epoch")
     return float(value)
+
+
+def _requeue_token(doc: Dict[str, Any]) -> Optional[str]:
+    if doc.get("rq") is None:
+        return None
+    if doc.get("state") != FAILED:
+        raise ValueError("rq: only a dead letter (state failed) has a requeue token")
+    return _text(doc, "rq")
 
 
 def _reason(doc: Dict[str, Any]) -> Optional[str]:

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import secrets
+import socket
 import struct
 import threading
 import time
@@ -389,6 +390,53 @@ def test_a_form_post_from_another_site_is_refused(make_queue: MakeQueue,
     assert status == 403 and jobs.stats()["failed"] == 1
 
 
+def raw_exchange(port: int, data: bytes, wait: float = 3.0) -> bytes:
+    """Send ``data`` on one connection; all the server sends back until it closes the
+    connection or goes quiet for ``wait`` seconds."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as sock:
+        sock.sendall(data)
+        received = b""
+        while True:
+            try:
+                block = sock.recv(65536)
+            except socket.timeout:
+                break
+            if not block:
+                return received
+            received += block
+    return received
+
+
+def refused_with_a_body(case: str, port: int, hidden: bytes) -> bytes:
+    """A request the dashboard refuses before reading its body, whose body is ``hidden``."""
+    if case == "Host refused":
+        return (f"POST /api/requeue HTTP/1.1\r\nHost: rebound.example:{port}\r\n"
+                f"Content-Type: text/plain\r\nContent-Length: {len(hidden)}\r\n\r\n"
+                ).encode() + hidden
+    if case == "413":  # what a cross-site text/plain POST can send without a preflight
+        return (f"POST /api/requeue HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                f"Origin: http://evil.example\r\nContent-Type: text/plain\r\n"
+                f"Content-Length: 70000\r\n\r\n").encode() + hidden + b"x" * (70_000 - len(hidden))
+    return (f"POST /api/requeue HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Transfer-Encoding: chunked\r\n\r\n").encode() + hidden
+
+
+@pytest.mark.parametrize("case", ["Host refused", "413", "chunked"])
+def test_a_request_hidden_in_a_refused_requests_body_is_not_served(
+        case: str, make_queue: MakeQueue, make_dashboard: MakeDashboard) -> None:
+    """A request refused before its body is read ends its connection: the unread body,
+    here a request for the overview without any browser header, is never parsed as the
+    next request (review rv5, R6)."""
+    dead_letter(make_queue("jobs"), {"secret": "s3cr3t"}, "boom")
+    board = make_dashboard(allow_actions=True)
+    port = int(board.url.rsplit(":", 1)[1].strip("/"))
+    hidden = f"GET /api/overview HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    received = raw_exchange(port, refused_with_a_body(case, port, hidden))
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", received)
+    assert b"s3cr3t" not in received and len(statuses) == 1, (statuses, received[-300:])
+    assert b"Connection: close" in received
+
+
 # --------------------------------------------------------------------------
 # Binding and the token
 # --------------------------------------------------------------------------
@@ -396,6 +444,17 @@ def test_a_form_post_from_another_site_is_refused(make_queue: MakeQueue,
 def test_it_binds_loopback_without_a_token_by_default(etcd_url: str) -> None:
     with Dashboard(etcd_url, port=0) as board:
         assert board.url.startswith("http://127.0.0.1:") and board.token is None
+
+
+def test_a_dashboard_bound_to_another_loopback_address_serves_its_own_url(
+        make_queue: MakeQueue, etcd_url: str, prefix: str) -> None:
+    """127.0.0.2 is loopback (no token): the Host check accepts the URL the dashboard
+    itself gives, not only 127.0.0.1 and localhost (review rv5, R9)."""
+    make_queue("jobs").put("x")
+    with Dashboard(etcd_url, prefix=prefix, bind="127.0.0.2", port=0).start() as board:
+        assert board.token is None and board.url.startswith("http://127.0.0.2:")
+        status, _, document = call(board.url + "api/overview")
+    assert status == 200, document
 
 
 def test_a_non_local_bind_requires_the_token(make_queue: MakeQueue,

@@ -31,6 +31,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from etcdq_v2 import InvalidArgument, LockLost, Queue, Unavailable, connect
+from etcdq_v2.codec import DEFAULT_MAX_PAYLOAD, Item
 from etcdq_v2.errors import KeyMissing
 from etcdq_v2.listing import listed_nodes
 from etcdq_v2.protocol import COMPLETED, FAILED
@@ -194,6 +195,88 @@ def test_every_state_survives_a_round_trip(source: Queue, target: Queue,
     expected["running"].complete()  # the source's claim is not disturbed
 
 
+def test_an_item_nested_deeper_than_max_depth_is_exported_with_the_others(
+        source: Queue) -> None:
+    """An item put before MAX_DEPTH existed (0.1.0 took any JSON), 150 levels deep, is
+    exported as stored; the export goes on past it (review rv5, R8)."""
+    source.put("first")
+    deep = "[" * 150 + "]" * 150
+    source.etcd.post(source.layout.dir("work"),
+                     '{"t":"legacy-token","a":0,"ts":1700000000.0,"p":%s}' % deep)
+    source.put("last")
+    lines = [json.loads(line) for line in source.export_items()]
+    assert [line["token"] for line in lines][1] == "legacy-token"
+    assert [line["payload"] for line in lines] == ["first", json.loads(deep), "last"]
+
+
+def test_an_item_just_under_the_payload_limit_is_exported_and_imported(
+        source: Queue, target: Queue) -> None:
+    """The import writes the item with "q" (6 bytes more than put stored); the limit
+    applies to the item as put stores it, so what the source held comes back (rv5, R7)."""
+    size = len(Item("", "0" * 24, created=1764523200.123).encode())
+    source.put("x" * (DEFAULT_MAX_PAYLOAD - size - 2))  # encoded: 2 bytes under the limit
+    source.put("after it")
+    lines = list(source.export_items())
+    assert len(lines) == 2
+    assert target.import_items(lines)["pending"] == 2
+
+
+def runs_of(queue: Queue) -> List[Any]:
+    """The payloads a worker runs, each claim completed, until the queue is empty."""
+    runs = []
+    claim = queue.claim(timeout=0.5)
+    while claim is not None:
+        runs.append(claim.payload)
+        claim.complete()
+        claim = queue.claim(timeout=0.5)
+    return runs
+
+
+def test_a_dead_letter_whose_requeue_stopped_after_q3_is_imported_as_its_new_item_only(
+        etcd_url: str, queue_name: str, target: Queue) -> None:
+    """A requeue that stopped after Q3 leaves the dead letter marked with its requeue
+    token (rq) and the new item carrying it.  Export writes rq; import skips the dead
+    letter (its new item came first), so requeuing the target's dead letters does not
+    run the payload twice (review rv5, R3)."""
+    with Queue(etcd_url, f"{queue_name}-dead", max_attempts=1) as source:
+        source.put("once")
+        source.claim().fail("boom")
+        [dead] = source.items(FAILED)
+        protocol = source._protocol
+        lock = protocol._lock_dead_letter(dead.id)                   # Q0
+        (token, index), record = protocol._requeue_token(dead.id)    # Q1
+        protocol._remove_dead_item(dead.id)                          # Q2
+        protocol._create_item(f"{index:020d}",
+                              Item(record.payload, token, requeued=True).encode())  # Q3
+        protocol._drop_lock(dead.id, lock)                           # then the requeue dies
+        lines = list(source.export_items())
+    assert json.loads(lines[-1])["rq"] == token
+    assert target.import_items(lines) == {"pending": 1, COMPLETED: 0, FAILED: 0,
+                                          "skipped": 1}
+    for info in target.items(FAILED):
+        target.requeue(info.id)
+    assert runs_of(target) == ["once"]
+
+
+def test_a_dead_letter_requeued_in_the_target_is_skipped_by_a_second_import(
+        etcd_url: str, queue_name: str, target: Queue) -> None:
+    """An imported dead letter, requeued in the target (Q4 leaves a tombstone, which
+    keeps the put token), then the same file imported again (the first import stopped
+    half-way, say): I2 finds the token in the tombstone and skips the dead letter, so
+    its payload does not run twice (review rv5, R4)."""
+    with Queue(etcd_url, f"{queue_name}-dead", max_attempts=1) as source:
+        source.put("once")
+        source.claim().fail("boom")
+        lines = list(source.export_items())
+    target.import_items(lines)
+    [dead] = target.items(FAILED)
+    target.requeue(dead.id)
+    assert target.import_items(lines)["skipped"] == 1
+    for info in target.items(FAILED):
+        target.requeue(info.id)
+    assert runs_of(target) == ["once"]
+
+
 def test_a_running_item_is_exported_as_pending_and_the_state_filter_selects(
         source: Queue, etcd_url: str) -> None:
     populate(source, etcd_url)
@@ -349,6 +432,25 @@ def test_an_import_that_stalls_past_its_lock_stops(proxy: FaultProxy, target: Qu
     stored_once(target, lines)
 
 
+def test_an_import_whose_listing_outlasts_its_lock_stops_before_writing(
+        proxy: FaultProxy, target: Queue, etcd_url: str) -> None:
+    """I2 is slow (one listing held in the proxy, as a slow link or a big queue would
+    make it): the import lock (lock_ttl 1 s) expires and a second import takes it and
+    stores every line.  The first import then ends its listings: its I4 finds the lock
+    gone (LockLost) and it writes nothing; each item is stored once (review rv5, R1)."""
+    lines = numbered(5)
+    proxy.hold("up", match=rb"GET /v2/keys/\S*/completed\?")  # I2's second listing
+    with through(proxy, target.name, timeout=8, deadline=8, lock_ttl=1) as first, \
+            Queue(etcd_url, target.name, lock_ttl=1) as second:
+        thread, done = in_background(lambda: first.import_items(lines))
+        wait_until(lambda: proxy.held(), BOUND, message="the first import's I2 to be held")
+        assert second.import_items(lines)["pending"] == 5  # waits for the lock to expire
+        proxy.release()
+        thread.join(BOUND)
+    assert isinstance(done.get("raised"), LockLost), done
+    stored_once(target, lines)
+
+
 # -- bad lines ------------------------------------------------------------------------------
 
 GOOD = numbered(1)[0].rstrip("\n")
@@ -365,6 +467,10 @@ BAD_LINES = {
     "record without node": (GOOD.replace('"pending"', '"completed"'), "claim None"),
     "too large": (GOOD.replace('{"n": 0}', json.dumps("x" * (1 << 20))), "too large"),
     "not UTF-8": (b'{"state": "pending", "token": "\xff"}', "utf-8"),
+    # json.loads raises RecursionError, float() OverflowError: neither is a ValueError.
+    "deeply nested": (GOOD.replace('{"n": 0}', "[" * 100_000 + "]" * 100_000),
+                      "nested too deeply"),
+    "huge created": (GOOD.replace("1700000000.0", "1" + "0" * 400), "out of range"),
 }
 
 
@@ -410,6 +516,8 @@ def test_etcdq_export_and_import_exit_codes(source: Queue, target: Queue, etcd_u
     assert_user_error(etcdq(proxy.url, "export", source.name), 3, "broke off")
     bad = etcdq(etcd_url, "import", target.name, input=GOOD + "\n{oops\n")
     assert_user_error(bad, 2, "line 2: not JSON")
+    deep = etcdq(etcd_url, "import", target.name, input=BAD_LINES["deeply nested"][0])
+    assert_user_error(deep, 2, "line 1: nested too deeply")
     assert tokens(target) == ["token-0000"]
     assert_user_error(etcdq(etcd_url, "import", target.name, str(tmp_path / "nope")), 2,
                       "cannot read")

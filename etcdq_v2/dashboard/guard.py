@@ -3,7 +3,8 @@
 Every request, in this order:
 
 1. **Host.** On a loopback bind without a token, the ``Host`` header must
-   name a loopback address (``127.0.0.1``, ``localhost``, ``[::1]``): a page
+   name a loopback address (``127.0.0.1``, ``localhost``, ``[::1]``, or the
+   bind address itself, e.g. ``127.0.0.2``): a page
    of another site whose name was re-pointed at 127.0.0.1 (DNS rebinding) is
    same-origin with the dashboard as far as the browser knows, and is
    refused here.  With a token that page is refused anyway (it has no
@@ -86,15 +87,17 @@ def new_token() -> str:
 class Guard:
     """The checks above, for one server: its bind, its token and its CSRF token."""
 
-    def __init__(self, *, local: bool, token: Optional[str]) -> None:
+    def __init__(self, *, local: bool, token: Optional[str], bind: str = "") -> None:
         self.local = local
         self.token = token
+        #: The Host names accepted by check 1: an IP literal (the bind) cannot be rebound.
+        self.names = LOOPBACK_NAMES + ((bind.lower(),) if bind else ())
         self.csrf = secrets.token_urlsafe(32)
 
     def check_host(self, headers: Message) -> None:
         """1: on a loopback bind without a token, refuse a Host that is not a loopback name."""
         host = headers.get("Host", "")
-        if self.local and self.token is None and _hostname(host) not in LOOPBACK_NAMES:
+        if self.local and self.token is None and _hostname(host) not in self.names:
             raise Refused(403, f"Host {host!r} is not this dashboard: open it as "
                                "http://127.0.0.1:<port>/ or http://localhost:<port>/")
 

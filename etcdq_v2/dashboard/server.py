@@ -12,6 +12,9 @@ The server is the standard library's ``ThreadingHTTPServer``: a thread per
 connection suits a page polled every few seconds by a handful of operators,
 the JSON is answered from a shared snapshot (see snapshots.py), and the
 package keeps its one dependency.  guard.py says who may read and act.
+A request refused before its body was read (any refusal of a POST before
+the checks pass, one with Transfer-Encoding: 411) ends its connection, so
+that the unread body is never parsed as a request of its own.
 """
 from __future__ import annotations
 
@@ -81,7 +84,7 @@ class Dashboard:
         self.token_generated = token is None and not local
         self.token = check_token(token) if token is not None else (
             None if local else new_token())
-        self.guard = Guard(local=local, token=self.token)
+        self.guard = Guard(local=local, token=self.token, bind=bind)
         self.etcd, self._owns_transport = _transport(client)
         self.snapshots = Snapshots(self.etcd, self.prefix, interval=interval, window=window,
                                    bucket=bucket, actions=allow_actions)
@@ -184,7 +187,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, route: Any) -> None:
         extra: Dict[str, str] = {}
+        self._body_read = False
         try:
+            _check_framing(self.headers)
             self.server.dashboard.guard.check_host(self.headers)
             status, kind, body = route(urlsplit(self.path).path)
         except Refused as exc:
@@ -196,7 +201,19 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # a bug: logged with its traceback, the server goes on
             log.exception("dashboard: %s %s failed", self.command, self.path)
             status, kind, body = 500, _JSON, _error(f"internal error: {type(exc).__name__}")
+        if self._unread_body():
+            # Whatever is left of the request's body would be read as the next request
+            # (smuggled past the checks above): end the connection instead.
+            extra["Connection"] = "close"
+            self.close_connection = True
         self._send(status, kind, body, extra)
+
+    def _unread_body(self) -> bool:
+        """The request may carry a body this handler did not read (any but a plain GET)."""
+        if self._body_read:
+            return False
+        return self.command != "GET" or any(
+            name in self.headers for name in ("Content-Length", "Transfer-Encoding"))
 
     def _body(self) -> bytes:
         length = self.headers.get("Content-Length")
@@ -204,7 +221,9 @@ class _Handler(BaseHTTPRequestHandler):
             raise Refused(411, "an action needs a Content-Length")
         if int(length) > MAX_BODY:
             raise Refused(413, f"an action's body is at most {MAX_BODY} bytes")
-        return self.rfile.read(int(length))
+        body = self.rfile.read(int(length))
+        self._body_read = True
+        return body
 
     def _send(self, status: int, kind: str, body: bytes, extra: Dict[str, str]) -> None:
         try:
@@ -253,6 +272,13 @@ def _check_times(interval: float, window: float, bucket: float) -> None:
     if bucket > window:
         raise ConfigError(f"bucket ({bucket:g} s) must not be longer than window "
                           f"({window:g} s)")
+
+
+def _check_framing(headers: Any) -> None:
+    """A body comes with a Content-Length only: a chunked one (Transfer-Encoding) is
+    never read, and its content must not be taken for the next request."""
+    if "Transfer-Encoding" in headers:
+        raise Refused(411, "a request's body needs a Content-Length (no Transfer-Encoding)")
 
 
 def _transport(client: Any) -> Tuple[Transport, bool]:
