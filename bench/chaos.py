@@ -29,7 +29,9 @@ for every process on the host).  At the end:
   stale claim's commit;
 * once the locks had time to expire, a fresh consumer finds nothing in work/
   or locks/ that it cannot finish (``swept`` counts what it finished,
-  ``left_in_work`` and ``left_in_locks`` what it could not).
+  ``left_in_work`` and ``left_in_locks`` what it could not; the locks its
+  own completions leave to expire, F4 being skipped, hold nothing and do
+  not count).
 
 ``tests/test_chaos.py`` runs a small version in CI; ``python bench/chaos.py
 --items 20000 --rounds 12`` is the soak version and prints the same figures.
@@ -53,6 +55,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, NamedTuple, Optional
 
 from etcdq_v2 import EtcdqError, ItemInfo, Queue, Unavailable, connect
+from etcdq_v2.codec import Junk, Lock
 from etcdq_v2.server import EtcdCluster
 
 # The proxy is part of the test harness; the chaos run borrows it.
@@ -473,7 +476,24 @@ def check(queue: Queue, producer: Producer, workers: Workers, report: ChaosRepor
     report.stale_outcomes, report.superseded_records = len(outcomes), len(superseded)
     report.stale_examples = (outcomes + superseded)[:5]
     report.left_in_work = len(queue._protocol.list("work")[1])
-    report.left_in_locks = len(queue._protocol.list("locks")[1])
+    report.left_in_locks = len(held_locks(queue))
+
+
+def held_locks(queue: Queue) -> List[str]:
+    """The ids in locks/ whose lock holds something: every lock but the ones the
+    finishers left to expire (F4 is skipped for lock_ttl <= 60 s), which carry
+    the claim token of their item's record (the sweep's own completions too)."""
+    finishers = {entry.id: record.claim for kind in ("completed", "failed")
+                 for entry, record in queue._protocol.decoded(kind)}
+    held = []
+    for entry in queue._protocol.list("locks")[1]:
+        try:
+            token: Optional[str] = Lock.decode(entry.value).token
+        except Junk:
+            token = None
+        if token is None or finishers.get(entry.id) != token:
+            held.append(entry.id)
+    return held
 
 
 def superseded_records(records: Dict[str, Dict[str, ItemInfo]], events: List[Event]

@@ -84,16 +84,21 @@ complete / dead-letter (``kind`` = completed or failed)
         work/ at F1's index; an item gone too (purged with its record, or
         finished by another claimer) is not recorded again.
     F3. compareAndDelete ``work/<id>`` prevIndex=<F1's index>.
-    F4. compareAndDelete ``locks/<id>`` prevValue=<our lock>.  F3 and F4 are
-        independent and are sent together.
+    F4. Only if lock_ttl > LINGER_MAX (60 s): compareAndDelete ``locks/<id>``
+        prevValue=<our lock>, sent together with F3.  Otherwise (the default
+        30 s) the lock is left to expire: it holds no item once F3 applied,
+        and every reader counts only locks of items in work/.  One write and
+        one request less per item; a stale view's C1 on the finished item
+        fails ("already exists": Taken) instead of C1, a failed C2 and a delete.
     Crash after F1 or F2: the item stays in work/ with its outcome; when the
     lock expires the next claimer's C2 finds "o", does F2 and F3 itself and
     hands nothing out: the item never runs again.  If nobody claimed it until
     its record expired, the item still carries the outcome: that claimer's F2
-    writes the record again (its own TTL) before F3.  Crash after F3: an orphan
-    lock expires.  F1 needs no lock check before it (no refresh): the index
-    is the fence, so a claim whose lock merely expired, with nobody claiming
-    the item since, still completes.
+    writes the record again (its own TTL) before F3.  After F3 (the normal end
+    without F4, or a crash before it): a lock without an item, which expires.
+    F1 needs no lock check before it (no refresh): the index is the fence, so
+    a claim whose lock merely expired, with nobody claiming the item since,
+    still completes.
 
 release(delay) / fail with retries left
     R0. release only: CAS ``work/<id>`` prevIndex=<our C2 index>: a-1, the
@@ -110,7 +115,9 @@ release(delay) / fail with retries left
         If our lock had expired, the same checks as F1 apply.
 
 requeue(id)          (a dead letter back to work/)
-    Q0. Create ``locks/<id>`` (prevExist=false): one requeue at a time.
+    Q0. Create ``locks/<id>`` (prevExist=false): one requeue at a time.  The
+        lock its finisher left (F4 skipped: the record's claim token), once the
+        item left work/, is taken over by CAS on its value.
     Q1. CAS ``failed/<id>`` adding a requeue token (or reuse one already there),
         with the TTL it has left (a CAS without ttl makes a key permanent) but
         at least a week, TOMBSTONE_TTL (none stays none): a requeue that dies
@@ -152,7 +159,8 @@ cancel(id)           (a pending item to failed/, reason "cancelled")
         token (a claim's C2 held in flight past its lock) -> drop our lock,
         False; neither (a release's R0 held past its lock: a-1, the token
         kept) -> K2, K2', K3 again (bounded).
-    K4. F2-F4 with our lock.
+    K4. F2-F4 with our lock; with F4 skipped, our lock expires, but one taken
+        over from a delay lock (its TTL may be hours) is deleted.
     Crash after K1: the lock expires (a delay lock taken over no sooner than it
     would have), the item is pending again.  Crash after K3: the item carries
     "o"; the next claimer does F2-F4 and hands nothing out.  The lock keeps
@@ -246,6 +254,15 @@ MAX_TTL = 2**31 - 1
 #: Seconds a requeued dead letter stays as a tombstone, so that a late copy of
 #: its F2 (held by a frozen member) finds the key taken instead of re-creating it.
 TOMBSTONE_TTL = 7 * 24 * 3600
+
+#: F4 (deleting the finisher's lock) is skipped when lock_ttl is at most this
+#: many seconds: the lock is left to expire.  A finished item's lock holds
+#: nothing (the item left work/ at F3, and readers count only locks of items
+#: in work/), and an expiry is no write: one write and one request less per
+#: item.  With a longer lock_ttl F4 is sent, so that locks/ never holds more
+#: than about (rate x 60 s) finished items' locks: every view lists locks/,
+#: and a large locks/ costs every consumer.
+LINGER_MAX = 60
 
 
 _BOOTTIME: Optional[int] = getattr(time, "CLOCK_BOOTTIME", None)
@@ -776,14 +793,22 @@ class Protocol:
                               "claim (an earlier call whose reply was lost)", outcome=done)
         return entry
 
+    @property
+    def locks_linger(self) -> bool:
+        """True if F4 is skipped: a finisher leaves its lock to expire (see LINGER_MAX)."""
+        return self.lock_ttl <= LINGER_MAX
+
     def finish_committed(self, item_id: str, entry: Entry, lock: Optional[Lock]) -> None:
-        """F2-F4 for an item whose F1 applied: by its finisher, or by a claimer after a crash."""
+        """F2-F4 for an item whose F1 applied: by its finisher, or by a claimer after a crash.
+
+        F4 (``lock``'s delete) is sent only if locks do not linger (LINGER_MAX).
+        """
         item = Item.decode(entry.value)
         assert item.outcome is not None
         self._record(item_id, item, Record.decode(entry.value).encode(stored=True), entry.index)
         deletes: List[Tuple[str, Dict[str, Any]]] = [
             (self.layout.key("work", item_id), {"prevIndex": entry.index})]
-        if lock is not None:
+        if lock is not None and not self.locks_linger:
             deletes.append((self.layout.key("locks", item_id), {"prevValue": lock.encode()}))
         for outcome in self.etcd.delete_all(deletes):
             # Both are conditional: "not found"/"compare failed" means already done.
@@ -1029,21 +1054,54 @@ class Protocol:
         """Q0: the lock of ``locks/<id>``, so that one requeue at a time works on it.
 
         The item itself left work/ when it was dead-lettered, so its lock key
-        is free (or holds its last claim's lock until that expires).  Another
-        requeue's lock is waited for; then the dead letter may be gone.
+        is free, or holds the lock its finisher left to expire (F4 skipped:
+        its claim token is the dead letter's, and it is taken over), or one
+        whose finisher crashed after F3.  Another requeue's lock is waited
+        for; then the dead letter may be gone.
         """
         lock = Lock(self.node_id, new_token())
         give_up = time.monotonic() + self.lock_ttl + self.etcd.deadline
         while True:
-            if self.read(FAILED, item_id) is None:
+            dead = self.read(FAILED, item_id)
+            if dead is None:
                 raise NotFound(f"no dead letter {item_id} in {self.layout.failed}")
             try:
                 self._create_lock(item_id, lock, self.lock_ttl)
                 return lock
             except Taken:
+                if self._take_finishers_lock(item_id, dead, lock):
+                    return lock
                 if time.monotonic() >= give_up:
                     raise Unavailable(f"dead letter {item_id} stayed locked") from None
                 time.sleep(0.1)
+
+    def _take_finishers_lock(self, item_id: str, dead: Entry, lock: Lock) -> bool:
+        """Q0 on the lock the dead letter's finisher left to expire: CAS it into ours.
+
+        It is the finisher's if its claim token is the record's (tokens are
+        unique to a claim, and that claim ended at F1), and the finisher is
+        done if the item left work/ (F3 follows F2's reply, so no resent F2
+        can land on Q4's tombstone).  False if the lock is another's, or the
+        item is still there (a finisher at F3, or one that crashed before it:
+        its lock expires), or the lock changed or went meanwhile.
+        """
+        held = self.read("locks", item_id)
+        try:
+            finisher = Record.decode(dead.value).claim
+            left = held is not None and Lock.decode(held.value).token == finisher
+        except Junk:
+            left = False
+        if not left or self.read("work", item_id) is not None:
+            return False
+        assert held is not None
+        try:
+            self.etcd.put(self.layout.key("locks", item_id), lock.encode(), ttl=self.lock_ttl,
+                          prev_value=held.value)
+        except KeyMissing:
+            return False
+        except CompareFailed as exc:  # changed, unless it was our own resent CAS
+            return exc.retried and self._lock_value(item_id) == lock.encode()
+        return True
 
     def _requeue_token(self, item_id: str) -> Tuple[Tuple[str, int], Record]:
         """Q1: ((token, index), record): the dead letter marked with a requeue
@@ -1091,7 +1149,9 @@ class Protocol:
                 if not took_over:
                     self._let_go(item_id, lock)
                 raise
-            if not cancelled:
+            if not cancelled or (took_over and self.locks_linger):
+                # K4 leaves a lock of lock_ttl to expire (LINGER_MAX); one taken
+                # over from a delay lock may have hours left (a backoff, a delay).
                 self._let_go(item_id, lock)
             if cancelled is not None:
                 return cancelled
@@ -1556,6 +1616,18 @@ class Protocol:
         except CompareFailed:
             return False
         return True
+
+    def left_work(self, item_id: str) -> bool:
+        """``work/<id>`` is gone or carries an outcome: a hint for the view (a
+        serializable read, answered by the member from its own copy)."""
+        try:
+            node = self.etcd.get(self.layout.key("work", item_id)).node
+        except KeyMissing:
+            return True
+        try:
+            return Item.decode(node.get("value")).outcome is not None
+        except Junk:
+            return False
 
     def _lock_value(self, item_id: str) -> Optional[str]:
         entry = self.read("locks", item_id)

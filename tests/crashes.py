@@ -6,8 +6,10 @@ those) the way the protocol does, so a test can stop anywhere.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from etcdq_v2 import Claim, Queue
-from etcdq_v2.codec import Record
+from etcdq_v2.codec import Lock, Record
 
 
 def stalled_claim(queue: Queue) -> Claim:
@@ -49,3 +51,18 @@ def record_like_0_1_0_then_crash(queue: Queue, kind: str) -> str:
     record = outcome_of(queue, claim)
     queue.etcd.put(queue.layout.key(kind, claim.id), record.encode(), prev_exist=False)
     return claim.id
+
+
+def left_lock(queue: Queue, kind: str, item_id: str) -> Optional[Lock]:
+    """The lock a finished item's finisher left to expire (F4 is skipped when
+    lock_ttl <= LINGER_MAX), or None once it is gone.  Any other lock there
+    (one whose claim token is not the record's) fails the test."""
+    entry = queue._protocol.read("locks", item_id)
+    if entry is None:
+        return None
+    record = queue._protocol.read(kind, item_id)
+    assert record is not None, f"a lock on {item_id}, which has no {kind} record"
+    lock = Lock.decode(entry.value)
+    assert lock.token == Record.decode(record.value).claim, \
+        f"{item_id} is finished, but locks/ holds another lock: {lock}"
+    return lock

@@ -22,7 +22,7 @@ from etcdq_v2 import Claim, InvalidName, LockLost, NotFound, Queue, Unavailable,
 from etcdq_v2.codec import Lock, Record
 from etcdq_v2.protocol import CANCELLED, COMPLETED, FAILED, ClaimState
 
-from crashes import commit_then_crash, stalled_claim
+from crashes import commit_then_crash, left_lock, stalled_claim
 from faultproxy import FaultProxy
 from helpers import in_background, wait_until
 
@@ -52,12 +52,14 @@ def lock_of(queue: Queue, item_id: str) -> Optional[Lock]:
 
 
 def assert_cancelled(queue: Queue, item_id: str, payload: Any, attempts: int = 0) -> None:
-    """A dead letter with the reason "cancelled", nothing left in work/ or locks/."""
+    """A dead letter with the reason "cancelled", nothing left in work/; in locks/ at
+    most the cancel's own lock, left to expire (K4 skips F4: lock_ttl <= LINGER_MAX)."""
     info = queue.get(item_id)
     assert (info.state, info.reason, info.payload, info.attempts) == \
         (FAILED, CANCELLED, payload, attempts)
     assert queue._protocol.read("work", item_id) is None
-    assert queue._protocol.read("locks", item_id) is None
+    lock = left_lock(queue, FAILED, item_id)
+    assert lock is None or lock.delay  # K1's lock: a delay lock, never a claim's
 
 
 # -- what cancel does ----------------------------------------------------------------------
@@ -101,6 +103,48 @@ def test_cancel_of_a_finished_item_returns_false(queue: Queue, finish: str) -> N
     assert queue.cancel(item_id) is False
     assert queue.get(item_id) == before
     assert before.reason != CANCELLED
+
+
+@pytest.mark.parametrize("finish", ["complete", "fail"])
+def test_cancel_of_a_finished_item_whose_lock_lingers_returns_false_at_k1(
+        etcd_url: str, queue_name: str, finish: str) -> None:
+    """The finisher left its lock to expire (F4 skipped, lock_ttl 30 s): K1 finds a
+    claim's lock, and the cancel says False with one failed write and one read,
+    touching nothing (issue 14)."""
+    with Queue(etcd_url, queue_name, max_attempts=1) as finisher, \
+            Queue(etcd_url, queue_name) as canceller:
+        item_id = finisher.put("finished")
+        claim = finisher.claim(timeout=2)
+        assert claim is not None
+        claim.complete() if finish == "complete" else claim.fail("no")
+        kind = COMPLETED if finish == "complete" else FAILED
+        lingering = canceller._protocol.read("locks", item_id)
+        assert lingering is not None and left_lock(canceller, kind, item_id) is not None
+        before = canceller.get(item_id)
+        canceller.etcd.requests.clear()
+        assert canceller.cancel(item_id) is False
+        assert dict(canceller.etcd.requests) == {"PUT": 1, "GET": 1}
+        assert canceller._protocol.read("locks", item_id) == lingering  # untouched
+        assert canceller.get(item_id) == before and before.state == kind
+
+
+@pytest.mark.parametrize("lock_ttl", [2, 61], ids=["lingers", "deleted"])
+def test_a_cancel_leaves_its_lock_to_expire_only_when_lock_ttl_is_at_most_60_s(
+        etcd_url: str, queue_name: str, lock_ttl: int) -> None:
+    """K4 is F2-F4: F4 is skipped for lock_ttl <= LINGER_MAX (the lock expires), sent
+    for a longer one.  Either way nothing is pending or running meanwhile."""
+    with Queue(etcd_url, queue_name, lock_ttl=lock_ttl) as queue:
+        item_id = queue.put("cancel me")
+        assert queue.cancel(item_id) is True
+        lock = lock_of(queue, item_id)
+        if lock_ttl > 60:
+            assert lock is None  # F4 sent
+        else:
+            assert lock is not None and lock.delay  # K1's lock, left to expire
+            assert queue.stats() == {"pending": 0, "running": 0, "completed": 0, "failed": 1}
+            wait_until(lambda: lock_of(queue, item_id) is None, 5, message="the lock to expire")
+        assert queue.stats() == {"pending": 0, "running": 0, "completed": 0, "failed": 1}
+        assert queue.get(item_id).reason == CANCELLED
 
 
 def test_cancel_of_an_unknown_id_raises_not_found_and_leaves_no_lock(queue: Queue) -> None:
@@ -149,6 +193,9 @@ def test_cancel_of_a_delayed_item_takes_its_delay_lock_over(queue: Queue, other:
     item_id, _ = released_with_delay(queue, 30)
     assert queue.cancel(item_id) is True
     assert_cancelled(queue, item_id, "later", attempts=0)  # a release gives its attempt back
+    # K4 leaves a lock of lock_ttl to expire, but not one taken over from a delay
+    # lock: its TTL (the delay's 30 s here; hours for a backoff) is deleted (F4).
+    assert lock_of(queue, item_id) is None
     assert other.claim(timeout=0.5) is None
 
 

@@ -277,6 +277,20 @@ def test_ls_lists_items_of_a_state(etcdq: Run, queue: Queue) -> None:
         (ids[0], "completed", {"n": 0}, {"r": 0})
 
 
+def test_ls_and_stats_count_no_finished_item_as_running_while_its_lock_lingers(
+        etcdq: Run, queue: Queue) -> None:
+    """issue 14: F4 is skipped (lock_ttl 30 s): the finishers' locks are in locks/."""
+    done, dead, waiting = queue.put_many(["done", "dead", "waiting"])
+    take(queue).complete()
+    take(queue).fail("no")
+    assert {e.id for e in queue._protocol.list("locks")[1]} == {done, dead}  # lingering
+    assert json.loads(ok(etcdq("ls", queue.name, "--state", "running", "--json"))) == []
+    pending = json.loads(ok(etcdq("ls", queue.name, "--state", "pending", "--json")))
+    assert [item["id"] for item in pending] == [waiting]
+    assert json.loads(ok(etcdq("stats", queue.name, "--json"))) == \
+        {"pending": 1, "running": 0, "completed": 1, "failed": 1}
+
+
 def test_show_prints_one_item(etcdq: Run, queue: Queue) -> None:
     item_id = queue.put(b"\x00\xffraw")
     fields = dict(line.split(":", 1) for line in ok(etcdq("show", queue.name, item_id))

@@ -195,6 +195,22 @@ def test_a_crashed_finishers_commit_counts_as_finished(make_queue: MakeQueue,
     assert [(d["id"], d["reason"]) for d in document["dead_letters"]] == [(failed, "boom")]
 
 
+def test_finished_items_whose_locks_linger_are_not_shown_running(
+        make_queue: MakeQueue, make_dashboard: MakeDashboard) -> None:
+    """issue 14: F4 is skipped (lock_ttl 30 s): the locks of a completed item and
+    of a dead letter are still in locks/, for items no longer in work/."""
+    jobs = make_queue("jobs")
+    complete(jobs, 1)
+    dead = dead_letter(jobs, "bad", "boom")
+    jobs.put("waiting")
+    assert len(jobs._protocol.list("locks")[1]) == 2  # both finishers' locks linger
+    document = queue_doc(overview(make_dashboard()), "jobs")
+    assert document["running"] == []
+    assert document["counts"] == jobs.stats() == \
+        {"pending": 1, "running": 0, "completed": 1, "failed": 1}
+    assert [d["id"] for d in document["dead_letters"]] == [dead]
+
+
 def test_an_empty_prefix_has_no_queues(make_dashboard: MakeDashboard) -> None:
     document = overview(make_dashboard())
     assert document["queues"] == [] and document["error"] is None

@@ -296,12 +296,15 @@ def _watching(queue: Queue) -> None:
 
 
 # -- V-1 (a second review, of the view): an item whose F2 was seen live and whose lock was DELETED (F4) before F3 applied
+@pytest.mark.parametrize("lock_ttl", [61, 5], ids=["F4-sent", "lock-lingers"])
 def test_v1_a_watching_view_finishes_an_item_whose_f3_never_applied(
-        etcd_url: str, queue_name: str, proxy: FaultProxy) -> None:
+        etcd_url: str, queue_name: str, proxy: FaultProxy, lock_ttl: int) -> None:
     """complete(): F1, F2 and F4 apply, F3 never does (held, then the link is reset);
     complete() raises Unavailable.  A consumer that watched all along must still
-    finish the committed item (F3), as a fresh consumer would."""
-    finisher = Queue(connect(proxy.url, timeout=0.5), queue_name, lock_ttl=30)
+    finish the committed item (F3), as a fresh consumer would.  With lock_ttl <=
+    LINGER_MAX no F4 is sent: the abandoned claim's lock expires, and its expire
+    event (not a delete) makes the watcher finish the item (issue 14)."""
+    finisher = Queue(connect(proxy.url, timeout=0.5), queue_name, lock_ttl=lock_ttl)
     with Queue(connect(etcd_url, timeout=0.5), queue_name, lock_ttl=30) as watcher:
         try:
             finisher.put("finish me once")
@@ -310,16 +313,23 @@ def test_v1_a_watching_view_finishes_an_item_whose_f3_never_applied(
             _watching(watcher)
             proxy.hold("up", match=re.compile(rb"DELETE /v2/keys/etcdq/[^/ ]+/work/"))
             with pytest.raises(Unavailable):
-                claim.complete("done")   # F3 is held on every try; F4 went through
+                claim.complete("done")   # F3 is held on every try; F4 went through, if sent
+            claim.abandon()             # as a Worker does: the heartbeat stops
             proxy.reset()               # the held F3 never reaches etcd
             proxy.pass_through()
             p = watcher._protocol
-            assert p.read("locks", claim.id) is None          # F4 applied
+            if lock_ttl > 60:
+                assert p.read("locks", claim.id) is None      # F4 applied
+            else:
+                assert p.read("locks", claim.id) is not None  # no F4: it lingers
             assert p.read(COMPLETED, claim.id) is not None    # F2 applied
             assert p.read("work", claim.id) is not None       # F3 did not
-            # The watcher waits for work: it must finish the committed item.
-            assert watcher.claim(timeout=3) is None
-            wait_until(lambda: p.read("work", claim.id) is None, 4,
+            # The watcher waits for work: it must finish the committed item (once
+            # the lingering lock expired: up to lock_ttl after the last refresh).
+            def finished_by_the_watcher() -> bool:
+                assert watcher.claim(timeout=0.5) is None
+                return p.read("work", claim.id) is None
+            wait_until(finished_by_the_watcher, 7 if lock_ttl > 60 else lock_ttl + 7,
                        message="the watching consumer to finish the committed item (F3)")
         finally:
             finisher.close()

@@ -131,6 +131,22 @@ def test_the_exporter_serves_the_counts_stats_gives_for_every_state(
     assert value(samples, "etcdq_queue_read_errors_total", queue=queue_name) == 0
 
 
+@needs_prometheus
+def test_finished_items_whose_locks_linger_are_not_served_as_running(
+        make_queue: Callable[..., Queue], queue_name: str, opened: List[Any]) -> None:
+    """issue 14: F4 is skipped (lock_ttl 30 s), so the locks of a completed item and
+    a dead letter are still in locks/ when the exporter reads the queue."""
+    queue = make_queue(lock_ttl=30, max_attempts=1)
+    queue.put_many(["done", "dead", "waiting"])
+    queue.claim(timeout=BOUND).complete()
+    queue.claim(timeout=BOUND).fail("no")
+    assert len(queue._protocol.list("locks")[1]) == 2  # both finishers' locks linger
+    server = export_queues([queue], 0)
+    opened.append(server)
+    assert queue_items(scrape(server.url), queue_name) == \
+        {"pending": 1, "running": 0, "completed": 1, "failed": 1}
+
+
 def test_stats_reads_the_queue_in_one_request(make_queue: Callable[..., Queue],
                                              proxy: FaultProxy, queue_name: str,
                                              opened: List[Any]) -> None:

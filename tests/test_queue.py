@@ -53,17 +53,73 @@ def test_items_of_an_unknown_state_is_an_invalid_argument(queue: Queue) -> None:
     assert issubclass(InvalidArgument, ValueError)
 
 
-def test_claim_costs_two_requests_and_complete_four_in_three_round_trips(
-        queue: Queue) -> None:
-    queue.put_many(["a", "b"])
-    queue.claim().complete()  # starts the view
-    queue.etcd.requests.clear()
-    claim = queue.claim()
-    assert queue.etcd.requests == {"PUT": 2}  # C1 lock, C2 item
-    queue.etcd.requests.clear()
-    claim.complete()
-    # F1 the fenced commit on the item, F2 the record, then F3 and F4 sent together.
-    assert queue.etcd.requests == {"PUT": 2, "DELETE": 2}
+@pytest.mark.parametrize("lock_ttl", [2, 61], ids=["lock-lingers", "F4-sent"])
+def test_claim_costs_two_requests_and_complete_three_in_three_round_trips(
+        etcd_url: str, queue_name: str, lock_ttl: int) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=lock_ttl) as queue:
+        queue.put_many(["a", "b"])
+        queue.claim().complete()  # starts the view
+        queue.etcd.requests.clear()
+        claim = queue.claim()
+        assert queue.etcd.requests == {"PUT": 2}  # C1 lock, C2 item
+        queue.etcd.requests.clear()
+        claim.complete()
+        # F1 the fenced commit on the item, F2 the record, then F3; F4 (sent with F3)
+        # only for a lock_ttl over LINGER_MAX: a shorter lock is left to expire.
+        assert queue.etcd.requests == {"PUT": 2, "DELETE": 1 if lock_ttl <= 60 else 2}
+        lock = queue._protocol.read("locks", claim.id)
+        if lock_ttl <= 60:
+            assert lock is not None and Lock.decode(lock.value).token == claim._state.lock.token
+            wait_until(lambda: queue._protocol.read("locks", claim.id) is None, 5,
+                       message="the finisher's lock to expire")
+        else:
+            assert lock is None
+
+
+def test_a_finished_items_lingering_lock_counts_for_nothing_in_stats_items_and_get(
+        etcd_url: str, queue_name: str) -> None:
+    """issue 14: F4 is skipped (lock_ttl 30 s), so a completed item's and a dead
+    letter's locks are still in locks/.  Neither is running, nor blocks anything."""
+    with Queue(etcd_url, queue_name, max_attempts=1) as queue:
+        done, dead, waiting = queue.put_many(["done", "dead", "waiting"])
+        queue.claim().complete("ok")
+        queue.claim().fail("no")
+        assert {e.id for e in queue._protocol.list("locks")[1]} == {done, dead}  # lingering
+        assert queue.stats() == {"pending": 1, "running": 0, "completed": 1, "failed": 1}
+        assert queue.items("running") == []
+        assert [info.id for info in queue.items("pending")] == [waiting]
+        assert [info.id for info in queue.items("completed")] == [done]
+        assert [info.id for info in queue.items("failed")] == [dead]
+        assert (queue.get(done).state, queue.get(dead).state, queue.get(waiting).state) == \
+            ("completed", "failed", "pending")
+        view = queue.overview()
+        assert view.counts == queue.stats() and view.running == []
+        claim = queue.claim()
+        assert claim is not None and claim.id == waiting
+        assert [info.id for info in queue.items("running")] == [waiting]
+        claim.complete()
+
+
+def test_a_dead_letter_is_requeued_at_once_though_its_finishers_lock_lingers(
+        etcd_url: str, queue_name: str) -> None:
+    """Q0 takes over the lock the finisher left to expire (its claim token is the
+    dead letter's) instead of waiting up to lock_ttl for it: 5 PUTs in all (Q0's
+    refused create and its CAS, Q1, Q3, Q4), no polling."""
+    with Queue(etcd_url, queue_name, lock_ttl=60, max_attempts=1) as queue:
+        dead = queue.put("dead")
+        claim = queue.claim()
+        claim.fail("no")
+        lingering = queue._protocol.read("locks", dead)
+        assert lingering is not None and Lock.decode(lingering.value).token == \
+            claim._state.lock.token
+        queue.etcd.requests.clear()
+        new_id = queue.requeue(dead)
+        assert queue.etcd.requests["PUT"] == 5
+        assert queue._protocol.read("locks", dead) is None  # Q5 dropped ours
+        again = queue.claim()
+        assert again is not None and (again.id, again.payload) == (new_id, "dead")
+        again.complete()
+        assert queue.stats() == {"pending": 0, "running": 0, "completed": 1, "failed": 0}
 
 
 def test_a_commit_that_etcd_applies_after_another_claim_is_refused(

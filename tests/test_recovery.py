@@ -16,9 +16,9 @@ import pytest
 
 from etcdq_v2 import Queue
 from etcdq_v2.codec import Record
-from etcdq_v2.protocol import COMPLETED, FAILED, Gone
+from etcdq_v2.protocol import COMPLETED, FAILED, Gone, Taken
 
-from crashes import commit_then_crash, record_like_0_1_0_then_crash
+from crashes import commit_then_crash, left_lock, record_like_0_1_0_then_crash
 from helpers import wait_until
 
 CLAIM_AND_HANG = textwrap.dedent("""
@@ -147,16 +147,70 @@ def test_crash_after_removing_the_item_leaves_an_orphan_lock_that_is_ignored(
         assert queue.claim().id == other
 
 
-def test_a_stale_listing_never_runs_a_completed_item(etcd_url: str, queue_name: str) -> None:
-    with Queue(etcd_url, queue_name) as first, Queue(etcd_url, queue_name) as second:
+@pytest.mark.parametrize("lock_ttl", [30, 61], ids=["lock-lingers", "F4-sent"])
+def test_a_stale_listing_never_runs_a_completed_item(etcd_url: str, queue_name: str,
+                                                     lock_ttl: int) -> None:
+    """With lock_ttl <= LINGER_MAX the finisher's lock lingers: the stale claim fails
+    at C1 ("already exists"), one failed write and nothing else.  With F4 sent, C1
+    applies, C2 finds the item gone, and the lock is dropped."""
+    with Queue(etcd_url, queue_name, lock_ttl=lock_ttl) as first, \
+            Queue(etcd_url, queue_name, lock_ttl=lock_ttl) as second:
         item_id = first.put("once")
         index, entries = second._protocol.list("work")
         stale = entries[0]  # second's view of work/ before the item was finished
         first.claim().complete("done")
-        with pytest.raises(Gone):
+        lingering = second._protocol.read("locks", item_id)
+        second.etcd.requests.clear()
+        with pytest.raises(Taken if lock_ttl <= 60 else Gone):
             second._protocol.claim(stale.id, stale.index, stale.value)
-        assert second._protocol.read("locks", item_id) is None  # its lock was dropped
+        if lock_ttl <= 60:  # C1 only, refused
+            assert lingering is not None and dict(second.etcd.requests) == {"PUT": 1}
+            assert second._protocol.read("locks", item_id) == lingering  # first's, untouched
+        else:  # C1, C2 ("not found"), and the lock dropped
+            assert lingering is None
+            assert dict(second.etcd.requests) == {"PUT": 2, "DELETE": 1}
+            assert second._protocol.read("locks", item_id) is None
         assert first.get(item_id).result == "done"
+
+
+COMPLETE_AND_DIE = textwrap.dedent("""
+    import os, signal, sys
+    from etcdq_v2 import Queue
+    q = Queue(sys.argv[1], sys.argv[2], lock_ttl=2)
+    claim = q.claim(timeout=10)
+    claim.complete("done")  # F1, F2, F3; no F4 (lock_ttl <= LINGER_MAX)
+    print(claim.id, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_a_finisher_killed_after_f3_leaves_its_lock_to_expire_and_nothing_runs_again(
+        etcd_url: str, queue_name: str) -> None:
+    """issue 14: F4 is not sent, so a finisher SIGKILLed right after complete() left
+    its lock, as the crash table's "F3 (not F4)" row always did.  A consumer that
+    watches the whole queue meanwhile, and after the lock's expire event, never
+    gets the item; stats say completed throughout."""
+    done = {"pending": 0, "running": 0, "completed": 1, "failed": 0}
+    with Queue(etcd_url, queue_name, lock_ttl=2) as watcher:
+        assert watcher.claim() is None  # nothing yet: it watches the whole directory
+        item_id = watcher.put("once")
+        finisher = subprocess.run([sys.executable, "-c", COMPLETE_AND_DIE, etcd_url,
+                                   queue_name], stdout=subprocess.PIPE, text=True, timeout=60)
+        assert finisher.returncode == -signal.SIGKILL and finisher.stdout.split() == [item_id]
+        assert left_lock(watcher, COMPLETED, item_id) is not None  # F4 was not sent
+
+        def still_done_and_lock_gone() -> bool:
+            assert watcher.stats() == done and watcher.items("running") == []
+            assert watcher.claim() is None
+            return left_lock(watcher, COMPLETED, item_id) is None
+        wait_until(still_done_and_lock_gone, 10, message="the finisher's lock to expire")
+        assert watcher.claim(timeout=1) is None  # its expire event brought nothing back
+        assert watcher.stats() == done and watcher.get(item_id).attempts == 1
+        assert watcher._view is not None and item_id not in watcher._view._items
+        next_id = watcher.put("next")
+        claim = watcher.claim(timeout=5)
+        assert claim is not None and claim.id == next_id
+        claim.complete()
 
 
 def test_a_stale_listing_of_a_reclaimed_item_rereads_it(etcd_url: str, queue_name: str) -> None:

@@ -294,6 +294,22 @@ def test_a_running_item_is_exported_as_pending_and_the_state_filter_selects(
         source.export_items("lost")  # at the call, not at the first line
 
 
+def test_finished_items_whose_locks_linger_are_not_exported_as_running(
+        source: Queue, etcd_url: str) -> None:
+    """issue 14: F4 is skipped (lock_ttl 30 s): export lists locks/ first, and the
+    locks of finished items are there; they select nothing."""
+    done, dead, waiting = source.put_many(["done", "dead", "waiting"])
+    source.claim().complete()
+    with Queue(etcd_url, source.name, max_attempts=1) as once:
+        once.claim().fail("no")                  # a dead letter after one attempt
+    assert {e.id for e in source._protocol.list("locks")[1]} >= {done, dead}  # lingering
+    assert list(source.export_items("running")) == []
+    assert [json.loads(line)["id"] for line in source.export_items("pending")] == [waiting]
+    states = {json.loads(line)["id"]: json.loads(line)["state"]
+              for line in source.export_items()}
+    assert (states[done], states[dead], states[waiting]) == (COMPLETED, FAILED, "pending")
+
+
 def test_importing_twice_stores_each_item_once(source: Queue, target: Queue,
                                                etcd_url: str) -> None:
     populate(source, etcd_url)
