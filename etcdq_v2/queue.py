@@ -186,7 +186,7 @@ class Queue:
 
     def _claim_from(self, view: QueueView) -> Optional[Claim]:
         """Try the free items at the head, in random order, until one is ours."""
-        gone = 0
+        gone = taken = 0
         while True:
             candidates = view.candidates(self._window)
             if not candidates:
@@ -196,17 +196,12 @@ class Queue:
             try:
                 state = self._protocol.claim(item_id, index, raw)
             except Gone:
-                view.finished(item_id)
                 gone += 1
-                if gone == STALE_VIEW:
-                    # etcd drops a watcher that cannot keep up, and a busy
-                    # process may be slow to notice: list again rather than
-                    # try each item the view still holds.
-                    view.relist(self.etcd.deadline)
+                self._found_gone(view, item_id, gone)
                 continue
             except Taken as exc:
-                view.locked_at(item_id, exc.index)  # free again once a listing lacks it
-                self._window = min(CLAIM_WINDOW, self._window * 2)
+                taken += 1
+                self._lost_race(view, item_id, exc.index, taken)
                 continue
             except Junk as exc:
                 log.warning("skipping item %s of %s: %s", item_id, self.layout.root, exc,
@@ -222,6 +217,26 @@ class Queue:
                 self._window = max(1, self._window - 1)
                 return Claim(state, self._protocol, self._heartbeat, view)
             view.locked_at(item_id, 0)  # it kept changing under us: after a listing
+
+    def _found_gone(self, view: QueueView, item_id: str, gone: int) -> None:
+        """A claim found the item gone (or finished): the view drops it.  The
+        STALE_VIEW-th within one claim: etcd drops a watcher that cannot keep
+        up, and a busy process may be slow to notice: list again rather than
+        try each item the view still holds."""
+        view.finished(item_id)
+        if gone == STALE_VIEW:
+            view.relist(self.etcd.deadline)
+
+    def _lost_race(self, view: QueueView, item_id: str, index: int, taken: int) -> None:
+        """Another lock held the item at etcd ``index``: free again once a listing
+        lacks it; the window widens.  The STALE_VIEW-th within one claim is read
+        (one GET): a finished item's lock is left to expire (F4 skipped), so a
+        view that missed completions loses races for them instead of finding
+        them gone; then it lists again as above."""
+        view.locked_at(item_id, index)
+        self._window = min(CLAIM_WINDOW, self._window * 2)
+        if taken == STALE_VIEW and self._protocol.left_work(item_id):
+            self._found_gone(view, item_id, STALE_VIEW)
 
     def _ensure_view(self) -> QueueView:
         if self._view is None:

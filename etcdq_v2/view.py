@@ -325,7 +325,8 @@ class QueueView:
         claim found it gone.  Never offer it again.
 
         F3 and F4 are committed together and their events may come in either
-        order; without this, the lock's removal could offer the item again.
+        order; without this, the lock's removal (or its expiry, when F4 is
+        skipped) could offer the item again.
         """
         with self._cond:
             self._forget(item_id)

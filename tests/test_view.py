@@ -109,9 +109,11 @@ def test_an_item_whose_race_was_lost_comes_back_when_its_holder_releases_it(
         assert not consumer._view.watching_locks
 
 
+@pytest.mark.parametrize("lock_ttl", [30, 61], ids=["locks-linger", "F4-sent"])
 def test_a_view_that_fell_behind_lists_again_instead_of_trying_each_stale_item(
-        etcd_url: str, queue_name: str, monkeypatch) -> None:
-    with Queue(etcd_url, queue_name) as consumer, Queue(etcd_url, queue_name) as other:
+        etcd_url: str, queue_name: str, monkeypatch, lock_ttl: int) -> None:
+    with Queue(etcd_url, queue_name, lock_ttl=lock_ttl) as consumer, \
+            Queue(etcd_url, queue_name, lock_ttl=lock_ttl) as other:
         other.put_many(range(10))
         view = consumer._ensure_view()  # it lists the ten items ...
         monkeypatch.setattr(view, "_apply", lambda *args: None)  # ... then hears nothing
@@ -123,9 +125,15 @@ def test_a_view_that_fell_behind_lists_again_instead_of_trying_each_stale_item(
         claim = consumer.claim(timeout=5)
         assert claim is not None and claim.id == fresh
         assert view.relists == relists + 1
-        # Three items found gone (lock create, item CAS each), then the fresh one:
-        # not one try for each of the ten finished items the view still held.
-        assert consumer.etcd.requests["PUT"] == 3 * 2 + 2
+        # Not one try for each of the ten finished items the view still held, but
+        # three, then the fresh one (lock create, item CAS).  With F4 sent, each of
+        # the three is found gone (lock create, item CAS; its lock dropped).  With
+        # their finishers' locks left to expire (issue 14), each is a lost race
+        # (a lock create refused), and the third is read: finished.
+        if lock_ttl <= 60:
+            assert dict(consumer.etcd.requests) == {"PUT": 3 + 2, "GET": 1 + 2}
+        else:
+            assert dict(consumer.etcd.requests) == {"PUT": 3 * 2 + 2, "DELETE": 3, "GET": 2}
 
 
 # -- issue 11 -----------------------------------------------------------------------
@@ -245,6 +253,39 @@ def test_a_consumer_that_also_puts_claims_other_producers_items_in_put_order(
         # Still the cheap watch (completed/ only), and a listing per backlog, not per put.
         assert not view.watching_locks
         assert view.relists <= 2 + len(claimed) // BACKLOG
+
+
+# -- issue 14: finished items' locks are left to expire (F4 skipped) ----------------
+
+
+def test_a_consumer_that_comes_after_others_completed_items_is_not_held_up_by_their_locks(
+        etcd_url: str, queue_name: str) -> None:
+    """Another consumer completed the head of the queue and left its locks to expire
+    (lock_ttl 5 s <= LINGER_MAX).  A new consumer lists those locks, of items no
+    longer in work/: it claims the rest in put order without losing a race.  Then,
+    waiting (the whole directory watched), it hears every lock expire: nothing comes
+    back, and its view keeps none of them."""
+    with Queue(etcd_url, queue_name, lock_ttl=5) as other, \
+            Queue(etcd_url, queue_name, lock_ttl=5) as consumer:
+        ids = other.put_many(range(BACKLOG + 10))
+        for item_id in ids[:10]:
+            claim = other.claim()
+            assert claim is not None and claim.id == item_id
+            claim.complete()
+        assert {entry.id for entry in other._protocol.list("locks")[1]} == set(ids[:10])
+        got = []
+        while (claim := consumer.claim()) is not None:
+            got.append(claim.id)
+            claim.complete()
+        view = consumer._view
+        assert view is not None and set(ids[:10]) <= set(view._locks)  # listed, lingering
+        assert got == ids[10:]
+        assert consumer.etcd.requests["PUT"] == 4 * len(got)  # C1 C2 F1 F2: no lost race
+        assert view.watching_locks  # it found nothing: it hears the expire events now
+        wait_until(lambda: not view._locks, 10, message="every lingering lock to expire")
+        assert consumer.claim(timeout=0.5) is None and not view._items
+        assert consumer.stats() == {"pending": 0, "running": 0, "completed": len(ids),
+                                    "failed": 0}
 
 
 def test_a_new_queue_claims_when_its_first_endpoint_is_dead(
