@@ -24,6 +24,7 @@ from etcdq_v2 import InvalidArgument, Queue, Unavailable, connect
 from etcdq_v2.protocol import Taken
 from etcdq_v2.view import BACKLOG
 
+from crashes import left_lock
 from faultproxy import FaultProxy
 from helpers import wait_until
 from test_cli import assert_user_error, ok, run_etcdq
@@ -230,8 +231,10 @@ def test_a_crash_after_the_delay_lock_leaves_an_orphan_lock_that_expires(
     other = producer.put("unaffected")  # the queue goes on as usual
     claim = consumer.claim(timeout=PATIENCE)
     assert claim is not None and claim.id == other
-    claim.complete()
-    wait_until(lambda: lock_ids(consumer) == [], PATIENCE, message="the orphan lock to expire")
+    claim.complete()  # its lock is left to expire (F4 skipped): it holds nothing
+    wait_until(lambda: orphan not in lock_ids(consumer), PATIENCE,
+               message="the orphan lock to expire")
+    assert set(lock_ids(consumer)) <= {other} and left_lock(consumer, "completed", other)
     assert work_ids(consumer) == [] and consumer.claim() is None
 
 
@@ -267,7 +270,11 @@ def test_a_lost_delay_lock_post_is_posted_again(proxy: FaultProxy, queue_name: s
                    message="the first delay lock to be there")
         assert work_ids(consumer) == [item_id] and item_id in lock_ids(consumer)
         first_claim(consumer, item_id, started, delay=2)
-    wait_until(lambda: lock_ids(consumer) == [], PATIENCE, message="the orphan to expire")
+    # The item's own lock, its finisher's, is left to expire (F4 skipped): only the
+    # orphan is waited for.
+    wait_until(lambda: set(lock_ids(consumer)) <= {item_id}, PATIENCE,
+               message="the orphan to expire")
+    left_lock(consumer, "completed", item_id)
     assert work_ids(consumer) == [] and len(consumer.items("completed")) == 1
 
 
@@ -306,24 +313,30 @@ def test_an_item_put_unanswered_until_the_deadline_is_stored_at_most_once(
 
 
 def test_a_late_copy_of_the_item_put_after_it_finished_never_runs_it_again(
-        proxy: FaultProxy, queue_name: str, consumer: Queue) -> None:
+        proxy: FaultProxy, queue_name: str, etcd_url: str) -> None:
     """D2's first copy is held in flight; the transport's resend creates the item,
     which runs and finishes; then the held copy lands and creates it again.  Its
-    first claim finds the record (C3: a delayed item carries "q") and removes it."""
+    first claim finds the record (C3: a delayed item carries "q") and removes it.
+    That claim comes once the finisher's lock, left to expire (F4 skipped), is
+    gone: lock_ttl 2 s here."""
     once = Once(D2_REQUEST)
     proxy.hold("up", match=once)
     started = time.monotonic()
-    with through(proxy, queue_name) as producer:
+    with through(proxy, queue_name) as producer, \
+            Queue(etcd_url, queue_name, lock_ttl=2) as consumer:
         item_id = producer.put("only once", delay=DELAY)
         assert once.matched
         first_claim(consumer, item_id, started)
         proxy.release()
         wait_until(lambda: work_ids(consumer) == [item_id], PATIENCE,
                    message="the held copy of D2 to land")
-    assert consumer.claim(timeout=1) is None
-    assert work_ids(consumer) == []
-    completed = consumer.items("completed")
-    assert [(info.id, info.attempts) for info in completed] == [(item_id, 1)]
+
+        def removed_unrun() -> bool:
+            assert consumer.claim(timeout=0.5) is None
+            return work_ids(consumer) == []
+        wait_until(removed_unrun, PATIENCE, message="a claim to remove the copy (C3)")
+        completed = consumer.items("completed")
+        assert [(info.id, info.attempts) for info in completed] == [(item_id, 1)]
 
 
 # -- the command line ------------------------------------------------------------------

@@ -388,22 +388,30 @@ def test_a_lost_reply_to_an_import_write_is_resent_and_read_back(
 
 
 def test_a_resent_import_write_that_lands_after_its_item_finished_does_not_run_it_again(
-        proxy: FaultProxy, target: Queue) -> None:
+        proxy: FaultProxy, target: Queue, etcd_url: str) -> None:
     """The first write's first copy is held in flight; the resend stores the item, which
     is claimed and completed; then the held copy lands and creates it again.  It carries
-    "q", so its first claim finds the record (C3) and removes it: it never runs twice."""
+    "q", so its first claim finds the record (C3) and removes it: it never runs twice.
+    The finisher's lock lingers (F4 skipped): the copy is held (running, as under any
+    lock: docs S1) until the lock expires; then the first claim removes it."""
     lines = numbered(1)
     once = Once(IMPORT_WRITE)
     proxy.hold("up", match=once)
     with through(proxy, target.name) as importer:
         assert importer.import_items(lines)["pending"] == 1
     assert once.matched
-    claim = target.claim(timeout=BOUND)
-    assert claim is not None and claim.payload == {"n": 0}
-    claim.complete()
-    proxy.release()  # the held copy lands now
-    wait_until(lambda: target.stats()["pending"] == 1, BOUND, message="the held copy to land")
-    assert target.claim(timeout=1) is None
+    with Queue(etcd_url, target.name, lock_ttl=2) as consumer:
+        claim = consumer.claim(timeout=BOUND)
+        assert claim is not None and claim.payload == {"n": 0}
+        claim.complete()
+        proxy.release()  # the held copy lands now
+        wait_until(lambda: target._protocol.read("work", claim.id) is not None, BOUND,
+                   message="the held copy to land")
+
+        def removed_unrun() -> bool:
+            assert consumer.claim(timeout=0.5) is None
+            return target._protocol.read("work", claim.id) is None
+        wait_until(removed_unrun, BOUND, message="a claim to remove the copy (C3)")
     assert [i.payload for i in target.items(COMPLETED)] == [{"n": 0}]
     assert target.stats() == {"pending": 0, "running": 0, COMPLETED: 1, FAILED: 0}
 
