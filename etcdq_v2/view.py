@@ -152,7 +152,7 @@ class QueueView:
         self._free: List[str] = []
         self._in_free: Set[str] = set()
         self._skip: Dict[str, int] = {}
-        self._locks_listed = 0.0  # time.monotonic() of the last locks/ listing
+        self._locks_listed = -math.inf  # time.monotonic() of the last locks/ listing
         #: Known items held by a delay lock (a delayed put, a release delay): id ->
         #: time.monotonic() at which etcd expires the lock; and the earliest of them.
         self._delays: Dict[str, float] = {}
@@ -487,7 +487,8 @@ class QueueView:
         meanwhile must not overwrite what its successor has.
         """
         work_index, work = self._protocol.list("work")
-        locks_index, locks = self._protocol.list("locks")
+        fresh = self._lists_locks(follower, work)
+        locks_index, locks = self._protocol.list("locks") if fresh else (work_index, [])
         with self._cond:
             if follower is not self._follower:
                 return {}
@@ -497,12 +498,28 @@ class QueueView:
             self._recorded.clear()  # one still in work/ now is one a claim must finish
             self._orphans.clear()
             self._known = work_index
-            self._reconcile_locks(locks_index, locks)
+            if fresh:
+                self._reconcile_locks(locks_index, locks)
             self._ready, self._error = True, None
             self.relists += 1
             self.version += 1
             self._cond.notify_all()
         return {"work": work_index, "locks": locks_index}
+
+    def _lists_locks(self, follower: "_Follower", work: List[Entry]) -> bool:
+        """Whether a listing lists locks/ after work/: always while the whole
+        directory is watched; with completed/ alone, if locks/ was last listed a
+        lock TTL ago, or a new item carries ``"q"`` (a delayed put: its delay lock
+        must be planned, see check_locks).  Otherwise the locks known stand, as
+        between the periodic listings.  Finished items' locks linger in locks/
+        (F4 skipped), so listing it at every catch-up of a pipeline stage cost
+        more than the write F4 saved (bench/README.md, issue 14)."""
+        with self._cond:
+            if follower.directory == self._layout.root or \
+                    time.monotonic() - self._locks_listed >= self._protocol.lock_ttl:
+                return True
+            return any(entry.id not in self._items and '"q":' in (entry.value or '"q":')
+                       for entry in work)
 
     def _list_locks(self) -> None:
         with self._cond:

@@ -288,6 +288,56 @@ def test_a_consumer_that_comes_after_others_completed_items_is_not_held_up_by_th
                                     "failed": 0}
 
 
+def locks_listings(proxy: FaultProxy, queue: Queue) -> int:
+    """Listings of the queue's locks/ that went through ``proxy``."""
+    start = f"GET /v2/keys{queue.layout.locks}?".encode()
+    return sum(1 for line in proxy.requests if line.startswith(start))
+
+
+def test_a_pipeline_stage_lists_locks_once_per_lock_ttl_not_at_each_catch_up(
+        proxy: FaultProxy, queue_name: str) -> None:
+    """Finished items' locks linger in locks/ (F4 skipped), so a stage that listed
+    locks/ with work/ at each catch-up (once per backlog) read the last lock TTL's
+    completions each time, which cost it more than the write F4 saved.  With a
+    backlog it lists work/ alone while its last listing of locks/ is fresh."""
+    with Queue(proxy.url, queue_name) as stage:
+        stage.put_many(range(BACKLOG + 8))
+        for _ in range(3 * (BACKLOG + 8)):
+            claim = stage.claim()
+            assert claim is not None
+            stage.put(f"follow-up of {claim.id}")
+            claim.complete()
+        view = stage._view
+        assert view is not None and not view.watching_locks and view.relists >= 3
+        assert locks_listings(proxy, stage) == 1  # the first listing's, 30 s ago at most
+
+
+def test_a_catch_up_that_finds_a_delayed_item_of_another_producer_lists_locks(
+        proxy: FaultProxy, queue_name: str, etcd_url: str) -> None:
+    """A new item with "q" (a delayed put) in a catch-up's listing of work/: locks/
+    is listed as well, so that the view plans the delay lock's expiry and claims
+    the item promptly, not a lock TTL (30 s) later."""
+    with Queue(proxy.url, queue_name) as stage, Queue(etcd_url, queue_name) as other:
+        stage.put_many(range(BACKLOG + 8))
+        for _ in range(4):  # the view is up, with a backlog: completed/ only
+            claim = stage.claim()
+            stage.put("follow-up")
+            claim.complete()
+        listed = locks_listings(proxy, stage)
+        delayed = other.put("later", delay=1)
+        claimed: List[str] = []
+
+        def stage_claims_it() -> bool:
+            claim = stage.claim()
+            assert claim is not None
+            claimed.append(claim.id)
+            stage.put("follow-up")
+            claim.complete()
+            return claim.id == delayed
+        wait_until(stage_claims_it, 6, interval=0.02, message="the delayed item")
+        assert locks_listings(proxy, stage) > listed and not stage._view.watching_locks
+
+
 def test_a_new_queue_claims_when_its_first_endpoint_is_dead(
         etcd_url: str, queue_name: str) -> None:
     with Queue(etcd_url, queue_name) as producer:
