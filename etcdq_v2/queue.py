@@ -40,7 +40,7 @@ STATES = ("pending", "running", "completed", "failed")
 #: A lone consumer takes the head (strict FIFO); each lost race doubles its
 #: window and each clean claim narrows it, so concurrent consumers spread over
 #: the head instead of all racing for the first item.
-CLAIM_WINDOW = 64
+CLAIM_WINDOW = 1 << 20
 #: Items found gone in a row, within one claim, that show the view is behind.
 STALE_VIEW = 3
 #: Claims of one item before it is dead-lettered (docs/protocol.md, "Retention
@@ -188,25 +188,28 @@ class Queue:
         """Try the free items at the head, in random order, until one is ours."""
         gone = 0
         while True:
-            candidates = view.candidates(self._window)
-            if not candidates:
+            candidate = view.pick(self._window)
+            if candidate is None:
                 return None
-            item_id, index, raw = random.choice(candidates)
+            item_id, index, raw = candidate
             view.taken(item_id)
             try:
                 state = self._protocol.claim(item_id, index, raw)
             except Gone:
                 view.finished(item_id)
                 gone += 1
-                if gone == STALE_VIEW:
-                    # etcd drops a watcher that cannot keep up, and a busy
-                    # process may be slow to notice: list again rather than
-                    # try each item the view still holds.
-                    view.relist(self.etcd.deadline)
+                if view.missed() or gone == STALE_VIEW:
+                    # A quiet view does not hear of others' claims; and etcd
+                    # drops a watcher that cannot keep up, which a busy process
+                    # may be slow to notice: list again rather than try each
+                    # item the view still holds.
+                    view.behind(self.etcd.deadline)
                 continue
             except Taken as exc:
                 view.locked_at(item_id, exc.index)  # free again once a listing lacks it
                 self._window = min(CLAIM_WINDOW, self._window * 2)
+                if view.missed():
+                    view.behind(self.etcd.deadline)
                 continue
             except Junk as exc:
                 log.warning("skipping item %s of %s: %s", item_id, self.layout.root, exc,

@@ -82,6 +82,7 @@ import calendar
 import json
 import logging
 import math
+import random
 import re
 import threading
 import time
@@ -109,8 +110,18 @@ _RECORDS = ("completed", "failed")
 _WRITTEN = (b"create", b"set", b"update")
 #: Values larger than this are not kept in memory; a claim reads them.
 MAX_CACHED_VALUE = 64 * 1024
-#: Free items that count as a backlog: with that many, only completed/ is watched.
+#: Free items that count as a backlog: with that many, nothing is watched.
 BACKLOG = 32
+#: Items a claim looks at from where it walks (or from the head) before giving up there.
+PROBES = 8
+#: Random places a claim walks from before it falls back to the head of the view.
+JUMPS = 3
+#: Misses since a listing that make a quiet view list again, however small it is.
+STALE_MISSES = 3
+#: About what a miss (a failed write, or three writes) costs etcd, in listed
+#: items (0.7 us each): a quiet view lists again once its misses cost as much
+#: as the listing that would have avoided them.
+MISS_COST = 256
 #: Seconds a follower waits after applying events, so that the next come in one block.
 COALESCE = 0.005
 #: Seconds before listing locks/ again when a delay lock was listed due but not yet
@@ -163,7 +174,15 @@ class QueueView:
         self.relists = 0
         self._idle_timeout = idle_timeout
         self._closed = False
-        self._follower = _Follower(self, self._layout.completed, idle_timeout)
+        #: Misses (an item found taken or gone) since the last listing of work/,
+        #: and the free items that listing offered: a quiet view lists again
+        #: when a quarter of them turned out stale.
+        self._misses = 0
+        self._listed_free = 0
+        #: Where a claim walking the backlog goes on from (see pick); None: jump.
+        self._cursor: Optional[str] = None
+        self._listing = False  # a relist_work() is under way
+        self._follower = _Follower(self, None, idle_timeout)
         self._follower.start()
 
     @property
@@ -230,6 +249,60 @@ class QueueView:
             self._watch(locks=False)
         return found
 
+    def pick(self, window: int) -> Optional[Candidate]:
+        """A free item among the first ``window`` the view holds, marked
+        :meth:`taken` for this claim attempt; or None.
+
+        With a window of more than one (other consumers race for the head),
+        the view walks forward from a random place in it, and jumps to
+        another after each miss (:meth:`missed`): consumers spread over the
+        backlog in runs, so they rarely try the same item, and a quiet view's
+        stale items (taken by others since its listing) cost one miss per
+        run that reaches them rather than one per item.  Never an item put
+        after what the view knows of work/ (see :meth:`candidates`).
+        """
+        for _ in range(JUMPS if window > 1 else 0):
+            with self._cond:
+                found = self._walk(min(window, bisect.bisect_right(
+                    self._free, _id_at(self._known))))
+                if found is not None:
+                    self._trying.setdefault(found[0], -1)
+                    return found
+        while True:
+            head = self.candidates(min(window, PROBES))
+            if not head:
+                return None
+            found = random.choice(head)
+            with self._cond:
+                if self._is_free(found[0]):  # another thread may have taken it since
+                    self._trying.setdefault(found[0], -1)
+                    return found
+
+    def _walk(self, end: int) -> Optional[Candidate]:
+        """The first free item from the cursor on (among the first ``end``)."""
+        if end <= 0:
+            return None
+        if self._cursor is None:
+            self._cursor = self._free[random.randrange(end)]
+        start = bisect.bisect_left(self._free, self._cursor)
+        for item_id in self._free[start:min(end, start + PROBES)]:
+            if self._is_free(item_id) and self._items[item_id][0] <= self._known:
+                self._cursor = item_id
+                index, raw = self._items[item_id]
+                return item_id, index, raw
+        self._cursor = None  # a run of items not free: jump next time
+        return None
+
+    def missed(self) -> bool:
+        """A claim found an item of the view taken or gone.  True when a quiet view
+        should list work/ again: a quarter of what its listing offered was stale
+        (other consumers' claims, which it does not watch)."""
+        with self._cond:
+            self._misses += 1
+            self._cursor = None  # another consumer's run, or a stale one: jump
+            return (not self.watching_locks
+                    and self._misses >= max(STALE_MISSES, self._listed_free // MISS_COST))
+
     def catch_up(self, timeout: float) -> bool:
         """After candidates() held back items this process put: learn of every
         item put before them, then True.  False if it held none back.
@@ -252,14 +325,20 @@ class QueueView:
         self._watch(locks=True).wait_listed(timeout)
 
     def check_locks(self) -> None:
-        """List locks/ once per lock TTL while it is not watched and items are taken,
-        and as soon as a delay lock of a known item is due to expire."""
+        """While the view is quiet: list again once per lock TTL while items are
+        taken, and list locks/ as soon as a delay lock of a known item is due.
+
+        A full listing, because a taken item whose lock went may have been
+        finished meanwhile (the view no longer sees records): only work/ tells.
+        """
         with self._cond:
-            now = time.monotonic()
-            due = not self.watching_locks and (
-                (now - self._locks_listed >= self._protocol.lock_ttl and bool(self._locks))
-                or self._next_delay <= now)
-        if due:
+            now, quiet = time.monotonic(), not self.watching_locks
+            stale = quiet and bool(self._locks) and (
+                now - self._locks_listed >= self._protocol.lock_ttl)
+            due = quiet and self._next_delay <= now
+        if stale:
+            self.relist(self._protocol.etcd.deadline)
+        elif due:
             self._list_locks()
 
     def taken(self, item_id: str) -> None:
@@ -335,8 +414,10 @@ class QueueView:
         with self._cond:
             if self._closed:
                 return
+            under_way = not self._ready  # another thread's relist, or the first listing
             self._ready, self._error = False, None
-        self._replace_follower(locks=self.watching_locks)
+        if not under_way:
+            self._replace_follower(locks=self.watching_locks)
         self.wait_ready(timeout)
 
     def skip(self, item_id: str, index: int) -> None:
@@ -391,7 +472,7 @@ class QueueView:
         self._follower.stop()
 
     def _watch(self, *, locks: bool) -> "_Follower":
-        """Watch the whole queue directory (``locks``) or completed/ only: its follower."""
+        """Watch the whole queue directory (``locks``), or nothing: its follower."""
         with self._cond:
             if self.watching_locks == locks:
                 return self._follower
@@ -403,7 +484,7 @@ class QueueView:
             old = self._follower
             if self._closed:
                 return old
-            directory = self._layout.root if locks else self._layout.completed
+            directory = self._layout.root if locks else None
             new = self._follower = _Follower(self, directory, self._idle_timeout)
         old.stop()
         new.start()
@@ -454,11 +535,13 @@ class QueueView:
             self._delays.pop(item_id, None)
             self._make_free(item_id)
 
-    def _reconcile_locks(self, index: int, locks: List[Entry]) -> None:
-        """Apply a listing of locks/ taken at ``index``."""
+    def _reconcile_locks(self, index: int, locks: List[Entry], delays: bool = False) -> None:
+        """Apply a listing of locks/ taken at ``index``; ``delays``: free only
+        items whose known delay lock went (the others may have been finished)."""
         listed = {entry.id: entry.index for entry in locks}
         for item_id in [i for i in {**self._locks, **self._trying} if i not in listed]:
-            self._unlocked(item_id, index)
+            if not delays or item_id in self._delays:
+                self._unlocked(item_id, index)
         for item_id, lock_index in listed.items():
             self._locked(item_id, lock_index)
         self._plan_delays(locks)
@@ -490,18 +573,53 @@ class QueueView:
         with self._cond:
             if follower is not self._follower:
                 return {}
-            self._items = {e.id: (e.index, _cacheable(e.value)) for e in work}
-            self._free = [e.id for e in work]
-            self._in_free = set(self._free)
-            self._recorded.clear()  # one still in work/ now is one a claim must finish
-            self._orphans.clear()
-            self._known = work_index
+            self._take_listing(work_index, work)
             self._reconcile_locks(locks_index, locks)
             self._ready, self._error = True, None
-            self.relists += 1
-            self.version += 1
-            self._cond.notify_all()
         return {"work": work_index, "locks": locks_index}
+
+    def behind(self, timeout: float) -> None:
+        """Claims found the view stale: list again (a quiet view, work/ only)."""
+        if self.watching_locks:
+            self.relist(timeout)
+        else:
+            self.relist_work()
+
+    def relist_work(self) -> None:
+        """A quiet view that missed too often lists work/ again, in the claimer's
+        thread; other claimers meanwhile go on with what the view has.
+
+        Not locks/: a finished item's lock stays there until it expires (F4 is
+        not sent), so locks/ holds about a lock TTL's worth of finished items,
+        which would cost every listing.  The view keeps what it knows of locks
+        (listed once per lock TTL, see :meth:`check_locks`), and learns of newer
+        ones by missing.
+        """
+        with self._cond:
+            if self._listing or self.watching_locks or self._closed:
+                return
+            self._listing, follower = True, self._follower
+        try:
+            index, work = self._protocol.list("work")
+        finally:
+            with self._cond:
+                self._listing = False
+        with self._cond:
+            if follower is self._follower:
+                self._take_listing(index, work)
+
+    def _take_listing(self, index: int, work: List[Entry]) -> None:
+        """Apply a listing of work/ taken at ``index`` (under the lock)."""
+        self._items = {e.id: (e.index, _cacheable(e.value)) for e in work}
+        self._free = [e.id for e in work]
+        self._in_free = set(self._free)
+        self._recorded.clear()  # one still in work/ now is one a claim must finish
+        self._orphans.clear()
+        self._known = index
+        self._misses, self._listed_free, self._cursor = 0, len(work), None
+        self.relists += 1
+        self.version += 1
+        self._cond.notify_all()
 
     def _list_locks(self) -> None:
         with self._cond:
@@ -511,7 +629,7 @@ class QueueView:
             # A new follower lists locks/ itself; this older listing, applied
             # after its events, could mark an item locked again for good.
             if follower is self._follower:
-                self._reconcile_locks(index, locks)
+                self._reconcile_locks(index, locks, delays=follower.directory is None)
 
     def _apply(self, block: bytes, floors: Dict[str, int], follower: "_Follower") -> None:
         """Apply a block of events, each only if newer than its directory's listing."""
@@ -588,9 +706,13 @@ class QueueView:
 
 
 class _Follower:
-    """One watch of the view, in a thread of its own: subscribe, list, apply events."""
+    """One watch of the view, in a thread of its own: subscribe, list, apply events.
 
-    def __init__(self, view: QueueView, directory: str, idle_timeout: float) -> None:
+    ``directory`` None: a quiet view, which lists and watches nothing.
+    """
+
+    def __init__(self, view: QueueView, directory: Optional[str],
+                 idle_timeout: float) -> None:
         self._view = view
         self.directory = directory
         self._idle_timeout = idle_timeout
@@ -644,6 +766,11 @@ class _Follower:
 
     def _follow(self) -> None:
         """One round: subscribe, list, then apply events until the stream ends."""
+        if self.directory is None:
+            self._view._list(self)
+            self._listed.set()
+            self._stop.wait()
+            return
         stream = self._view._protocol.etcd.stream(self.directory,
                                                   idle_timeout=self._idle_timeout)
         self._stream = stream
@@ -683,6 +810,11 @@ def _expires_in(entry: Entry, wall: float) -> float:
     *fields, fraction = match.groups()
     at = calendar.timegm(tuple(int(field) for field in fields)) + float(fraction or 0)
     return min(max(at - wall, entry.ttl - 1.0), float(entry.ttl))
+
+
+def _id_at(index: int) -> str:
+    """The id etcd gives an item POSTed at ``index``: ids sort as their indexes do."""
+    return f"{index:020d}"
 
 
 def _final(error: Optional[BaseException]) -> bool:

@@ -18,7 +18,7 @@ import pytest
 
 from etcdq_v2 import Queue, connect
 from etcdq_v2.server import free_port
-from etcdq_v2.view import BACKLOG
+from etcdq_v2.view import BACKLOG, STALE_MISSES
 
 from faultproxy import FaultProxy
 from helpers import in_background, wait_until
@@ -305,3 +305,57 @@ def test_the_view_reports_an_unexpected_exception_and_keeps_following(
             got.append(claim.id)
             claim.complete()
         assert got == [first, second]
+
+
+# -- issue 14: a view with a backlog watches nothing ----------------------------------
+
+
+def watch_requests(proxy: FaultProxy) -> List[bytes]:
+    return [line for line in proxy.requests if b"wait=true" in line]
+
+
+def test_a_consumer_with_a_backlog_holds_no_watch(etcd_url: str, queue_name: str) -> None:
+    """etcd sends every event of a watched directory to every watcher, so a watch per
+    consumer made an item's cost grow with the number of consumers.  With a backlog
+    a view watches nothing; others' completions reach it as misses and listings."""
+    with FaultProxy.to(etcd_url) as proxy, Queue(proxy.url, queue_name) as consumer, \
+            Queue(etcd_url, queue_name) as other:
+        other.put_many(range(BACKLOG + 40))
+        consumer.claim().complete()
+        for _ in range(20):
+            other.claim().complete()
+        for _ in range(BACKLOG):
+            claim = consumer.claim()
+            assert claim is not None
+            claim.complete()
+        assert watch_requests(proxy) == []
+        assert not consumer._view.watching_locks
+
+
+def test_a_quiet_view_lists_work_again_after_a_few_misses_and_not_locks(
+        etcd_url: str, queue_name: str) -> None:
+    """Another consumer finished most of what the view listed.  The view finds that out
+    by missing (STALE_MISSES tries at most), then lists work/ only: locks/ holds every
+    finished item's lock until it expires, so listing it would cost every relist."""
+    with FaultProxy.to(etcd_url) as proxy, Queue(proxy.url, queue_name) as consumer, \
+            Queue(etcd_url, queue_name) as other:
+        ids = other.put_many(range(BACKLOG + 40))
+        first = consumer.claim()  # the view lists the whole backlog
+        view = consumer._view
+        relists = view.relists
+        done = {first.id}
+        first.complete()
+        while len(done) < len(ids) - 8:
+            claim = other.claim()
+            done.add(claim.id)
+            claim.complete()
+        proxy.requests.clear()
+        claim = consumer.claim()
+        assert claim is not None and claim.id not in done
+        claim.complete()
+        listings = [line for line in proxy.requests if line.startswith(b"GET ")]
+        lock_tries = [line for line in proxy.requests
+                      if line.startswith(b"PUT ") and b"/locks/" in line]
+        assert view.relists == relists + 1, proxy.requests
+        assert len(listings) == 1 and b"/work" in listings[0], listings
+        assert len(lock_tries) <= STALE_MISSES + 1, lock_tries
