@@ -11,7 +11,6 @@ import contextlib
 import logging
 import math
 import os
-import random
 import socket
 import threading
 import time
@@ -36,10 +35,13 @@ log = logging.getLogger("etcdq_v2.queue")
 
 STATES = ("pending", "running", "completed", "failed")
 
-#: The most free items at the head of the queue a claim picks among at random.
-#: A lone consumer takes the head (strict FIFO); each lost race doubles its
-#: window and each clean claim narrows it, so concurrent consumers spread over
-#: the head instead of all racing for the first item.
+#: The most free items at the head of the view a claim picks among.  A lone
+#: consumer takes the head (strict FIFO); each lost race doubles its window and
+#: each clean claim narrows it by one, so concurrent consumers spread over the
+#: backlog (QueueView.pick) instead of all racing for the first item.  No real
+#: cap: a view with a backlog does not watch others' claims, which land at the
+#: head, and only a wide spread keeps its misses rare (docs/protocol.md, "The
+#: consumer's view").
 CLAIM_WINDOW = 1 << 20
 #: Items found gone in a row, within one claim, that show the view is behind.
 STALE_VIEW = 3
