@@ -182,7 +182,7 @@ class QueueView:
         #: Where a claim walking the backlog goes on from (see pick); None: jump.
         self._cursor: Optional[str] = None
         self._listing = False  # a relist_work() is under way
-        self._follower = _Follower(self, None, idle_timeout)
+        self._follower = _Follower(self, None, idle_timeout, list_locks=True)
         self._follower.start()
 
     @property
@@ -337,7 +337,7 @@ class QueueView:
                 now - self._locks_listed >= self._protocol.lock_ttl)
             due = quiet and self._next_delay <= now
         if stale:
-            self.relist(self._protocol.etcd.deadline)
+            self.relist(self._protocol.etcd.deadline, locks=True)
         elif due:
             self._list_locks()
 
@@ -409,15 +409,16 @@ class QueueView:
         with self._cond:
             self._forget(item_id)
 
-    def relist(self, timeout: float) -> None:
-        """Subscribe and list again now, and wait (up to ``timeout``) for the listing."""
+    def relist(self, timeout: float, *, locks: bool = False) -> None:
+        """Subscribe and list again now, and wait (up to ``timeout``) for the listing.
+        ``locks``: a quiet view lists locks/ too (see :meth:`_list`)."""
         with self._cond:
             if self._closed:
                 return
             under_way = not self._ready  # another thread's relist, or the first listing
             self._ready, self._error = False, None
         if not under_way:
-            self._replace_follower(locks=self.watching_locks)
+            self._replace_follower(locks=self.watching_locks, list_locks=locks)
         self.wait_ready(timeout)
 
     def skip(self, item_id: str, index: int) -> None:
@@ -478,14 +479,15 @@ class QueueView:
                 return self._follower
         return self._replace_follower(locks=locks)
 
-    def _replace_follower(self, *, locks: bool) -> "_Follower":
+    def _replace_follower(self, *, locks: bool, list_locks: bool = False) -> "_Follower":
         """A new follower (subscribe, list, apply) in place of the current one."""
         with self._cond:
             old = self._follower
             if self._closed:
                 return old
             directory = self._layout.root if locks else None
-            new = self._follower = _Follower(self, directory, self._idle_timeout)
+            new = self._follower = _Follower(self, directory, self._idle_timeout,
+                                             list_locks=list_locks)
         old.stop()
         new.start()
         return new
@@ -563,20 +565,44 @@ class QueueView:
 
     # -- listings and events (follower threads) --------------------------------------
     def _list(self, follower: "_Follower") -> Dict[str, int]:
-        """List work/, then locks/: the etcd index of each listing, by directory.
+        """List work/, and locks/ if the follower says so: the etcd index of
+        each listing, by directory (0: not listed, every event applies).
 
-        Only the current follower's listing is applied: one that was replaced
+        locks/ holds about a lock TTL's worth of finished items' locks (F4 is
+        not sent), which would cost every listing of it; so it is listed only
+        by a quiet view's first listing and its once-per-lock-TTL listing
+        (:meth:`check_locks`).  Otherwise a quiet view keeps what it knows of
+        locks, and a view that starts watching the whole directory forgets
+        it: its events say from now on which items are locked, and a claim
+        of an item locked before shows it (C1's "already exists").  Only
+        the current follower's listing is applied: one that was replaced
         meanwhile must not overwrite what its successor has.
         """
         work_index, work = self._protocol.list("work")
-        locks_index, locks = self._protocol.list("locks")
+        locks_index, locks = (self._protocol.list("locks") if follower.list_locks
+                              else (0, []))
         with self._cond:
             if follower is not self._follower:
                 return {}
             self._take_listing(work_index, work)
-            self._reconcile_locks(locks_index, locks)
+            if follower.list_locks:
+                self._reconcile_locks(locks_index, locks)
+            elif follower.directory is not None:
+                self._forget_locks(work_index)
             self._ready, self._error = True, None
         return {"work": work_index, "locks": locks_index}
+
+    def _forget_locks(self, index: int) -> None:
+        """A view that now watches the whole directory, unlisted locks/, forgets
+        which items are locked: each is offered, and a claim of a locked one
+        finds its lock.  An attempt under way counts its item's lock as gone
+        at ``index`` (see :meth:`locked_at`): its lock may have gone before the
+        stream began, where no event will say so."""
+        self._locks.clear()
+        self._delays.clear()
+        self._next_delay = math.inf
+        for item_id, gone in self._trying.items():
+            self._trying[item_id] = max(gone, index)
 
     def behind(self, timeout: float) -> None:
         """Claims found the view stale: list again (a quiet view, work/ only)."""
@@ -712,9 +738,10 @@ class _Follower:
     """
 
     def __init__(self, view: QueueView, directory: Optional[str],
-                 idle_timeout: float) -> None:
+                 idle_timeout: float, *, list_locks: bool = False) -> None:
         self._view = view
         self.directory = directory
+        self.list_locks = list_locks
         self._idle_timeout = idle_timeout
         self._listed = threading.Event()
         self._stop = threading.Event()
