@@ -18,22 +18,30 @@ items without a word); the next round goes to the next member if etcd's was
 at fault, and a claim waits up to its deadline for the first listing.
 
 What is watched.  The whole queue directory shows everything: new items,
-claims (lock create, item CAS), completions (record, item delete, lock
-delete), releases and expiries; but etcd sends each of those 5 events per
-item to every consumer, and that fan-out was the largest cost of a busy
-queue.  So a view watches the whole directory (one stream, so events stay in
-etcd's order) only while its process finds nothing to claim (an outcome
-record hides its item at once; if the finisher's lock expires before the
-item leaves work/, the finisher died after F2, and the item is offered again
-for a claim to finish it).  While it has a backlog of free items it watches
-completed/ only: one event per item, and the one that matters most, since a
-finished item must leave the view.  It
-then learns that an item is taken only by losing the race for it (C1
-"already exists"), and that an item is free again (released, its worker
-dead) from a listing of locks/, made once per lock TTL while it knows of
-taken items, and when a delay lock (a delayed put, a release delay) of an
-item it knows is due: a listing gives each lock's expiry, and no event will
-say it expired.  Each switch subscribes and lists again.
+claims (lock create, item CAS), completions (record, item delete), releases
+and expiries; but etcd sends every event to every watcher, so a watch per
+consumer made an item's cost grow with the number of consumers.  So a view
+watches the whole directory (one stream, so events stay in etcd's order)
+only while its process finds nothing to claim (an outcome record hides its
+item at once; if the finisher's lock expires before the item leaves work/,
+the finisher died after F2, and the item is offered again for a claim to
+finish it).  While it has a backlog of free items it watches nothing (a
+*quiet* view): it learns what others did by missing, when a claim finds its
+item locked (C1 "already exists") or gone (:meth:`QueueView.missed`), and
+lists work/ again once its misses cost about what a listing does
+(:meth:`QueueView.relist_work`).  A taken item is free again (released, its
+worker dead) after a listing of locks/, made once per lock TTL while it
+knows of taken items, and when a delay lock (a delayed put, a release
+delay) of an item it knows is due: a listing gives each lock's expiry.
+locks/ is listed only then and at a view's first listing: it holds about a
+lock TTL's worth of finished items' locks (F4 is not sent).  A view that
+starts watching everything forgets which items are locked instead (see
+:meth:`QueueView._forget_locks`).
+
+Where a claim looks (:meth:`QueueView.pick`).  A lone consumer takes the
+head.  Concurrent ones walk the backlog from random places, jumping after
+each miss, so that they rarely try the same item and stale items cost a
+miss per run rather than per item.
 
 Order.  A lone consumer claims items in put order, whoever put them.  The
 view knows work/ completely up to an etcd index: its listing's, or, while the
@@ -41,12 +49,12 @@ whole directory is watched, the newest event's.  Items put by other processes
 after that index are unknown to it, so an item this process put later
 (:meth:`QueueView.added`) is not offered yet: when only such items are left,
 the view catches up first (:meth:`QueueView.catch_up`): it lists again while
-it watches completed/ only, or waits for their events.  A pipeline stage
+it is quiet, or waits for their events.  A pipeline stage
 that claims one item and puts a follow-up thus lists work/ once per backlog
 it works through (one listing of N items per N claims: about one item's bytes
-per claim), and keeps the cheap watch.  Rejected: also watching work/ while
-this process puts (etcd cannot filter by action: 2 more events per item for
-every consumer, the cost the completed/ watch removed); listing again when an
+per claim), and watches nothing.  Rejected: also watching work/ while this
+process puts (etcd cannot filter by action: 3 events per item for every
+consumer); listing again when an
 own put's index leaves a gap after the newest index known (indexes are global
 to the store: every lock, record, refresh and other queue's write makes a
 gap, so nearly every put would list); not counting own puts as backlog (the
@@ -200,7 +208,7 @@ class QueueView:
 
     @property
     def watching_locks(self) -> bool:
-        """True while the whole queue directory (locks/ too) is watched, not completed/ only."""
+        """True while the whole queue directory (locks/ too) is watched; False: quiet."""
         return self._follower.directory == self._layout.root
 
     # -- for claimers ----------------------------------------------------------
@@ -352,8 +360,8 @@ class QueueView:
 
         A later sign that the lock is gone frees the item: a listing of locks/
         or an event, also one that came while the attempt was under way.  The
-        view may never see that lock's events: it watches completed/ only while
-        it has a backlog.
+        view may never see that lock's events: it watches nothing while it has
+        a backlog.
         """
         with self._cond:
             gone = self._trying.pop(item_id, None)
@@ -702,7 +710,7 @@ class QueueView:
         While the whole directory is watched and its finisher's lock is
         there, the item stays known until F3 removes it from work/: if the
         lock expires first, its finisher died between F2 and F3, and a claim
-        must finish the item.  Otherwise (completed/ alone is watched) it is
+        must finish the item.  Otherwise (a quiet view has no events: a stale one) it is
         forgotten; a finisher's crash is then found by the next listing.
         """
         if self._follower.directory != self._layout.root or item_id not in self._items:

@@ -1,7 +1,7 @@
 """The consumer's view: what another process writes reaches it, and freed items come back.
 
-A view follows completed/ while it has a backlog, and the whole queue
-directory while its process finds nothing to claim (docs/protocol.md, "The
+A view watches nothing while it has a backlog (it learns by missing and
+listing), and the whole queue directory while its process finds nothing to claim (docs/protocol.md, "The
 consumer's view"); these tests pin down each way an item reaches a consumer
 whose view is already running.
 """
@@ -97,7 +97,7 @@ def test_an_item_whose_race_was_lost_comes_back_when_its_holder_releases_it(
     with Queue(etcd_url, queue_name, lock_ttl=1) as consumer, \
             Queue(etcd_url, queue_name) as holder:
         consumer.put_many(range(BACKLOG + 10))
-        consumer.claim().complete()  # the view is up, with a backlog: it follows completed/
+        consumer.claim().complete()  # the view is up, with a backlog: it is quiet
         held = holder.claim()
         # The consumer hears nothing of that claim; it tries the head, loses the race, and
         # takes the next item instead.
@@ -152,7 +152,7 @@ def test_an_item_whose_race_was_lost_during_a_relist_comes_back_when_its_lock_go
     with FaultProxy.to(etcd_url) as proxy, Queue(proxy.url, queue_name) as consumer, \
             Queue(etcd_url, queue_name, lock_ttl=1) as holder:
         item_id = holder.put("contended")
-        view = consumer._ensure_view()  # it lists the item, free; it follows completed/ only
+        view = consumer._ensure_view()  # it lists the item, free; it watches nothing
         held = holder.claim()
         assert held.id == item_id and not view.watching_locks
         # The consumer tries the item (it heard nothing of that claim) and loses the race:
@@ -242,7 +242,7 @@ def test_a_consumer_that_also_puts_claims_other_producers_items_in_put_order(
         assert set(foreign) <= set(claimed), "another producer's items were never claimed"
         assert claimed == sorted(claimed), "not claimed in put order"
         view = stage._view
-        # Still the cheap watch (completed/ only), and a listing per backlog, not per put.
+        # Still quiet (no watch), and a listing per backlog, not per put.
         assert not view.watching_locks
         assert view.relists <= 2 + len(claimed) // BACKLOG
 
