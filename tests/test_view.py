@@ -1,9 +1,9 @@
 """The consumer's view: what another process writes reaches it, and freed items come back.
 
 A view watches nothing while it has a backlog (it learns by missing and
-listing), and the whole queue directory while its process finds nothing to claim (docs/protocol.md, "The
-consumer's view"); these tests pin down each way an item reaches a consumer
-whose view is already running.
+listing), and the whole queue directory while its process finds nothing to
+claim (docs/protocol.md, "The consumer's view"); these tests pin down each
+way an item reaches a consumer whose view is already running.
 """
 from __future__ import annotations
 
