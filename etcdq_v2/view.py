@@ -124,12 +124,11 @@ BACKLOG = 32
 PROBES = 8
 #: Random places a claim walks from before it falls back to the head of the view.
 JUMPS = 3
-#: Misses since a listing that make a quiet view list again, however small it is.
-STALE_MISSES = 3
-#: About what a miss (a failed write, or three writes) costs etcd, in listed
-#: items (0.7 us each): a quiet view lists again once its misses cost as much
-#: as the listing that would have avoided them.
-MISS_COST = 256
+#: About what a miss (a failed lock create) costs etcd, in listed items: a
+#: failed write cost etcd ~260 us of CPU, a listing ~110 us plus ~0.7 us per
+#: item (measured together, bench/README.md).  A quiet view lists work/ again
+#: once its misses cost about what that listing does.
+MISS_COST = 300
 #: Seconds a follower waits after applying events, so that the next come in one block.
 COALESCE = 0.005
 #: Seconds before listing locks/ again when a delay lock was listed due but not yet
@@ -308,8 +307,12 @@ class QueueView:
         with self._cond:
             self._misses += 1
             self._cursor = None  # another consumer's run, or a stale one: jump
-            return (not self.watching_locks
-                    and self._misses >= max(STALE_MISSES, self._listed_free // MISS_COST))
+            return not self.watching_locks and self._misses >= self.miss_limit
+
+    @property
+    def miss_limit(self) -> int:
+        """Misses after which a quiet view lists work/ again (see MISS_COST)."""
+        return max(1, (self._listed_free + MISS_COST // 2) // MISS_COST)
 
     def catch_up(self, timeout: float) -> bool:
         """After candidates() held back items this process put: learn of every
