@@ -6,6 +6,7 @@ with ``_`` and take ``start`` first run inside a worker process (bench/procs.py)
 """
 from __future__ import annotations
 
+import os
 import random
 import re
 import resource
@@ -128,12 +129,26 @@ class ConsumerReport:
     last_done: float  # when its last item was finished (time.time())
     requests: Dict[str, int]
     lock_failures: Optional[int]
+    cpu_seconds: float = 0.0  # this process's CPU (user + system) from the start line on
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU (user + system) another process used so far, from /proc (Linux)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _consume(start: StartLine, target: Target) -> ConsumerReport:
     design = open_design(target)
     try:
         started = last_done = start()
+        cpu = _cpu_seconds()
         done: List[str] = []
         while True:
             payload = design.claim()
@@ -143,7 +158,7 @@ def _consume(start: StartLine, target: Target) -> ConsumerReport:
             done.append(payload)
             last_done = time.time()
         return ConsumerReport(done, started, last_done, dict(design.requests),
-                              design.lock_failures)
+                              design.lock_failures, _cpu_seconds() - cpu)
     finally:
         design.close()
 
@@ -164,6 +179,18 @@ class DrainRun:
     requests: Dict[str, int]
     etcd_ops: Optional[EtcdOps]    # counted by etcd from before the fill to the end
     drain_ops: Optional[EtcdOps]   # counted by etcd while the consumers ran
+    etcd_cpu_seconds: Optional[float] = None  # etcd's CPU while the consumers ran
+    clients_cpu_seconds: float = 0.0          # the consumers' CPU, all together
+
+    @property
+    def etcd_cpu_ms_per_item(self) -> Optional[float]:
+        if self.etcd_cpu_seconds is None:
+            return None
+        return 1000 * self.etcd_cpu_seconds / max(1, self.items - self.missing)
+
+    @property
+    def clients_cpu_ms_per_item(self) -> float:
+        return 1000 * self.clients_cpu_seconds / max(1, self.items - self.missing)
 
     @property
     def lock_failures_per_claim(self) -> Optional[float]:
@@ -175,8 +202,10 @@ class DrainRun:
         return None if self.drain_ops is None else self.drain_ops.fsync_seconds / self.seconds
 
 
-def drain(target: Target, items: int, consumers: int) -> DrainRun:
-    """Fill ``target``'s (new, empty) queue, then drain it with ``consumers`` processes."""
+def drain(target: Target, items: int, consumers: int,
+          server_pid: Optional[int] = None) -> DrainRun:
+    """Fill ``target``'s (new, empty) queue, then drain it with ``consumers`` processes;
+    ``server_pid``: etcd's, to count its CPU during the drain."""
     on_etcd = DESIGNS[target.design].backend == "etcd"
 
     def counters() -> Optional[Dict[str, float]]:
@@ -185,7 +214,10 @@ def drain(target: Target, items: int, consumers: int) -> DrainRun:
     before_fill = counters()
     fill(target, 0, items)
     before_drain = counters()
+    etcd_cpu = process_cpu_seconds(server_pid) if server_pid else None
     reports = run_workers(_consume, [(target,)] * consumers, RUN_TIMEOUT)
+    if server_pid and etcd_cpu is not None:
+        etcd_cpu = process_cpu_seconds(server_pid) - etcd_cpu
     after = counters()
 
     handed_out = [payload for report in reports for payload in report.payloads]
@@ -207,7 +239,8 @@ def drain(target: Target, items: int, consumers: int) -> DrainRun:
         lock_failures=None if None in failures else sum(f or 0 for f in failures),
         requests=requests,
         etcd_ops=EtcdOps.between(before_fill, after) if before_fill and after else None,
-        drain_ops=EtcdOps.between(before_drain, after) if before_drain and after else None)
+        drain_ops=EtcdOps.between(before_drain, after) if before_drain and after else None,
+        etcd_cpu_seconds=etcd_cpu, clients_cpu_seconds=sum(r.cpu_seconds for r in reports))
 
 
 def _recorded_twice(target: Target) -> Optional[int]:

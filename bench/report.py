@@ -248,3 +248,62 @@ def targets_table(drains: Sequence[DrainRun], claim_costs: Sequence[ClaimCostRun
               lambda x: x <= 50),
     ]
     return markdown_table(["target (issue 4)", "measured", "holds"], rows)
+
+
+# -- 7. scaling with consumers (issue 14) ------------------------------------------------
+
+def _scale_runs(drains: Sequence[DrainRun], counts: Sequence[int]) -> Dict[int, List[DrainRun]]:
+    return {consumers: same for (design, consumers), same in _by_config(drains).items()
+            if design == ETCDQ and consumers in counts}
+
+
+def _medians(runs: Dict[int, List[DrainRun]], value: Callable[[DrainRun], Optional[float]]
+             ) -> Dict[int, float]:
+    found = {n: [v for v in map(value, same) if v is not None] for n, same in runs.items()}
+    return {n: statistics.median(values) for n, values in found.items() if values}
+
+
+def scale_table(drains: Sequence[DrainRun], counts: Sequence[int]) -> str:
+    """etcdq_v2's drains as consumers are added: rate, and CPU per item (etcd's, the clients')."""
+    runs = _scale_runs(drains, counts)
+    rates = _medians(runs, lambda r: r.items_per_s)
+    etcd = _medians(runs, lambda r: r.etcd_cpu_ms_per_item)
+    first = min(runs, default=0)
+    rows = []
+    for consumers, same in sorted(runs.items()):
+        etcd_ms = [r.etcd_cpu_ms_per_item for r in same if r.etcd_cpu_ms_per_item is not None]
+        rows.append([
+            str(consumers), Spread.of(r.items_per_s for r in same).text(),
+            ratio(rates[consumers], rates.get(first)),
+            Spread.of(etcd_ms).text(2) if etcd_ms else "–",
+            ratio(etcd[consumers], etcd.get(first)) if consumers in etcd else "–",
+            Spread.of(r.clients_cpu_ms_per_item for r in same).text(2),
+            Spread.of(r.drain_ops.failed_writes / r.items for r in same
+                      if r.drain_ops is not None).text(2) if same[0].drain_ops else "–",
+            _percent_of_items(same, lambda run: run.run_twice)])
+    return markdown_table(["consumer processes", "items/s", f"× {first}",
+                           "etcd CPU ms/item", f"× {first}", "clients' CPU ms/item",
+                           "failed writes/item", "run twice"], rows)
+
+
+def scale_targets_table(drains: Sequence[DrainRun], counts: Sequence[int]) -> str:
+    """Issue 14's targets 1 and 2 (consumer processes; against the peers)."""
+    runs = _scale_runs(drains, counts)
+    rates = _medians(runs, lambda r: r.items_per_s)
+    etcd = _medians(runs, lambda r: r.etcd_cpu_ms_per_item)
+    low, high = (min(runs), max(runs)) if runs else (0, 0)
+    peers = best_peer_rates(drains)
+    rows = [
+        _goal(f"{high} consumers drain at ≥ 0.8× the {low}-consumer rate",
+              _divide(rates.get(high), rates.get(low)), "{:.2f}×", lambda x: x >= 0.8),
+        _goal(f"etcd CPU per item at {high} consumers ≤ 1.25× at {low}",
+              _divide(etcd.get(high), etcd.get(low)), "{:.2f}×", lambda x: x <= 1.25),
+        _goal(f"{low} consumers: ≥ 3× the best peer with {low}",
+              _divide(rates.get(low), peers.get(low)), "{:.2f}×", lambda x: x >= 3),
+        _goal(f"{low} consumers: ≥ 1,000 items/s", rates.get(low), "{:,.0f} items/s",
+              lambda x: x >= 1000),
+        _goal("no item run twice, none missing (these drains)",
+              sum(r.run_twice + r.missing for same in runs.values() for r in same),
+              "{:.0f}", lambda x: x == 0),
+    ]
+    return markdown_table(["target (issue 14)", "measured", "holds"], rows)

@@ -52,6 +52,8 @@ class Plan:
     idle_s: float            # how long the blocked consumer is watched for polling
     drain_consumers: Tuple[int, ...] = (1, 4, 8)
     contention_consumers: Tuple[int, ...] = (8, 32)
+    #: etcdq_v2 only (issue 14): the cost of an item as consumers are added.
+    scale_consumers: Tuple[int, ...] = (8, 32, 64)
     etcdq_lengths: Tuple[int, ...] = (1_000, 10_000, 100_000)
     wrk_connections: int = 64
     wake_puts: int = 50
@@ -110,14 +112,15 @@ def row(results: Results, name: str) -> Iterator[None]:
 
 
 @contextmanager
-def server_for(design: str, workdir: Path) -> Iterator[str]:
-    """A fresh server of the kind ``design`` needs; yields its address."""
+def server_for(design: str, workdir: Path) -> Iterator[Tuple[str, Optional[int]]]:
+    """A fresh server of the kind ``design`` needs; yields its address, and its
+    PID if it is etcd (to count its CPU)."""
     if DESIGNS[design].backend == "zookeeper":
         with zookeeper_server(workdir) as hosts:
-            yield hosts
+            yield hosts, None
     else:
         with etcd_server(workdir) as server:
-            yield server.url
+            yield server.url, server.pid
 
 
 # -- sections ------------------------------------------------------------------------------
@@ -147,17 +150,19 @@ def run_raw(plan: Plan, workdir: Path, results: Results) -> None:
 
 def _consumer_counts(plan: Plan, design: str) -> List[int]:
     extra = plan.contention_consumers if design in CONTENTION_DESIGNS else ()
-    return sorted(set(plan.drain_consumers) | set(extra))
+    scale = plan.scale_consumers if design == ETCDQ else ()
+    return sorted(set(plan.drain_consumers) | set(extra) | set(scale))
 
 
 def run_drains(plan: Plan, workdir: Path, results: Results) -> None:
     for design in DESIGNS:
-        with row(results, DRAIN + design), server_for(design, workdir) as address:
+        with row(results, DRAIN + design), server_for(design, workdir) as (address, pid):
             for consumers in _consumer_counts(plan, design):
                 for repeat in range(plan.repeats):
                     progress(f"drain: {design}, {consumers} consumers, run {repeat + 1}")
                     target = Target(design, address, f"drain-{consumers}-{repeat}")
-                    results.drains.append(measure.drain(target, plan.drain_items, consumers))
+                    results.drains.append(
+                        measure.drain(target, plan.drain_items, consumers, pid))
 
 
 def run_claim_costs(plan: Plan, workdir: Path, results: Results) -> None:
@@ -179,6 +184,11 @@ def run_wake(plan: Plan, workdir: Path, results: Results) -> None:
                 measure.wake_latency(server.url, f"wake-{repeat}", plan.wake_puts, plan.idle_s))
 
 
+#: Every section, in the order they run; ``--only`` picks some by name.
+SECTIONS: Dict[str, Callable[[Plan, Path, Results], None]] = {
+    "raw": run_raw, "drains": run_drains, "claims": run_claim_costs, "wake": run_wake}
+
+
 # -- output ----------------------------------------------------------------------------------
 
 def tables(plan: Plan, results: Results) -> List[Tuple[str, str]]:
@@ -188,24 +198,33 @@ def tables(plan: Plan, results: Results) -> List[Tuple[str, str]]:
                   and DESIGNS[run.design].backend == "etcd"]
     per_item = [run for run in results.drains
                 if run.consumers in (min(plan.drain_consumers), max(plan.drain_consumers))]
-    sections = [
-        ("1. Raw etcd write rate", report.raw_table(results.raw, results.skipped_in(RAW))),
-        (f"2. Drain throughput: {plan.drain_items:,} items, consumer processes",
-         report.drain_table(drains, results.skipped_in(DRAIN))),
+    sections: List[Tuple[str, bool, Callable[[], str]]] = [
+        ("1. Raw etcd write rate", bool(results.raw) or bool(results.skipped_in(RAW)),
+         lambda: report.raw_table(results.raw, results.skipped_in(RAW))),
+        (f"2. Drain throughput: {plan.drain_items:,} items, consumer processes", bool(drains),
+         lambda: report.drain_table(drains, results.skipped_in(DRAIN))),
         ("3. Claim cost against queue length (one consumer process)",
-         report.claim_cost_table(results.claim_costs)),
-        ("4. Contention: consumers racing for the head of the queue",
-         report.contention_table(contention)),
-        ("5. Blocking-claim wake latency (etcdq_v2)", report.wake_table(results.wakes)),
-        ("6. etcd operations per item, counted by etcd itself, put to done",
-         report.operations_table(per_item)),
-        ("Targets of issue 4", report.targets_table(
+         bool(results.claim_costs), lambda: report.claim_cost_table(results.claim_costs)),
+        ("4. Contention: consumers racing for the head of the queue", bool(contention),
+         lambda: report.contention_table(contention)),
+        ("5. Blocking-claim wake latency (etcdq_v2)", bool(results.wakes),
+         lambda: report.wake_table(results.wakes)),
+        ("6. etcd operations per item, counted by etcd itself, put to done", bool(per_item),
+         lambda: report.operations_table(per_item)),
+        ("Targets of issue 4", bool(drains), lambda: report.targets_table(
             drains, results.claim_costs, results.wakes, max(plan.drain_consumers))),
+        (f"7. Scaling with consumers: {plan.drain_items:,}-item drains, consumer processes",
+         bool(results.drains), lambda: report.scale_table(results.drains,
+                                                          plan.scale_consumers)),
+        ("Targets of issue 14, consumers and peers", bool(results.drains),
+         lambda: report.scale_targets_table(results.drains, plan.scale_consumers)),
     ]
+    # A section not run (``--only``) has no table.
+    printed = [(title, build()) for title, ran, build in sections if ran]
     if results.skipped:
-        sections.append(("Not measured", report.markdown_table(
+        printed.append(("Not measured", report.markdown_table(
             ["row", "why"], [[name, why] for name, why in results.skipped.items()])))
-    return sections
+    return printed
 
 
 def metadata(plan: Plan, argv: Sequence[str], seconds: float) -> Dict[str, Any]:
@@ -251,7 +270,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="directory for results.json, tables.md, bench.png")
     parser.add_argument("--keep", action="store_true",
                         help="keep the servers' data directories and logs")
-    return parser.parse_args(argv)
+    parser.add_argument("--only", metavar="SECTION[,SECTION...]",
+                        help=f"run only these sections: {', '.join(SECTIONS)}")
+    args = parser.parse_args(argv)
+    unknown = set(args.only.split(",")) - set(SECTIONS) if args.only else set()
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; "
+                     f"known: {', '.join(SECTIONS)}")
+    return args
 
 
 def main(argv: Sequence[str]) -> int:
@@ -261,8 +287,9 @@ def main(argv: Sequence[str]) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="etcdq-bench-"))
     results = Results()
     try:
-        for name, section in (("raw write rate", run_raw), ("drains", run_drains),
-                              ("claim cost", run_claim_costs), ("wake latency", run_wake)):
+        for name, section in SECTIONS.items():
+            if args.only and name not in args.only.split(","):
+                continue
             progress(f"section: {name}")
             section(plan, workdir, results)
         meta = metadata(plan, argv, time.monotonic() - began)

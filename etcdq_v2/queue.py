@@ -11,7 +11,6 @@ import contextlib
 import logging
 import math
 import os
-import random
 import socket
 import threading
 import time
@@ -36,11 +35,14 @@ log = logging.getLogger("etcdq_v2.queue")
 
 STATES = ("pending", "running", "completed", "failed")
 
-#: The most free items at the head of the queue a claim picks among at random.
-#: A lone consumer takes the head (strict FIFO); each lost race doubles its
-#: window and each clean claim narrows it, so concurrent consumers spread over
-#: the head instead of all racing for the first item.
-CLAIM_WINDOW = 64
+#: The most free items at the head of the view a claim picks among.  A lone
+#: consumer takes the head (strict FIFO); each lost race doubles its window and
+#: each clean claim narrows it by one, so concurrent consumers spread over the
+#: backlog (QueueView.pick) instead of all racing for the first item.  No real
+#: cap: a view with a backlog does not watch others' claims, which land at the
+#: head, and only a wide spread keeps its misses rare (docs/protocol.md, "The
+#: consumer's view").
+CLAIM_WINDOW = 1 << 20
 #: Items found gone in a row, within one claim, that show the view is behind.
 STALE_VIEW = 3
 #: Races lost within one claim after which the item is read (is it finished?).
@@ -194,10 +196,10 @@ class Queue:
         """Try the free items at the head, in random order, until one is ours."""
         gone = taken = 0
         while True:
-            candidates = view.candidates(self._window)
-            if not candidates:
+            candidate = view.pick(self._window)
+            if candidate is None:
                 return None
-            item_id, index, raw = random.choice(candidates)
+            item_id, index, raw = candidate
             view.taken(item_id)
             try:
                 state = self._protocol.claim(item_id, index, raw)
@@ -225,23 +227,27 @@ class Queue:
             view.locked_at(item_id, 0)  # it kept changing under us: after a listing
 
     def _found_gone(self, view: QueueView, item_id: str, gone: int) -> None:
-        """A claim found the item gone (or finished): the view drops it.  The
+        """A claim found the item gone (or finished): the view drops it.  A miss
+        of a quiet view, which does not hear of others' claims; or the
         STALE_VIEW-th within one claim: etcd drops a watcher that cannot keep
-        up, and a busy process may be slow to notice: list again rather than
-        try each item the view still holds."""
+        up, and a busy process may be slow to notice.  Either way the view may
+        list again rather than try each item it still holds."""
         view.finished(item_id)
-        if gone == STALE_VIEW:
-            view.relist(self.etcd.deadline)
+        if view.missed() or gone == STALE_VIEW:
+            view.behind(self.etcd.deadline)
 
     def _lost_race(self, view: QueueView, item_id: str, index: int, taken: int) -> None:
         """Another lock held the item at etcd ``index``: free again once a listing
-        lacks it; the window widens.  The STALE_RACES-th within one claim is read
+        lacks it; the window widens.  A quiet view counts a miss (and may list
+        work/ again).  A watching view reads the STALE_RACES-th within one claim
         (one GET): a finished item's lock is left to expire (F4 skipped), so a
         view that missed completions loses races for them instead of finding
         them gone; then it lists again as above."""
         view.locked_at(item_id, index)
         self._window = min(CLAIM_WINDOW, self._window * 2)
-        if taken == STALE_RACES and self._protocol.left_work(item_id):
+        if view.missed():  # a quiet view: others' claims are news to it
+            view.behind(self.etcd.deadline)
+        elif taken == STALE_RACES and self._protocol.left_work(item_id):
             self._found_gone(view, item_id, STALE_VIEW)
 
     def _ensure_view(self) -> QueueView:

@@ -18,22 +18,30 @@ items without a word); the next round goes to the next member if etcd's was
 at fault, and a claim waits up to its deadline for the first listing.
 
 What is watched.  The whole queue directory shows everything: new items,
-claims (lock create, item CAS), completions (record, item delete, lock
-delete), releases and expiries; but etcd sends each of those 5 events per
-item to every consumer, and that fan-out was the largest cost of a busy
-queue.  So a view watches the whole directory (one stream, so events stay in
-etcd's order) only while its process finds nothing to claim (an outcome
-record hides its item at once; if the finisher's lock expires before the
-item leaves work/, the finisher died after F2, and the item is offered again
-for a claim to finish it).  While it has a backlog of free items it watches
-completed/ only: one event per item, and the one that matters most, since a
-finished item must leave the view.  It
-then learns that an item is taken only by losing the race for it (C1
-"already exists"), and that an item is free again (released, its worker
-dead) from a listing of locks/, made once per lock TTL while it knows of
-taken items, and when a delay lock (a delayed put, a release delay) of an
-item it knows is due: a listing gives each lock's expiry, and no event will
-say it expired.  Each switch subscribes and lists again.
+claims (lock create, item CAS), completions (record, item delete), releases
+and expiries; but etcd sends every event to every watcher, so a watch per
+consumer made an item's cost grow with the number of consumers.  So a view
+watches the whole directory (one stream, so events stay in etcd's order)
+only while its process finds nothing to claim (an outcome record hides its
+item at once; if the finisher's lock expires before the item leaves work/,
+the finisher died after F2, and the item is offered again for a claim to
+finish it).  While it has a backlog of free items it watches nothing (a
+*quiet* view): it learns what others did by missing, when a claim finds its
+item locked (C1 "already exists") or gone (:meth:`QueueView.missed`), and
+lists work/ again once its misses cost about what a listing does
+(:meth:`QueueView.relist_work`).  A taken item is free again (released, its
+worker dead) after a listing of locks/, made once per lock TTL while it
+knows of taken items, and when a delay lock (a delayed put, a release
+delay) of an item it knows is due: a listing gives each lock's expiry.
+locks/ is listed only then and at a view's first listing: it holds about a
+lock TTL's worth of finished items' locks (F4 is not sent).  A view that
+starts watching everything forgets which items are locked instead (see
+:meth:`QueueView._forget_locks`).
+
+Where a claim looks (:meth:`QueueView.pick`).  A lone consumer takes the
+head.  Concurrent ones walk the backlog from random places, jumping after
+each miss, so that they rarely try the same item and stale items cost a
+miss per run rather than per item.
 
 Order.  A lone consumer claims items in put order, whoever put them.  The
 view knows work/ completely up to an etcd index: its listing's, or, while the
@@ -41,12 +49,12 @@ whole directory is watched, the newest event's.  Items put by other processes
 after that index are unknown to it, so an item this process put later
 (:meth:`QueueView.added`) is not offered yet: when only such items are left,
 the view catches up first (:meth:`QueueView.catch_up`): it lists again while
-it watches completed/ only, or waits for their events.  A pipeline stage
+it is quiet, or waits for their events.  A pipeline stage
 that claims one item and puts a follow-up thus lists work/ once per backlog
 it works through (one listing of N items per N claims: about one item's bytes
-per claim), and keeps the cheap watch.  Rejected: also watching work/ while
-this process puts (etcd cannot filter by action: 2 more events per item for
-every consumer, the cost the completed/ watch removed); listing again when an
+per claim), and watches nothing.  Rejected: also watching work/ while this
+process puts (etcd cannot filter by action: 3 events per item for every
+consumer); listing again when an
 own put's index leaves a gap after the newest index known (indexes are global
 to the store: every lock, record, refresh and other queue's write makes a
 gap, so nearly every put would list); not counting own puts as backlog (the
@@ -82,6 +90,7 @@ import calendar
 import json
 import logging
 import math
+import random
 import re
 import threading
 import time
@@ -109,8 +118,17 @@ _RECORDS = ("completed", "failed")
 _WRITTEN = (b"create", b"set", b"update")
 #: Values larger than this are not kept in memory; a claim reads them.
 MAX_CACHED_VALUE = 64 * 1024
-#: Free items that count as a backlog: with that many, only completed/ is watched.
+#: Free items that count as a backlog: with that many, nothing is watched.
 BACKLOG = 32
+#: Items a claim looks at from where it walks (or from the head) before giving up there.
+PROBES = 8
+#: Random places a claim walks from before it falls back to the head of the view.
+JUMPS = 3
+#: About what a miss (a failed lock create) costs etcd, in listed items: a
+#: failed write cost etcd ~260 us of CPU, a listing ~110 us plus ~0.7 us per
+#: item (measured together, bench/README.md).  A quiet view lists work/ again
+#: once its misses cost about what that listing does.
+MISS_COST = 300
 #: Seconds a follower waits after applying events, so that the next come in one block.
 COALESCE = 0.005
 #: Seconds before listing locks/ again when a delay lock was listed due but not yet
@@ -163,7 +181,15 @@ class QueueView:
         self.relists = 0
         self._idle_timeout = idle_timeout
         self._closed = False
-        self._follower = _Follower(self, self._layout.completed, idle_timeout)
+        #: Misses (an item found taken or gone) since the last listing of work/,
+        #: and the free items that listing offered: a quiet view lists again
+        #: when a quarter of them turned out stale.
+        self._misses = 0
+        self._listed_free = 0
+        #: Where a claim walking the backlog goes on from (see pick); None: jump.
+        self._cursor: Optional[str] = None
+        self._listing = False  # a relist_work() is under way
+        self._follower = _Follower(self, None, idle_timeout, list_locks=True)
         self._follower.start()
 
     @property
@@ -181,7 +207,7 @@ class QueueView:
 
     @property
     def watching_locks(self) -> bool:
-        """True while the whole queue directory (locks/ too) is watched, not completed/ only."""
+        """True while the whole queue directory (locks/ too) is watched; False: quiet."""
         return self._follower.directory == self._layout.root
 
     # -- for claimers ----------------------------------------------------------
@@ -230,6 +256,64 @@ class QueueView:
             self._watch(locks=False)
         return found
 
+    def pick(self, window: int) -> Optional[Candidate]:
+        """A free item among the first ``window`` the view holds, marked
+        :meth:`taken` for this claim attempt; or None.
+
+        With a window of more than one (other consumers race for the head),
+        the view walks forward from a random place in it, and jumps to
+        another after each miss (:meth:`missed`): consumers spread over the
+        backlog in runs, so they rarely try the same item, and a quiet view's
+        stale items (taken by others since its listing) cost one miss per
+        run that reaches them rather than one per item.  Never an item put
+        after what the view knows of work/ (see :meth:`candidates`).
+        """
+        for _ in range(JUMPS if window > 1 else 0):
+            with self._cond:
+                found = self._walk(min(window, bisect.bisect_right(
+                    self._free, _id_at(self._known))))
+                if found is not None:
+                    self._trying.setdefault(found[0], -1)
+                    return found
+        while True:
+            head = self.candidates(min(window, PROBES))
+            if not head:
+                return None
+            found = random.choice(head)
+            with self._cond:
+                if self._is_free(found[0]):  # another thread may have taken it since
+                    self._trying.setdefault(found[0], -1)
+                    return found
+
+    def _walk(self, end: int) -> Optional[Candidate]:
+        """The first free item from the cursor on (among the first ``end``)."""
+        if end <= 0:
+            return None
+        if self._cursor is None:
+            self._cursor = self._free[random.randrange(end)]
+        start = bisect.bisect_left(self._free, self._cursor)
+        for item_id in self._free[start:min(end, start + PROBES)]:
+            if self._is_free(item_id) and self._items[item_id][0] <= self._known:
+                self._cursor = item_id
+                index, raw = self._items[item_id]
+                return item_id, index, raw
+        self._cursor = None  # a run of items not free: jump next time
+        return None
+
+    def missed(self) -> bool:
+        """A claim found an item of the view taken or gone.  True when a quiet view
+        should list work/ again: a quarter of what its listing offered was stale
+        (other consumers' claims, which it does not watch)."""
+        with self._cond:
+            self._misses += 1
+            self._cursor = None  # another consumer's run, or a stale one: jump
+            return not self.watching_locks and self._misses >= self.miss_limit
+
+    @property
+    def miss_limit(self) -> int:
+        """Misses after which a quiet view lists work/ again (see MISS_COST)."""
+        return max(1, (self._listed_free + MISS_COST // 2) // MISS_COST)
+
     def catch_up(self, timeout: float) -> bool:
         """After candidates() held back items this process put: learn of every
         item put before them, then True.  False if it held none back.
@@ -252,14 +336,20 @@ class QueueView:
         self._watch(locks=True).wait_listed(timeout)
 
     def check_locks(self) -> None:
-        """List locks/ once per lock TTL while it is not watched and items are taken,
-        and as soon as a delay lock of a known item is due to expire."""
+        """While the view is quiet: list again once per lock TTL while items are
+        taken, and list locks/ as soon as a delay lock of a known item is due.
+
+        A full listing, because a taken item whose lock went may have been
+        finished meanwhile (the view no longer sees records): only work/ tells.
+        """
         with self._cond:
-            now = time.monotonic()
-            due = not self.watching_locks and (
-                (now - self._locks_listed >= self._protocol.lock_ttl and bool(self._locks))
-                or self._next_delay <= now)
-        if due:
+            now, quiet = time.monotonic(), not self.watching_locks
+            stale = quiet and bool(self._locks) and (
+                now - self._locks_listed >= self._protocol.lock_ttl)
+            due = quiet and self._next_delay <= now
+        if stale:
+            self.relist(self._protocol.etcd.deadline, locks=True)
+        elif due:
             self._list_locks()
 
     def taken(self, item_id: str) -> None:
@@ -273,8 +363,8 @@ class QueueView:
 
         A later sign that the lock is gone frees the item: a listing of locks/
         or an event, also one that came while the attempt was under way.  The
-        view may never see that lock's events: it watches completed/ only while
-        it has a backlog.
+        view may never see that lock's events: it watches nothing while it has
+        a backlog.
         """
         with self._cond:
             gone = self._trying.pop(item_id, None)
@@ -331,13 +421,16 @@ class QueueView:
         with self._cond:
             self._forget(item_id)
 
-    def relist(self, timeout: float) -> None:
-        """Subscribe and list again now, and wait (up to ``timeout``) for the listing."""
+    def relist(self, timeout: float, *, locks: bool = False) -> None:
+        """Subscribe and list again now, and wait (up to ``timeout``) for the listing.
+        ``locks``: a quiet view lists locks/ too (see :meth:`_list`)."""
         with self._cond:
             if self._closed:
                 return
+            under_way = not self._ready  # another thread's relist, or the first listing
             self._ready, self._error = False, None
-        self._replace_follower(locks=self.watching_locks)
+        if not under_way:
+            self._replace_follower(locks=self.watching_locks, list_locks=locks)
         self.wait_ready(timeout)
 
     def skip(self, item_id: str, index: int) -> None:
@@ -392,20 +485,21 @@ class QueueView:
         self._follower.stop()
 
     def _watch(self, *, locks: bool) -> "_Follower":
-        """Watch the whole queue directory (``locks``) or completed/ only: its follower."""
+        """Watch the whole queue directory (``locks``), or nothing: its follower."""
         with self._cond:
             if self.watching_locks == locks:
                 return self._follower
         return self._replace_follower(locks=locks)
 
-    def _replace_follower(self, *, locks: bool) -> "_Follower":
+    def _replace_follower(self, *, locks: bool, list_locks: bool = False) -> "_Follower":
         """A new follower (subscribe, list, apply) in place of the current one."""
         with self._cond:
             old = self._follower
             if self._closed:
                 return old
-            directory = self._layout.root if locks else self._layout.completed
-            new = self._follower = _Follower(self, directory, self._idle_timeout)
+            directory = self._layout.root if locks else None
+            new = self._follower = _Follower(self, directory, self._idle_timeout,
+                                             list_locks=list_locks)
         old.stop()
         new.start()
         return new
@@ -455,11 +549,13 @@ class QueueView:
             self._delays.pop(item_id, None)
             self._make_free(item_id)
 
-    def _reconcile_locks(self, index: int, locks: List[Entry]) -> None:
-        """Apply a listing of locks/ taken at ``index``."""
+    def _reconcile_locks(self, index: int, locks: List[Entry], delays: bool = False) -> None:
+        """Apply a listing of locks/ taken at ``index``; ``delays``: free only
+        items whose known delay lock went (the others may have been finished)."""
         listed = {entry.id: entry.index for entry in locks}
         for item_id in [i for i in {**self._locks, **self._trying} if i not in listed]:
-            self._unlocked(item_id, index)
+            if not delays or item_id in self._delays:
+                self._unlocked(item_id, index)
         for item_id, lock_index in listed.items():
             self._locked(item_id, lock_index)
         self._plan_delays(locks)
@@ -481,45 +577,102 @@ class QueueView:
 
     # -- listings and events (follower threads) --------------------------------------
     def _list(self, follower: "_Follower") -> Dict[str, int]:
-        """List work/, then locks/: the etcd index of each listing, by directory.
+        """List work/, and locks/ if the follower says so: the etcd index of
+        each listing, by directory (0: not listed, every event applies).
 
-        Only the current follower's listing is applied: one that was replaced
+        locks/ holds about a lock TTL's worth of finished items' locks (F4 is
+        not sent), which would cost every listing of it; so it is listed only
+        by a quiet view's first listing and its once-per-lock-TTL listing
+        (:meth:`check_locks`).  Otherwise a quiet view keeps what it knows of
+        locks, and a view that starts watching the whole directory forgets
+        it: its events say from now on which items are locked, and a claim
+        of an item locked before shows it (C1's "already exists").  Only
+        the current follower's listing is applied: one that was replaced
         meanwhile must not overwrite what its successor has.
         """
         work_index, work = self._protocol.list("work")
-        fresh = self._lists_locks(follower, work)
-        locks_index, locks = self._protocol.list("locks") if fresh else (work_index, [])
+        locks_index, locks = (self._protocol.list("locks") if follower.list_locks
+                              else (0, []))
         with self._cond:
             if follower is not self._follower:
                 return {}
-            self._items = {e.id: (e.index, _cacheable(e.value)) for e in work}
-            self._free = [e.id for e in work]
-            self._in_free = set(self._free)
-            self._recorded.clear()  # one still in work/ now is one a claim must finish
-            self._orphans.clear()
-            self._known = work_index
-            if fresh:
+            delayed = self._new_delayed(work)
+            self._take_listing(work_index, work)
+            if follower.list_locks:
                 self._reconcile_locks(locks_index, locks)
+            elif follower.directory is not None:
+                self._forget_locks(work_index)
             self._ready, self._error = True, None
-            self.relists += 1
-            self.version += 1
-            self._cond.notify_all()
+        if delayed and not follower.list_locks and follower.directory is None:
+            self._list_locks()
         return {"work": work_index, "locks": locks_index}
 
-    def _lists_locks(self, follower: "_Follower", work: List[Entry]) -> bool:
-        """Whether a listing lists locks/ after work/: always while the whole
-        directory is watched; with completed/ alone, if locks/ was last listed a
-        lock TTL ago, or a new item carries ``"q"`` (a delayed put: its delay lock
-        must be planned, see check_locks).  Otherwise the locks known stand, as
-        between the periodic listings.  Finished items' locks linger in locks/
-        (F4 skipped), so listing it at every catch-up of a pipeline stage cost
-        more than the write F4 saved (bench/README.md, issue 14)."""
+    def _new_delayed(self, work: List[Entry]) -> bool:
+        """Whether a listing of work/ shows an item new to the view that carries
+        ``"q"`` (a delayed put, among others): its delay lock must be planned
+        (see check_locks), so a quiet view lists locks/ too."""
+        return any(entry.id not in self._items and '"q":' in (entry.value or '"q":')
+                   for entry in work)
+
+    def _forget_locks(self, index: int) -> None:
+        """A view that now watches the whole directory, unlisted locks/, forgets
+        which items are locked: each is offered, and a claim of a locked one
+        finds its lock.  An attempt under way counts its item's lock as gone
+        at ``index`` (see :meth:`locked_at`): its lock may have gone before the
+        stream began, where no event will say so."""
+        self._locks.clear()
+        self._delays.clear()
+        self._next_delay = math.inf
+        for item_id, gone in self._trying.items():
+            self._trying[item_id] = max(gone, index)
+
+    def behind(self, timeout: float) -> None:
+        """Claims found the view stale: list again (a quiet view, work/ only)."""
+        if self.watching_locks:
+            self.relist(timeout)
+        else:
+            self.relist_work()
+
+    def relist_work(self) -> None:
+        """A quiet view that missed too often lists work/ again, in the claimer's
+        thread; other claimers meanwhile go on with what the view has.
+
+        Not locks/: a finished item's lock stays there until it expires (F4 is
+        not sent), so locks/ holds about a lock TTL's worth of finished items,
+        which would cost every listing.  The view keeps what it knows of locks
+        (listed once per lock TTL, see :meth:`check_locks`), and learns of newer
+        ones by missing; but it lists locks/ too when a new item may be delayed
+        (:meth:`_new_delayed`), so that it is offered when its delay ends.
+        """
         with self._cond:
-            if follower.directory == self._layout.root or \
-                    time.monotonic() - self._locks_listed >= self._protocol.lock_ttl:
-                return True
-            return any(entry.id not in self._items and '"q":' in (entry.value or '"q":')
-                       for entry in work)
+            if self._listing or self.watching_locks or self._closed:
+                return
+            self._listing, follower = True, self._follower
+        try:
+            index, work = self._protocol.list("work")
+        finally:
+            with self._cond:
+                self._listing = False
+        with self._cond:
+            if follower is not self._follower:
+                return
+            delayed = self._new_delayed(work)
+            self._take_listing(index, work)
+        if delayed:
+            self._list_locks()
+
+    def _take_listing(self, index: int, work: List[Entry]) -> None:
+        """Apply a listing of work/ taken at ``index`` (under the lock)."""
+        self._items = {e.id: (e.index, _cacheable(e.value)) for e in work}
+        self._free = [e.id for e in work]
+        self._in_free = set(self._free)
+        self._recorded.clear()  # one still in work/ now is one a claim must finish
+        self._orphans.clear()
+        self._known = index
+        self._misses, self._listed_free, self._cursor = 0, len(work), None
+        self.relists += 1
+        self.version += 1
+        self._cond.notify_all()
 
     def _list_locks(self) -> None:
         with self._cond:
@@ -529,7 +682,7 @@ class QueueView:
             # A new follower lists locks/ itself; this older listing, applied
             # after its events, could mark an item locked again for good.
             if follower is self._follower:
-                self._reconcile_locks(index, locks)
+                self._reconcile_locks(index, locks, delays=follower.directory is None)
 
     def _apply(self, block: bytes, floors: Dict[str, int], follower: "_Follower") -> None:
         """Apply a block of events, each only if newer than its directory's listing."""
@@ -576,7 +729,7 @@ class QueueView:
         While the whole directory is watched and its finisher's lock is
         there, the item stays known until F3 removes it from work/: if the
         lock expires first, its finisher died between F2 and F3, and a claim
-        must finish the item.  Otherwise (completed/ alone is watched) it is
+        must finish the item.  Otherwise (a quiet view has no events: a stale one) it is
         forgotten; a finisher's crash is then found by the next listing.
         """
         if self._follower.directory != self._layout.root or item_id not in self._items:
@@ -606,11 +759,16 @@ class QueueView:
 
 
 class _Follower:
-    """One watch of the view, in a thread of its own: subscribe, list, apply events."""
+    """One watch of the view, in a thread of its own: subscribe, list, apply events.
 
-    def __init__(self, view: QueueView, directory: str, idle_timeout: float) -> None:
+    ``directory`` None: a quiet view, which lists and watches nothing.
+    """
+
+    def __init__(self, view: QueueView, directory: Optional[str],
+                 idle_timeout: float, *, list_locks: bool = False) -> None:
         self._view = view
         self.directory = directory
+        self.list_locks = list_locks
         self._idle_timeout = idle_timeout
         self._listed = threading.Event()
         self._stop = threading.Event()
@@ -662,6 +820,11 @@ class _Follower:
 
     def _follow(self) -> None:
         """One round: subscribe, list, then apply events until the stream ends."""
+        if self.directory is None:
+            self._view._list(self)
+            self._listed.set()
+            self._stop.wait()
+            return
         stream = self._view._protocol.etcd.stream(self.directory,
                                                   idle_timeout=self._idle_timeout)
         self._stream = stream
@@ -701,6 +864,11 @@ def _expires_in(entry: Entry, wall: float) -> float:
     *fields, fraction = match.groups()
     at = calendar.timegm(tuple(int(field) for field in fields)) + float(fraction or 0)
     return min(max(at - wall, entry.ttl - 1.0), float(entry.ttl))
+
+
+def _id_at(index: int) -> str:
+    """The id etcd gives an item POSTed at ``index``: ids sort as their indexes do."""
+    return f"{index:020d}"
 
 
 def _final(error: Optional[BaseException]) -> bool:

@@ -155,7 +155,7 @@ def test_a_waiting_consumer_gets_a_delayed_item_promptly(
 
 def test_a_consumer_with_a_backlog_gets_a_delayed_item_promptly(
         producer: Queue, consumer: Queue) -> None:
-    """A backlog: the view watches completed/ only, so no event says the delay lock
+    """A backlog: the view watches nothing, so no event says the delay lock
     expired.  It lists locks/ when the lock is due (its listing gave the expiry),
     not once per lock TTL (30 s here)."""
     started = time.monotonic()
@@ -172,7 +172,7 @@ def test_a_consumer_with_a_backlog_frees_its_own_delayed_item_when_due(
     the item locked at once (no event will say so) and lists locks/ when it is due.
     The item sorts after the backlog (FIFO), so the view is asked, not claims."""
     consumer.put_many(range(BACKLOG + 8))
-    consumer.claim().complete()  # the view is up, watching completed/ only
+    consumer.claim().complete()  # the view is up, quiet (no watch)
     started = time.monotonic()
     item_id = consumer.put("later", delay=DELAY)
     view = consumer._view

@@ -1,9 +1,9 @@
 """The consumer's view: what another process writes reaches it, and freed items come back.
 
-A view follows completed/ while it has a backlog, and the whole queue
-directory while its process finds nothing to claim (docs/protocol.md, "The
-consumer's view"); these tests pin down each way an item reaches a consumer
-whose view is already running.
+A view watches nothing while it has a backlog (it learns by missing and
+listing), and the whole queue directory while its process finds nothing to
+claim (docs/protocol.md, "The consumer's view"); these tests pin down each
+way an item reaches a consumer whose view is already running.
 """
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_an_item_whose_race_was_lost_comes_back_when_its_holder_releases_it(
     with Queue(etcd_url, queue_name, lock_ttl=1) as consumer, \
             Queue(etcd_url, queue_name) as holder:
         consumer.put_many(range(BACKLOG + 10))
-        consumer.claim().complete()  # the view is up, with a backlog: it follows completed/
+        consumer.claim().complete()  # the view is up, with a backlog: it is quiet
         held = holder.claim()
         # The consumer hears nothing of that claim; it tries the head, loses the race, and
         # takes the next item instead.
@@ -121,21 +121,24 @@ def test_a_view_that_fell_behind_lists_again_instead_of_trying_each_stale_item(
         while (claim := other.claim()) is not None:
             claim.complete()
         fresh = other.put("fresh")
-        relists = view.relists
+        relists, limit = view.relists, view.miss_limit
         consumer.etcd.requests.clear()
         claim = consumer.claim(timeout=5)
         assert claim is not None and claim.id == fresh
         assert view.relists == relists + 1
         # Not one try for each of the ten finished items the view still held, but
-        # a few, then the fresh one (lock create, item CAS).  With F4 sent, three
-        # are found gone (lock create, item CAS; its lock dropped).  With their
-        # finishers' locks left to expire (issue 14), each is a lost race (a lock
-        # create refused), and the sixth is read: finished.  The relist lists work/
-        # alone (one GET): locks/ was listed less than a lock TTL ago.
+        # ``limit`` (the view is quiet: it lists work/ again once its misses cost
+        # what that listing does), then the fresh one (lock create, item CAS).
+        # With F4 sent, each miss finds the item gone (lock create, item CAS; its
+        # lock dropped).  With their finishers' locks left to expire (issue 14),
+        # each is a lost race (a lock create refused).  The relist lists work/
+        # alone (one GET).
+        assert limit < 10
         if lock_ttl <= 60:
-            assert dict(consumer.etcd.requests) == {"PUT": STALE_RACES + 2, "GET": 1 + 1}
+            assert dict(consumer.etcd.requests) == {"PUT": limit + 2, "GET": 1}
         else:
-            assert dict(consumer.etcd.requests) == {"PUT": 3 * 2 + 2, "DELETE": 3, "GET": 1}
+            assert dict(consumer.etcd.requests) == {"PUT": limit * 2 + 2, "DELETE": limit,
+                                                    "GET": 1}
 
 
 # -- issue 11 -----------------------------------------------------------------------
@@ -162,7 +165,7 @@ def test_an_item_whose_race_was_lost_during_a_relist_comes_back_when_its_lock_go
     with FaultProxy.to(etcd_url) as proxy, Queue(proxy.url, queue_name) as consumer, \
             Queue(etcd_url, queue_name, lock_ttl=1) as holder:
         item_id = holder.put("contended")
-        view = consumer._ensure_view()  # it lists the item, free; it follows completed/ only
+        view = consumer._ensure_view()  # it lists the item, free; it watches nothing
         held = holder.claim()
         assert held.id == item_id and not view.watching_locks
         # The consumer tries the item (it heard nothing of that claim) and loses the race:
@@ -252,7 +255,7 @@ def test_a_consumer_that_also_puts_claims_other_producers_items_in_put_order(
         assert set(foreign) <= set(claimed), "another producer's items were never claimed"
         assert claimed == sorted(claimed), "not claimed in put order"
         view = stage._view
-        # Still the cheap watch (completed/ only), and a listing per backlog, not per put.
+        # Still quiet (no watch), and a listing per backlog, not per put.
         assert not view.watching_locks
         assert view.relists <= 2 + len(claimed) // BACKLOG
 
@@ -398,3 +401,57 @@ def test_the_view_reports_an_unexpected_exception_and_keeps_following(
             got.append(claim.id)
             claim.complete()
         assert got == [first, second]
+
+
+# -- issue 14: a view with a backlog watches nothing ----------------------------------
+
+
+def watch_requests(proxy: FaultProxy) -> List[bytes]:
+    return [line for line in proxy.requests if b"wait=true" in line]
+
+
+def test_a_consumer_with_a_backlog_holds_no_watch(etcd_url: str, queue_name: str) -> None:
+    """etcd sends every event of a watched directory to every watcher, so a watch per
+    consumer made an item's cost grow with the number of consumers.  With a backlog
+    a view watches nothing; others' completions reach it as misses and listings."""
+    with FaultProxy.to(etcd_url) as proxy, Queue(proxy.url, queue_name) as consumer, \
+            Queue(etcd_url, queue_name) as other:
+        other.put_many(range(BACKLOG + 40))
+        consumer.claim().complete()
+        for _ in range(20):
+            other.claim().complete()
+        for _ in range(BACKLOG):
+            claim = consumer.claim()
+            assert claim is not None
+            claim.complete()
+        assert watch_requests(proxy) == []
+        assert not consumer._view.watching_locks
+
+
+def test_a_quiet_view_lists_work_again_after_a_few_misses_and_not_locks(
+        etcd_url: str, queue_name: str) -> None:
+    """Another consumer finished most of what the view listed.  The view finds that out
+    by missing (view.miss_limit tries at most), then lists work/ only: locks/ holds every
+    finished item's lock until it expires, so listing it would cost every relist."""
+    with FaultProxy.to(etcd_url) as proxy, Queue(proxy.url, queue_name) as consumer, \
+            Queue(etcd_url, queue_name) as other:
+        ids = other.put_many(range(BACKLOG + 40))
+        first = consumer.claim()  # the view lists the whole backlog
+        view = consumer._view
+        relists = view.relists
+        done = {first.id}
+        first.complete()
+        while len(done) < len(ids) - 8:
+            claim = other.claim()
+            done.add(claim.id)
+            claim.complete()
+        proxy.requests.clear()
+        claim = consumer.claim()
+        assert claim is not None and claim.id not in done
+        claim.complete()
+        listings = [line for line in proxy.requests if line.startswith(b"GET ")]
+        lock_tries = [line for line in proxy.requests
+                      if line.startswith(b"PUT ") and b"/locks/" in line]
+        assert view.relists == relists + 1, proxy.requests
+        assert len(listings) == 1 and b"/work" in listings[0], listings
+        assert len(lock_tries) <= view.miss_limit + 1, lock_tries
