@@ -327,6 +327,12 @@ def test_a_worker_counts_its_items_by_outcome_and_serves_them(
     worker.stop(grace=False)
     thread.join(BOUND)
     stats = outcome["returned"]
+    # A view with a backlog watches nothing: make this one start watching (a claim
+    # that finds nothing free), so that a watch is counted too.
+    again = queue.claim(timeout=0)  # the held item, released by the forced stop
+    assert again is not None and again.payload == "hold"
+    again.complete()
+    assert queue.claim(timeout=0) is None
     done = scrape(url)  # served until close(), after run() too
     assert worker_items(done, queue_name) == {"completed": 2, "failed": 1, "lost": 0,
                                               "released": 1} == vars(stats)
