@@ -1150,9 +1150,7 @@ class Protocol:
                     self._let_go(item_id, lock)
                 raise
             if not cancelled or (took_over and self.locks_linger):
-                # K4 leaves a lock of lock_ttl to expire (LINGER_MAX); one taken
-                # over from a delay lock may have hours left (a backoff, a delay).
-                self._let_go(item_id, lock)
+                self._let_go(item_id, lock)  # K4 kept a taken-over delay lock: hours of TTL
             if cancelled is not None:
                 return cancelled
             log.info("the cancel of item %s of %s lost its lock before committing (it "
