@@ -173,6 +173,7 @@ class Queue:
         deadline = None if timeout is None else time.monotonic() + timeout
         view = self._ensure_view()
         view.check_locks()
+        looked_again = False
         while True:
             version = view.version
             claim = self._claim_from(view)
@@ -185,10 +186,12 @@ class Queue:
             # Nothing free: follow locks/ from now on.  Its first listing may
             # show items freed meanwhile: wait for it (one request's timeout).
             view.starved(self.etcd.timeout)
-            if view.version != version:
-                continue
             remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
+            over = remaining is not None and remaining <= 0
+            if view.version != version and not (over and looked_again):
+                looked_again = over  # past the deadline, one more look, not a loop
+                continue
+            if over:
                 return None
             view.wait_for_change(version, remaining)
 

@@ -33,10 +33,10 @@ lists work/ again once its misses cost about what a listing does
 worker dead) after a listing of locks/, made once per lock TTL while it
 knows of taken items, and when a delay lock (a delayed put, a release
 delay) of an item it knows is due: a listing gives each lock's expiry.
-locks/ is listed only then and at a view's first listing: it holds about a
-lock TTL's worth of finished items' locks (F4 is not sent).  A view that
-starts watching everything forgets which items are locked instead (see
-:meth:`QueueView._forget_locks`).
+A quiet view lists locks/ only then, at its first listing, and when a new
+item may be delayed: locks/ holds about a lock TTL's worth of finished
+items' locks (F4 is not sent).  A view that starts watching everything
+lists it too: its events only say what changes from then on.
 
 Where a claim looks (:meth:`QueueView.pick`).  A lone consumer takes the
 head.  Concurrent ones walk the backlog from random places, jumping after
@@ -392,17 +392,21 @@ class QueueView:
         """This process put a delayed item: offer it once its delay lock, created
         at ``lock_index``, expires in about ``ttl`` seconds.
 
-        A view that knows of etcd's writes past that index saw the lock come
-        (and maybe go) itself.
+        A watching view that knows of etcd's writes past that index saw the
+        lock come (and maybe go) itself.  A quiet view may have listed the item
+        (a relist of work/ between D2 and now) but never the lock: it always
+        notes the lock and when it is due.
         """
         with self._cond:
-            if not self._ready or index <= self._items.get(item_id, (0, None))[0]:
+            known = index <= self._items.get(item_id, (0, None))[0]
+            if not self._ready or (known and self.watching_locks):
                 return  # the next listing has it; or it is known (or finished) already
-            if lock_index > self._known:
+            if lock_index > self._known or not self.watching_locks:
                 self._locked(item_id, lock_index)
             self._delays[item_id] = time.monotonic() + ttl
             self._next_delay = min(self._next_delay, self._delays[item_id])
-            self._apply_item(item_id, index, raw)
+            if not known:
+                self._apply_item(item_id, index, raw)
 
     def released(self, item_id: str) -> None:
         """A claim of this process released the item: offer it before etcd's event arrives."""
@@ -557,9 +561,11 @@ class QueueView:
             if not delays or item_id in self._delays:
                 self._unlocked(item_id, index)
         for item_id, lock_index in listed.items():
-            self._locked(item_id, lock_index)
+            if item_id in self._items:  # not the lingering locks of finished items
+                self._locked(item_id, lock_index)
         self._plan_delays(locks)
-        self._locks_listed = time.monotonic()
+        if not delays:  # a delays-only listing leaves the other taken items as they were
+            self._locks_listed = time.monotonic()
 
     def _plan_delays(self, locks: List[Entry]) -> None:
         """Note when etcd expires each listed delay lock of a known item, so that
@@ -581,14 +587,13 @@ class QueueView:
         each listing, by directory (0: not listed, every event applies).
 
         locks/ holds about a lock TTL's worth of finished items' locks (F4 is
-        not sent), which would cost every listing of it; so it is listed only
-        by a quiet view's first listing and its once-per-lock-TTL listing
-        (:meth:`check_locks`).  Otherwise a quiet view keeps what it knows of
-        locks, and a view that starts watching the whole directory forgets
-        it: its events say from now on which items are locked, and a claim
-        of an item locked before shows it (C1's "already exists").  Only
-        the current follower's listing is applied: one that was replaced
-        meanwhile must not overwrite what its successor has.
+        not sent), which would cost every listing of it; so a quiet view lists
+        it only at its first listing and once per lock TTL (:meth:`check_locks`),
+        and keeps what it knows of locks otherwise.  A view that starts
+        watching the whole directory lists it: its events say only what
+        changes from then on.  Only the current follower's listing is
+        applied: one that was replaced meanwhile must not overwrite what its
+        successor has.
         """
         work_index, work = self._protocol.list("work")
         locks_index, locks = (self._protocol.list("locks") if follower.list_locks
@@ -600,8 +605,6 @@ class QueueView:
             self._take_listing(work_index, work)
             if follower.list_locks:
                 self._reconcile_locks(locks_index, locks)
-            elif follower.directory is not None:
-                self._forget_locks(work_index)
             self._ready, self._error = True, None
         if delayed and not follower.list_locks and follower.directory is None:
             self._list_locks()
@@ -613,18 +616,6 @@ class QueueView:
         (see check_locks), so a quiet view lists locks/ too."""
         return any(entry.id not in self._items and '"q":' in (entry.value or '"q":')
                    for entry in work)
-
-    def _forget_locks(self, index: int) -> None:
-        """A view that now watches the whole directory, unlisted locks/, forgets
-        which items are locked: each is offered, and a claim of a locked one
-        finds its lock.  An attempt under way counts its item's lock as gone
-        at ``index`` (see :meth:`locked_at`): its lock may have gone before the
-        stream began, where no event will say so."""
-        self._locks.clear()
-        self._delays.clear()
-        self._next_delay = math.inf
-        for item_id, gone in self._trying.items():
-            self._trying[item_id] = max(gone, index)
 
     def behind(self, timeout: float) -> None:
         """Claims found the view stale: list again (a quiet view, work/ only)."""
@@ -768,7 +759,10 @@ class _Follower:
                  idle_timeout: float, *, list_locks: bool = False) -> None:
         self._view = view
         self.directory = directory
-        self.list_locks = list_locks
+        #: A watching follower always lists locks/: its events say only what
+        #: changes from now on, and a view that forgot which items are locked
+        #: tried each of them whenever it started watching (review rv6).
+        self.list_locks = list_locks or directory is not None
         self._idle_timeout = idle_timeout
         self._listed = threading.Event()
         self._stop = threading.Event()
