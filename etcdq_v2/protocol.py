@@ -474,7 +474,10 @@ class Protocol:
             rest = items[len(placed):]
             results = self.etcd.post_many(self.layout.work, [raw for raw, _ in rest],
                                           lanes=in_flight, depth=1)
-            placed += self._settled(rest, results)
+            settled = self._settled(rest, results)
+            if not settled:  # post_many sends at least one POST a round, or raises
+                raise Unavailable(f"no put to {self.layout.work} was sent")
+            placed += settled
         return placed
 
     def _settled(self, items: Sequence[Tuple[str, str]],
