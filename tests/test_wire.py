@@ -27,7 +27,7 @@ from hypothesis import given, settings, strategies as st
 from etcdq_v2 import ConfigError, Unavailable
 from etcdq_v2.errors import AmbiguousWrite, CompareFailed
 from etcdq_v2.transport import _FORM_QUOTING, _PATH_QUOTING, Transport, _path, _quote
-from etcdq_v2.wire import Connection, Lost, Member, NotSent, Response
+from etcdq_v2.wire import Connection, Lost, Member, NotSent, Response, tls_context
 
 from helpers import wait_until
 
@@ -734,6 +734,24 @@ def test_a_pipeline_answers_each_request_in_order_on_its_lanes(servers) -> None:
         assert all(seconds >= 0 for _, seconds in piped)
     assert echo.connections == 3  # kept alive, and used again by the second pipeline
     assert [r.path for r in echo.requests if r.method == b"GET"] == [b"/version"] * 3
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_pipeline_reads_replies_that_came_in_one_piece(
+        servers, pki: dict, scheme: str) -> None:
+    """Two replies in one write come in one read: a poll of the socket then shows
+    nothing for the second, which the lane must take from its buffer."""
+    def answer(request: Request) -> bytes:
+        if request.method != b"POST":
+            return ok()
+        number = int(request.body[6:])
+        return b"" if number % 2 == 0 else ok(b"%d" % (number - 1)) + ok(b"%d" % number)
+    tls = scheme == "https"
+    echo = servers(answer, tls=server_tls(pki) if tls else None)
+    member = Member(echo.url, tls=tls_context(pki["ca"], None, None) if tls else None,
+                    username=None, password=None)
+    piped = member.pipeline(_posts(10), 2.0, lanes=1, depth=2)
+    assert [reply.body for reply, _ in piped] == [b"%d" % n for n in range(10)]
 
 
 def test_a_pipeline_sends_nothing_more_after_a_connection_fails(servers) -> None:
