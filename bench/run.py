@@ -28,7 +28,7 @@ if __package__ in (None, ""):
     # package imports, and spawned worker processes import them by that name.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import measure, plot, report  # noqa: E402
+from bench import measure, plot, producers, report  # noqa: E402
 from bench.designs import DESIGNS, ETCDQ, Target  # noqa: E402
 from bench.servers import ZooKeeperUnavailable, etcd_server, zookeeper_server  # noqa: E402
 from etcdq_v2.server import etcd_version, find_etcd_binary  # noqa: E402
@@ -37,6 +37,7 @@ from etcdq_v2.server import etcd_version, find_etcd_binary  # noqa: E402
 CONTENTION_DESIGNS = ("literal", ETCDQ)
 #: Prefixes of the row names in Results.skipped: which table a skipped row belongs to.
 RAW, DRAIN, CLAIM_COST, WAKE = "raw write rate: ", "drain: ", "claim cost: ", "wake latency: "
+PRODUCERS = "producers: "
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Plan:
     etcdq_lengths: Tuple[int, ...] = (1_000, 10_000, 100_000)
     wrk_connections: int = 64
     wake_puts: int = 50
+    producer_items: int = 10_000
 
     @classmethod
     def choose(cls, quick: bool, full: bool, repeats: Optional[int]) -> "Plan":
@@ -80,6 +82,7 @@ class Results:
     drains: List[measure.DrainRun] = field(default_factory=list)
     claim_costs: List[measure.ClaimCostRun] = field(default_factory=list)
     wakes: List[measure.WakeRun] = field(default_factory=list)
+    producers: List[producers.ProducerRun] = field(default_factory=list)
     skipped: Dict[str, str] = field(default_factory=dict)  # row name -> why it did not run
 
     def skipped_in(self, section: str) -> Dict[str, str]:
@@ -184,15 +187,22 @@ def run_wake(plan: Plan, workdir: Path, results: Results) -> None:
                 measure.wake_latency(server.url, f"wake-{repeat}", plan.wake_puts, plan.idle_s))
 
 
-#: Every section, in the order they run; ``--only`` picks some by name.
+def run_producers(plan: Plan, workdir: Path, results: Results) -> None:
+    with row(results, PRODUCERS + ETCDQ), etcd_server(workdir) as server:
+        results.producers += producers.measure(server.url, server.pid, plan.producer_items,
+                                               plan.repeats, progress)
+
+
+#: The sections, in the order they run: ``--only`` names them.
 SECTIONS: Dict[str, Callable[[Plan, Path, Results], None]] = {
-    "raw": run_raw, "drains": run_drains, "claims": run_claim_costs, "wake": run_wake}
+    "raw": run_raw, "drains": run_drains, "claim-cost": run_claim_costs, "wake": run_wake,
+    "producers": run_producers}
 
 
 # -- output ----------------------------------------------------------------------------------
 
 def tables(plan: Plan, results: Results) -> List[Tuple[str, str]]:
-    """(title, markdown table) for every section, in the order they are printed."""
+    """(title, markdown table) for the core sections that ran, in the order printed."""
     drains = [run for run in results.drains if run.consumers in plan.drain_consumers]
     contention = [run for run in results.drains if run.consumers in plan.contention_consumers
                   and DESIGNS[run.design].backend == "etcd"]
@@ -220,11 +230,26 @@ def tables(plan: Plan, results: Results) -> List[Tuple[str, str]]:
          lambda: report.scale_targets_table(results.drains, plan.scale_consumers)),
     ]
     # A section not run (``--only``) has no table.
-    printed = [(title, build()) for title, ran, build in sections if ran]
+    return [(title, build()) for title, ran, build in sections if ran]
+
+
+def producer_tables(plan: Plan, results: Results) -> List[Tuple[str, str]]:
+    """The producers section's tables (bench/producers.py): the rates, and target 4."""
+    if not results.producers:
+        return []
+    return [(f"Producers: {plan.producer_items:,} items from one process",
+             producers.table(results.producers)),
+            ("Target 4 of issue 14 (producers)", producers.target_table(results.producers))]
+
+
+def chosen_tables(plan: Plan, results: Results, ran: Sequence[str]) -> List[Tuple[str, str]]:
+    """The tables of the sections that ran, and the rows not measured."""
+    sections = tables(plan, results)
+    sections += producer_tables(plan, results)
     if results.skipped:
-        printed.append(("Not measured", report.markdown_table(
+        sections.append(("Not measured", report.markdown_table(
             ["row", "why"], [[name, why] for name, why in results.skipped.items()])))
-    return printed
+    return sections
 
 
 def metadata(plan: Plan, argv: Sequence[str], seconds: float) -> Dict[str, Any]:
@@ -246,11 +271,13 @@ def write_outputs(out: Path, results: Results, printed: str,
     raw = {"meta": meta, "skipped": results.skipped, "raw_write_rate": results.raw,
            "drains": [asdict(run) for run in results.drains],
            "claim_costs": [asdict(run) for run in results.claim_costs],
-           "wakes": [asdict(run) for run in results.wakes]}
+           "wakes": [asdict(run) for run in results.wakes],
+           "producers": [asdict(run) for run in results.producers]}
     written = [out / "results.json", out / "tables.md"]
     written[0].write_text(json.dumps(raw, indent=1) + "\n")
     written[1].write_text(printed)
-    note = plot.draw(results.drains, results.claim_costs, out / "bench.png")
+    note = plot.draw(results.drains, results.claim_costs, out / "bench.png") \
+        if results.drains or results.claim_costs else "no drains measured: no PNG"
     if note:
         print(f"\n_{note}_")
     else:
@@ -270,14 +297,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="directory for results.json, tables.md, bench.png")
     parser.add_argument("--keep", action="store_true",
                         help="keep the servers' data directories and logs")
-    parser.add_argument("--only", metavar="SECTION[,SECTION...]",
-                        help=f"run only these sections: {', '.join(SECTIONS)}")
-    args = parser.parse_args(argv)
-    unknown = set(args.only.split(",")) - set(SECTIONS) if args.only else set()
-    if unknown:
-        parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; "
-                     f"known: {', '.join(SECTIONS)}")
-    return args
+    parser.add_argument("--only", action="append", choices=list(SECTIONS), metavar="SECTION",
+                        help=f"run only this section (again for more): {', '.join(SECTIONS)}")
+    return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -287,13 +309,13 @@ def main(argv: Sequence[str]) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="etcdq-bench-"))
     results = Results()
     try:
-        for name, section in SECTIONS.items():
-            if args.only and name not in args.only.split(","):
-                continue
+        ran = [name for name in SECTIONS if not args.only or name in args.only]
+        for name in ran:
             progress(f"section: {name}")
-            section(plan, workdir, results)
+            SECTIONS[name](plan, workdir, results)
         meta = metadata(plan, argv, time.monotonic() - began)
-        printed = "".join(f"### {title}\n\n{table}\n\n" for title, table in tables(plan, results))
+        printed = "".join(f"### {title}\n\n{table}\n\n"
+                          for title, table in chosen_tables(plan, results, ran))
         printed += (f"_`{meta['command']}`: {meta['wall_seconds']:.0f} s, etcd {meta['etcd']}, "
                     f"Python {meta['python']}, {meta['machine']}._\n")
         print(printed, end="", flush=True)

@@ -20,6 +20,16 @@ put
     before F1).  Stored payloads are written back unchecked (C2, C3, R0, F1,
     F2, Q1, Q3, K3): one that decoded is ours, however deep.
 
+put_many(in_flight=N), N > 1
+    P1 for each item, N POSTs awaiting etcd at once, each on a connection of
+    its own, sent in the order given; an item goes only once the one N places
+    before it was stored, so none is stored before one given N or more places
+    earlier (etcd orders the POSTs in flight).  noValueOnSuccess: the name is
+    the reply's X-Etcd-Index.  At the first failure nothing more is sent; the
+    POSTs in doubt (no reply) are looked for by token, in one pass (not found
+    -> Unavailable); then the rest follows.  Nothing is resent.  One POST per
+    connection: a connection cut mid-reply holds one POST, which etcd applied.
+
 delayed put (delay > 0)
     D1. POST ``locks/`` with ttl=delay (whole seconds, rounded up) and a delay
         lock {node, put token, "d"}; etcd names it ``locks/<m>``.  A lost
@@ -228,7 +238,8 @@ import logging
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple,
+                    Union)
 
 from .codec import (Item, Junk, Lock, Record, check_depth, new_token, tombstone,
                     tombstone_token)
@@ -236,7 +247,7 @@ from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, 
                      EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
                      Unavailable)
 from .keys import DIRS, Layout, check_item_id, check_prefix, is_queue_name
-from .transport import EventStream, Node, Transport, UndecodableReply
+from .transport import EventStream, Node, Reply, Transport, UndecodableReply
 
 log = logging.getLogger("etcdq_v2.protocol")
 
@@ -250,6 +261,10 @@ CANCELLED = "cancelled"
 #: (HTTP 400) and mishandles those from about 9.2e9 s, which overflow its
 #: nanosecond clock: such a key never expires, or expires at a wrong time.
 MAX_TTL = 2**31 - 1
+
+#: The most POSTs a put_many may have in flight at once (``in_flight``): one
+#: connection each (Protocol.post_items).
+MAX_IN_FLIGHT = 64
 
 #: Seconds a requeued dead letter stays as a tombstone, so that a late copy of
 #: its F2 (held by a frozen member) finds the key taken instead of re-creating it.
@@ -366,6 +381,16 @@ def delay_ttl(delay: Optional[float]) -> int:
     return ttl_seconds(delay) if delay > 0 else 0
 
 
+def in_flight_count(in_flight: int) -> int:
+    """put_many's ``in_flight``: InvalidArgument unless a whole number from 1 to
+    MAX_IN_FLIGHT."""
+    if isinstance(in_flight, bool) or not isinstance(in_flight, int) \
+            or not 1 <= in_flight <= MAX_IN_FLIGHT:
+        raise InvalidArgument(f"in_flight must be a whole number from 1 to {MAX_IN_FLIGHT}, "
+                              f"not {in_flight!r}")
+    return in_flight
+
+
 def queue_names(transport: Transport, prefix: str) -> List[str]:
     """The queues under ``prefix``: a plain (not recursive) GET of its directory,
     whose children are listed without their contents.  Only directories whose
@@ -435,11 +460,79 @@ class Protocol:
 
     def find_put(self, token: str) -> Optional[Tuple[str, int]]:
         """(id, index) of the item put with ``token``, wherever it is now."""
+        return self.find_puts({token}).get(token)
+
+    def find_puts(self, tokens: Set[str]) -> Dict[str, Tuple[str, int]]:
+        """(id, index) of each item put with one of ``tokens`` that is stored now:
+        one pass over the quorum listings, whatever the number of tokens."""
+        found: Dict[str, Tuple[str, int]] = {}
         for kind in ("work", COMPLETED, FAILED):
             for entry, decoded in self.decoded(kind):
-                if decoded.token == token:
-                    return entry.id, entry.index if kind == "work" else 0
-        return None
+                if decoded.token in tokens and decoded.token not in found:
+                    found[decoded.token] = (entry.id, entry.index if kind == "work" else 0)
+            if len(found) == len(tokens):
+                break
+        return found
+
+    def post_items(self, items: Sequence[Tuple[str, str]], in_flight: int
+                   ) -> List[Tuple[str, int]]:
+        """P1 for many items at once: (id, index) of each (raw, token), in that order.
+
+        The POSTs go out in the order given, ``in_flight`` at a time, each on
+        a connection of its own; each is sent only once the one ``in_flight``
+        places before it was stored, so no item is stored before one given
+        ``in_flight`` or more places earlier.  At a failure nothing more is
+        sent until the POSTs in doubt are settled as P1 settles one: by
+        looking for their tokens, all in one pass (found: stored; not found:
+        Unavailable).  Then the rest follows.
+        """
+        placed: List[Tuple[str, int]] = []
+        while len(placed) < len(items):
+            rest = items[len(placed):]
+            results = self.etcd.post_many(self.layout.work, [raw for raw, _ in rest],
+                                          lanes=in_flight, depth=1)
+            settled = self._settled(rest, results)
+            if not settled:  # post_many sends at least one POST a round, or raises
+                raise Unavailable(f"no put to {self.layout.work} was sent")
+            placed += settled
+        return placed
+
+    def _settled(self, items: Sequence[Tuple[str, str]],
+                 results: List[Union[Reply, EtcdqError, None]]) -> List[Tuple[str, int]]:
+        """The places of one round's items, up to the first that was not sent."""
+        places: List[Optional[Tuple[str, int]]] = []
+        doubts: Dict[str, int] = {}  # put token -> position in places
+        for (_, token), result in zip(items, results):
+            if result is None:
+                break
+            if isinstance(result, AmbiguousWrite) or (isinstance(result, Reply)
+                                                      and not result.index):
+                doubts[token] = len(places)  # a success without X-Etcd-Index: looked for too
+                places.append(None)
+            elif isinstance(result, EtcdqError):
+                raise result
+            else:  # etcd names an in-order key by the POST's index, in 20 digits
+                places.append((f"{result.index:020d}", result.index))
+        for token, place in self._find_doubts(doubts, results).items():
+            places[doubts[token]] = place
+        return [place for place in places if place is not None]
+
+    def _find_doubts(self, doubts: Dict[str, int], results: Sequence[object]
+                     ) -> Dict[str, Tuple[str, int]]:
+        """Where the POSTs in doubt are stored; Unavailable if any is not found."""
+        if not doubts:
+            return {}
+        found = self.find_puts(set(doubts))
+        missing = len(doubts) - len(found)
+        if missing:
+            first = results[min(p for t, p in doubts.items() if t not in found)]
+            why = first if isinstance(first, Exception) else "a reply without its index"
+            raise Unavailable(
+                f"{missing} of the puts to {self.layout.work} may or may not be stored "
+                f"({why}): not found in the queue{self._may_have_expired()}, but a delayed "
+                "request could still add them, once each")
+        log.info("%d puts whose replies were lost were stored", len(found))
+        return found
 
     def new_item(self, payload: Any, *, delayed: bool = False) -> Item:
         """A new item for P1, or for D2 (``delayed``): marked ``q``, so that its

@@ -26,7 +26,7 @@ from .errors import ConfigError, InvalidArgument, NotFound, Unavailable, public_
 from .keys import Layout, check_item_id
 from .overview import DEAD_LETTERS, QueueOverview, overview
 from .protocol import (COMPLETED, FAILED, MAX_TTL, Entry, Gone, Protocol, Taken, delay_ttl,
-                       item_fields, lock_states, ttl_seconds)
+                       in_flight_count, item_fields, lock_states, ttl_seconds)
 from .transfer import export_lines, guarded, import_lines
 from .transport import EventStream, Transport, connect
 from .view import QueueView
@@ -56,6 +56,9 @@ STALE_RACES = 2 * STALE_VIEW
 DEFAULT_MAX_ATTEMPTS = 10
 #: Seconds a completion record is kept: a day.  Dead letters are kept until purged.
 DEFAULT_COMPLETED_TTL = 24 * 3600
+#: Items put_many(in_flight > 1) hands to Protocol.post_items at a time: it
+#: offers them to the view and reports their progress between chunks.
+PUT_CHUNK = 1000
 #: Seconds a wait() keeps a quiet stream before it watches again: a member that
 #: vanished without closing the connection is noticed within this.
 WAIT_IDLE = 60.0
@@ -140,31 +143,61 @@ class Queue:
 
     @public_errors()
     def put_many(self, payloads: Iterable[Any], *, delay: Optional[float] = None,
-                 progress: Optional[Callable[[], Any]] = None) -> List[str]:
-        """Add items in order; every payload is checked before the first is written.
+                 progress: Optional[Callable[[], Any]] = None,
+                 in_flight: int = 1) -> List[str]:
+        """Add items; their ids, in the order given.  Every payload is checked
+        before the first is written.
+
+        ``in_flight``: how many puts may await etcd at once.  1 (the default)
+        stores the items strictly in the order given, one round trip each.
+        More go faster, since etcd commits the writes in flight together
+        (on loopback, 3.6x with 16 and 5x with 64 when the CPU is not busy:
+        bench/README.md), and keep the order
+        to within that many places: no item is stored (nor claimed by a lone
+        consumer) before one given ``in_flight`` or more places earlier.
+        Items are claimed in the order etcd stored them, which is their ids'
+        order.  A reply lost on the way is settled by reading the queue, as
+        for :meth:`put`: no item is ever stored twice.  If put_many raises,
+        every item given before the first one that failed is stored, that one
+        may be, and so may up to ``in_flight`` - 1 after it.
 
         With ``delay`` (seconds, > 0) no item can be claimed before that time
         has passed on etcd's clock, counted from its own put; it is rounded up
         to whole seconds and etcd expires its lock up to 0.5 s late.  None or
         0: claimable at once.  Items put later without a delay are not held up.
-        ``progress`` is called after each item is written (a progress display).
+        Delayed items are put one at a time, whatever ``in_flight`` says.
+        ``progress`` is called after each item is written (a progress display;
+        with ``in_flight`` > 1, in bursts).
         """
         ttl = delay_ttl(delay)
+        lanes = in_flight_count(in_flight)
         encoded = [(item.encode(self._protocol.max_payload), item.token)
                    for item in (self._protocol.new_item(p, delayed=bool(ttl)) for p in payloads)]
+        if ttl or lanes == 1 or len(encoded) == 1:
+            return [self._put_one(raw, token, ttl, progress) for raw, token in encoded]
         ids = []
-        for raw, token in encoded:
-            if ttl:
-                item_id, index, locked = self._protocol.put_delayed(raw, token, ttl)
-                if self._view is not None:
-                    self._view.delayed(item_id, index, raw, locked, ttl)
-            else:
-                item_id, index = self._protocol.post_item(raw, token)
+        for start in range(0, len(encoded), PUT_CHUNK):
+            chunk = encoded[start:start + PUT_CHUNK]
+            for (raw, _), (item_id, index) in zip(chunk, self._protocol.post_items(chunk, lanes)):
                 self._offer(item_id, index, raw)
-            ids.append(item_id)
-            if progress is not None:
-                progress()
+                ids.append(item_id)
+                if progress is not None:
+                    progress()
         return ids
+
+    def _put_one(self, raw: str, token: str, ttl: int,
+                 progress: Optional[Callable[[], Any]]) -> str:
+        """P1, or D1-D2 with a delay lock of ``ttl`` seconds: one item, its id."""
+        if ttl:
+            item_id, index, locked = self._protocol.put_delayed(raw, token, ttl)
+            if self._view is not None:
+                self._view.delayed(item_id, index, raw, locked, ttl)
+        else:
+            item_id, index = self._protocol.post_item(raw, token)
+            self._offer(item_id, index, raw)
+        if progress is not None:
+            progress()
+        return item_id
 
     # -- consuming -----------------------------------------------------------------
     @public_errors()

@@ -17,6 +17,8 @@ the configuration (:meth:`Transport.from_client`) — and sends requests itself:
   or "compare failed" as possibly its own earlier attempt;
 * a POST whose outcome is unknown raises :class:`AmbiguousWrite`; the
   protocol resolves it by looking for the item's token (never a blind resend);
+  :meth:`Transport.post_many` sends many POSTs at once and returns each one's
+  outcome, AmbiguousWrite for those in doubt, the same way;
 * members are rotated under a lock, so many threads may share one Transport;
 * observers (:meth:`Transport.add_observer`) are told of every request: its
   method, its time and how it failed, which is what metrics count.
@@ -256,6 +258,65 @@ class Transport:
         body = f"value={_quote(value, _FORM_QUOTING)}"
         return self._call("POST", key, body=body if ttl is None else f"{body}&ttl={ttl}")
 
+    def post_many(self, key: str, values: Sequence[str], *, lanes: int, depth: int
+                  ) -> List[Union[Reply, EtcdqError, None]]:
+        """POST each value under ``key`` (in-order keys), several in flight, in order.
+
+        They travel as :meth:`wire.Member.pipeline` sends them: on ``lanes``
+        connections, ``depth`` awaiting their replies on each.  Each asks for
+        ``noValueOnSuccess``: etcd then answers a success without the node
+        (no echo of the value to encode and send), and the Reply's ``index``
+        (etcd's X-Etcd-Index header, the POST's own index) is what names the
+        key.  Each result is the Reply; an AmbiguousWrite (it may have applied: its reply was lost,
+        or etcd answered "request timed out"), which is never resent; another
+        EtcdqError that etcd answered; or None: not sent, because an earlier
+        POST failed.  The Nones are always the last results: the caller
+        settles the others first, then posts those values again.  A round
+        that sends nothing is tried again on the next member, until the
+        deadline (Unavailable).
+        """
+        path = _path(key, None)
+        requests = [("POST", path, f"value={_quote(value, _FORM_QUOTING)}&noValueOnSuccess=true")
+                    for value in values]
+        return self._retrying("POST", key, lambda member, timeout, retried: self._piped(
+            member, key, requests, timeout, lanes, depth), observed=False)
+
+    def _piped(self, member: Member, key: str, requests: Sequence[Tuple[str, str, Optional[str]]],
+               timeout: float, lanes: int, depth: int) -> List[Union[Reply, EtcdqError, None]]:
+        """One round of post_many on ``member``; _Transient(sent=False) if it sent
+        nothing, which observers see as one POST that failed."""
+        started = time.monotonic()
+        try:
+            with _translated(member.url):
+                piped = member.pipeline(requests, timeout, lanes=lanes, depth=depth)
+            if all(isinstance(outcome, NotSent) for outcome, _ in piped):
+                raise _Transient("no connection could carry the POSTs", sent=False)
+        except _Transient:
+            with self._observed("POST", time.monotonic() - started):
+                raise
+        sent = sum(1 for outcome, _ in piped if not isinstance(outcome, NotSent))
+        with self._lock:
+            self.requests["POST"] += sent
+        results = [self._posted(member, key, outcome, seconds) for outcome, seconds in piped]
+        if any(isinstance(result, AmbiguousWrite) for result in results):
+            self._failed(member)  # the next round (and request) tries the next member
+        return results
+
+    def _posted(self, member: Member, key: str, outcome: Union[Response, Exception],
+                seconds: float) -> Union[Reply, EtcdqError, None]:
+        """One post_many result, reported to the observers with its own time."""
+        if isinstance(outcome, NotSent):
+            return None
+        try:
+            with self._observed("POST", seconds), _translated(member.url):
+                if isinstance(outcome, Exception):
+                    raise outcome
+                return self._reply(member, outcome, retried=False)
+        except _Transient as exc:
+            return AmbiguousWrite(f"POST {key} may or may not have applied ({member.url}: {exc})")
+        except EtcdqError as exc:
+            return exc
+
     def delete(self, key: str, *, prev_value: Optional[str] = None,
                prev_index: Optional[int] = None) -> Reply:
         query = {"prevValue": prev_value, "prevIndex": prev_index}
@@ -377,9 +438,11 @@ class Transport:
         return self._retrying(method, key, lambda member, timeout, retried:
                               self._send(member, method, path, body, timeout, retried))
 
-    def _retrying(self, method: str, key: str, attempt: Callable[[Member, float, bool], T]) -> T:
+    def _retrying(self, method: str, key: str, attempt: Callable[[Member, float, bool], T],
+                  observed: bool = True) -> T:
         """``attempt(member, timeout, retried)`` until it succeeds, moving to the
-        next member after each transient failure, for at most the deadline."""
+        next member after each transient failure, for at most the deadline.
+        ``observed=False``: the attempt reports its requests itself."""
         limit = getattr(self._limit, "seconds", None)
         deadline = min(self.deadline, limit) if limit is not None else self.deadline
         give_up = time.monotonic() + deadline
@@ -388,7 +451,7 @@ class Transport:
             member = self._member()
             remaining = give_up - time.monotonic()
             try:
-                with self._observed(method):
+                with self._observed(method) if observed else _UNOBSERVED:
                     return attempt(member, min(self.timeout, max(remaining, 0.05)), retried)
             except _Transient as exc:
                 last = f"{member.url}: {exc}"
@@ -489,6 +552,10 @@ class _Observed:
                 observer(self._method, seconds, error)
             except Exception:  # a metrics bug must not fail the request
                 log.exception("request observer %r failed", observer)
+
+
+#: The report of an attempt whose requests report themselves: nothing.
+_UNOBSERVED = _Observed((), "", None)
 
 
 def _error_label(exc: BaseException) -> str:

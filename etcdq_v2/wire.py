@@ -14,7 +14,10 @@ request takes one (or opens one), and gives it back only after reading the
 whole reply.  Any failure or interruption while a request is in flight
 closes its connection instead, so no connection is ever out of step.  The
 streaming watch has a connection of its own, read in large blocks so that
-one system call serves many of the small events etcd sends.
+one system call serves many of the small events etcd sends.  A pipeline
+(:meth:`Member.pipeline`) sends many requests in order over several pooled
+connections at once, reading the replies as they come, so that etcd commits
+their writes together.
 
 Failures come out as one of three exceptions; transport.py decides what
 each means for the call:
@@ -35,7 +38,10 @@ import ssl
 import struct
 import sys
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
+import time
+from collections import deque
+from typing import (Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple,
+                    TypeVar, Union)
 from urllib.parse import urlsplit
 
 from .errors import ConfigError
@@ -273,6 +279,13 @@ class Connection:
             return True  # decrypted bytes nobody asked for
         return bool((self._poll or self._poller()).poll(0))
 
+    def buffered(self) -> bool:
+        """Whether bytes of a reply are here already, read or (TLS) decrypted:
+        a poll of the socket would not show them."""
+        if self._pos < len(self._buffer):
+            return True
+        return self._tls and bool(self.sock.pending())  # type: ignore[attr-defined]
+
     def interrupt(self) -> None:
         """Wake a reader blocked on this connection (from another thread).
 
@@ -400,6 +413,36 @@ class Member:
             raise
         return answers
 
+    def pipeline(self, requests: Sequence[Tuple[str, str, Optional[str]]], timeout: float, *,
+                 lanes: int, depth: int) -> List[Tuple[Union[Response, Exception], float]]:
+        """Send the requests in the order given, several in flight: for each,
+        its reply (or NotSent, Lost, TLSFailed) and the seconds it took.
+
+        They go on *k* connections (``lanes``, at most), each request on a
+        lane with room: at most ``depth`` await their replies on a lane at
+        once (HTTP/1.1 pipelining: a lane's replies come back in order).  A
+        request is sent only once every request *k*·``depth`` places or more
+        before it was answered.  From the first request that fails (no reply,
+        or a status other than 2xx) on, nothing more is sent: the requests
+        already sent are read to the end, and those not sent come back as
+        NotSent, always the last ones.  ``timeout`` bounds each lane's wait
+        for its next reply.  A lane whose connection fails makes every
+        request awaiting a reply on it Lost.  A POST goes only on a
+        connection the member has answered on (see :meth:`_probe`).
+        """
+        if not requests:
+            return []
+        proven = any(method == "POST" for method, _, _ in requests)
+        count = max(1, min(lanes, len(requests)))
+        run = _Pipeline(self, requests, self._take_lanes(count, timeout, proven), depth, timeout)
+        try:
+            run.go()
+        except BaseException:  # replies still in flight would be left unread
+            run.close()
+            raise
+        run.give_back()
+        return run.outcomes()
+
     def stream(self, path: str, idle_timeout: Optional[float],
                connect_timeout: float) -> Tuple[Connection, Response]:
         """Send a streaming GET on a connection of its own (never pooled).
@@ -497,6 +540,72 @@ class Member:
             connection.close()
             raise NotSent("the member closed a new connection after one reply")
 
+    def _take_lanes(self, count: int, timeout: float, proven: bool) -> List[Connection]:
+        """Up to ``count`` connections, pooled ones first; NotSent if none can be had.
+
+        New ones are opened, and (``proven``) probed, together: one round trip
+        for them all.
+        """
+        taken: List[Connection] = []
+        while len(taken) < count:
+            with self._lock:
+                connection = self._idle.pop() if self._idle else None
+            if connection is None:
+                break
+            if connection.stale():
+                connection.close()
+                continue
+            connection.set_timeout(timeout)
+            taken.append(connection)
+        fresh = self._open(count - len(taken), timeout, must=not taken)
+        return taken + (self._probe_all(fresh, must=not taken) if proven else fresh)
+
+    def _open(self, count: int, timeout: float, must: bool) -> List[Connection]:
+        """Up to ``count`` new connections; NotSent if ``must`` and none opens."""
+        opened: List[Connection] = []
+        try:
+            while len(opened) < count:
+                connection = Connection(self._connect(timeout), kernel_timeouts=True)
+                connection.generation = self._generation
+                opened.append(connection)
+        except NotSent:
+            if must and not opened:
+                raise
+        except BaseException:
+            for connection in opened:
+                connection.close()
+            raise
+        return opened
+
+    def _probe_all(self, connections: List[Connection], must: bool) -> List[Connection]:
+        """The connections on which the member answered :meth:`_probe`'s question,
+        asked on all of them at once; NotSent if ``must`` and there is none."""
+        answered: List[Connection] = []
+        failure: Optional[Exception] = None
+        try:
+            asked = [c for c in connections if _outcome(_send, c, self._version_request) is None]
+            for connection in connections:
+                if connection not in asked:
+                    connection.close()
+            for connection in asked:
+                answer = _outcome(_receive, connection)
+                if isinstance(answer, Response) and connection.reusable:
+                    answered.append(connection)
+                    continue
+                connection.close()
+                failure = answer if isinstance(answer, TLSFailed) else failure
+        except BaseException:
+            for connection in connections:
+                connection.close()
+            raise
+        if failure is not None:
+            for connection in answered:
+                connection.close()
+            raise failure
+        if must and not answered:
+            raise NotSent("no answer on a new connection")
+        return answered
+
     def _give_back(self, connection: Connection) -> None:
         with self._lock:
             if connection.reusable and connection.generation == self._generation:
@@ -525,6 +634,159 @@ class Member:
             if isinstance(exc, ssl.SSLError) and _refused(exc):
                 raise TLSFailed(_tls_message(exc)) from None
             raise NotSent(f"TLS handshake failed: {exc}") from None
+
+
+class _Lane:
+    """One connection of a pipeline, and its requests awaiting replies, in order:
+    (the request's position, when it was sent)."""
+
+    __slots__ = ("connection", "fd", "waiting", "since", "dead")
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.fd = connection.sock.fileno()
+        self.waiting: Deque[Tuple[int, float]] = deque()
+        self.since = 0.0  # time.monotonic() of its last reply, or of a send to an idle lane
+        self.dead = False
+
+
+class _Pipeline:
+    """One run of :meth:`Member.pipeline`: sends in order, reads replies as they come."""
+
+    def __init__(self, member: Member, requests: Sequence[Tuple[str, str, Optional[str]]],
+                 connections: List[Connection], depth: int, timeout: float) -> None:
+        self._member = member
+        self._requests = requests
+        self._lanes = [_Lane(connection) for connection in connections]
+        self._depth = max(1, depth)
+        self._window = len(self._lanes) * self._depth
+        self._timeout = timeout
+        self._results: List[Optional[Tuple[Union[Response, Exception], float]]] = \
+            [None] * len(requests)
+        self._next = 0
+        self._halted = False
+        self._by_fd = {lane.fd: lane for lane in self._lanes}
+        self._poller = _Poller([lane.connection.sock for lane in self._lanes])
+
+    def go(self) -> None:
+        """Send and read until every request sent has its outcome."""
+        while True:
+            if not self._halted:
+                self._send()
+            busy = [lane for lane in self._lanes if lane.waiting]
+            if not busy:
+                return
+            due = min(lane.since for lane in busy) + self._timeout
+            for fd in self._poller.ready(max(due - time.monotonic(), 0.0)):
+                self._read(self._by_fd[fd])
+            self._time_out(busy)
+
+    def _send(self) -> None:
+        """The next requests, in order, on the lanes with room, while the window
+        allows: up to lanes x depth places after the oldest awaiting a reply."""
+        limit = min(len(self._requests), self._oldest() + self._window)
+        now = time.monotonic()
+        for lane in self._lanes:
+            if self._next >= limit:
+                return
+            room = 0 if lane.dead else min(self._depth - len(lane.waiting), limit - self._next)
+            if room > 0:
+                self._send_on(lane, room, now)
+
+    def _send_on(self, lane: _Lane, count: int, now: float) -> None:
+        """The next ``count`` requests, on ``lane``, in one write."""
+        if not lane.waiting:
+            lane.since = now
+        first, self._next = self._next, self._next + count
+        encode = self._member._encode
+        lane.waiting.extend((position, now) for position in range(first, self._next))
+        try:
+            _send(lane.connection, b"".join([encode(*request)
+                                             for request in self._requests[first:self._next]]))
+        except Lost as exc:
+            self._fail(lane, exc)
+
+    def _oldest(self) -> int:
+        """The position of the oldest request awaiting its reply (none: the next)."""
+        return min((lane.waiting[0][0] for lane in self._lanes if lane.waiting),
+                   default=self._next)
+
+    def _read(self, lane: _Lane) -> None:
+        """The replies that have come on ``lane``; a lane with none awaited that
+        turns readable was closed by the member (or sent junk): it fails."""
+        if not lane.waiting:
+            self._fail(lane, Lost("the member closed an idle connection"))
+            return
+        connection = lane.connection
+        while lane.waiting:
+            try:
+                response = _receive(connection)
+            except (Lost, TLSFailed) as exc:
+                self._fail(lane, exc)
+                return
+            position, sent = lane.waiting.popleft()
+            lane.since = time.monotonic()
+            self._results[position] = (response, lane.since - sent)
+            self._halted = self._halted or not 200 <= response.status < 300
+            if not connection.reusable:  # the member closes it: what it carried is lost
+                self._fail(lane, Lost("the member closed the connection"))
+                return
+            if not connection.buffered():
+                return
+
+    def _time_out(self, busy: List[_Lane]) -> None:
+        now = time.monotonic()
+        for lane in busy:
+            if lane.waiting and now - lane.since >= self._timeout:
+                self._fail(lane, Lost("timed out waiting for the reply", timed_out=True))
+
+    def _fail(self, lane: _Lane, exc: Exception) -> None:
+        """The lane is done for: its requests awaiting a reply get ``exc``, and
+        nothing more is sent on any lane."""
+        now = time.monotonic()
+        for position, sent in lane.waiting:
+            self._results[position] = (exc, now - sent)
+        lane.waiting.clear()
+        if not lane.dead:
+            self._poller.forget(lane.fd)
+            lane.connection.close()
+        lane.dead = True
+        self._halted = True
+
+    def outcomes(self) -> List[Tuple[Union[Response, Exception], float]]:
+        unsent = NotSent("not sent: an earlier request of the pipeline failed")
+        return [result or (unsent, 0.0) for result in self._results]
+
+    def give_back(self) -> None:
+        for lane in self._lanes:
+            if not lane.dead:
+                self._member._give_back(lane.connection)
+
+    def close(self) -> None:
+        for lane in self._lanes:
+            lane.connection.close()
+
+
+class _Poller:
+    """The sockets of a pipeline that have something to read (poll, else select)."""
+
+    def __init__(self, socks: List[socket.socket]) -> None:
+        self._socks = {sock.fileno(): sock for sock in socks}
+        self._poll = select.poll() if _HAVE_POLL else None
+        for fd in self._socks:
+            if self._poll is not None:
+                self._poll.register(fd, select.POLLIN)
+
+    def ready(self, timeout: float) -> List[int]:
+        """The file numbers readable within ``timeout`` seconds (none: timed out)."""
+        if self._poll is not None:
+            return [fd for fd, _ in self._poll.poll(timeout * 1000)]
+        readable = select.select(list(self._socks.values()), [], [], timeout)[0]
+        return [sock.fileno() for sock in readable]
+
+    def forget(self, fd: int) -> None:
+        if self._socks.pop(fd, None) is not None and self._poll is not None:
+            self._poll.unregister(fd)
 
 
 def _send(connection: Connection, data: bytes) -> None:

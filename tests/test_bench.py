@@ -46,3 +46,15 @@ def test_lifecycle_bench_counts_the_writes_the_protocol_makes(etcd_binary: str,
     writes = {row: ops.writes / 4 for row, (_, ops) in runs.items()}
     assert writes == {"put": 1, "put(delay=1)": 2, "claim + complete": 5,
                       "claim + release": 4, "cancel (pending item)": 4}
+
+
+def test_producers_bench_puts_every_item_of_every_row(etcd_server: EtcdServer) -> None:
+    """bench/producers.py's rows on a few items: each puts them all (it checks
+    the ids itself), and the tables render.  Timing is not asserted."""
+    from bench import producers
+
+    runs = producers.measure(etcd_server.url, etcd_server.pid, items=20, repeats=1)
+    assert [run.row for run in runs] == [*producers.LIBRARY_ROWS, *producers.CLI_ROWS]
+    assert all(run.items == 20 and run.writes >= 20 for run in runs)
+    assert "put_many(in_flight=16)" in producers.table(runs)
+    assert "holds" in producers.target_table(runs)

@@ -238,6 +238,18 @@ def test_put_dash_reads_one_payload_per_line_from_stdin(etcdq: Run, queue: Queue
     assert payloads(queue) == [1, {"x": 2}, "text"]
 
 
+def test_put_in_flight_stores_every_line_once_and_prints_the_ids_in_input_order(
+        etcdq: Run, queue: Queue) -> None:
+    lines = [f"line-{n}" for n in range(200)]
+    out = ok(etcdq("put", queue.name, "--in-flight", "16", "-", input="\n".join(lines) + "\n"))
+    assert {info.id: info.payload for info in queue.items()} == dict(zip(out.split(), lines))
+
+
+def test_put_in_flight_out_of_range_exits_2_and_writes_nothing(etcdq: Run, queue: Queue) -> None:
+    assert_user_error(etcdq("put", queue.name, "--in-flight", "65", "1", "2"), 2, "in_flight")
+    assert queue.stats()["pending"] == 0
+
+
 def test_stats_prints_the_four_counts(etcdq: Run, queue: Queue) -> None:
     queue.put_many([{"n": 1}, {"n": 2}])
     claim = take(queue)

@@ -27,7 +27,7 @@ from hypothesis import given, settings, strategies as st
 from etcdq_v2 import ConfigError, Unavailable
 from etcdq_v2.errors import AmbiguousWrite, CompareFailed
 from etcdq_v2.transport import _FORM_QUOTING, _PATH_QUOTING, Transport, _path, _quote
-from etcdq_v2.wire import Connection, Lost, Member
+from etcdq_v2.wire import Connection, Lost, Member, NotSent, Response, tls_context
 
 from helpers import wait_until
 
@@ -709,6 +709,95 @@ def test_a_connection_in_use_when_the_transport_closes_is_closed_after_its_reply
     release.set()
     thread.join()
     wait_until(lambda: live.ended == [1], 5, message="the connection to be closed")
+
+
+# -- pipelines: many requests in flight (put_many's in_flight) -----------------------
+
+def _posts(count: int) -> List[Tuple[str, str, Optional[str]]]:
+    return [("POST", "/v2/keys/q", f"value={n}") for n in range(count)]
+
+
+def _member(url: str) -> Member:
+    return Member(url, tls=None, username=None, password=None)
+
+
+def test_a_pipeline_answers_each_request_in_order_on_its_lanes(servers) -> None:
+    echo = servers(lambda r: ok(r.body) if r.method == b"POST" else ok())
+    member = _member(echo.url)
+    first = member.pipeline(_posts(20), 2.0, lanes=3, depth=2)
+    for lane in range(1, 4):  # each lane carried its requests in the order given
+        sent = [int(r.body[6:]) for r in echo.requests if r.connection == lane and r.body]
+        assert sent and sent == sorted(sent)
+    second = member.pipeline(_posts(20), 2.0, lanes=3, depth=2)
+    for piped in (first, second):
+        assert [reply.body for reply, _ in piped] == [b"value=%d" % n for n in range(20)]
+        assert all(seconds >= 0 for _, seconds in piped)
+    assert echo.connections == 3  # kept alive, and used again by the second pipeline
+    assert [r.path for r in echo.requests if r.method == b"GET"] == [b"/version"] * 3
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_pipeline_reads_replies_that_came_in_one_piece(
+        servers, pki: dict, scheme: str) -> None:
+    """Two replies in one write come in one read: a poll of the socket then shows
+    nothing for the second, which the lane must take from its buffer."""
+    def answer(request: Request) -> bytes:
+        if request.method != b"POST":
+            return ok()
+        number = int(request.body[6:])
+        return b"" if number % 2 == 0 else ok(b"%d" % (number - 1)) + ok(b"%d" % number)
+    tls = scheme == "https"
+    echo = servers(answer, tls=server_tls(pki) if tls else None)
+    member = Member(echo.url, tls=tls_context(pki["ca"], None, None) if tls else None,
+                    username=None, password=None)
+    piped = member.pipeline(_posts(10), 2.0, lanes=1, depth=2)
+    assert [reply.body for reply, _ in piped] == [b"%d" % n for n in range(10)]
+
+
+def test_a_pipeline_sends_nothing_more_after_a_connection_fails(servers) -> None:
+    resetting = servers(lambda r: RESET if r.body == b"value=4" else ok())
+    piped = _member(resetting.url).pipeline(_posts(12), 2.0, lanes=2, depth=1)
+    outcomes = [outcome for outcome, _ in piped]
+    assert all(isinstance(o, Response) for o in outcomes[:4])
+    assert isinstance(outcomes[4], Lost)  # it may have applied
+    # The window (2) let value=5 go out with value=4; nothing after them went.
+    assert all(isinstance(o, NotSent) for o in outcomes[6:])
+    assert {r.body for r in resetting.requests} <= {b"", *(b"value=%d" % n for n in range(6))}
+
+
+def test_a_pipeline_sends_nothing_more_after_an_error_reply(servers) -> None:
+    busy = servers(lambda r: error(500, 300, "Raft Internal Error") if r.body == b"value=3"
+                   else ok())
+    outcomes = [o for o, _ in _member(busy.url).pipeline(_posts(10), 2.0, lanes=2, depth=1)]
+    assert isinstance(outcomes[3], Response) and outcomes[3].status == 500
+    assert all(isinstance(o, NotSent) for o in outcomes[5:])
+
+
+def test_a_pipeline_lane_whose_reply_never_comes_times_out(servers) -> None:
+    silent = servers(lambda r: b"" if r.body == b"value=1" else ok())
+    started = time.monotonic()
+    outcomes = [o for o, _ in _member(silent.url).pipeline(_posts(4), 0.3, lanes=2, depth=1)]
+    assert isinstance(outcomes[1], Lost) and outcomes[1].timed_out
+    assert time.monotonic() - started < 2
+
+
+def test_post_many_never_resends_a_post_whose_reply_was_lost(servers) -> None:
+    resetting = servers(lambda r: RESET if r.body.startswith(b"value=2&") else ok())
+    results = transport(resetting.url).post_many("/q", [str(n) for n in range(8)],
+                                                 lanes=2, depth=1)
+    assert [getattr(result, "index", None) for result in results[:2]] == [5, 5]
+    assert isinstance(results[2], AmbiguousWrite)
+    assert results[-1] is None  # not sent: the caller settles value=2 first
+    assert [r.body for r in resetting.requests].count(b"value=2&noValueOnSuccess=true") == 1
+
+
+def test_post_many_moves_on_to_the_next_member_when_none_can_be_reached(servers) -> None:
+    live = servers()
+    results = transport(dead_url(), live.url).post_many("/q", ["a", "b", "c"], lanes=2,
+                                                        depth=1)
+    assert [getattr(result, "index", None) for result in results] == [5, 5, 5]
+    assert sorted(r.body for r in live.requests if r.method == b"POST") == \
+        [b"value=%s&noValueOnSuccess=true" % v for v in (b"a", b"b", b"c")]
 
 
 # -- item 9: endpoints --------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..errors import InvalidPayload, NotFound
 from ..keys import check_item_id
-from ..protocol import MAX_TTL
+from ..protocol import MAX_IN_FLIGHT, MAX_TTL
 from ..queue import Queue
 from .exits import (EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_TIMEOUT, PROG, UsageError,
                     worst)
@@ -39,6 +39,10 @@ def _add_put(verbs: Any) -> None:
     parser.add_argument("--delay", type=_delay, metavar="S",
                         help="claimable only after S seconds (etcd's clock; rounded up to "
                              "whole seconds)")
+    parser.add_argument("--in-flight", type=int, default=1, metavar="N",
+                        help="puts awaiting etcd at once (default 1: strictly in order); "
+                             f"more, up to {MAX_IN_FLIGHT}, go faster and keep the order to "
+                             "within N places")
 
 
 def _delay(text: str) -> float:
@@ -92,7 +96,8 @@ def cmd_put(args: argparse.Namespace) -> int:
         if not payloads:
             raise UsageError("nothing to put: give payloads, or '-' to read them from stdin")
         with Progress("put") as progress:
-            ids = queue.put_many(payloads, delay=args.delay, progress=progress.advance)
+            ids = queue.put_many(payloads, delay=args.delay, progress=progress.advance,
+                                 in_flight=args.in_flight)
     if args.json:
         print_json(ids)
     else:
