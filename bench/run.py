@@ -28,7 +28,7 @@ if __package__ in (None, ""):
     # package imports, and spawned worker processes import them by that name.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import measure, plot, report  # noqa: E402
+from bench import measure, network, network_tables, plot, report  # noqa: E402
 from bench.designs import DESIGNS, ETCDQ, Target  # noqa: E402
 from bench.servers import ZooKeeperUnavailable, etcd_server, zookeeper_server  # noqa: E402
 from etcdq_v2.server import etcd_version, find_etcd_binary  # noqa: E402
@@ -79,6 +79,7 @@ class Results:
     claim_costs: List[measure.ClaimCostRun] = field(default_factory=list)
     wakes: List[measure.WakeRun] = field(default_factory=list)
     skipped: Dict[str, str] = field(default_factory=dict)  # row name -> why it did not run
+    network: Optional[network.NetworkResults] = None  # across a network, resources (issue 14)
 
     def skipped_in(self, section: str) -> Dict[str, str]:
         """The skipped rows of one section (a row-name prefix), without the prefix."""
@@ -171,6 +172,11 @@ def run_claim_costs(plan: Plan, workdir: Path, results: Results) -> None:
                         queue.probe(pending, plan.probe_claims, plan.probe_budget_s))
 
 
+def run_network(plan: network.NetworkPlan, workdir: Path, results: Results) -> None:
+    """Across a network and resources (issue 14): bench/network.py."""
+    results.network = network.run_section(plan, workdir, progress)
+
+
 def run_wake(plan: Plan, workdir: Path, results: Results) -> None:
     with row(results, WAKE + ETCDQ), etcd_server(workdir) as server:
         for repeat in range(plan.repeats):
@@ -227,11 +233,13 @@ def write_outputs(out: Path, results: Results, printed: str,
     raw = {"meta": meta, "skipped": results.skipped, "raw_write_rate": results.raw,
            "drains": [asdict(run) for run in results.drains],
            "claim_costs": [asdict(run) for run in results.claim_costs],
-           "wakes": [asdict(run) for run in results.wakes]}
+           "wakes": [asdict(run) for run in results.wakes],
+           "network": asdict(results.network) if results.network else None}
     written = [out / "results.json", out / "tables.md"]
     written[0].write_text(json.dumps(raw, indent=1) + "\n")
     written[1].write_text(printed)
-    note = plot.draw(results.drains, results.claim_costs, out / "bench.png")
+    note = plot.draw(results.drains, results.claim_costs, out / "bench.png",
+                     results.network.drains if results.network else ())
     if note:
         print(f"\n_{note}_")
     else:
@@ -251,6 +259,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="directory for results.json, tables.md, bench.png")
     parser.add_argument("--keep", action="store_true",
                         help="keep the servers' data directories and logs")
+    parser.add_argument("--only", choices=["network"],
+                        help="run one section: network = across a network and resources "
+                             "(issue 14; ~10 min, ~3 with --quick)")
     return parser.parse_args(argv)
 
 
@@ -260,13 +271,20 @@ def main(argv: Sequence[str]) -> int:
     began = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="etcdq-bench-"))
     results = Results()
+    network_plan = network.NetworkPlan.choose(args.quick, args.repeats)
     try:
         for name, section in (("raw write rate", run_raw), ("drains", run_drains),
                               ("claim cost", run_claim_costs), ("wake latency", run_wake)):
-            progress(f"section: {name}")
-            section(plan, workdir, results)
+            if args.only is None:
+                progress(f"section: {name}")
+                section(plan, workdir, results)
+        progress("section: across a network, and resources")
+        run_network(network_plan, workdir, results)
         meta = metadata(plan, argv, time.monotonic() - began)
-        printed = "".join(f"### {title}\n\n{table}\n\n" for title, table in tables(plan, results))
+        titled = tables(plan, results) if args.only is None else []
+        assert results.network is not None
+        titled += network_tables.tables(network_plan, results.network)
+        printed = "".join(f"### {title}\n\n{table}\n\n" for title, table in titled)
         printed += (f"_`{meta['command']}`: {meta['wall_seconds']:.0f} s, etcd {meta['etcd']}, "
                     f"Python {meta['python']}, {meta['machine']}._\n")
         print(printed, end="", flush=True)
