@@ -162,14 +162,18 @@ class WorkerReport:
 
 
 def _worker(url: str, name: str, concurrency: int, handled: List[Any],
-            first_call: List[float]) -> Tuple[Queue, Worker]:
-    """A Queue (its view built already) and a Worker whose handler only notes the payload."""
+            first_call: List[float], burst: bool = False) -> Tuple[Queue, Worker]:
+    """A Queue and a Worker whose handler notes the payload; with ``burst`` it then
+    waits until every slot's handler got there, so all the slots finish together."""
     queue = Queue(url, name, lock_ttl=LOCK_TTL)
+    together = threading.Barrier(concurrency, timeout=RUN_TIMEOUT)
 
     def handler(payload: Any) -> None:
         if not first_call:
             first_call.append(time.time())
         handled.append(payload)
+        if burst:
+            together.wait()
 
     worker = Worker(queue, handler, concurrency=concurrency, install_signal_handlers=False)
     return queue, worker
@@ -405,12 +409,12 @@ class SocketRun:
     """One Worker process's TCP sockets to etcd after it took ``items`` items."""
 
     concurrency: int
+    burst: bool          # every slot's handler returned at the same moment
     items: int
     established: int     # its connections open at the end
     time_wait: int       # TIME-WAIT entries of its connections (either end)
     other: int           # its connections in other states (closing)
     peak: int            # the most of all these seen at once during the run
-    opened: int          # connections it opened (distinct client ends seen)
     seconds: float
 
     @property
@@ -435,15 +439,12 @@ class _SocketSampler:
     def __init__(self, port: int, before: Set[Tuple[str, str]], interval: float = 0.25) -> None:
         self.port, self.before, self.interval = port, before, interval
         self.peak = 0
-        self.clients: Set[Tuple[str, str]] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def sample(self) -> None:
         self.peak = max(self.peak, sum(_worker_sockets(self.port, self.before).values()))
-        self.clients.update(key for key, (_, ours) in tcp_sockets(self.port).items()
-                            if ours and key not in self.before)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -456,12 +457,12 @@ class _SocketSampler:
 
 
 def _socket_worker(start: StartLine, url: str, name: str, concurrency: int,
-                   port: int) -> WorkerReport:
+                   port: int, burst: bool) -> WorkerReport:
     before = set(tcp_sockets(port))
     handled: List[Any] = []
     first_call: List[float] = []
     with _caught() as caught:
-        queue, worker = _worker(url, name, concurrency, handled, first_call)
+        queue, worker = _worker(url, name, concurrency, handled, first_call, burst)
         try:
             started, cpu = start(), own_cpu_seconds()
             sampler = _SocketSampler(port, before)
@@ -469,24 +470,29 @@ def _socket_worker(start: StartLine, url: str, name: str, concurrency: int,
             sampler.stop()
             report = _report(started, cpu, caught, handled, queue, first_call)
             report.sockets = _worker_sockets(port, before)
-            report.sockets["opened"] = len(sampler.clients)
             report.peak_sockets = sampler.peak
             return report
         finally:
             queue.close()
 
 
-def sockets_after(etcd_url: str, name: str, items: int, concurrency: int) -> SocketRun:
-    """Fill ``items`` items, then let one Worker process take them all; count its sockets."""
+def sockets_after(etcd_url: str, name: str, items: int, concurrency: int,
+                  burst: bool = False) -> SocketRun:
+    """Fill ``items`` items, then let one Worker process take them all; count its sockets.
+
+    ``burst``: every slot's handler waits for all the others, so the slots
+    complete their items at the same moment (``items`` a multiple of
+    ``concurrency``): the most connections the worker's requests can need.
+    """
     fill(Target(ETCDQ, etcd_url, name), 0, items)
     port = int(etcd_url.rsplit(":", 1)[1])
-    report = run_workers(_socket_worker, [(etcd_url, name, concurrency, port)],
+    report = run_workers(_socket_worker, [(etcd_url, name, concurrency, port, burst)],
                          RUN_TIMEOUT)[0]
     ended = max((at for _, at in report.completed), default=report.started)
     counts = report.sockets
-    return SocketRun(concurrency, len(report.completed), counts["established"],
+    return SocketRun(concurrency, burst, len(report.completed), counts["established"],
                      counts["time_wait"], counts["other"], report.peak_sockets,
-                     counts["opened"], ended - report.started)
+                     ended - report.started)
 
 
 @dataclass
@@ -546,6 +552,8 @@ class NetworkPlan:
     #: The latency runs' put rate: this share of the slowest drain of the first round.
     latency_share: float = 0.5
     socket_items: int = 10_000
+    #: Rounds of "every slot finishes at once" for the burst rows (concurrency 8, 32).
+    burst_rounds: int = 20
     depth_pending: int = 100_000
     depth_items: int = 200
     depth_concurrency: int = 8
@@ -612,6 +620,11 @@ def run_section(plan: NetworkPlan, workdir: Path, progress: Progress) -> Network
                          f"{plan.socket_items:,} items")
                 results.sockets.append(sockets_after(server.url, f"sockets-{concurrency}",
                                                      plan.socket_items, concurrency))
+            for concurrency in plan.concurrencies[1:]:
+                progress(f"network: sockets, concurrency {concurrency}, every slot at once")
+                results.sockets.append(sockets_after(
+                    server.url, f"burst-{concurrency}", concurrency * plan.burst_rounds,
+                    concurrency, burst=True))
         with _part(results, "depth", progress), etcd_server(workdir) as server:
             progress(f"network: first claim at {plan.depth_pending:,} pending")
             results.depths.append(depth(server.url, "depth", plan.depth_pending,
