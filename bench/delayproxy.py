@@ -276,7 +276,11 @@ class _Loop:
         while side.out:
             data = side.out[0]
             if not data:
-                side.sock.shutdown(socket.SHUT_WR)
+                try:
+                    side.sock.shutdown(socket.SHUT_WR)
+                except OSError:  # the peer is gone already
+                    self._kill(link)
+                    return
                 side.shut = True
             else:
                 try:

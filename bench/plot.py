@@ -74,7 +74,8 @@ def draw(drains: Sequence[DrainRun], claim_costs: Sequence[ClaimCostRun],
          path: Path, network: Sequence[Any] = ()) -> Optional[str]:
     """Write the PNG to ``path``; return a note instead if matplotlib is missing.
 
-    ``network``: the network section's drains, drawn in a third panel (:func:`rtt_panel`).
+    ``network``: the network section's drains, drawn in a third panel (:func:`rtt_panel`),
+    or alone when the other sections did not run.
     """
     try:
         import matplotlib
@@ -82,6 +83,13 @@ def draw(drains: Sequence[DrainRun], claim_costs: Sequence[ClaimCostRun],
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install 'etcdq_v2[bench]'): no PNG written"
+    if network and not (drains or claim_costs):  # bench/run.py --only network
+        figure, axes = plt.subplots(figsize=(6.5, 5))
+        rtt_panel(axes, network)
+        figure.tight_layout()
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+        return None
     figure, panels = plt.subplots(1, 3 if network else 2, figsize=(19.5 if network else 13, 5))
     left, right = panels[0], panels[1]
     if network:
