@@ -301,6 +301,7 @@ class DrainRun:
     clients_cpu_s: float
     requests: Dict[str, int]
     proxy: Optional[ProxyUse]
+    round: int = 0   # which round of the section: runs of one round ran next to each other
 
     @property
     def key(self) -> Tuple[str, float, int, int]:
@@ -566,13 +567,17 @@ class NetworkPlan:
         return cls(repeats=repeats or 3)
 
     def drain_configs(self) -> List[Tuple[Optional[float], int]]:
-        """(added RTT in ms, None = straight to etcd; concurrency), interleaved per round."""
-        ways: List[Optional[float]] = [None, *self.rtts_ms]
-        configs = [(rtt, c) for rtt in ways for c in self.concurrencies]
-        return configs + [(0.0, c) for c in self.zero_concurrencies]
+        """(added RTT in ms, None = straight to etcd; concurrency), in the order of a
+        round: each concurrency's routes one after the other, so that a ratio to
+        loopback compares runs made a few seconds apart (the machine is shared)."""
+        return [(rtt, c) for c in self.concurrencies for rtt in self._routes(c)]
 
     def latency_configs(self) -> List[Tuple[Optional[float], int]]:
-        return [(rtt, c) for rtt in [None, *self.rtts_ms] for c in self.concurrencies]
+        return [(rtt, c) for c in self.concurrencies for rtt in [None, *self.rtts_ms]]
+
+    def _routes(self, concurrency: int) -> List[Optional[float]]:
+        zero = [0.0] if concurrency in self.zero_concurrencies else []
+        return [None, *zero, *self.rtts_ms]
 
 
 @dataclass
@@ -643,8 +648,10 @@ def _drains(plan: NetworkPlan, server: Any, build: ProxyBuild, results: NetworkR
                      f"run {repeat + 1}")
             if way.proxy is not None:
                 results.added_rtt_ms.setdefault(f"{rtt:g}", []).append(way.measured_ms)
-            results.drains.append(drain(server.pid, server.url, way, f"drain-{repeat}-{n}",
-                                        plan.items, plan.processes, concurrency))
+            run = drain(server.pid, server.url, way, f"drain-{repeat}-{n}", plan.items,
+                        plan.processes, concurrency)
+            run.round = repeat
+            results.drains.append(run)
 
 
 def _latencies(plan: NetworkPlan, url: str, build: ProxyBuild, results: NetworkResults,

@@ -10,7 +10,7 @@ import statistics
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from .network import DIRECT, PROXY, DrainRun, LatencyRun, NetworkPlan, NetworkResults
-from .report import Spread, group, markdown_table, percentile, ratio
+from .report import Spread, group, markdown_table, percentile
 
 R = TypeVar("R")
 Key = Tuple[str, float, int, int]  # route, rtt_ms, processes, concurrency
@@ -37,9 +37,25 @@ def _where(key: Key, measured: Dict[str, List[float]]) -> Tuple[str, str]:
     return f"proxy ({rtt:g} ms)", f"{rtt:g} → {Spread.of(seen).text(2)}" if seen else f"{rtt:g}"
 
 
-def _loopback_rate(by_key: Dict[Key, List[DrainRun]], key: Key) -> Optional[float]:
-    same = by_key.get((DIRECT, 0.0, key[2], key[3]))
-    return statistics.median(run.items_per_s for run in same) if same else None
+def per_round(runs: Sequence[DrainRun], key: Key, base: Key,
+              value: Callable[[DrainRun], float] = lambda run: run.items_per_s) -> List[float]:
+    """``value`` of ``key``'s run over that of ``base``'s, round by round: the runs of
+    a round were made one after the other, so the machine's other load (it is
+    shared) weighs on both alike."""
+    of_base = {run.round: value(run) for run in runs if run.key == base}
+    return [value(run) / of_base[run.round] for run in runs
+            if run.key == key and of_base.get(run.round)]
+
+
+def ratios_to(runs: Sequence[DrainRun], key: Key, route: str = DIRECT,
+              rtt_ms: float = 0.0) -> List[float]:
+    """Each round's rate of ``key`` over that round's on ``route`` at ``rtt_ms``
+    (loopback by default), with the same processes and concurrency."""
+    return per_round(runs, key, (route, rtt_ms, key[2], key[3]))
+
+
+def _ratio_cell(ratios: List[float]) -> str:
+    return Spread.of(ratios).text(2, "×") if ratios else "–"
 
 
 def _latency_cells(runs: Optional[List[LatencyRun]]) -> List[str]:
@@ -57,13 +73,14 @@ def rate_table(results: NetworkResults) -> str:
     for key, same in drains.items():
         rate = Spread.of(run.items_per_s for run in same)
         where, rtt = _where(key, results.added_rtt_ms)
+        over_zero = ratios_to(results.drains, key, PROXY) if key[1] > 0 else []
         rows.append([where, rtt, f"{key[2]} × {key[3]}", rate.text(),
-                     ratio(rate.median, _loopback_rate(drains, key)),
+                     _ratio_cell(ratios_to(results.drains, key)), _ratio_cell(over_zero),
                      *_latency_cells(latencies.get(key)),
                      str(sum(run.run_twice for run in same)),
                      str(sum(run.missing for run in same))])
     return markdown_table(["route", "added RTT (ms): set → measured", "processes × concurrency",
-                           "items/s", "× loopback", "p50 put → completed (ms)", "p99 (ms)",
+                           "items/s", "× loopback (same round)", "× proxy at 0 ms", "p50 put → completed (ms)", "p99 (ms)",
                            "run twice", "missing"], rows)
 
 
@@ -72,10 +89,12 @@ def cost_table(results: NetworkResults) -> str:
     rows = []
     for key, same in _by_key(results.drains, lambda run: run.key).items():
         used = [run.proxy for run in same if run.proxy is not None]
-        proxy = ["–", "–", "–"] if not used else [
+        proxy = ["–", "–", "–", "–"] if not used else [
             Spread.of(u.cpu_s / max(1, u.chunks) * 1e6 for u in used).text(1),
             Spread.of(u.chunks / run.items for u, run in zip(used, same)).text(1),
-            Spread.of(u.cpu_s / run.items * 1e3 for u, run in zip(used, same)).text(2)]
+            Spread.of(u.cpu_s / run.items * 1e3 for u, run in zip(used, same)).text(2),
+            Spread.of(100 * u.cpu_s / (u.cpu_s + run.etcd_cpu_s + run.clients_cpu_s)
+                      for u, run in zip(used, same)).text(0, " %")]
         rows.append([_where(key, {})[0], f"{key[2]} × {key[3]}",
                      Spread.of(run.etcd_cpu_s / run.items * 1e3 for run in same).text(2),
                      Spread.of(run.clients_cpu_s / run.items * 1e3 for run in same).text(2),
@@ -83,7 +102,8 @@ def cost_table(results: NetworkResults) -> str:
                      *proxy])
     return markdown_table(["route", "processes × concurrency", "etcd CPU ms/item",
                            "Workers' CPU ms/item", "requests/item", "proxy CPU µs/chunk",
-                           "proxy chunks/item", "proxy CPU ms/item"], rows)
+                           "proxy chunks/item", "proxy CPU ms/item",
+                           "proxy's share of all CPU"], rows)
 
 
 def socket_table(results: NetworkResults) -> str:
@@ -105,14 +125,8 @@ def depth_table(results: NetworkResults) -> str:
                            "items taken", "peak RSS, VmHWM (MB)", "RSS at the end (MB)"], rows)
 
 
-def _median(runs: Sequence[DrainRun], value: Callable[[DrainRun], float],
-            key: Key) -> Optional[float]:
-    same = [run for run in runs if run.key == key]
-    return statistics.median(map(value, same)) if same else None
-
-
-def _divide(a: Optional[float], b: Optional[float]) -> Optional[float]:
-    return a / b if a is not None and b else None
+def _median(values: List[float]) -> Optional[float]:
+    return statistics.median(values) if values else None
 
 
 def _goal(goal: str, measured: Optional[float], shown: str,
@@ -125,23 +139,24 @@ def _goal(goal: str, measured: Optional[float], shown: str,
 def targets_table(plan: NetworkPlan, results: NetworkResults) -> str:
     """Issue 14's targets 3 and 5, and the Worker rows of target 1, with this run's figures."""
     runs, p = results.drains, plan.processes
-    rate = lambda key: _median(runs, lambda run: run.items_per_s, key)  # noqa: E731
-    etcd = lambda key: _median(runs, lambda run: run.etcd_cpu_s / run.items, key)  # noqa: E731
     loop8, loop1 = (DIRECT, 0.0, p, 8), (DIRECT, 0.0, p, 1)
+    etcd_cpu: Callable[[DrainRun], float] = lambda run: run.etcd_cpu_s / run.items  # noqa: E731
     worst_sockets = max((max(run.total, run.peak) - run.concurrency
                          for run in results.sockets if not run.burst), default=None)
     rss = max((run.vm_hwm_mb for run in results.depths), default=None)
     depth = max((run.pending for run in results.depths), default=plan.depth_pending)
     rows = [
-        _goal(f"+1 ms RTT: {p} × 8 ≥ 60 % of its loopback rate",
-              _divide(rate((PROXY, 1.0, p, 8)), rate(loop8)), "{:.0%}", lambda x: x >= 0.6),
+        _goal(f"+1 ms RTT: {p} × 8 ≥ 60 % of its loopback rate (median of the rounds)",
+              _median(ratios_to(runs, (PROXY, 1.0, p, 8))), "{:.0%}", lambda x: x >= 0.6),
+        _goal("the same against the proxy at 0 ms: the round trip alone (the proxy's CPU, "
+              "on the same 2 cores, weighs on both)",
+              _median(ratios_to(runs, (PROXY, 1.0, p, 8), PROXY)), "{:.0%}",
+              lambda x: x >= 0.6),
         _goal(f"Worker processes, loopback: {p} × 8 ≥ 0.8× the rate of {p} × 1",
-              _divide(rate(loop8), rate(loop1)), "{:.2f}×", lambda x: x >= 0.8),
+              _median(per_round(runs, loop8, loop1)), "{:.2f}×", lambda x: x >= 0.8),
         _goal(f"Worker processes, loopback: etcd CPU/item at {p} × 8 ≤ 1.25× at {p} × 1",
-              _divide(etcd(loop8), etcd(loop1)), "{:.2f}×", lambda x: x <= 1.25),
-        _goal(f"the proxy at 0 ms: {p} × 8 ≥ 0.9× loopback (it is not the wall)",
-              _divide(rate((PROXY, 0.0, p, 8)), rate(loop8)), "{:.2f}×",
-              lambda x: x >= 0.9),
+              _median(per_round(runs, loop8, loop1, etcd_cpu)), "{:.2f}×",
+              lambda x: x <= 1.25),
         _goal(f"sockets after {plan.socket_items:,} items ≤ concurrency + {SOCKET_ALLOWANCE} "
               "(no-op handler; the rows where all slots finish together: bench/README.md)",
               worst_sockets, "concurrency + {:.0f} at most", lambda x: x <= SOCKET_ALLOWANCE),
