@@ -49,7 +49,7 @@ from .designs import ETCDQ, Target
 from .measure import RUN_TIMEOUT, fill
 from .peers import LOCK_TTL
 from .procs import StartLine, Workers, run_workers
-from .servers import etcd_server
+from .servers import EtcdOps, etcd_counters, etcd_server
 
 #: Route names: straight to etcd, or through the delaying proxy.
 DIRECT, PROXY = "direct", "proxy"
@@ -348,6 +348,7 @@ class LatencyRun:
     items: int
     latencies_ms: List[float]     # complete() returned - put() called, per item
     missing: int                  # put, never completed in the run's time
+    failed_writes: int = 0        # counted by etcd: lost lock races, mostly
 
     @property
     def key(self) -> Tuple[str, float, int, int]:
@@ -381,25 +382,31 @@ def _steady_puts(url: str, name: str, rate: float, items: int, producers: int = 
     return put_at
 
 
-def latency(way: Route, name: str, rate: float, items: int, processes: int,
+def latency(etcd_url: str, way: Route, name: str, rate: float, items: int, processes: int,
             concurrency: int) -> LatencyRun:
-    """Workers wait on an empty queue; ``items`` are put over ``way`` at ``rate``/s."""
+    """Workers wait on an empty queue; ``items`` are put over ``way`` at ``rate``/s.
+
+    Idle Workers all go for each new item (a claim takes the head of the
+    queue); the failed writes etcd counts (lost lock creates) say how many.
+    """
     stop = multiprocessing.get_context("spawn").Event()
     done = multiprocessing.get_context("spawn").Value("i", 0)
     args = [(way.url, name, concurrency, stop, done)] * processes
     with Workers(_serving_worker, args) as workers:
         workers.go()
+        before = etcd_counters(etcd_url)
         put_at = _steady_puts(way.url, name, rate, items)
         give_up = time.monotonic() + 30.0
         while done.value < items and time.monotonic() < give_up:
             time.sleep(0.05)
+        ops = EtcdOps.between(before, etcd_counters(etcd_url))
         stop.set()
         reports = workers.results(RUN_TIMEOUT)
     completed = {item: at for report in reports for item, at in report.completed}
     latencies = [(completed[item] - called) * 1000 for item, called in put_at.items()
                  if item in completed]
     return LatencyRun(way.name, way.rtt_ms, processes, concurrency, rate, items, latencies,
-                      items - len(latencies))
+                      items - len(latencies), ops.failed_writes)
 
 
 # -- resources: sockets after N items, memory at depth ------------------------------------------
@@ -667,6 +674,6 @@ def _latencies(plan: NetworkPlan, url: str, build: ProxyBuild, results: NetworkR
                 route(url, rtt, build) as way:
             progress(f"network: latency at {rate:g}/s, {way.label}, "
                      f"{plan.processes} x {concurrency}, run {repeat + 1}")
-            results.latencies.append(latency(way, f"latency-{repeat}-{n}", rate,
+            results.latencies.append(latency(url, way, f"latency-{repeat}-{n}", rate,
                                              max(50, int(rate * plan.latency_s)),
                                              plan.processes, concurrency))

@@ -60,9 +60,10 @@ def _ratio_cell(ratios: List[float]) -> str:
 
 def _latency_cells(runs: Optional[List[LatencyRun]]) -> List[str]:
     if not runs or not any(run.latencies_ms for run in runs):
-        return ["–", "–"]
-    return [Spread.of(percentile(run.latencies_ms, q) for run in runs if run.latencies_ms)
-            .text(1) for q in (0.5, 0.99)]
+        return ["–", "–", "–"]
+    return [*(Spread.of(percentile(run.latencies_ms, q) for run in runs if run.latencies_ms)
+              .text(1) for q in (0.5, 0.99)),
+            Spread.of(run.failed_writes / run.items for run in runs).text(1)]
 
 
 def rate_table(results: NetworkResults) -> str:
@@ -80,7 +81,9 @@ def rate_table(results: NetworkResults) -> str:
                      str(sum(run.run_twice for run in same)),
                      str(sum(run.missing for run in same))])
     return markdown_table(["route", "added RTT (ms): set → measured", "processes × concurrency",
-                           "items/s", "× loopback (same round)", "× proxy at 0 ms", "p50 put → completed (ms)", "p99 (ms)",
+                           "items/s", "× loopback (same round)", "× proxy at 0 ms",
+                           "steady rate: p50 put → completed (ms)", "p99 (ms)",
+                           "lost lock races/item",
                            "run twice", "missing"], rows)
 
 
