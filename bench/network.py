@@ -12,10 +12,11 @@ network`` runs this section alone) and this module's tables print them.
   own log line for it ("completed in ..."), caught by a logging handler in
   each process.  etcd's CPU comes from ``/proc/<pid>/stat``, the proxy's from
   ``/proc/<pid>/schedstat``, the workers' own from ``getrusage``.
-* **latency**: the same Workers wait on an empty queue; a producer, through
-  the same route, puts items at a steady rate (half the rate the drain of
-  that configuration reached in the same round), each carrying its schedule
-  slot.  Latency = ``complete()`` returned (the log line) - ``put()`` called.
+* **latency**: the same Workers wait on an empty queue; 8 producer threads,
+  through the same route, put items at a steady rate (half the rate of the
+  slowest drain of the first round: the same for every row, below every
+  configuration's capacity).  Latency = ``complete()`` returned (the log
+  line) - ``put()`` called.
 * **sockets**: one Worker process takes N items (10,000 by default); its
   TCP sockets to etcd are counted from ``/proc/net/tcp``: its own ends
   (remote port = etcd's) in any state, and etcd's ends in TIME-WAIT (which
