@@ -70,6 +70,14 @@ def rtt_panel(axes: Any, runs: Sequence[Any]) -> None:
     axes.legend(fontsize="small")
 
 
+def _rtt_alone(plt: Any, network: Sequence[Any], path: Path) -> None:
+    figure, axes = plt.subplots(figsize=(6.5, 5))
+    rtt_panel(axes, network)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
 def draw(drains: Sequence[DrainRun], claim_costs: Sequence[ClaimCostRun],
          path: Path, network: Sequence[Any] = ()) -> Optional[str]:
     """Write the PNG to ``path``; return a note instead if matplotlib is missing.
@@ -84,12 +92,7 @@ def draw(drains: Sequence[DrainRun], claim_costs: Sequence[ClaimCostRun],
     except ImportError:
         return "matplotlib is not installed (pip install 'etcdq_v2[bench]'): no PNG written"
     if network and not (drains or claim_costs):  # bench/run.py --only network
-        figure, axes = plt.subplots(figsize=(6.5, 5))
-        rtt_panel(axes, network)
-        figure.tight_layout()
-        figure.savefig(path, dpi=100)
-        plt.close(figure)
-        return None
+        return _rtt_alone(plt, network, path)
     figure, panels = plt.subplots(1, 3 if network else 2, figsize=(19.5 if network else 13, 5))
     left, right = panels[0], panels[1]
     if network:
