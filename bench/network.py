@@ -590,8 +590,9 @@ class NetworkPlan:
 
 @dataclass
 class NetworkResults:
-    """Every run of the section, as measured."""
+    """Every run of the section, as measured, and the plan they followed."""
 
+    plan: NetworkPlan = field(default_factory=lambda: NetworkPlan(repeats=0))
     proxy: str = ""                      # which proxy ran (C, or the Python fallback)
     proxy_note: str = ""                 # why not the C one
     latency_rate: float = 0.0            # items/s put in the latency runs
@@ -621,7 +622,7 @@ def _part(results: NetworkResults, name: str, progress: Progress) -> Iterator[No
 def run_section(plan: NetworkPlan, workdir: Path, progress: Progress) -> NetworkResults:
     """Every part of the section, each round on a fresh etcd; returns the raw runs."""
     build = ProxyBuild()
-    results = NetworkResults(proxy=build.kind, proxy_note=build.why_not_c)
+    results = NetworkResults(plan, proxy=build.kind, proxy_note=build.why_not_c)
     try:
         for repeat in range(plan.repeats):
             with etcd_server(workdir) as server:

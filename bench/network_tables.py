@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
-from .network import DIRECT, PROXY, DrainRun, LatencyRun, NetworkPlan, NetworkResults
+from .network import DIRECT, PROXY, DrainRun, LatencyRun, NetworkResults
 from .report import Spread, group, markdown_table, percentile
 
 R = TypeVar("R")
@@ -139,8 +139,9 @@ def _goal(goal: str, measured: Optional[float], shown: str,
     return [goal, shown.format(measured), "yes" if holds(measured) else "**no**"]
 
 
-def targets_table(plan: NetworkPlan, results: NetworkResults) -> str:
+def targets_table(results: NetworkResults) -> str:
     """Issue 14's targets 3 and 5, and the Worker rows of target 1, with this run's figures."""
+    plan = results.plan
     runs, p = results.drains, plan.processes
     loop8, loop1 = (DIRECT, 0.0, p, 8), (DIRECT, 0.0, p, 1)
     etcd_cpu: Callable[[DrainRun], float] = lambda run: run.etcd_cpu_s / run.items  # noqa: E731
@@ -171,8 +172,9 @@ def targets_table(plan: NetworkPlan, results: NetworkResults) -> str:
     return markdown_table(["target (issue 14)", "measured", "holds"], rows)
 
 
-def tables(plan: NetworkPlan, results: NetworkResults) -> List[Tuple[str, str]]:
+def tables(results: NetworkResults) -> List[Tuple[str, str]]:
     """(title, table) for each table of the section, in print order."""
+    plan = results.plan
     proxy = results.proxy + (f"; {results.proxy_note}" if results.proxy_note else "")
     sections = [
         (f"Across a network: {plan.processes} Worker processes, {plan.items:,}-item drains; "
@@ -183,7 +185,7 @@ def tables(plan: NetworkPlan, results: NetworkResults) -> List[Tuple[str, str]]:
          socket_table(results)),
         ("Resources: one Worker process started on a deep queue", depth_table(results)),
         ("Targets of issue 14: across a network, resources, Worker processes",
-         targets_table(plan, results)),
+         targets_table(results)),
     ]
     if results.skipped:
         sections.append(("Not measured (network section)", markdown_table(
