@@ -15,7 +15,7 @@ items at once in it); a handler thread that overran is left to its handler
 and the slot starts a new one.  There are at most ``concurrency`` slots.
 Starting two threads per item cost the main thread, which claims every item,
 a quarter of its time in 8-process drains (``Thread.start`` waits until the
-new thread runs): bench/README.md, "Across a network".
+new thread runs): bench/README.md, "Across a network and resources".
 
 Why a supervisor beside every handler thread: Python threads cannot be killed.
 When a handler overruns ``item_timeout``, loses its lock, or is still running
