@@ -1,4 +1,5 @@
-"""The benchmark's PNG: items/s against consumers, and claims/s against queue length.
+"""The benchmark's PNG: items/s against consumers, claims/s against queue length, and
+(when the network section ran) items/s against round-trip time.
 
 matplotlib is optional (``pip install 'etcdq_v2[bench]'``): without it,
 :func:`draw` writes nothing and says so.
@@ -48,16 +49,54 @@ def _panel(axes: Any, series: Dict[str, Series], xlabel: str, ylabel: str) -> No
     axes.legend(fontsize="small")
 
 
+def rtt_panel(axes: Any, runs: Sequence[Any]) -> None:
+    """items/s against the added round-trip time (loopback at 0), one line per concurrency.
+
+    ``runs``: bench/network.py's DrainRuns; the proxy's own 0 ms runs are left
+    out (loopback is the 0 ms point).
+    """
+    runs = [run for run in runs if run.route == "direct" or run.rtt_ms > 0]
+    series = _series(runs, lambda r: f"{r.processes} × {r.concurrency}",
+                     lambda r: r.rtt_ms, lambda r: r.items_per_s)
+    for n, (name, (xs, medians, below, above)) in enumerate(sorted(
+            series.items(), key=lambda item: int(item[0].split("×")[1]))):
+        axes.errorbar(xs, medians, yerr=[below, above], marker="o", capsize=3,
+                      color=f"C{n}", label=f"{name} (processes × concurrency)")
+    axes.set_xticks(sorted({x for xs, *_ in series.values() for x in xs}))
+    axes.set_xlabel("round-trip time added to loopback (ms; delaying proxy)")
+    axes.set_ylabel("items/s (Worker drain; median, min–max)")
+    axes.set_ylim(bottom=0)
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize="small")
+
+
+def _rtt_alone(plt: Any, network: Sequence[Any], path: Path) -> None:
+    figure, axes = plt.subplots(figsize=(6.5, 5))
+    rtt_panel(axes, network)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
 def draw(drains: Sequence[DrainRun], claim_costs: Sequence[ClaimCostRun],
-         path: Path) -> Optional[str]:
-    """Write the PNG to ``path``; return a note instead if matplotlib is missing."""
+         path: Path, network: Sequence[Any] = ()) -> Optional[str]:
+    """Write the PNG to ``path``; return a note instead if matplotlib is missing.
+
+    ``network``: the network section's drains, drawn in a third panel (:func:`rtt_panel`),
+    or alone when the other sections did not run.
+    """
     try:
         import matplotlib
         matplotlib.use("Agg")  # no display needed
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install 'etcdq_v2[bench]'): no PNG written"
-    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    if network and not (drains or claim_costs):  # bench/run.py --only network
+        return _rtt_alone(plt, network, path)
+    figure, panels = plt.subplots(1, 3 if network else 2, figsize=(19.5 if network else 13, 5))
+    left, right = panels[0], panels[1]
+    if network:
+        rtt_panel(panels[2], network)
     _panel(left, _series(drains, lambda r: r.design, lambda r: r.consumers,
                          lambda r: r.items_per_s),
            "consumer processes", "items/s (drain; median, min–max)")

@@ -28,7 +28,7 @@ if __package__ in (None, ""):
     # package imports, and spawned worker processes import them by that name.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import measure, plot, producers, report  # noqa: E402
+from bench import measure, network, network_tables, plot, producers, report  # noqa: E402
 from bench.designs import DESIGNS, ETCDQ, Target  # noqa: E402
 from bench.servers import ZooKeeperUnavailable, etcd_server, zookeeper_server  # noqa: E402
 from etcdq_v2.server import etcd_version, find_etcd_binary  # noqa: E402
@@ -84,6 +84,7 @@ class Results:
     wakes: List[measure.WakeRun] = field(default_factory=list)
     producers: List[producers.ProducerRun] = field(default_factory=list)
     skipped: Dict[str, str] = field(default_factory=dict)  # row name -> why it did not run
+    network: Optional[network.NetworkResults] = None  # across a network, resources (issue 14)
 
     def skipped_in(self, section: str) -> Dict[str, str]:
         """The skipped rows of one section (a row-name prefix), without the prefix."""
@@ -179,6 +180,14 @@ def run_claim_costs(plan: Plan, workdir: Path, results: Results) -> None:
                         queue.probe(pending, plan.probe_claims, plan.probe_budget_s))
 
 
+def run_network(plan: Plan, workdir: Path, results: Results) -> None:
+    """Across a network and resources (issue 14): bench/network.py, with its own plan
+    (its quick one under ``--quick``, whose drains are shorter than 2,000 items)."""
+    quick = plan.drain_items < Plan.choose(False, False, None).drain_items
+    results.network = network.run_section(network.NetworkPlan.choose(quick, plan.repeats),
+                                          workdir, progress)
+
+
 def run_wake(plan: Plan, workdir: Path, results: Results) -> None:
     with row(results, WAKE + ETCDQ), etcd_server(workdir) as server:
         for repeat in range(plan.repeats):
@@ -196,7 +205,7 @@ def run_producers(plan: Plan, workdir: Path, results: Results) -> None:
 #: The sections, in the order they run: ``--only`` names them.
 SECTIONS: Dict[str, Callable[[Plan, Path, Results], None]] = {
     "raw": run_raw, "drains": run_drains, "claim-cost": run_claim_costs, "wake": run_wake,
-    "producers": run_producers}
+    "producers": run_producers, "network": run_network}
 
 
 # -- output ----------------------------------------------------------------------------------
@@ -246,6 +255,7 @@ def chosen_tables(plan: Plan, results: Results, ran: Sequence[str]) -> List[Tupl
     """The tables of the sections that ran, and the rows not measured."""
     sections = tables(plan, results)
     sections += producer_tables(plan, results)
+    sections += network_tables.tables(results.network) if results.network else []
     if results.skipped:
         sections.append(("Not measured", report.markdown_table(
             ["row", "why"], [[name, why] for name, why in results.skipped.items()])))
@@ -272,12 +282,14 @@ def write_outputs(out: Path, results: Results, printed: str,
            "drains": [asdict(run) for run in results.drains],
            "claim_costs": [asdict(run) for run in results.claim_costs],
            "wakes": [asdict(run) for run in results.wakes],
-           "producers": [asdict(run) for run in results.producers]}
+           "producers": [asdict(run) for run in results.producers],
+           "network": asdict(results.network) if results.network else None}
     written = [out / "results.json", out / "tables.md"]
     written[0].write_text(json.dumps(raw, indent=1) + "\n")
     written[1].write_text(printed)
-    note = plot.draw(results.drains, results.claim_costs, out / "bench.png") \
-        if results.drains or results.claim_costs else "no drains measured: no PNG"
+    rtt = results.network.drains if results.network else ()
+    note = plot.draw(results.drains, results.claim_costs, out / "bench.png", rtt) \
+        if results.drains or results.claim_costs or rtt else "nothing to plot: no PNG"
     if note:
         print(f"\n_{note}_")
     else:

@@ -3,10 +3,19 @@
 One item's life in a :class:`Worker`::
 
     main thread   claim (from the first of its queues that has a free item)
-                  ──► start a supervisor ──► claim again once a slot is free
-    supervisor    start the handler thread, then watch it: finished? lock lost?
-                  timed out? shutdown forced? ──► settle the claim exactly once
-                  (complete / fail / release / nothing when the lock is lost)
+                  ──► hand it to an idle slot ──► claim again once a slot is free
+    supervisor    give it to the slot's handler thread, then watch it: finished?
+                  lock lost? timed out? shutdown forced? ──► settle the claim
+                  exactly once (complete / fail / release / nothing when the lock
+                  is lost)
+
+A slot is a supervisor thread and its handler thread, kept from item to item
+while the handler returns in time (one handler thread per slot, never two
+items at once in it); a handler thread that overran is left to its handler
+and the slot starts a new one.  There are at most ``concurrency`` slots.
+Starting two threads per item cost the main thread, which claims every item,
+a quarter of its time in 8-process drains (``Thread.start`` waits until the
+new thread runs): bench/README.md, "Across a network and resources".
 
 Why a supervisor beside every handler thread: Python threads cannot be killed.
 When a handler overruns ``item_timeout``, loses its lock, or is still running
@@ -51,7 +60,9 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Set, Tuple, Union
+from queue import SimpleQueue
+from typing import (TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequence, Set,
+                    Tuple, Union)
 
 from .errors import AuthError, ConfigError, EtcdqError, InvalidPayload, LockLost
 from .metrics import MetricsServer, WorkerMetrics, check_port
@@ -177,6 +188,8 @@ class Worker:
         self._stats = WorkerStats()
         self._stats_lock = threading.Lock()
         self._tasks: Set[Task] = set()
+        self._slots: List[_Slot] = []       # every slot of this run() ...
+        self._idle_slots: List[_Slot] = []  # ... and those with no task
         # An RLock: stop() may be called while the main thread holds it.
         self._changed = threading.Condition(threading.RLock())
         self._stopping = threading.Event()
@@ -265,6 +278,7 @@ class Worker:
                 raise
             finally:
                 self._drain()
+                self._close_slots()
         stats = self.stats
         log.info("worker %s done: %s", self.queue.node_id, stats)
         return stats
@@ -325,8 +339,26 @@ class Worker:
             # A claim that returned after stop() never reaches the handler.
             self._abandon_unstarted(task)
             return
-        threading.Thread(target=self._supervise, args=(task,), daemon=True,
-                         name=f"etcdq-item-{claim.id}").start()
+        self._free_slot().give(task)
+
+    def _free_slot(self) -> "_Slot":
+        """An idle slot, or a new one (there is a free one for every free place:
+        a slot goes idle as its task leaves ``_tasks``, see :meth:`_finish`)."""
+        with self._changed:
+            if self._idle_slots:
+                return self._idle_slots.pop()
+            slot = _Slot(self, len(self._slots) + 1)
+            self._slots.append(slot)
+            return slot
+
+    def _close_slots(self) -> None:
+        """End every slot's supervisor thread (all are idle now: run() drained)."""
+        with self._changed:
+            slots, self._slots, self._idle_slots = self._slots, [], []
+        for slot in slots:
+            slot.give(None)
+        for slot in slots:
+            slot.thread.join()
 
     def _abandon_unstarted(self, task: Task) -> None:
         task.done.set()
@@ -349,21 +381,21 @@ class Worker:
 
     # -- one item ----------------------------------------------------------------
 
-    def _supervise(self, task: Task) -> None:
-        self._finish(task, lambda: self._watched(task))
+    def _supervise(self, task: Task, slot: "_Slot") -> None:
+        self._finish(task, lambda: self._watched(task, slot), slot)
 
-    def _watched(self, task: Task) -> _Outcome:
-        outcome = self._watch(task)
+    def _watched(self, task: Task, slot: "_Slot") -> _Outcome:
+        outcome = self._watch(task, slot)
         if outcome is not _Outcome.FINISHED:
             task.cancelled.set()
             # Let a cooperative handler stop (e.g. kill its command) before the
             # item is released or failed, so it never runs twice at once.
-            task.done.wait(CANCEL_WAIT)
+            if not task.done.wait(CANCEL_WAIT):
+                slot.retire_handler_thread()  # still in the handler: not for the next item
         return outcome
 
-    def _watch(self, task: Task) -> _Outcome:
-        threading.Thread(target=self._call_handler, args=(task,), daemon=True,
-                         name=f"etcdq-handler-{task.claim.id}").start()
+    def _watch(self, task: Task, slot: "_Slot") -> _Outcome:
+        slot.run_handler(task)
         deadline = None if self.item_timeout is None else task.started + self.item_timeout
         while not task.done.wait(_POLL):
             if task.claim.lost:
@@ -384,8 +416,10 @@ class Worker:
             _current.task = None
             task.done.set()
 
-    def _finish(self, task: Task, outcome: Callable[[], _Outcome]) -> None:
-        """Settle the task and forget it, whatever happens on the way.
+    def _finish(self, task: Task, outcome: Callable[[], _Outcome],
+                slot: Optional["_Slot"] = None) -> None:
+        """Settle the task and forget it, whatever happens on the way; its ``slot``
+        goes idle as the task leaves (one step, so a slot is free for each place).
 
         An error no layer expected (a bug, a result or an exception of the
         handler's that breaks when encoded or printed) is logged with its
@@ -407,6 +441,8 @@ class Worker:
                 self.metrics.ended(task.claim.queue)
             with self._changed:
                 self._tasks.discard(task)
+                if slot is not None:
+                    self._idle_slots.append(slot)
                 self._changed.notify_all()
 
     def _settle(self, task: Task, outcome: _Outcome) -> None:
@@ -482,6 +518,67 @@ class Worker:
         else:
             log.warning("%s again: releasing running items now", name)
             self.stop(grace=False)
+
+
+class _HandlerThread:
+    """A thread that runs the handler on each task it is given, one at a time."""
+
+    def __init__(self, call: Callable[[Task], None], name: str) -> None:
+        self._inbox: "SimpleQueue[Optional[Task]]" = SimpleQueue()
+        threading.Thread(target=self._run, args=(call,), daemon=True, name=name).start()
+
+    def give(self, task: Optional[Task]) -> None:
+        """Run ``task`` next; None: end once the handler running now returns."""
+        self._inbox.put(task)
+
+    def _run(self, call: Callable[[Task], None]) -> None:
+        while True:
+            task = self._inbox.get()
+            if task is None:
+                return
+            call(task)  # Worker._call_handler: catches all the handler raises
+
+
+class _Slot:
+    """One of a Worker's places for an item: a supervisor thread, and the handler
+    thread it gives each item to, both kept from item to item."""
+
+    def __init__(self, worker: Worker, number: int) -> None:
+        self._worker = worker
+        self._number = number
+        self._inbox: "SimpleQueue[Optional[Task]]" = SimpleQueue()
+        self._handler: Optional[_HandlerThread] = None
+        self.thread = threading.Thread(target=self._serve, daemon=True,
+                                       name=f"etcdq-slot-{number}")
+        self.thread.start()
+
+    def give(self, task: Optional[Task]) -> None:
+        """Supervise ``task`` next; None: end the slot (and its handler thread)."""
+        self._inbox.put(task)
+
+    def run_handler(self, task: Task) -> None:
+        if self._handler is None:
+            self._handler = _HandlerThread(self._worker._call_handler,
+                                           f"etcdq-handler-{self._number}")
+        self._handler.give(task)
+
+    def retire_handler_thread(self) -> None:
+        """The handler overran (timeout, lost lock, shutdown) and still runs: its
+        thread ends when it returns, and the next item gets a new thread."""
+        if self._handler is not None:
+            self._handler.give(None)
+            self._handler = None
+
+    def _serve(self) -> None:
+        while True:
+            task = self._inbox.get()
+            if task is None:
+                self.retire_handler_thread()
+                return
+            try:
+                self._worker._supervise(task, self)
+            except BaseException:  # Worker._finish logged it, settled the task and
+                continue           # freed this slot: serve the next one
 
 
 def _describe(error: BaseException) -> str:

@@ -58,3 +58,29 @@ def test_producers_bench_puts_every_item_of_every_row(etcd_server: EtcdServer) -
     assert all(run.items == 20 and run.writes >= 20 for run in runs)
     assert "put_many(in_flight=16)" in producers.table(runs)
     assert "holds" in producers.target_table(runs)
+
+
+@pytest.mark.parametrize("build", ["C", "Python"])
+def test_the_delay_proxy_holds_each_way_and_worker_processes_drain_through_it(
+        etcd_server: EtcdServer, etcd_url: str, queue_name: str, build: str) -> None:
+    """bench/network.py's drain through bench/delayproxy.py (its C build, or the
+    Python one used where there is no C compiler): every item completed once,
+    and a request through a 20 ms proxy takes at least those 20 ms."""
+    from bench import network
+    from bench.delayproxy import DelayProxy, ProxyBuild
+
+    proxies = ProxyBuild()
+    if build == "C" and proxies.binary is None:
+        pytest.skip(proxies.why_not_c)
+    try:
+        binary = proxies.binary if build == "C" else None
+        with DelayProxy(etcd_url, 20, binary) as slow:
+            assert network.round_trip_ms(slow.url, requests=3) >= 20
+        with DelayProxy(etcd_url, 1, binary) as proxy:
+            way = network.Route(network.PROXY, 1, proxy.url, proxy)
+            run = network.drain(etcd_server.pid or 0, etcd_url, way, queue_name, items=20,
+                                processes=2, concurrency=2)
+    finally:
+        proxies.close()
+    assert (run.missing, run.run_twice, run.problems) == (0, 0, 0)
+    assert run.proxy is not None and run.proxy.chunks >= 20 * 2  # a request and a reply each

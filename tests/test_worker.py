@@ -22,6 +22,7 @@ import trustme
 from etcdq_v2 import ConfigError, EtcdqError, Queue, Unavailable, connect
 from etcdq_v2.server import EtcdServer, TemporaryEtcd
 from etcdq_v2.transport import Transport
+from etcdq_v2 import worker as worker_module
 from etcdq_v2.worker import CANCEL_WAIT, Worker, current_task
 
 from helpers import wait_until
@@ -196,6 +197,44 @@ def test_item_timeout_fails_the_item_cancels_the_handler_and_drops_its_result(
     assert gate.saw_cancel.is_set()
     info = queue.get(item_id)
     assert (info.state, info.reason, info.result) == ("failed", "timed out after 0.5 s", None)
+
+
+def test_each_slot_keeps_its_handler_thread_from_item_to_item(queue: Queue) -> None:
+    """Issue 14: starting a supervisor and a handler thread for every item cost the
+    main thread, which claims every item, a quarter of its time in 8-process drains."""
+    queue.put_many([{"n": n} for n in range(12)])
+    threads: List[threading.Thread] = []  # kept alive here: no identity is reused
+
+    def note(payload: Any) -> None:
+        threads.append(threading.current_thread())
+
+    stats = make_worker(queue, note, concurrency=3).run(until_empty=True)
+    assert stats.completed == 12
+    assert len(set(threads)) <= 3
+    wait_until(lambda: not any(thread.is_alive() for thread in threads), BOUND,
+               message="the handler threads to end once run() returned")
+
+
+def test_a_handler_that_overran_keeps_its_thread_and_the_next_item_gets_another(
+        queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker_module, "CANCEL_WAIT", 0.1)
+    queue.put_many([{"n": 0}, {"n": 1}])
+    stuck = threading.Event()
+    ran: List[Tuple[int, threading.Thread]] = []
+
+    def handler(payload: Any) -> str:
+        ran.append((payload["n"], threading.current_thread()))
+        if payload["n"] == 0:
+            stuck.wait(BOUND)  # ignores ``cancelled``: its thread is not the next item's
+        return "done"
+
+    try:
+        stats = make_worker(queue, handler, item_timeout=0.3).run(until_empty=True)
+    finally:
+        stuck.set()
+    assert (stats.failed, stats.completed) == (1, 1)
+    assert [n for n, _ in ran] == [0, 1] and ran[0][1] is not ran[1][1]
+    assert results(queue) == {1: "done"}
 
 
 def test_the_lock_is_kept_alive_while_a_long_handler_runs(
