@@ -269,7 +269,7 @@ class Queue:
         up, and a busy process may be slow to notice.  Either way the view may
         list again rather than try each item it still holds."""
         view.finished(item_id)
-        if view.missed() or gone == STALE_VIEW:
+        if view.missed(item_id) or gone == STALE_VIEW:
             view.behind(self.etcd.deadline)
 
     def _lost_race(self, view: QueueView, item_id: str, index: int, taken: int) -> None:
@@ -281,7 +281,7 @@ class Queue:
         them gone; then it lists again as above."""
         view.locked_at(item_id, index)
         self._window = min(CLAIM_WINDOW, self._window * 2)
-        if view.missed():  # a quiet view: others' claims are news to it
+        if view.missed(item_id):  # a quiet view: others' claims are news to it
             view.behind(self.etcd.deadline)
         elif taken == STALE_RACES and self._protocol.left_work(item_id):
             self._found_gone(view, item_id, STALE_VIEW)

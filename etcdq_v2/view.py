@@ -189,6 +189,7 @@ class QueueView:
         #: Where a claim walking the backlog goes on from (see pick); None: jump.
         self._cursor: Optional[str] = None
         self._listing = False  # a relist_work() is under way
+        self._missed: Set[str] = set()  # items missed since the last listing
         self._follower = _Follower(self, None, idle_timeout, list_locks=True)
         self._follower.start()
 
@@ -252,8 +253,11 @@ class QueueView:
                 self._in_free.discard(item_id)
             del self._free[:stale]
             backlog = self.watching_locks and len(self._in_free) >= BACKLOG
+            # Locks seen as events have no planned expiry: a quiet view, which
+            # hears no expire event, must list them (review rv7).
+            known_locks = bool(self._locks)
         if backlog:
-            self._watch(locks=False)
+            self._watch(locks=False, list_locks=known_locks)
         return found
 
     def pick(self, window: int) -> Optional[Candidate]:
@@ -300,12 +304,12 @@ class QueueView:
         self._cursor = None  # a run of items not free: jump next time
         return None
 
-    def missed(self) -> bool:
-        """A claim found an item of the view taken or gone.  True when a quiet view
-        should list work/ again: a quarter of what its listing offered was stale
-        (other consumers' claims, which it does not watch)."""
+    def missed(self, item_id: str) -> bool:
+        """A claim found the item taken or gone.  True when a quiet view should
+        list work/ again: its misses cost what that listing does (MISS_COST)."""
         with self._cond:
             self._misses += 1
+            self._missed.add(item_id)
             self._cursor = None  # another consumer's run, or a stale one: jump
             return not self.watching_locks and self._misses >= self.miss_limit
 
@@ -488,12 +492,12 @@ class QueueView:
                 event.set()
         self._follower.stop()
 
-    def _watch(self, *, locks: bool) -> "_Follower":
+    def _watch(self, *, locks: bool, list_locks: bool = False) -> "_Follower":
         """Watch the whole queue directory (``locks``), or nothing: its follower."""
         with self._cond:
             if self.watching_locks == locks:
                 return self._follower
-        return self._replace_follower(locks=locks)
+        return self._replace_follower(locks=locks, list_locks=list_locks)
 
     def _replace_follower(self, *, locks: bool, list_locks: bool = False) -> "_Follower":
         """A new follower (subscribe, list, apply) in place of the current one."""
@@ -648,9 +652,17 @@ class QueueView:
             if follower is not self._follower:
                 return
             delayed = self._new_delayed(work)
+            held = self._missed_still_there(work)
             self._take_listing(index, work)
-        if delayed:
-            self._list_locks()
+        if delayed or held:
+            self._list_locks(full=held)
+
+    def _missed_still_there(self, work: List[Entry]) -> bool:
+        """Whether most items missed since the last listing are still in work/:
+        running elsewhere, not finished, so listing work/ again told nothing,
+        and only locks/ will (else every miss would list work/ again: review rv7)."""
+        still = sum(1 for entry in work if entry.id in self._missed)
+        return still > 0 and 2 * still >= len(self._missed)
 
     def _take_listing(self, index: int, work: List[Entry]) -> None:
         """Apply a listing of work/ taken at ``index`` (under the lock)."""
@@ -661,11 +673,14 @@ class QueueView:
         self._orphans.clear()
         self._known = index
         self._misses, self._listed_free, self._cursor = 0, len(work), None
+        self._missed.clear()
         self.relists += 1
         self.version += 1
         self._cond.notify_all()
 
-    def _list_locks(self) -> None:
+    def _list_locks(self, full: bool = False) -> None:
+        """List locks/ and apply it: in a quiet view, to delayed items only
+        unless ``full`` (see _reconcile_locks)."""
         with self._cond:
             follower = self._follower
         index, locks = self._protocol.list("locks")
@@ -673,7 +688,8 @@ class QueueView:
             # A new follower lists locks/ itself; this older listing, applied
             # after its events, could mark an item locked again for good.
             if follower is self._follower:
-                self._reconcile_locks(index, locks, delays=follower.directory is None)
+                self._reconcile_locks(index, locks,
+                                      delays=follower.directory is None and not full)
 
     def _apply(self, block: bytes, floors: Dict[str, int], follower: "_Follower") -> None:
         """Apply a block of events, each only if newer than its directory's listing."""
