@@ -29,6 +29,8 @@ put_many(in_flight=N), N > 1
     POSTs in doubt (no reply) are looked for by token, in one pass (not found
     -> Unavailable); then the rest follows.  Nothing is resent.  One POST per
     connection: a connection cut mid-reply holds one POST, which etcd applied.
+    New connections are probed together: each answers within one timeout of
+    the probes' send, or carries nothing (none: the next member).
 
 delayed put (delay > 0)
     D1. POST ``locks/`` with ttl=delay (whole seconds, rounded up) and a delay

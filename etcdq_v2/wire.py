@@ -558,7 +558,7 @@ class Member:
             connection.set_timeout(timeout)
             taken.append(connection)
         fresh = self._open(count - len(taken), timeout, must=not taken)
-        return taken + (self._probe_all(fresh, must=not taken) if proven else fresh)
+        return taken + (self._probe_all(fresh, timeout, must=not taken) if proven else fresh)
 
     def _open(self, count: int, timeout: float, must: bool) -> List[Connection]:
         """Up to ``count`` new connections; NotSent if ``must`` and none opens."""
@@ -577,19 +577,28 @@ class Member:
             raise
         return opened
 
-    def _probe_all(self, connections: List[Connection], must: bool) -> List[Connection]:
+    def _probe_all(self, connections: List[Connection], timeout: float,
+                   must: bool) -> List[Connection]:
         """The connections on which the member answered :meth:`_probe`'s question,
-        asked on all of them at once; NotSent if ``must`` and there is none."""
+        asked on all of them at once; NotSent if ``must`` and there is none.
+
+        Every reply must come within ``timeout`` of the first question, as
+        :meth:`_probe`'s within ``timeout`` of its own: the replies are awaited
+        together (one wait, shared), so a member that does not answer costs
+        one timeout, not one per connection, and a slow member's late replies
+        do not pass for answers.
+        """
         answered: List[Connection] = []
         failure: Optional[Exception] = None
         try:
+            due = time.monotonic() + timeout
             asked = [c for c in connections if _outcome(_send, c, self._version_request) is None]
             for connection in connections:
                 if connection not in asked:
                     connection.close()
-            for connection in asked:
-                answer = _outcome(_receive, connection)
+            for connection, answer in self._probe_replies(asked, due):
                 if isinstance(answer, Response) and connection.reusable:
+                    connection.set_timeout(timeout)
                     answered.append(connection)
                     continue
                 connection.close()
@@ -605,6 +614,26 @@ class Member:
         if must and not answered:
             raise NotSent("no answer on a new connection")
         return answered
+
+    def _probe_replies(self, asked: List[Connection], due: float
+                       ) -> Iterator[Tuple[Connection, Union[Response, Exception]]]:
+        """Each asked connection with its probe's reply, or Lost if none came by
+        ``due`` (time.monotonic()); a reply begun is read only until ``due``."""
+        waiting = {connection.sock.fileno(): connection for connection in asked}
+        poller = _Poller(list(connection.sock for connection in asked))
+        while waiting:
+            ready = [fd for fd, c in waiting.items() if c.buffered()] or \
+                poller.ready(max(due - time.monotonic(), 0.0))
+            if not ready:
+                break
+            for fd in ready:
+                connection = waiting.pop(fd)
+                poller.forget(fd)
+                # Never 0: a kernel (or socket) timeout of 0 means "none".
+                connection.set_timeout(max(due - time.monotonic(), 0.001))
+                yield connection, _outcome(_receive, connection)
+        for connection in waiting.values():
+            yield connection, Lost("timed out waiting for the reply", timed_out=True)
 
     def _give_back(self, connection: Connection) -> None:
         with self._lock:
@@ -685,16 +714,18 @@ class _Pipeline:
         """The next requests, in order, on the lanes with room, while the window
         allows: up to lanes x depth places after the oldest awaiting a reply."""
         limit = min(len(self._requests), self._oldest() + self._window)
-        now = time.monotonic()
         for lane in self._lanes:
-            if self._next >= limit:
+            if self._next >= limit or self._halted:  # a failed send: nothing more goes
                 return
             room = 0 if lane.dead else min(self._depth - len(lane.waiting), limit - self._next)
             if room > 0:
-                self._send_on(lane, room, now)
+                self._send_on(lane, room)
 
-    def _send_on(self, lane: _Lane, count: int, now: float) -> None:
-        """The next ``count`` requests, on ``lane``, in one write."""
+    def _send_on(self, lane: _Lane, count: int) -> None:
+        """The next ``count`` requests, on ``lane``, in one write; the lane's
+        wait starts at its own send, not at an earlier lane's (a slow write
+        there must not eat into this lane's timeout)."""
+        now = time.monotonic()
         if not lane.waiting:
             lane.since = now
         first, self._next = self._next, self._next + count
