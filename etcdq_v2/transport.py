@@ -38,7 +38,8 @@ import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union,
+                    overload)
 from urllib.parse import urlsplit
 
 from .errors import (AlreadyExists, AmbiguousWrite, AuthError, CompareFailed, ConfigError,
@@ -275,9 +276,7 @@ class Transport:
         that sends nothing is tried again on the next member, until the
         deadline (Unavailable).
         """
-        path = _path(key, None)
-        requests = [("POST", path, f"value={_quote(value, _FORM_QUOTING)}&noValueOnSuccess=true")
-                    for value in values]
+        requests = _Posts(_path(key, None), values)
         return self._retrying("POST", key, lambda member, timeout, retried: self._piped(
             member, key, requests, timeout, lanes, depth), observed=False)
 
@@ -617,6 +616,35 @@ class Listing:
             raise Unavailable(f"a listing from {self._endpoint} broke off: {exc}") from None
         finally:
             self._connection.close()
+
+
+_Request = Tuple[str, str, Optional[str]]
+
+
+class _Posts(Sequence[_Request]):
+    """post_many's requests, each form-encoded only when the pipeline takes it
+    (just before it is sent): a form-encoded value is up to three times the
+    value, so a chunk of large values encoded at once would hold them all."""
+
+    def __init__(self, path: str, values: Sequence[str]) -> None:
+        self._path, self._values = path, values
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @overload
+    def __getitem__(self, index: int) -> _Request: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[_Request]: ...
+
+    def __getitem__(self, index: Union[int, slice]) -> Union[_Request, Sequence[_Request]]:
+        if isinstance(index, slice):
+            return [self._request(value) for value in self._values[index]]
+        return self._request(self._values[index])
+
+    def _request(self, value: str) -> _Request:
+        return ("POST", self._path, f"value={_quote(value, _FORM_QUOTING)}&noValueOnSuccess=true")
 
 
 def _quoting(safe: str, space: str) -> List[str]:
