@@ -93,18 +93,24 @@ def draw(drains: Sequence[DrainRun], claim_costs: Sequence[ClaimCostRun],
         return "matplotlib is not installed (pip install 'etcdq_v2[bench]'): no PNG written"
     if network and not (drains or claim_costs):  # bench/run.py --only network
         return _rtt_alone(plt, network, path)
-    figure, panels = plt.subplots(1, 3 if network else 2, figsize=(19.5 if network else 13, 5))
-    left, right = panels[0], panels[1]
+    # One panel per section that ran (``--only``): consumers, queue length, round trip.
+    shown = [bool(drains), bool(claim_costs), bool(network)]
+    figure, panels = plt.subplots(1, sum(shown), figsize=(6.5 * sum(shown), 5), squeeze=False)
+    axes = iter(panels[0])
+    if drains:
+        left = next(axes)
+        _panel(left, _series(drains, lambda r: r.design, lambda r: r.consumers,
+                             lambda r: r.items_per_s),
+               "consumer processes", "items/s (drain; median, min–max)")
+        left.set_ylim(bottom=0)
+    if claim_costs:
+        right = next(axes)
+        _panel(right, _series(claim_costs, lambda r: r.design, lambda r: r.pending,
+                              lambda r: r.claims_per_s),
+               "pending items", "claims/s (one consumer; median, min–max)")
+        right.set_yscale("log")  # the literal design falls by orders of magnitude
     if network:
-        rtt_panel(panels[2], network)
-    _panel(left, _series(drains, lambda r: r.design, lambda r: r.consumers,
-                         lambda r: r.items_per_s),
-           "consumer processes", "items/s (drain; median, min–max)")
-    left.set_ylim(bottom=0)
-    _panel(right, _series(claim_costs, lambda r: r.design, lambda r: r.pending,
-                          lambda r: r.claims_per_s),
-           "pending items", "claims/s (one consumer; median, min–max)")
-    right.set_yscale("log")  # the literal design falls by orders of magnitude
+        rtt_panel(next(axes), network)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
