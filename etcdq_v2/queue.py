@@ -229,14 +229,14 @@ class Queue:
             view.wait_for_change(version, remaining)
 
     def _claim_from(self, view: QueueView) -> Optional[Claim]:
-        """Try the free items at the head, in random order, until one is ours."""
+        """Try free items the view picks (the head, or a walk of the backlog:
+        QueueView.pick, which marks each taken) until one is ours."""
         gone = taken = 0
         while True:
             candidate = view.pick(self._window)
             if candidate is None:
                 return None
             item_id, index, raw = candidate
-            view.taken(item_id)
             try:
                 state = self._protocol.claim(item_id, index, raw)
             except Gone:

@@ -277,7 +277,7 @@ class QueueView:
                 found = self._walk(min(window, bisect.bisect_right(
                     self._free, _id_at(self._known))))
                 if found is not None:
-                    self._trying.setdefault(found[0], -1)
+                    self.taken(found[0])
                     return found
         while True:
             head = self.candidates(min(window, PROBES))
@@ -286,7 +286,7 @@ class QueueView:
             found = random.choice(head)
             with self._cond:
                 if self._is_free(found[0]):  # another thread may have taken it since
-                    self._trying.setdefault(found[0], -1)
+                    self.taken(found[0])
                     return found
 
     def _walk(self, end: int) -> Optional[Candidate]:
