@@ -351,10 +351,11 @@ class QueueView:
             stale = quiet and bool(self._locks) and (
                 now - self._locks_listed >= self._protocol.lock_ttl)
             due = quiet and self._next_delay <= now
+            follower = self._follower
         if stale:
             self.relist(self._protocol.etcd.deadline, locks=True)
         elif due:
-            self._list_locks()
+            self._list_locks(follower)
 
     def taken(self, item_id: str) -> None:
         """A claim attempt of this process on the item is under way: offer it to no other."""
@@ -611,7 +612,7 @@ class QueueView:
                 self._reconcile_locks(locks_index, locks)
             self._ready, self._error = True, None
         if delayed and not follower.list_locks and follower.directory is None:
-            self._list_locks()
+            self._list_locks(follower)
         return {"work": work_index, "locks": locks_index}
 
     def _new_delayed(self, work: List[Entry]) -> bool:
@@ -655,7 +656,7 @@ class QueueView:
             held = self._missed_still_there(work)
             self._take_listing(index, work)
         if delayed or held:
-            self._list_locks(full=held)
+            self._list_locks(follower, full=held)
 
     def _missed_still_there(self, work: List[Entry]) -> bool:
         """Whether most items missed since the last listing are still in work/:
@@ -678,11 +679,12 @@ class QueueView:
         self.version += 1
         self._cond.notify_all()
 
-    def _list_locks(self, full: bool = False) -> None:
-        """List locks/ and apply it: in a quiet view, to delayed items only
-        unless ``full`` (see _reconcile_locks)."""
-        with self._cond:
-            follower = self._follower
+    def _list_locks(self, follower: "_Follower", full: bool = False) -> None:
+        """List locks/ and apply it, if ``follower`` (current when the caller
+        decided to list) is still the view's: in a quiet view, to delayed items
+        only unless ``full`` (see _reconcile_locks).  A follower that took over
+        since lists locks/ itself, and may have applied newer events already
+        (review rv9: an older listing marked a released item locked for good)."""
         index, locks = self._protocol.list("locks")
         with self._cond:
             # A new follower lists locks/ itself; this older listing, applied
