@@ -28,7 +28,7 @@ if __package__ in (None, ""):
     # package imports, and spawned worker processes import them by that name.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import measure, network, network_tables, plot, producers, report  # noqa: E402
+from bench import floor, measure, network, network_tables, plot, producers, report  # noqa: E402
 from bench.designs import DESIGNS, ETCDQ, Target  # noqa: E402
 from bench.servers import ZooKeeperUnavailable, etcd_server, zookeeper_server  # noqa: E402
 from etcdq_v2.server import etcd_version, find_etcd_binary  # noqa: E402
@@ -38,6 +38,7 @@ CONTENTION_DESIGNS = ("literal", ETCDQ)
 #: Prefixes of the row names in Results.skipped: which table a skipped row belongs to.
 RAW, DRAIN, CLAIM_COST, WAKE = "raw write rate: ", "drain: ", "claim cost: ", "wake latency: "
 PRODUCERS = "producers: "
+FLOOR = "floor: "
 
 
 @dataclass(frozen=True)
@@ -59,12 +60,15 @@ class Plan:
     wrk_connections: int = 64
     wake_puts: int = 50
     producer_items: int = 10_000
+    #: The floor (issue 14): etcd writes in all, split over each of scale_consumers.
+    floor_writes: int = 32_000
 
     @classmethod
     def choose(cls, quick: bool, full: bool, repeats: Optional[int]) -> "Plan":
         if quick:
             plan = cls(repeats=1, drain_items=500, raw_seconds=2, probe_claims=200,
-                       probe_budget_s=2, literal_lengths=(1_000, 10_000), idle_s=1)
+                       probe_budget_s=2, literal_lengths=(1_000, 10_000), idle_s=1,
+                       floor_writes=3_200)
         else:
             plan = cls(repeats=3, drain_items=2000, raw_seconds=3, probe_claims=300,
                        probe_budget_s=4, literal_lengths=(1_000, 10_000), idle_s=2)
@@ -83,6 +87,7 @@ class Results:
     claim_costs: List[measure.ClaimCostRun] = field(default_factory=list)
     wakes: List[measure.WakeRun] = field(default_factory=list)
     producers: List[producers.ProducerRun] = field(default_factory=list)
+    floor: List[floor.FloorRun] = field(default_factory=list)  # bare writes (issue 14)
     skipped: Dict[str, str] = field(default_factory=dict)  # row name -> why it did not run
     network: Optional[network.NetworkResults] = None  # across a network, resources (issue 14)
 
@@ -202,10 +207,17 @@ def run_producers(plan: Plan, workdir: Path, results: Results) -> None:
                                                plan.repeats, progress)
 
 
+def run_floor(plan: Plan, workdir: Path, results: Results) -> None:
+    """Bare etcd writes from each of scale_consumers processes (bench/floor.py)."""
+    with row(results, FLOOR + "etcd writes"):
+        results.floor += floor.measure(workdir, plan.scale_consumers, plan.floor_writes,
+                                       plan.repeats, progress)
+
+
 #: The sections, in the order they run: ``--only`` names them.
 SECTIONS: Dict[str, Callable[[Plan, Path, Results], None]] = {
     "raw": run_raw, "drains": run_drains, "claim-cost": run_claim_costs, "wake": run_wake,
-    "producers": run_producers, "network": run_network}
+    "producers": run_producers, "network": run_network, "floor": run_floor}
 
 
 # -- output ----------------------------------------------------------------------------------
@@ -251,10 +263,26 @@ def producer_tables(plan: Plan, results: Results) -> List[Tuple[str, str]]:
             ("Target 4 of issue 14 (producers)", producers.target_table(results.producers))]
 
 
+def floor_tables(plan: Plan, results: Results) -> List[Tuple[str, str]]:
+    """The floor's table; next to the drains, and the bound, when both ran."""
+    if not results.floor:
+        return []
+    low, high = min(plan.scale_consumers), max(plan.scale_consumers)
+    sections = [(f"The floor: {plan.floor_writes:,} etcd writes from "
+                 f"{', '.join(map(str, plan.scale_consumers))} processes",
+                 floor.table(results.floor))]
+    beside = floor.comparison(results.floor, results.drains, low, high)
+    if beside is not None:
+        sections.append((f"The floor next to the drains: {high} processes against {low}",
+                         beside))
+    return sections
+
+
 def chosen_tables(plan: Plan, results: Results, ran: Sequence[str]) -> List[Tuple[str, str]]:
     """The tables of the sections that ran, and the rows not measured."""
     sections = tables(plan, results)
     sections += producer_tables(plan, results)
+    sections += floor_tables(plan, results)
     sections += network_tables.tables(results.network) if results.network else []
     if results.skipped:
         sections.append(("Not measured", report.markdown_table(
@@ -283,6 +311,7 @@ def write_outputs(out: Path, results: Results, printed: str,
            "claim_costs": [asdict(run) for run in results.claim_costs],
            "wakes": [asdict(run) for run in results.wakes],
            "producers": [asdict(run) for run in results.producers],
+           "floor": [asdict(run) for run in results.floor],
            "network": asdict(results.network) if results.network else None}
     written = [out / "results.json", out / "tables.md"]
     written[0].write_text(json.dumps(raw, indent=1) + "\n")

@@ -84,3 +84,58 @@ def test_the_delay_proxy_holds_each_way_and_worker_processes_drain_through_it(
         proxies.close()
     assert (run.missing, run.run_twice, run.problems) == (0, 0, 0)
     assert run.proxy is not None and run.proxy.chunks >= 20 * 2  # a request and a reply each
+
+
+def test_floor_section_writes_from_each_process_count_and_renders_its_table(
+        tmp_path: Path) -> None:
+    """bench/run.py's "floor" section with the quick plan, at 2 and 4 processes
+    instead of 8, 32 and 64 (spawning 104 processes is not a fast test): one run
+    per count, on its own etcd, every figure positive, one table row per count.
+    Without drains there is no comparison and no bound."""
+    from dataclasses import replace
+
+    from bench import run
+
+    plan = replace(run.Plan.choose(quick=True, full=False, repeats=None), scale_consumers=(2, 4))
+    results = run.Results()
+    run.run_floor(plan, tmp_path, results)
+
+    assert results.skipped == {}
+    assert [(r.processes, r.writes) for r in results.floor] == [(2, plan.floor_writes),
+                                                                (4, plan.floor_writes)]
+    for r in results.floor:
+        assert r.writes_per_s > 0 and r.clients_us_per_write > 0
+        assert r.etcd_us_per_write is not None and r.etcd_us_per_write > 0
+    [(title, table)] = run.floor_tables(plan, results)
+    lines = table.splitlines()
+    assert "2, 4 processes" in title and len(lines) == 4
+    assert [line.count("|") for line in lines] == [9] * 4
+    assert lines[2].startswith("| 2 |") and lines[2].count("1.00×") == 3
+    assert lines[3].startswith("| 4 |")
+
+
+def test_floor_bound_is_the_rate_scaled_by_the_cpu_per_item_growth() -> None:
+    """rate8 · (E + C) / (E·fe + C·fc), and comparison() feeds it the drains'
+    8-consumer figures and the floor's 64-against-8 factors."""
+    from bench import floor
+
+    assert floor.rate_bound(1000, 0.5, 0.5, 1.0, 3.0) == pytest.approx(500)
+    assert floor.rate_bound(1000, 0.6, 0.2, 2.0, 1.0) == pytest.approx(1000 * 0.8 / 1.4)
+    assert floor.rate_bound(1230, 0.62, 0.69, 1.0, 1.0) == pytest.approx(1230)
+
+    def drain(consumers: int, rate: float, etcd_ms: float, clients_ms: float
+              ) -> measure.DrainRun:
+        return measure.DrainRun("etcdq_v2", consumers, 1000, 1000 / rate, rate, 1000, 0, 0,
+                                0, {}, None, None, etcd_ms, clients_ms)
+
+    def bare(processes: int, etcd_us: float, clients_us: float) -> floor.FloorRun:
+        return floor.FloorRun(processes, 0, 1000, 0.1, etcd_us / 1000, clients_us / 1000)
+
+    drains = [drain(8, 1000, 0.5, 0.5), drain(64, 400, 1.0, 2.0)]
+    runs = [bare(8, 80, 60), bare(64, 80, 180)]
+    assert floor.comparison(runs, [], 8, 64) is None
+    text = floor.comparison(runs, drains, 8, 64)
+    assert text is not None
+    assert "| etcdq_v2 drains (items) | 0.40× | 2.00× | 4.00× |" in text
+    assert "| bare writes, the floor | 1.00× | 1.00× | 3.00× |" in text
+    assert "**500 items/s**, 0.50×" in text
