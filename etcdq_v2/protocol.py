@@ -989,15 +989,16 @@ class Protocol:
         return Record.decode(existing.value).claim if existing else None
 
     # -- R: release, fail ----------------------------------------------------
-    def release(self, state: ClaimState, delay: Optional[float] = 0) -> None:
+    def release(self, state: ClaimState, delay: Optional[float] = 0) -> int:
         """R0, then R1: give the attempt back, then the item (now, or after ``delay``).
+        Returns the seconds until it is claimable again (0: now).
 
         A ``delay`` that is no number of seconds from 0 to MAX_TTL raises
         InvalidArgument before any write.
         """
         ttl = delay_ttl(delay)
         self._give_back(state)
-        self._unlock(state, ttl)
+        return self._unlock(state, ttl)
 
     def _give_back(self, state: ClaimState) -> None:
         """R0: CAS ``work/<id>`` on our C2 index to a-1, our claim token kept.
@@ -1035,8 +1036,9 @@ class Protocol:
                     return entry.index
         raise LockLost(f"item {state.id}: another claim took it, or it is finished")
 
-    def _unlock(self, state: ClaimState, delay: float = 0) -> None:
-        """R1: the item is claimable again now, or after ``delay`` seconds (etcd's clock)."""
+    def _unlock(self, state: ClaimState, delay: float = 0) -> int:
+        """R1: the item is claimable again now, or after ``delay`` seconds (etcd's
+        clock): returns those seconds as the lock's TTL (0: now)."""
         key, mine = self.layout.key("locks", state.id), state.lock.encode()
         if delay <= 0:
             try:
@@ -1045,26 +1047,27 @@ class Protocol:
                 self._still_ours(state)
             except CompareFailed:
                 raise LockLost(f"item {state.id}: another claim holds the lock") from None
-            return
-        delayed = replace(state.lock, delay=True)
+            return 0
+        delayed, ttl = replace(state.lock, delay=True), ttl_seconds(delay)
         try:
-            self.etcd.put(key, delayed.encode(), ttl=ttl_seconds(delay), prev_value=mine)
+            self.etcd.put(key, delayed.encode(), ttl=ttl, prev_value=mine)
         except KeyMissing:
-            self._retake(state, delayed, ttl_seconds(delay))
+            self._retake(state, delayed, ttl)
         except CompareFailed as exc:
             if not (exc.retried and self._lock_value(state.id) == delayed.encode()):
                 raise LockLost(f"item {state.id}: another claim holds the lock") from None
+        return ttl
 
-    def fail(self, state: ClaimState, reason: str) -> bool:
+    def fail(self, state: ClaimState, reason: str) -> Optional[int]:
         """Dead-letter the item if it used its attempts, else retry it after a backoff.
 
-        Returns True if the item went to failed/.
+        Returns None if the item went to failed/, else the seconds until it
+        is claimable again (0: now).
         """
         if self.max_attempts and state.item.attempts >= self.max_attempts:
             self.finish(state, FAILED, reason=reason)
-            return True
-        self._unlock(state, self.backoff(state.item.attempts))  # no R0: a failure counts
-        return False
+            return None
+        return self._unlock(state, self.backoff(state.item.attempts))  # no R0: a failure counts
 
     # -- Q: requeue ----------------------------------------------------------
     def requeue(self, item_id: str) -> Tuple[str, int, str]:

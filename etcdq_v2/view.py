@@ -413,11 +413,20 @@ class QueueView:
             if not known:
                 self._apply_item(item_id, index, raw)
 
-    def released(self, item_id: str) -> None:
-        """A claim of this process released the item: offer it before etcd's event arrives."""
+    def returned(self, item_id: str, seconds: int) -> None:
+        """A claim of this process gave the item back (release, or fail with a
+        retry), claimable again in ``seconds``.  Now: offer it before etcd's
+        event arrives.  Later: note when etcd expires its delay lock, so that
+        a quiet view, which hears no expiry, lists locks/ then (check_locks)
+        rather than up to a lock TTL later (review rv7); unless a sign that
+        the lock is gone came first."""
         with self._cond:
-            self._locks.pop(item_id, None)
-            self._make_free(item_id)
+            if not seconds:
+                self._locks.pop(item_id, None)
+                self._make_free(item_id)
+            elif item_id in self._locks:
+                self._delays[item_id] = time.monotonic() + seconds
+                self._next_delay = min(self._next_delay, self._delays[item_id])
 
     def finished(self, item_id: str) -> None:
         """The item is gone: this process completed or dead-lettered it, or a
