@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Optional, Type, TypeVar
 from typing import Protocol as TypingProtocol
 
 from .errors import ClaimClosed, LockLost, public_errors
-from .protocol import COMPLETED, ClaimState, Protocol, item_fields
+from .protocol import COMPLETED, ClaimState, GivenBack, Protocol, item_fields
 
 log = logging.getLogger("etcdq_v2.claim")
 T = TypeVar("T")
@@ -26,7 +26,7 @@ T = TypeVar("T")
 class ViewHints(TypingProtocol):
     """What a claim tells its queue's view, which would learn it from etcd a little later."""
 
-    def returned(self, item_id: str, seconds: int) -> None: ...
+    def returned(self, item_id: str, seconds: int, index: int) -> None: ...
 
     def finished(self, item_id: str) -> None: ...
 
@@ -106,7 +106,7 @@ class Claim:
     @public_errors()
     def fail(self, reason: str = "") -> None:
         """This attempt failed: retry after a backoff, or dead-letter at max_attempts."""
-        def fail() -> Optional[int]:
+        def fail() -> Optional[GivenBack]:
             back_in = self._protocol.fail(self._state, str(reason))
             if back_in is None:
                 self._outcome = "dead-lettered"
@@ -117,12 +117,11 @@ class Claim:
         elif self._view is not None:
             self._view.finished(self.id)
 
-    def _returned(self, seconds: int) -> None:
-        """Tell the view the item is claimable again in ``seconds``: a quiet
-        view hears of no lock's expiry, and would offer it up to a lock TTL
-        late (review rv7)."""
+    def _returned(self, back: GivenBack) -> None:
+        """Tell the view when the item is claimable again: a quiet view hears
+        of no lock's expiry, and would offer it up to a lock TTL late (review rv7)."""
         if self._view is not None:
-            self._view.returned(self.id, seconds)
+            self._view.returned(self.id, *back)
 
     def abandon(self) -> None:
         """Stop refreshing the lock, without writing anything to etcd.

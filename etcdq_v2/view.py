@@ -174,6 +174,9 @@ class QueueView:
         #: Known items held by a delay lock (a delayed put, a release delay): id ->
         #: time.monotonic() at which etcd expires the lock; and the earliest of them.
         self._delays: Dict[str, float] = {}
+        #: Items of those given back by this process's claims: id -> the etcd
+        #: index of R1 (see returned).
+        self._given_back: Dict[str, int] = {}
         self._next_delay = math.inf
         self.version = 0
         self._ready = False
@@ -413,18 +416,19 @@ class QueueView:
             if not known:
                 self._apply_item(item_id, index, raw)
 
-    def returned(self, item_id: str, seconds: int) -> None:
+    def returned(self, item_id: str, seconds: int, index: int) -> None:
         """A claim of this process gave the item back (release, or fail with a
-        retry), claimable again in ``seconds``.  Now: offer it before etcd's
-        event arrives.  Later: note when etcd expires its delay lock, so that
-        a quiet view, which hears no expiry, lists locks/ then (check_locks)
-        rather than up to a lock TTL later (review rv7); unless a sign that
-        the lock is gone came first."""
+        retry) at etcd ``index``, claimable again in ``seconds``.  Now: free,
+        before etcd's event arrives (unless locked again since).  Later: note
+        when etcd expires its delay lock, so that a quiet view, which hears no
+        expiry, lists locks/ then (check_locks) rather than up to a lock TTL
+        later (review rv7); a listing older than ``index``, which shows our
+        claim's lock, does not undo that (review rv10)."""
         with self._cond:
             if not seconds:
-                self._locks.pop(item_id, None)
-                self._make_free(item_id)
+                self._unlocked(item_id, index)
             elif item_id in self._locks:
+                self._given_back[item_id] = index
                 self._delays[item_id] = time.monotonic() + seconds
                 self._next_delay = min(self._next_delay, self._delays[item_id])
 
@@ -589,10 +593,12 @@ class QueueView:
         for entry in locks:
             if entry.id in self._items and entry.expiration and _is_delay(entry.value):
                 self._delays[entry.id] = now + max(_expires_in(entry, wall), RELIST_DUE)
-            else:
+            elif entry.index >= self._given_back.get(entry.id, 0):
                 self._delays.pop(entry.id, None)  # a claim's lock: refreshed, not waited for
         for item_id in [i for i in self._delays if i not in self._locks]:
             del self._delays[item_id]
+        for item_id in [i for i in self._given_back if i not in self._delays]:
+            del self._given_back[item_id]
         self._next_delay = min(self._delays.values(), default=math.inf)
 
     # -- listings and events (follower threads) --------------------------------------
