@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict
 
 from etcdq_v2 import Queue
 from etcdq_v2.view import BACKLOG
 
-from helpers import in_background, wait_until
+from helpers import claims_until, in_background, wait_until
 
 #: Items in the queue: many more than view.BACKLOG, so the view stays quiet.
 ITEMS = 100
@@ -52,22 +52,6 @@ def _pause_locks_listing(queue: Queue, applies_to: Callable[[], bool]
     return listed, go, undo
 
 
-def _claims_back(queue: Queue, item_id: str, within: float) -> List[str]:
-    """Claim (and complete) items for ``within`` seconds, stopping at ``item_id``:
-    the ids claimed, in order."""
-    got: List[str] = []
-    start = time.monotonic()
-    while time.monotonic() - start < within:
-        claim = queue.claim(timeout=0.2)
-        if claim is None:
-            continue
-        got.append(claim.id)
-        claim.complete()
-        if claim.id == item_id:
-            break
-    return got
-
-
 def _assert_next_claim(queue: Queue, item_id: str) -> None:
     """A lone consumer takes the head of its view: once etcd let the given-back
     item go, it must be the next claim (the promise of returned(), asserted as in
@@ -76,7 +60,7 @@ def _assert_next_claim(queue: Queue, item_id: str) -> None:
     view = queue._view
     assert view is not None
     locked, planned = item_id in view._locks, item_id in view._delays
-    got = _claims_back(queue, item_id, BOUND)
+    got = claims_until(queue, item_id, BOUND)
     assert got and got[0] == item_id, (
         f"item {item_id}, free in etcd, was not the next claim of a lone consumer: "
         f"{len(got) - (item_id in got)} items were claimed ahead of it "
