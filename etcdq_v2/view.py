@@ -152,6 +152,9 @@ class QueueView:
         self._items: Dict[str, Tuple[int, Optional[str]]] = {}
         #: Locked items: id -> the etcd index of the newest sign that its lock exists.
         self._locks: Dict[str, int] = {}
+        #: Items whose lock was seen gone: id -> the newest etcd index at which
+        #: it was (a lock listed or heard of at or before it is an older one).
+        self._gone: Dict[str, int] = {}
         #: Claim attempts of this process under way: id -> the newest etcd index
         #: at which the item's lock was seen gone meanwhile (-1: not seen).
         self._trying: Dict[str, int] = {}
@@ -545,6 +548,7 @@ class QueueView:
     def _forget(self, item_id: str) -> None:
         self._items.pop(item_id, None)
         self._locks.pop(item_id, None)
+        self._gone.pop(item_id, None)
         self._trying.pop(item_id, None)
         self._recorded.discard(item_id)
         self._orphans.pop(item_id, None)
@@ -554,8 +558,9 @@ class QueueView:
         self._make_free(item_id)
 
     def _locked(self, item_id: str, index: int) -> None:
-        """A sign at ``index`` that the item is locked."""
-        if index > self._locks.get(item_id, 0):
+        """A sign at ``index`` that the item is locked; ignored if its lock was
+        seen gone since (an older listing applied late: review rv11)."""
+        if index > self._locks.get(item_id, 0) and index > self._gone.get(item_id, 0):
             self._locks[item_id] = index
 
     def _unlocked(self, item_id: str, index: int) -> None:
@@ -566,6 +571,8 @@ class QueueView:
         """
         if self._trying.get(item_id, index) < index:
             self._trying[item_id] = index
+        if index > self._gone.get(item_id, 0):
+            self._gone[item_id] = index
         if 0 <= self._locks.get(item_id, -1) <= index:
             del self._locks[item_id]
             self._delays.pop(item_id, None)
@@ -683,6 +690,7 @@ class QueueView:
     def _take_listing(self, index: int, work: List[Entry]) -> None:
         """Apply a listing of work/ taken at ``index`` (under the lock)."""
         self._items = {e.id: (e.index, _cacheable(e.value)) for e in work}
+        self._gone = {i: index for i, index in self._gone.items() if i in self._items}
         self._free = [e.id for e in work]
         self._in_free = set(self._free)
         self._recorded.clear()  # one still in work/ now is one a claim must finish

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Dict
+from typing import Any, Callable
 
 from etcdq_v2 import Queue
 from etcdq_v2.view import BACKLOG
@@ -109,9 +109,8 @@ def test_a_concurrent_locks_listing_drops_the_planned_delay_of_a_released_item(
                    and queue._protocol.read("locks", y) is None, 5,
                    message="the delayed put's plan fell due and etcd let it go")
 
-        t2: Dict[str, threading.Thread] = {}
         listed, go, undo = _pause_locks_listing(
-            queue, lambda: threading.current_thread() is t2.get("thread"))
+            queue, lambda: threading.current_thread().name == "T2")  # named before it starts
         try:
             def t2_claims() -> Any:
                 claim = queue.claim(timeout=0)
@@ -119,7 +118,6 @@ def test_a_concurrent_locks_listing_drops_the_planned_delay_of_a_released_item(
                     claim.complete()
                 return claim
             thread, outcome = in_background(t2_claims, name="T2")
-            t2["thread"] = thread
             assert listed.wait(10), outcome
 
             x.release(delay=1)
