@@ -13,19 +13,20 @@ import logging
 import threading
 import time
 from types import TracebackType
-from typing import Any, Dict, Optional, Type
+from typing import Any, Callable, Dict, Optional, Type, TypeVar
 from typing import Protocol as TypingProtocol
 
 from .errors import ClaimClosed, LockLost, public_errors
-from .protocol import COMPLETED, ClaimState, Protocol, item_fields
+from .protocol import COMPLETED, ClaimState, GivenBack, Protocol, item_fields
 
 log = logging.getLogger("etcdq_v2.claim")
+T = TypeVar("T")
 
 
 class ViewHints(TypingProtocol):
     """What a claim tells its queue's view, which would learn it from etcd a little later."""
 
-    def released(self, item_id: str) -> None: ...
+    def returned(self, item_id: str, seconds: int, index: int) -> None: ...
 
     def finished(self, item_id: str) -> None: ...
 
@@ -100,19 +101,27 @@ class Claim:
         A ``delay`` that is no number from 0 to MAX_TTL (68 years) raises
         InvalidArgument, and the claim stays open.
         """
-        self._end("released", lambda: self._protocol.release(self._state, delay))
-        if not delay and self._view is not None:
-            self._view.released(self.id)
+        self._returned(self._end("released", lambda: self._protocol.release(self._state, delay)))
 
     @public_errors()
     def fail(self, reason: str = "") -> None:
         """This attempt failed: retry after a backoff, or dead-letter at max_attempts."""
-        def fail() -> None:
-            if self._protocol.fail(self._state, str(reason)):
+        def fail() -> Optional[GivenBack]:
+            back_in = self._protocol.fail(self._state, str(reason))
+            if back_in is None:
                 self._outcome = "dead-lettered"
-        self._end("failed", fail)
-        if self._outcome == "dead-lettered" and self._view is not None:
+            return back_in
+        back_in = self._end("failed", fail)
+        if back_in is not None:
+            self._returned(back_in)
+        elif self._view is not None:
             self._view.finished(self.id)
+
+    def _returned(self, back: GivenBack) -> None:
+        """Tell the view when the item is claimable again: a quiet view hears
+        of no lock's expiry, and would offer it up to a lock TTL late (review rv7)."""
+        if self._view is not None:
+            self._view.returned(self.id, *back)
 
     def abandon(self) -> None:
         """Stop refreshing the lock, without writing anything to etcd.
@@ -144,11 +153,12 @@ class Claim:
                 f"{' lost' if self.lost else ''}{' ' + self._outcome if self._outcome else ''}>")
 
     # -- internals ---------------------------------------------------------------
-    def _end(self, outcome: str, action: Any) -> None:
+    def _end(self, outcome: str, action: Callable[[], T]) -> T:
+        """Run the action that ends the claim with ``outcome``; its result."""
         with self._mutex:
             self._check_open()
             try:
-                action()
+                result = action()
             except LockLost:
                 self._mark_lost("it was claimed again")
                 self._outcome = "lost"
@@ -161,6 +171,7 @@ class Claim:
             if self._outcome is None:  # fail() may have set "dead-lettered"
                 self._outcome = outcome
             self._heartbeat.discard(self)
+            return result
 
     def _check_open(self) -> None:
         if self._outcome is not None:

@@ -268,6 +268,12 @@ MAX_TTL = 2**31 - 1
 #: connection each (Protocol.post_items).
 MAX_IN_FLIGHT = 64
 
+#: What R1 (release, or a failure's retry) tells of an item given back: the
+#: seconds until it is claimable again (its delay lock's TTL; 0: now), and the
+#: etcd index at which R1 applied, so that a view does not let an older
+#: listing undo what it learnt (review rv10).
+GivenBack = Tuple[int, int]
+
 #: Seconds a requeued dead letter stays as a tombstone, so that a late copy of
 #: its F2 (held by a frozen member) finds the key taken instead of re-creating it.
 TOMBSTONE_TTL = 7 * 24 * 3600
@@ -809,8 +815,9 @@ class Protocol:
             pass
         self._retake(state, state.lock, self.lock_ttl)
 
-    def _retake(self, state: ClaimState, lock: Lock, ttl: int) -> None:
-        """Re-create our expired lock, if the item is still ours, or raise LockLost.
+    def _retake(self, state: ClaimState, lock: Lock, ttl: int) -> int:
+        """Re-create our expired lock, if the item is still ours, or raise LockLost;
+        the new lock's index.
 
         Checked before (no use taking it otherwise) and again after: another
         claim may have come and gone in between (C1, C2, release), and while
@@ -818,7 +825,7 @@ class Protocol:
         """
         self._still_ours(state)
         try:
-            self._create_lock(state.id, lock, ttl)
+            index = self._create_lock(state.id, lock, ttl)
         except Taken:
             raise LockLost(f"item {state.id}: the lock expired and another claim took it"
                            ) from None
@@ -827,6 +834,7 @@ class Protocol:
         except LockLost:
             self._drop_lock(state.id, lock)
             raise
+        return index
 
     def _still_ours(self, state: ClaimState) -> None:
         """After our lock expired: the claim is still ours if nobody claimed since."""
@@ -989,15 +997,16 @@ class Protocol:
         return Record.decode(existing.value).claim if existing else None
 
     # -- R: release, fail ----------------------------------------------------
-    def release(self, state: ClaimState, delay: Optional[float] = 0) -> None:
+    def release(self, state: ClaimState, delay: Optional[float] = 0) -> GivenBack:
         """R0, then R1: give the attempt back, then the item (now, or after ``delay``).
+        Returns R1's :data:`GivenBack`.
 
         A ``delay`` that is no number of seconds from 0 to MAX_TTL raises
         InvalidArgument before any write.
         """
         ttl = delay_ttl(delay)
         self._give_back(state)
-        self._unlock(state, ttl)
+        return self._unlock(state, ttl)
 
     def _give_back(self, state: ClaimState) -> None:
         """R0: CAS ``work/<id>`` on our C2 index to a-1, our claim token kept.
@@ -1035,36 +1044,41 @@ class Protocol:
                     return entry.index
         raise LockLost(f"item {state.id}: another claim took it, or it is finished")
 
-    def _unlock(self, state: ClaimState, delay: float = 0) -> None:
-        """R1: the item is claimable again now, or after ``delay`` seconds (etcd's clock)."""
+    def _unlock(self, state: ClaimState, delay: float = 0) -> GivenBack:
+        """R1: the item is claimable again now, or after ``delay`` seconds (etcd's
+        clock): returns those seconds as the lock's TTL (0: now), and the etcd
+        index at which R1 applied (or at which our lock was found gone)."""
         key, mine = self.layout.key("locks", state.id), state.lock.encode()
         if delay <= 0:
             try:
-                self.etcd.delete(key, prev_value=mine)
-            except KeyMissing:
+                return 0, self.etcd.delete(key, prev_value=mine).written_index
+            except KeyMissing as exc:
                 self._still_ours(state)
+                return 0, exc.index or 0
             except CompareFailed:
                 raise LockLost(f"item {state.id}: another claim holds the lock") from None
-            return
-        delayed = replace(state.lock, delay=True)
+        delayed, ttl = replace(state.lock, delay=True), ttl_seconds(delay)
         try:
-            self.etcd.put(key, delayed.encode(), ttl=ttl_seconds(delay), prev_value=mine)
+            return ttl, self.etcd.put(key, delayed.encode(), ttl=ttl,
+                                      prev_value=mine).written_index
         except KeyMissing:
-            self._retake(state, delayed, ttl_seconds(delay))
+            return ttl, self._retake(state, delayed, ttl)
         except CompareFailed as exc:
-            if not (exc.retried and self._lock_value(state.id) == delayed.encode()):
+            # Our own first PUT may have applied before its reply was lost.
+            entry = self.read("locks", state.id) if exc.retried else None
+            if entry is None or entry.value != delayed.encode():
                 raise LockLost(f"item {state.id}: another claim holds the lock") from None
+            return ttl, entry.index
 
-    def fail(self, state: ClaimState, reason: str) -> bool:
+    def fail(self, state: ClaimState, reason: str) -> Optional[GivenBack]:
         """Dead-letter the item if it used its attempts, else retry it after a backoff.
 
-        Returns True if the item went to failed/.
+        Returns None if the item went to failed/, else R1's :data:`GivenBack`.
         """
         if self.max_attempts and state.item.attempts >= self.max_attempts:
             self.finish(state, FAILED, reason=reason)
-            return True
-        self._unlock(state, self.backoff(state.item.attempts))  # no R0: a failure counts
-        return False
+            return None
+        return self._unlock(state, self.backoff(state.item.attempts))  # no R0: a failure counts
 
     # -- Q: requeue ----------------------------------------------------------
     def requeue(self, item_id: str) -> Tuple[str, int, str]:

@@ -152,6 +152,9 @@ class QueueView:
         self._items: Dict[str, Tuple[int, Optional[str]]] = {}
         #: Locked items: id -> the etcd index of the newest sign that its lock exists.
         self._locks: Dict[str, int] = {}
+        #: Items whose lock was seen gone: id -> the newest etcd index at which
+        #: it was (a lock listed or heard of at or before it is an older one).
+        self._gone: Dict[str, int] = {}
         #: Claim attempts of this process under way: id -> the newest etcd index
         #: at which the item's lock was seen gone meanwhile (-1: not seen).
         self._trying: Dict[str, int] = {}
@@ -174,6 +177,9 @@ class QueueView:
         #: Known items held by a delay lock (a delayed put, a release delay): id ->
         #: time.monotonic() at which etcd expires the lock; and the earliest of them.
         self._delays: Dict[str, float] = {}
+        #: Items of those given back by this process's claims: id -> the etcd
+        #: index of R1 (see returned).
+        self._given_back: Dict[str, int] = {}
         self._next_delay = math.inf
         self.version = 0
         self._ready = False
@@ -413,11 +419,21 @@ class QueueView:
             if not known:
                 self._apply_item(item_id, index, raw)
 
-    def released(self, item_id: str) -> None:
-        """A claim of this process released the item: offer it before etcd's event arrives."""
+    def returned(self, item_id: str, seconds: int, index: int) -> None:
+        """A claim of this process gave the item back (release, or fail with a
+        retry) at etcd ``index``, claimable again in ``seconds``.  Now: free,
+        before etcd's event arrives (unless locked again since).  Later: note
+        when etcd expires its delay lock, so that a quiet view, which hears no
+        expiry, lists locks/ then (check_locks) rather than up to a lock TTL
+        later (review rv7); a listing older than ``index``, which shows our
+        claim's lock, does not undo that (review rv10)."""
         with self._cond:
-            self._locks.pop(item_id, None)
-            self._make_free(item_id)
+            if not seconds:
+                self._unlocked(item_id, index)
+            elif item_id in self._locks:
+                self._given_back[item_id] = index
+                self._delays[item_id] = time.monotonic() + seconds
+                self._next_delay = min(self._next_delay, self._delays[item_id])
 
     def finished(self, item_id: str) -> None:
         """The item is gone: this process completed or dead-lettered it, or a
@@ -532,6 +548,7 @@ class QueueView:
     def _forget(self, item_id: str) -> None:
         self._items.pop(item_id, None)
         self._locks.pop(item_id, None)
+        self._gone.pop(item_id, None)
         self._trying.pop(item_id, None)
         self._recorded.discard(item_id)
         self._orphans.pop(item_id, None)
@@ -541,8 +558,9 @@ class QueueView:
         self._make_free(item_id)
 
     def _locked(self, item_id: str, index: int) -> None:
-        """A sign at ``index`` that the item is locked."""
-        if index > self._locks.get(item_id, 0):
+        """A sign at ``index`` that the item is locked; ignored if its lock was
+        seen gone since (an older listing applied late: review rv11)."""
+        if index > self._locks.get(item_id, 0) and index > self._gone.get(item_id, 0):
             self._locks[item_id] = index
 
     def _unlocked(self, item_id: str, index: int) -> None:
@@ -553,6 +571,8 @@ class QueueView:
         """
         if self._trying.get(item_id, index) < index:
             self._trying[item_id] = index
+        if index > self._gone.get(item_id, 0):
+            self._gone[item_id] = index
         if 0 <= self._locks.get(item_id, -1) <= index:
             del self._locks[item_id]
             self._delays.pop(item_id, None)
@@ -580,10 +600,12 @@ class QueueView:
         for entry in locks:
             if entry.id in self._items and entry.expiration and _is_delay(entry.value):
                 self._delays[entry.id] = now + max(_expires_in(entry, wall), RELIST_DUE)
-            else:
+            elif entry.index >= self._given_back.get(entry.id, 0):
                 self._delays.pop(entry.id, None)  # a claim's lock: refreshed, not waited for
         for item_id in [i for i in self._delays if i not in self._locks]:
             del self._delays[item_id]
+        for item_id in [i for i in self._given_back if i not in self._delays]:
+            del self._given_back[item_id]
         self._next_delay = min(self._delays.values(), default=math.inf)
 
     # -- listings and events (follower threads) --------------------------------------
@@ -668,6 +690,7 @@ class QueueView:
     def _take_listing(self, index: int, work: List[Entry]) -> None:
         """Apply a listing of work/ taken at ``index`` (under the lock)."""
         self._items = {e.id: (e.index, _cacheable(e.value)) for e in work}
+        self._gone = {i: index for i, index in self._gone.items() if i in self._items}
         self._free = [e.id for e in work]
         self._in_free = set(self._free)
         self._recorded.clear()  # one still in work/ now is one a claim must finish

@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar
 
 T = TypeVar("T")
 
@@ -69,3 +69,20 @@ def in_background(call: Callable[[], Any], name: str = "background"
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     return thread, outcome
+
+
+def claims_until(queue: Any, item_id: str, within: float, claim_timeout: float = 0.2
+                 ) -> List[str]:
+    """Claim (and complete) items for up to ``within`` seconds, stopping at
+    ``item_id``: the ids claimed, in order (how late an item came back)."""
+    got: List[str] = []
+    start = time.monotonic()
+    while time.monotonic() - start < within:
+        claim = queue.claim(timeout=claim_timeout)
+        if claim is None:
+            continue
+        got.append(claim.id)
+        claim.complete()
+        if claim.id == item_id:
+            break
+    return got

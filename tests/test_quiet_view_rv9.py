@@ -7,11 +7,10 @@ applied only if the follower current when it was decided is still the view's).
 from __future__ import annotations
 
 import threading
-import time
 
 from etcdq_v2 import Queue
 
-from helpers import in_background, wait_until
+from helpers import claims_until, in_background, wait_until
 
 
 def test_a_held_relists_locks_listing_applied_after_the_switch_to_watching_strands_an_item(
@@ -99,16 +98,7 @@ def test_a_held_relists_locks_listing_applied_after_the_switch_to_watching_stran
         protocol.list = original_list
 
         first.complete()
-        released = time.monotonic()
-        got = []
-        while time.monotonic() - released < 2 * ttl + 2:
-            claim = consumer.claim(timeout=0.5)
-            if claim is None:
-                continue
-            got.append(claim.id)
-            claim.complete()
-            if claim.id == x:
-                break
+        got = claims_until(consumer, x, 2 * ttl + 2, claim_timeout=0.5)
         free_in_etcd = x in {e.id for e, _ in consumer._protocol.decoded("work")} and \
             consumer._protocol.read("locks", x) is None
         assert x in got, (f"item {x} free in etcd ({free_in_etcd}) was not claimed within "
