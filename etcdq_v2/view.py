@@ -571,7 +571,9 @@ class QueueView:
         """
         if self._trying.get(item_id, index) < index:
             self._trying[item_id] = index
-        if index > self._gone.get(item_id, 0):
+        # Only for items the view holds: a finished item's lock goes after the
+        # item did, and noting it would keep one entry per item (review rv12).
+        if item_id in self._items and index > self._gone.get(item_id, 0):
             self._gone[item_id] = index
         if 0 <= self._locks.get(item_id, -1) <= index:
             del self._locks[item_id]
