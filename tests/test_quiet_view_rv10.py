@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Dict, Tuple
 
-from etcdq_v2 import Queue
-from etcdq_v2.view import BACKLOG
+from etcdq_v2 import Claim, Queue
+from etcdq_v2.view import BACKLOG, QueueView
 
 from helpers import claims_until, in_background, wait_until
 
@@ -70,6 +70,89 @@ def _assert_next_claim(queue: Queue, item_id: str) -> None:
         f"once-per-lock-TTL listing ({LOCK_TTL} s) or for the backlog to run out")
 
 
+
+def listing_races_give_back(queue: Queue, give_back: Callable[[Claim, QueueView], None]
+                            ) -> Tuple[Claim, Dict[str, Any]]:
+    """T1 claims X (the head of a quiet view with a backlog); a delayed put Y of
+    this process falls due and etcd sweeps Y's lock; T2's claim() lists locks/
+    (check_locks: Y due) and is paused after etcd answered; T1 gives X back
+    (``give_back``, which checks what the view noted); T2 applies its listing
+    and goes on.  X's claim, and T2's outcome (see helpers.in_background)."""
+    queue.put_many(range(ITEMS))
+    x = queue.claim(timeout=5)
+    assert x is not None
+    view = queue._view
+    assert view is not None and not view.watching_locks
+    y = queue.put("y", delay=1)
+    # Y's plan falls due, and etcd has swept Y's lock by the time T2 lists
+    # (else T2's listing plans Y again, and that next listing plans X too).
+    wait_until(lambda: view._next_delay <= time.monotonic()
+               and queue._protocol.read("locks", y) is None, 5,
+               message="the delayed put's plan fell due and etcd let it go")
+    listed, go, undo = _pause_locks_listing(
+        queue, lambda: threading.current_thread().name == "T2")  # named before it starts
+    try:
+        def t2_claims() -> Any:
+            claim = queue.claim(timeout=0)
+            if claim is not None:
+                claim.complete()
+            return claim
+        thread, outcome = in_background(t2_claims, name="T2")
+        assert listed.wait(10), outcome
+        give_back(x, view)
+        go.set()
+        thread.join(10)
+        assert not thread.is_alive() and "raised" not in outcome, outcome
+    finally:
+        undo()
+    return x, outcome
+
+
+def switch_races_fail(queue: Queue, producer: Queue,
+                      noted: Callable[[Claim, QueueView], None]) -> Claim:
+    """A watching view (its consumer found nothing) holds X, claimed by this
+    process; ``producer`` puts a backlog; the next claim switches the view to
+    quiet, whose follower's listing of locks/ is paused after etcd answered;
+    X.fail() (the queue's backoff), and ``noted`` checks what the view noted;
+    then the follower applies its listing.  X's claim."""
+    queue.put("x")
+    x = queue.claim(timeout=5)
+    assert x is not None
+    view = queue._view
+    assert view is not None
+    assert queue.claim(timeout=0) is None  # starved: the view watches everything
+    wait_until(lambda: view.watching_locks and x.id in view._locks, 5,
+               message="a watching view holding X locked")
+    producer.put_many(range(ITEMS))
+    wait_until(lambda: len(view._in_free) >= BACKLOG, 10,
+               message="the watching view heard of the backlog")
+    listed, go, undo = _pause_locks_listing(
+        queue, lambda: threading.current_thread().name == "etcdq-view")
+    try:
+        other = queue.claim(timeout=5)  # candidates(): the switch to quiet
+        assert other is not None and other.id != x.id
+        assert listed.wait(10), "the quiet follower never listed locks/"
+        assert not view.watching_locks
+        x.fail("again")
+        noted(x, view)
+        go.set()
+        wait_until(view._follower._listed.is_set, 5,
+                   message="the quiet follower applied its listing")
+        other.complete()
+    finally:
+        undo()
+    return x
+
+
+def release_with_a_delay(x: Claim, view: QueueView) -> None:
+    x.release(delay=1)
+    delay_planned(x, view)
+
+
+def delay_planned(x: Claim, view: QueueView) -> None:
+    assert x.id in view._delays, "returned() did not plan X's delay"
+
+
 def test_a_concurrent_locks_listing_drops_the_planned_delay_of_a_released_item(
         etcd_url: str, queue_name: str) -> None:
     """The plan returned() notes in _delays is dropped by a listing of locks/
@@ -97,37 +180,7 @@ def test_a_concurrent_locks_listing_drops_the_planned_delay_of_a_released_item(
     last planned item.)
     """
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as queue:
-        queue.put_many(range(ITEMS))
-        x = queue.claim(timeout=5)
-        assert x is not None
-        view = queue._view
-        assert view is not None and not view.watching_locks
-        y = queue.put("y", delay=1)
-        # Y's plan falls due, and etcd has swept Y's lock by the time T2 lists
-        # (else T2's listing plans Y again, and that next listing plans X too).
-        wait_until(lambda: view._next_delay <= time.monotonic()
-                   and queue._protocol.read("locks", y) is None, 5,
-                   message="the delayed put's plan fell due and etcd let it go")
-
-        listed, go, undo = _pause_locks_listing(
-            queue, lambda: threading.current_thread().name == "T2")  # named before it starts
-        try:
-            def t2_claims() -> Any:
-                claim = queue.claim(timeout=0)
-                if claim is not None:
-                    claim.complete()
-                return claim
-            thread, outcome = in_background(t2_claims, name="T2")
-            assert listed.wait(10), outcome
-
-            x.release(delay=1)
-            assert x.id in view._delays, "returned() did not plan X's delay"
-            go.set()
-            thread.join(10)
-            assert not thread.is_alive() and "raised" not in outcome, outcome
-        finally:
-            undo()
-
+        x, _ = listing_races_give_back(queue, release_with_a_delay)
         wait_until(lambda: queue._protocol.read("locks", x.id) is None, 10,
                    message="etcd still holds X's delay lock")
         _assert_next_claim(queue, x.id)
@@ -153,34 +206,7 @@ def test_the_switch_to_quiet_drops_the_planned_delay_of_a_failed_item(
     """
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL, backoff=(1,)) as queue, \
             Queue(etcd_url, queue_name) as producer:
-        queue.put("x")
-        x = queue.claim(timeout=5)
-        assert x is not None
-        view = queue._view
-        assert view is not None
-        assert queue.claim(timeout=0) is None  # starved: the view watches everything
-        wait_until(lambda: view.watching_locks and x.id in view._locks, 5,
-                   message="a watching view holding X locked")
-        producer.put_many(range(ITEMS))
-        wait_until(lambda: len(view._in_free) >= BACKLOG, 10,
-                   message="the watching view heard of the backlog")
-
-        listed, go, undo = _pause_locks_listing(
-            queue, lambda: threading.current_thread().name == "etcdq-view")
-        try:
-            other = queue.claim(timeout=5)  # candidates(): the switch to quiet
-            assert other is not None and other.id != x.id
-            assert listed.wait(10), "the quiet follower never listed locks/"
-            assert not view.watching_locks
-            x.fail("again")  # backoff 1 s
-            assert x.id in view._delays, "returned() did not plan X's delay"
-            go.set()
-            wait_until(view._follower._listed.is_set, 5,
-                       message="the quiet follower applied its listing")
-            other.complete()
-        finally:
-            undo()
-
+        x = switch_races_fail(queue, producer, delay_planned)
         wait_until(lambda: queue._protocol.read("locks", x.id) is None, 10,
                    message="etcd still holds X's backoff lock")
         _assert_next_claim(queue, x.id)

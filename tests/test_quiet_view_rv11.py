@@ -10,15 +10,20 @@ Protocol.list for that thread only); etcd is real.
 """
 from __future__ import annotations
 
-import threading
-import time
-from typing import Any
+from etcdq_v2 import Claim, Queue
+from etcdq_v2.view import QueueView
 
-from etcdq_v2 import Queue
-from etcdq_v2.view import BACKLOG
+from test_quiet_view_rv10 import (LOCK_TTL, _assert_next_claim, listing_races_give_back,
+                                  switch_races_fail)
 
-from helpers import in_background, wait_until
-from test_quiet_view_rv10 import ITEMS, LOCK_TTL, _assert_next_claim, _pause_locks_listing
+
+def release_at_once(x: Claim, view: QueueView) -> None:
+    x.release()
+    freed(x, view)
+
+
+def freed(x: Claim, view: QueueView) -> None:
+    assert x.id not in view._locks, "returned() did not free X"
 
 
 def test_rv11_a_concurrent_locks_listing_relocks_an_item_released_at_once(
@@ -41,35 +46,7 @@ def test_rv11_a_concurrent_locks_listing_relocks_an_item_released_at_once(
       T2: applies the listing taken at L: _locked(X, C1 index) -> X locked.
     """
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as queue:
-        queue.put_many(range(ITEMS))
-        x = queue.claim(timeout=5)
-        assert x is not None
-        view = queue._view
-        assert view is not None and not view.watching_locks
-        y = queue.put("y", delay=1)
-        wait_until(lambda: view._next_delay <= time.monotonic()
-                   and queue._protocol.read("locks", y) is None, 5,
-                   message="the delayed put's plan fell due and etcd let it go")
-
-        listed, go, undo = _pause_locks_listing(
-            queue, lambda: threading.current_thread().name == "T2")  # named before it starts
-        try:
-            def t2_claims() -> Any:
-                claim = queue.claim(timeout=0)
-                if claim is not None:
-                    claim.complete()
-                return claim
-            thread, outcome = in_background(t2_claims, name="T2")
-            assert listed.wait(10), outcome
-
-            x.release()
-            assert x.id not in view._locks, "returned() did not free X"
-            go.set()
-            thread.join(10)
-            assert not thread.is_alive() and "raised" not in outcome, outcome
-        finally:
-            undo()
-
+        x, outcome = listing_races_give_back(queue, release_at_once)
         taken_by_t2 = outcome.get("returned")
         if taken_by_t2 is not None and taken_by_t2.id == x.id:
             return  # X was offered at once: T2, claiming after its listing, took it
@@ -86,33 +63,6 @@ def test_rv11_the_switch_to_quiet_relocks_an_item_failed_with_no_backoff(
     until the once-per-lock-TTL listing (a quiet view hears no delete event)."""
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL, backoff=(0,)) as queue, \
             Queue(etcd_url, queue_name) as producer:
-        queue.put("x")
-        x = queue.claim(timeout=5)
-        assert x is not None
-        view = queue._view
-        assert view is not None
-        assert queue.claim(timeout=0) is None  # starved: the view watches everything
-        wait_until(lambda: view.watching_locks and x.id in view._locks, 5,
-                   message="a watching view holding X locked")
-        producer.put_many(range(ITEMS))
-        wait_until(lambda: len(view._in_free) >= BACKLOG, 10,
-                   message="the watching view heard of the backlog")
-
-        listed, go, undo = _pause_locks_listing(
-            queue, lambda: threading.current_thread().name == "etcdq-view")
-        try:
-            other = queue.claim(timeout=5)  # candidates(): the switch to quiet
-            assert other is not None and other.id != x.id
-            assert listed.wait(10), "the quiet follower never listed locks/"
-            assert not view.watching_locks
-            x.fail("again")  # backoff 0: the lock is deleted
-            assert x.id not in view._locks, "returned() did not free X"
-            go.set()
-            wait_until(view._follower._listed.is_set, 5,
-                       message="the quiet follower applied its listing")
-            other.complete()
-        finally:
-            undo()
-
+        x = switch_races_fail(queue, producer, freed)  # backoff 0: the lock is deleted
         assert queue._protocol.read("locks", x.id) is None
         _assert_next_claim(queue, x.id)
