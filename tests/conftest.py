@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import re
 import secrets
+import signal
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Tuple
@@ -23,6 +24,12 @@ from etcdq_v2.errors import ConfigError
 from etcdq_v2.server import EtcdCluster, EtcdServer, etcd_version, find_etcd_binary
 
 from faultproxy import FaultProxy
+
+# A suite started as a background job by a shell without job control (``.ci/run &``
+# in a script) inherits SIGINT ignored, and so would every etcdq process a test
+# starts, which then never sees the Ctrl-C those tests send: give them the default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 _QUEUE_NAME_MAX = 100
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
