@@ -188,15 +188,21 @@ def _report(started: float, cpu: float, caught: _Completions, handled: List[Any]
 
 
 def _draining_worker(start: StartLine, url: str, name: str, concurrency: int,
-                     max_items: Optional[int] = None) -> WorkerReport:
+                     max_items: Optional[int] = None, *, until_empty: bool = True,
+                     memory: bool = False) -> WorkerReport:
+    """Run one Worker until the queue is empty (or ``max_items``); ``memory``:
+    read its RSS too, before the queue (and its view of the backlog) is closed."""
     handled: List[Any] = []
     first_call: List[float] = []
     with _caught() as caught:
         queue, worker = _worker(url, name, concurrency, handled, first_call)
         try:
             started, cpu = start(), own_cpu_seconds()
-            worker.run(until_empty=True, max_items=max_items)
-            return _report(started, cpu, caught, handled, queue, first_call)
+            worker.run(until_empty=until_empty, max_items=max_items)
+            report = _report(started, cpu, caught, handled, queue, first_call)
+            if memory:
+                report.vm_hwm_mb, report.vm_rss_mb = status_mb("VmHWM"), status_mb("VmRSS")
+            return report
         finally:
             queue.close()
 
@@ -518,18 +524,8 @@ class DepthRun:
 
 def _depth_worker(start: StartLine, url: str, name: str, concurrency: int,
                   items: int) -> WorkerReport:
-    handled: List[Any] = []
-    first_call: List[float] = []
-    with _caught() as caught:
-        queue, worker = _worker(url, name, concurrency, handled, first_call)
-        try:
-            started, cpu = start(), own_cpu_seconds()
-            worker.run(max_items=items)
-            report = _report(started, cpu, caught, handled, queue, first_call)
-            report.vm_hwm_mb, report.vm_rss_mb = status_mb("VmHWM"), status_mb("VmRSS")
-            return report
-        finally:
-            queue.close()
+    return _draining_worker(start, url, name, concurrency, items, until_empty=False,
+                            memory=True)
 
 
 def depth(etcd_url: str, name: str, pending: int, concurrency: int, items: int) -> DepthRun:

@@ -46,6 +46,18 @@ def claim_in_background(queue: Queue, timeout: float, held: List[Claim], wait: f
     return hung, took, outcome
 
 
+def hold_all_then_claim(proxy: FaultProxy, holder: Queue, consumer: Queue, timeout: float):
+    """``holder`` puts HELD items and claims them all; then ``consumer`` (through
+    ``proxy``) claims with ``timeout`` (see claim_in_background): hung, took,
+    outcome, and the lock creates sent meanwhile."""
+    holder.put_many(range(HELD))
+    held = [holder.claim() for _ in range(HELD)]
+    assert all(c is not None for c in held)
+    proxy.requests.clear()
+    hung, took, outcome = claim_in_background(consumer, timeout, held)
+    return hung, took, outcome, len(lock_creates(proxy))
+
+
 def test_claim_timeout_0_returns_when_this_queue_holds_every_item(
         etcd_url: str, queue_name: str) -> None:
     """A Queue holds HELD items (a Worker with high concurrency, long jobs).  Its next
@@ -59,12 +71,7 @@ def test_claim_timeout_0_returns_when_this_queue_holds_every_item(
     tried (C1 "already exists" on our own lock), each miss relists work/ (miss_limit
     is 1 below 450 items); all locked again -> starved -> watching -> forget -> ..."""
     with FaultProxy.to(etcd_url) as proxy, Queue(proxy.url, queue_name) as queue:
-        queue.put_many(range(HELD))
-        held = [queue.claim() for _ in range(HELD)]
-        assert all(c is not None for c in held)
-        proxy.requests.clear()
-        hung, took, outcome = claim_in_background(queue, 0, held)
-        sent = len(lock_creates(proxy))
+        hung, took, outcome, sent = hold_all_then_claim(proxy, queue, queue, 0)
         assert not hung, (f"claim(timeout=0) still running after {took:.1f} s, all "
                           f"{HELD} items held by this very Queue; {sent} failed lock "
                           f"creates meanwhile")
@@ -79,12 +86,7 @@ def test_claim_with_a_timeout_returns_when_every_item_is_held_elsewhere(
     failed lock creates and dozens of listings of work/ a second)."""
     with FaultProxy.to(etcd_url) as proxy, Queue(proxy.url, queue_name) as consumer, \
             Queue(etcd_url, queue_name) as holder:
-        holder.put_many(range(HELD))
-        held = [holder.claim() for _ in range(HELD)]
-        assert all(c is not None for c in held)
-        proxy.requests.clear()
-        hung, took, outcome = claim_in_background(consumer, 1, held)
-        sent = len(lock_creates(proxy))
+        hung, took, outcome, sent = hold_all_then_claim(proxy, holder, consumer, 1)
         listings = len([line for line in proxy.requests
                         if line.startswith(b"GET ") and b"wait=true" not in line])
         assert not hung, (f"claim(timeout=1) still running after {took:.1f} s, every "
