@@ -414,8 +414,7 @@ class QueueView:
                 return  # the next listing has it; or it is known (or finished) already
             if lock_index > self._known or not self.watching_locks:
                 self._locked(item_id, lock_index)
-            self._delays[item_id] = time.monotonic() + ttl
-            self._next_delay = min(self._next_delay, self._delays[item_id])
+            self._plan_delay(item_id, ttl)
             if not known:
                 self._apply_item(item_id, index, raw)
 
@@ -432,8 +431,12 @@ class QueueView:
                 self._unlocked(item_id, index)
             elif item_id in self._locks:
                 self._given_back[item_id] = index
-                self._delays[item_id] = time.monotonic() + seconds
-                self._next_delay = min(self._next_delay, self._delays[item_id])
+                self._plan_delay(item_id, seconds)
+
+    def _plan_delay(self, item_id: str, seconds: float) -> None:
+        """The item's delay lock expires in about ``seconds`` (see check_locks)."""
+        self._delays[item_id] = time.monotonic() + seconds
+        self._next_delay = min(self._next_delay, self._delays[item_id])
 
     def finished(self, item_id: str) -> None:
         """The item is gone: this process completed or dead-lettered it, or a
@@ -692,7 +695,7 @@ class QueueView:
     def _take_listing(self, index: int, work: List[Entry]) -> None:
         """Apply a listing of work/ taken at ``index`` (under the lock)."""
         self._items = {e.id: (e.index, _cacheable(e.value)) for e in work}
-        self._gone = {i: index for i, index in self._gone.items() if i in self._items}
+        self._gone = {i: at for i, at in self._gone.items() if i in self._items}
         self._free = [e.id for e in work]
         self._in_free = set(self._free)
         self._recorded.clear()  # one still in work/ now is one a claim must finish
