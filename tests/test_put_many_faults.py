@@ -32,8 +32,11 @@ from etcdq_v2.errors import EtcdqError
 from etcdq_v2.server import EtcdCluster, EtcdServer
 from etcdq_v2.wire import Member, Response
 
+import test_security
 from faultproxy import FaultProxy
 from helpers import in_background, wait_until
+
+ca, tls_files, tls_etcd = test_security.ca, test_security.tls_files, test_security.tls_etcd
 
 _POST = re.compile(rb"^POST ")
 
@@ -512,11 +515,11 @@ def test_held_the_pipeline_reads_real_etcd_replies_split_and_joined_as_h11_does(
     expected = [_h11_reply(raw) for raw in replies]
     tls_server = tls_client = None
     if scheme == "https":
-        ca = trustme.CA()
+        authority = trustme.CA()
         tls_server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ca.issue_cert("127.0.0.1").configure_cert(tls_server)
+        authority.issue_cert("127.0.0.1").configure_cert(tls_server)
         tls_client = ssl.create_default_context()
-        ca.configure_trust(tls_client)
+        authority.configure_trust(tls_client)
     for seed in range(12):
         server = _Replayer(replies, version, seed, tls_server)
         try:
@@ -575,37 +578,11 @@ def test_held_threads_sharing_a_queue_put_many_through_cuts_with_junk_in_work(
     assert "Lost" in lost  # the cuts did leave POSTs in doubt
 
 
-@pytest.fixture(scope="module")
-def tls_etcd(etcd_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """A TLS etcd (client certificates required) and the client's files."""
-    ca = trustme.CA()
-    folder = tmp_path_factory.mktemp("rv8-tls")
-    server_cert, client_cert = ca.issue_cert("127.0.0.1"), ca.issue_cert("etcdq-rv8")
-    files = {name: str(folder / f"{name}.pem") for name in
-             ("ca", "server_cert", "server_key", "client_cert", "client_key")}
-    ca.cert_pem.write_to_path(files["ca"])
-    server_cert.cert_chain_pems[0].write_to_path(files["server_cert"])
-    server_cert.private_key_pem.write_to_path(files["server_key"])
-    client_cert.cert_chain_pems[0].write_to_path(files["client_cert"])
-    client_cert.private_key_pem.write_to_path(files["client_key"])
-    server = EtcdServer(folder / "data", binary=etcd_binary, scheme="https", extra_args=[
-        "--cert-file", files["server_cert"], "--key-file", files["server_key"],
-        "--client-cert-auth", "--trusted-ca-file", files["ca"]])
-    server.start(wait=False)
-    probe = connect(server.url, ca_cert=files["ca"], cert=files["client_cert"],
-                    key=files["client_key"], timeout=1, deadline=1)
-    wait_until(lambda: probe.get("/") is not None, 30, ignore=(EtcdqError,),
-               message="etcd with TLS to answer")
-    probe.close()
-    yield server, files
-    server.stop()
-
-
-def test_held_cuts_mid_batch_over_tls(tls_etcd: Any, proxy_factory: Any,
-                                      queue_name: str) -> None:
+def test_held_cuts_mid_batch_over_tls(tls_etcd: EtcdServer, tls_files: Dict[str, str],
+                                      proxy_factory: Any, queue_name: str) -> None:
     """The same cuts through TLS (a TLS record cut short): every item once, under its id."""
-    server, files = tls_etcd
-    proxy = proxy_factory(server.url)
+    files = tls_files
+    proxy = proxy_factory(tls_etcd.url)
     given = [f"tls-{n}" for n in range(1500)]
     in_flight = 16
     etcd = connect(proxy.url, ca_cert=files["ca"], cert=files["client_cert"],
