@@ -1063,12 +1063,22 @@ class Protocol:
                                       prev_value=mine).written_index
         except KeyMissing:
             return ttl, self._retake(state, delayed, ttl)
-        except CompareFailed as exc:
-            # Our own first PUT may have applied before its reply was lost.
-            entry = self.read("locks", state.id) if exc.retried else None
-            if entry is None or entry.value != delayed.encode():
-                raise LockLost(f"item {state.id}: another claim holds the lock") from None
-            return ttl, entry.index
+        except CompareFailed:
+            return self._delay_lock_back(state, delayed)
+
+    def _delay_lock_back(self, state: ClaimState, delayed: Lock) -> GivenBack:
+        """R1 (a delay) found the lock changed: our own PUT may have applied, a
+        resent one's first copy or an earlier release()'s that timed out
+        (review rv13).  Ours if the lock is our delay lock, or gone (expired
+        meanwhile) with the item still ours; else LockLost."""
+        try:
+            node = self.etcd.get(self.layout.key("locks", state.id), quorum=True).node
+        except KeyMissing as exc:
+            self._still_ours(state)
+            return 0, exc.index or 0
+        if node.get("value") != delayed.encode():
+            raise LockLost(f"item {state.id}: another claim holds the lock")
+        return int(node.get("ttl", 0)), node["modifiedIndex"]
 
     def fail(self, state: ClaimState, reason: str) -> Optional[GivenBack]:
         """Dead-letter the item if it used its attempts, else retry it after a backoff.
