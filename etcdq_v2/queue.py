@@ -205,9 +205,9 @@ class Queue:
         """The next free item, or None.  ``timeout``: 0 don't wait, None forever."""
         deadline = None if timeout is None else time.monotonic() + timeout
         view = self._ensure_view()
-        view.check_locks()
         looked_again = False
         while True:
+            view.check_locks()  # each round: a waiting claim wakes for its checks too
             version = view.version
             claim = self._claim_from(view)
             if claim is not None:

@@ -35,8 +35,12 @@ knows of taken items, and when a delay lock (a delayed put, a release
 delay) of an item it knows is due: a listing gives each lock's expiry.
 A quiet view lists locks/ only then, at its first listing, and when a new
 item may be delayed: locks/ holds about a lock TTL's worth of finished
-items' locks (F4 is not sent).  A view that starts watching everything
-lists it too: its events only say what changes from then on.
+items' locks (F4 is not sent).  Instead, a listing of work/ shows which items
+were claimed since the last one (their new version carries a claim token):
+those are taken.  A view that starts watching everything lists locks/ too if
+it has lock signs from before its previous listing (they may have gone while
+it was quiet; its events only say what changes from then on); newer ones it
+checks CONFIRM s later if they are still there (most finish sooner).
 
 Where a claim looks (:meth:`QueueView.pick`).  A lone consumer takes the
 head.  Concurrent ones walk the backlog from random places, jumping after
@@ -96,7 +100,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Set, Tuple
 
-from .codec import Junk, Lock
+from .codec import Item, Junk, Lock
 from .errors import EtcdqError, Unavailable
 from .keys import Layout
 from .protocol import Entry, Protocol
@@ -124,16 +128,21 @@ BACKLOG = 32
 PROBES = 8
 #: Random places a claim walks from before it falls back to the head of the view.
 JUMPS = 3
-#: About what a miss (a failed lock create) costs etcd, in listed items: a
-#: failed write cost etcd ~260 us of CPU, a listing ~110 us plus ~0.7 us per
-#: item (measured together, bench/README.md).  A quiet view lists work/ again
-#: once its misses cost about what that listing does.
-MISS_COST = 300
+#: About what a miss (a failed lock create) costs, in listed items: a failed
+#: write cost etcd 61-86 us of CPU and its client about as much, a listed item
+#: ~1 us of etcd's CPU and ~2 us of the client's (2026-12-01, a quiet machine:
+#: bench/README.md, "The view reads claims off work/").  A quiet view lists
+#: work/ again once its misses cost about what that listing does.
+MISS_COST = 100
 #: Seconds a follower waits after applying events, so that the next come in one block.
 COALESCE = 0.005
 #: Seconds before listing locks/ again when a delay lock was listed due but not yet
 #: removed (etcd removes expired keys every 0.5 s).
 RELIST_DUE = 0.2
+#: Seconds a view that started watching takes the items it saw claimed (and any
+#: other lock it noted since its previous listing) for running before it lists
+#: locks/ to check those still there: most finish sooner, and their events tell.
+CONFIRM = 1.0
 #: etcd's ``expiration``: RFC 3339 in UTC, with up to nanoseconds.
 _EXPIRATION = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(\.\d+)?Z")
 
@@ -181,6 +190,9 @@ class QueueView:
         #: index of R1 (see returned).
         self._given_back: Dict[str, int] = {}
         self._next_delay = math.inf
+        #: A view that started watching without listing locks/: the lock signs
+        #: older than its listing's index are checked then (see check_locks).
+        self._confirm_at, self._confirm_below = math.inf, 0
         self.version = 0
         self._ready = False
         self._error: Optional[BaseException] = None
@@ -195,7 +207,6 @@ class QueueView:
         #: Where a claim walking the backlog goes on from (see pick); None: jump.
         self._cursor: Optional[str] = None
         self._listing = False  # a relist_work() is under way
-        self._missed: Set[str] = set()  # items missed since the last listing
         self._follower = _Follower(self, None, idle_timeout, list_locks=True)
         self._follower.start()
 
@@ -315,7 +326,6 @@ class QueueView:
         list work/ again: its misses cost what that listing does (MISS_COST)."""
         with self._cond:
             self._misses += 1
-            self._missed.add(item_id)
             self._cursor = None  # another consumer's run, or a stale one: jump
             return not self.watching_locks and self._misses >= self.miss_limit
 
@@ -348,6 +358,8 @@ class QueueView:
     def check_locks(self) -> None:
         """While the view is quiet: list again once per lock TTL while items are
         taken, and list locks/ as soon as a delay lock of a known item is due.
+        While it watches: list locks/ CONFIRM s after it started watching if an
+        item is still taken on a sign older than that (:meth:`_unconfirmed`).
 
         A full listing, because a taken item whose lock went may have been
         finished meanwhile (the view no longer sees records): only work/ tells.
@@ -357,11 +369,22 @@ class QueueView:
             stale = quiet and bool(self._locks) and (
                 now - self._locks_listed >= self._protocol.lock_ttl)
             due = quiet and self._next_delay <= now
+            confirm = not quiet and self._confirm_at <= now
+            if confirm:
+                self._confirm_at = math.inf
+                confirm = self._unconfirmed()
             follower = self._follower
         if stale:
             self.relist(self._protocol.etcd.deadline, locks=True)
-        elif due:
-            self._list_locks(follower)
+        elif due or confirm:
+            self._list_locks(follower, full=confirm)
+
+    def _unconfirmed(self) -> bool:
+        """Whether an item still in work/ is taken on a sign older than the
+        listing of the view's watching follower: its lock may have gone before
+        the watch began, and no event would say so."""
+        below = self._confirm_below
+        return any(at < below and item_id in self._items for item_id, at in self._locks.items())
 
     def taken(self, item_id: str) -> None:
         """A claim attempt of this process on the item is under way: offer it to no other."""
@@ -489,11 +512,12 @@ class QueueView:
             self._wakers.discard(event)
 
     def until_due(self, timeout: Optional[float]) -> Optional[float]:
-        """``timeout``, cut short to when the first orphan is due (see :meth:`offer_due`)."""
+        """``timeout``, cut short to when the first orphan is due (see :meth:`offer_due`),
+        or the check of a view that started watching (see :meth:`check_locks`)."""
         with self._cond:
-            if self._orphans:  # wake when the first one is due, and offer it
-                due = min(self._orphans.values()) - time.monotonic() + 0.01
-                timeout = due if timeout is None else min(timeout, due)
+            due = min([*self._orphans.values(), self._confirm_at]) - time.monotonic() + 0.01
+            if due < math.inf:  # wake when the first is due: offer it, or check_locks
+                timeout = due if timeout is None else min(timeout, max(due, 0.0))
             return timeout
 
     def offer_due(self) -> None:
@@ -628,19 +652,32 @@ class QueueView:
         successor has.
         """
         work_index, work = self._protocol.list("work")
-        locks_index, locks = (self._protocol.list("locks") if follower.list_locks
-                              else (0, []))
+        with self._cond:
+            list_locks = follower.list_locks or (follower.directory is not None
+                                                 and self._noted_before(work))
+        locks_index, locks = self._protocol.list("locks") if list_locks else (0, [])
         with self._cond:
             if follower is not self._follower:
                 return {}
             delayed = self._new_delayed(work)
             self._take_listing(work_index, work)
-            if follower.list_locks:
+            if list_locks:
                 self._reconcile_locks(locks_index, locks)
+            self._confirm_below, self._confirm_at = work_index, math.inf
+            if follower.directory is not None and not list_locks and self._unconfirmed():
+                self._confirm_at = time.monotonic() + CONFIRM
             self._ready, self._error = True, None
         if delayed and not follower.list_locks and follower.directory is None:
             self._list_locks(follower)
         return {"work": work_index, "locks": locks_index}
+
+    def _noted_before(self, work: List[Entry]) -> bool:
+        """Whether an item of a listing of work/ is taken on a sign the view had
+        at its previous listing: that lock may have gone while the view was
+        quiet, so a view that starts watching lists locks/ at once.  Newer
+        signs (misses, claims seen in this listing) wait for check_locks."""
+        known = self._known
+        return any(self._locks.get(entry.id, known + 1) <= known for entry in work)
 
     def _new_delayed(self, work: List[Entry]) -> bool:
         """Whether a listing of work/ shows an item new to the view that carries
@@ -680,20 +717,24 @@ class QueueView:
             if follower is not self._follower:
                 return
             delayed = self._new_delayed(work)
-            held = self._missed_still_there(work)
             self._take_listing(index, work)
-        if delayed or held:
-            self._list_locks(follower, full=held)
-
-    def _missed_still_there(self, work: List[Entry]) -> bool:
-        """Whether most items missed since the last listing are still in work/:
-        running elsewhere, not finished, so listing work/ again told nothing,
-        and only locks/ will (else every miss would list work/ again: review rv7)."""
-        still = sum(1 for entry in work if entry.id in self._missed)
-        return still > 0 and 2 * still >= len(self._missed)
+        if delayed:
+            self._list_locks(follower)
 
     def _take_listing(self, index: int, work: List[Entry]) -> None:
-        """Apply a listing of work/ taken at ``index`` (under the lock)."""
+        """Apply a listing of work/ taken at ``index`` (under the lock).
+
+        An item claimed since the view last saw it (a new version that carries
+        a claim token: C2 wrote it under the claim's lock) is taken at that
+        version's index, as if a claim of ours had lost the race for it:
+        running elsewhere, most likely.  Without that, every item others were
+        running looked free after a relist and cost a miss each (relist_work
+        then listed locks/ to learn which: review rv7).  It is freed as any
+        taken item is: by a listing of locks/ without its lock, or an event.
+        """
+        for entry in work:
+            if entry.index != self._items.get(entry.id, (0, None))[0] and _claimed(entry.value):
+                self._locked(entry.id, entry.index)
         self._items = {e.id: (e.index, _cacheable(e.value)) for e in work}
         self._gone = {i: at for i, at in self._gone.items() if i in self._items}
         self._free = [e.id for e in work]
@@ -702,7 +743,6 @@ class QueueView:
         self._orphans.clear()
         self._known = index
         self._misses, self._listed_free, self._cursor = 0, len(work), None
-        self._missed.clear()
         self.relists += 1
         self.version += 1
         self._cond.notify_all()
@@ -805,10 +845,12 @@ class _Follower:
                  idle_timeout: float, *, list_locks: bool = False) -> None:
         self._view = view
         self.directory = directory
-        #: A watching follower always lists locks/: its events say only what
-        #: changes from now on, and a view that forgot which items are locked
-        #: tried each of them whenever it started watching (review rv6).
-        self.list_locks = list_locks or directory is not None
+        #: Whether its listings read locks/.  A watching follower's also do when
+        #: the view has older lock signs (_noted_before): its events say only
+        #: what changes from then on.  The view keeps which items are locked (one
+        #: that forgot tried each of them whenever it started watching: review
+        #: rv6), and checks newer signs later (check_locks).
+        self.list_locks = list_locks
         self._idle_timeout = idle_timeout
         self._listed = threading.Event()
         self._stop = threading.Event()
@@ -882,6 +924,16 @@ class _Follower:
                 time.sleep(COALESCE)
         finally:
             stream.release()
+
+
+def _claimed(value: Optional[str]) -> bool:
+    """Whether an item's value carries a claim token (written by a claim's C2)."""
+    if value is None or '"c":' not in value:  # the cheap test first: most have none
+        return False
+    try:
+        return Item.decode(value).claim is not None
+    except Junk:
+        return False
 
 
 def _is_delay(value: Optional[str]) -> bool:
