@@ -13,17 +13,19 @@ from etcdq_v2 import Queue
 from helpers import claims_until, in_background, wait_until
 
 
-def test_a_held_relists_locks_listing_applied_after_the_switch_to_watching_strands_an_item(
+def test_a_claimers_locks_listing_applied_after_the_switch_to_watching_strands_an_item(
         etcd_url: str, queue_name: str) -> None:
-    """relist_work (973295f) lists locks/ in full when most missed items are still
-    in work/ (the "held" path).  It reads the view's follower only in _list_locks,
-    after _take_listing let go of the view's lock; the guard `follower is
-    self._follower` thus accepts a follower that took over in between.
+    """As found, relist_work (973295f) listed locks/ in full when most missed
+    items were still in work/ (the "held" path, gone since the view reads claims
+    off work/, issue 14): it read the view's follower only in _list_locks, after
+    _take_listing let go of the view's lock, so the guard `follower is
+    self._follower` accepted a follower that took over in between.  A claimer's
+    check_locks still calls _list_locks with the follower it saw (a delay lock
+    due, or a watching view's check): T1 now comes that way.
 
     Interleaving (two claimers of one Queue, as in a Worker with concurrency 2):
-      T1: claim on X -> Taken (another process holds X) -> missed(X) -> relist_work:
-          lists work/ (X still there: held), _take_listing, and is descheduled
-          before _list_locks reads the follower;
+      T1: claim -> check_locks: a delay lock of an item is due (here: X's, planned
+          at once) -> is descheduled before _list_locks reads the follower;
       T2: claim finds nothing free -> starved() -> the view watches the whole
           directory (a new follower; its listing has X locked);
       T1: _list_locks reads the (watching) follower, GETs locks/ at L (X's lock there);
@@ -75,13 +77,20 @@ def test_a_held_relists_locks_listing_applied_after_the_switch_to_watching_stran
         view._list_locks = paused_list_locks
         protocol.list = paused_list
 
+        go = threading.Event()  # T1 starts once its thread is known to the wrappers
+
         def claimer_t1() -> None:
-            # T1's claim of X lost the race (C1 "already exists"): a miss.
-            view.missed(x)
-            view.relist_work()
+            assert go.wait(10)
+            # T1's claim of X lost the race (C1 "already exists"), and a delay
+            # lock the view knows of is due: check_locks lists locks/.
+            with view._cond:
+                view._locked(x, 1)
+                view._plan_delay(x, 0)
+            view.check_locks()
 
         thread, outcome = in_background(claimer_t1, name="T1")
         t1["thread"] = thread
+        go.set()
         assert at_gap.wait(10), outcome
         # T2 finds nothing free (in the real run: every item it knows is taken).
         view.starved(consumer.etcd.timeout)

@@ -1,0 +1,140 @@
+"""A view reads others' claims off its listings of work/ (issue 14, third pass).
+
+A claim's C2 writes its claim token into the item, so a listing of work/ shows
+which items were claimed since the view's previous one: the view takes those for
+running instead of listing locks/, which holds a lock TTL's worth of finished
+items' lingering locks (F4 skipped) and cost every consumer at 64 of them.  A
+view that starts watching checks the newer of those signs CONFIRM s later if
+they are still there (docs/protocol.md, "Which listings read locks/").
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, List
+
+from etcdq_v2 import Claim, Queue
+from etcdq_v2.view import CONFIRM, QueueView
+
+from helpers import wait_until
+
+
+def count_lists(view: QueueView, directory: str) -> List[int]:
+    """A counter (one-element list) of the view's listings of ``directory`` from now on."""
+    counter = [0]
+    original = view._protocol.list
+
+    def counted(kind: str, *args, **kwargs):
+        if kind == directory:
+            counter[0] += 1
+        return original(kind, *args, **kwargs)
+
+    view._protocol.list = counted  # type: ignore[method-assign]
+    return counter
+
+
+def count_misses(view: QueueView) -> List[int]:
+    counter = [0]
+    original: Callable[[str], bool] = view.missed
+
+    def counted(item_id: str) -> bool:
+        counter[0] += 1
+        return original(item_id)
+
+    view.missed = counted  # type: ignore[method-assign]
+    return counter
+
+
+def hold(holder: Queue, count: int) -> List[Claim]:
+    held = [holder.claim() for _ in range(count)]
+    assert all(claim is not None for claim in held)
+    return held  # type: ignore[return-value]
+
+
+def test_a_quiet_relist_takes_items_claimed_elsewhere_without_listing_locks(
+        etcd_url: str, queue_name: str) -> None:
+    """A consumer lists a backlog of 400 (quiet), then another process claims 300
+    of them for long jobs.  Its claims miss some of those, which makes it list
+    work/ again: that listing shows the 300 carrying a claim token, so it takes
+    them for running, and claims the free 99 without another miss.  Before,
+    misses whose items were still in work/ made it list locks/ in full, and
+    the relist told it nothing about the items it had not missed yet."""
+    with Queue(etcd_url, queue_name) as consumer, \
+            Queue(etcd_url, queue_name, lock_ttl=60) as holder:
+        consumer.put_many(range(400))
+        first = consumer.claim()
+        view = consumer._view
+        assert first is not None and view is not None and not view.watching_locks
+        held = hold(holder, 300)
+        locks_listed, misses = count_lists(view, "locks"), count_misses(view)
+        relists = view.relists
+        got = [first]
+        while len(got) < 100:
+            claim = consumer.claim()
+            assert claim is not None, f"claimed only {len(got)} of the 100 free items"
+            got.append(claim)
+        assert not {claim.id for claim in got} & {claim.id for claim in held}
+        assert view.relists > relists, "the misses should have made it list work/ again"
+        assert locks_listed[0] == 0, f"listed locks/ {locks_listed[0]} times while quiet"
+        assert misses[0] <= view.miss_limit + 1, (
+            f"{misses[0]} misses: the relist did not take the held items for running")
+
+
+def keep_all(consumer: Queue, count: int) -> List[Claim]:
+    """The consumer's first listing shows ``count`` items: it claims them all."""
+    consumer.put_many(range(count))
+    got = hold(consumer, count)
+    assert consumer._view is not None and not consumer._view.watching_locks
+    return got
+
+
+def test_a_view_that_starts_watching_takes_claimed_items_for_running_for_a_while(
+        etcd_url: str, queue_name: str) -> None:
+    """A consumer claims the whole backlog it listed; another process then puts
+    5 items and claims them.  The consumer finds nothing free and starts
+    watching: its listing of work/ shows the 5 new items carrying a claim token,
+    so it does not list locks/ (before issue 14's third pass, every view that
+    started watching did: a lock TTL's worth of lingering locks, for each
+    consumer at the end of every backlog).  Both finish their items within
+    CONFIRM: the events tell the view, and nothing is listed later either."""
+    with Queue(etcd_url, queue_name) as consumer, \
+            Queue(etcd_url, queue_name, lock_ttl=60) as holder:
+        mine = keep_all(consumer, 10)
+        view = consumer._view
+        assert view is not None
+        holder.put_many(range(5))
+        held = hold(holder, 5)
+        locks_listed = count_lists(view, "locks")
+        assert consumer.claim() is None and view.watching_locks
+        assert locks_listed[0] == 0, "the view listed locks/ when it started watching"
+        for claim in mine + held:
+            claim.complete()
+        wait_until(lambda: not view._items, 5, message="the completions' events")
+        started = time.monotonic()
+        while time.monotonic() - started < CONFIRM + 0.5:
+            assert consumer.claim(timeout=0.2) is None
+        assert locks_listed[0] == 0, "the view listed locks/ though no item was left"
+
+
+def test_an_item_released_before_the_view_started_watching_comes_back_within_confirm(
+        etcd_url: str, queue_name: str) -> None:
+    """The window the above opens: an item claimed elsewhere since the view's
+    last listing and released before it starts watching is free in etcd, but
+    the view takes it for running (its listing shows a claim token) and no
+    event will say otherwise.  The view lists locks/ CONFIRM s after it started
+    watching: a claim waiting meanwhile gets the item then."""
+    with Queue(etcd_url, queue_name) as consumer, \
+            Queue(etcd_url, queue_name, lock_ttl=60) as holder:
+        mine = keep_all(consumer, 5)
+        holder.put_many(range(3))
+        held = hold(holder, 3)
+        for claim in held[1:]:
+            claim.complete()
+        held[0].release()  # free in etcd, carrying the holder's claim token
+        started = time.monotonic()
+        claim = consumer.claim(timeout=CONFIRM + 5)
+        took = time.monotonic() - started
+        assert claim is not None and claim.id == held[0].id, (
+            f"the released item did not come back within {CONFIRM + 5:g} s")
+        assert took <= CONFIRM + 2, f"it came back {took:.1f} s later"
+        for done in mine + [claim]:
+            done.complete()
