@@ -64,9 +64,9 @@ def test_rv14_item_claimed_last_before_a_watching_listing_is_stranded(
         got = consumer.claim(timeout=3 * LOCK_TTL)  # starved: watches, lists work/
         waited = time.monotonic() - started
         stuck = dict(view._locks), view._confirm_at
-        # Nothing changed in etcd meanwhile: X is still free, and another consumer gets it.
-        assert _is_free_in_etcd(consumer, item_id)
         if got is None:
+            # Nothing changed in etcd meanwhile: X is still free, another consumer gets it.
+            assert _is_free_in_etcd(consumer, item_id)
             taken = other.claim(timeout=0)
             assert taken is not None and taken.id == item_id
             taken.release()
@@ -87,10 +87,13 @@ def test_rv14_stranded_item_starves_while_newer_items_are_claimed(
         view = consumer._ensure_view()
         item_id = producer.put("x")
         _stalled_c2_lands_after_lock_expired(dead, item_id)
-        assert consumer.claim(timeout=0) is None  # starved: watches; X inferred taken
         got = []
+        first = consumer.claim(timeout=0)  # starved: watches; X inferred taken
+        if first is not None:
+            got.append(first.id)
+            first.complete()
         started = time.monotonic()
-        while time.monotonic() - started < 3 * LOCK_TTL:
+        while item_id not in got and time.monotonic() - started < 3 * LOCK_TTL:
             producer.put("newer")
             claim = consumer.claim(timeout=1)
             assert claim is not None
@@ -173,3 +176,148 @@ def test_rv14_release_after_a_stall_strands_the_item(
         assert got is not None and got.id == item_id, (
             f"released item {item_id} not handed out within 3 lock TTLs: "
             f"_locks={view._locks}, _confirm_at={view._confirm_at}")
+
+
+# -- attacks that held (kept as passing checks of what was covered) -----------------
+
+def test_rv14_held_stream_restart_while_a_confirm_is_pending(
+        etcd_url: str, queue_name: str) -> None:
+    """A stream that ends while a confirm is pending: the restart's listing
+    finds the inferred sign <= _known (_noted_before) and lists locks/ at once."""
+    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as dead:
+        view = consumer._ensure_view()
+        item_id = producer.put("x")
+        _stalled_c2_lands_after_lock_expired(dead, item_id)
+        producer.etcd.put(f"/etcdq/{queue_name}-elsewhere/k", "1")
+        assert consumer.claim(timeout=0) is None
+        assert view._confirm_at < float("inf")
+        relists = view.relists
+        view._follower.drop_stream()
+        wait_until(lambda: view.relists > relists, 5, message="the view listed again")
+        got = consumer.claim(timeout=0.5)  # before CONFIRM could have fired
+        assert got is not None and got.id == item_id
+
+
+def test_rv14_held_quiet_view_frees_an_item_released_elsewhere_within_a_lock_ttl(
+        etcd_url: str, queue_name: str) -> None:
+    """A quiet view infers taken an item another process claimed and released
+    between its listings; it is offered again at the next full listing, once
+    per lock TTL (check_locks, stale): bounded, FIFO kept within a lock TTL."""
+    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as other:
+        ids = producer.put_many(list(range(60)))
+        first = consumer.claim(timeout=0)  # quiet view, 60 listed
+        assert first is not None and first.id == ids[0]
+        view = consumer._view
+        taken = other.claim(timeout=0)
+        assert taken is not None and taken.id == ids[1]
+        taken.release()  # R0 + R1, unseen by the quiet view
+        view.relist_work()  # as after a miss
+        assert taken.id in view._locks  # inferred taken
+        started = time.monotonic()
+        got = []
+        while taken.id not in got:
+            claim = consumer.claim(timeout=0)
+            assert claim is not None
+            got.append(claim.id)
+            claim.complete()
+            time.sleep(0.1)
+        assert time.monotonic() - started < LOCK_TTL + 1.5
+        assert not view.watching_locks
+
+
+def test_rv14_held_idle_consumer_with_a_confirm_sends_one_listing_and_spins_not(
+        etcd_url: str, queue_name: str) -> None:
+    """An idle consumer whose view inferred an item taken (held by a live
+    claim elsewhere) lists locks/ once, CONFIRM s after it started watching,
+    then sends nothing and does not spin while claim() waits."""
+    import resource
+    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as other:
+        view = consumer._ensure_view()
+        item_id = producer.put("x")
+        held = other.claim(timeout=0)
+        assert held is not None and held.id == item_id
+        producer.etcd.put(f"/etcdq/{queue_name}-elsewhere/k", "1")
+        before = dict(consumer.etcd.requests)
+        cpu = resource.getrusage(resource.RUSAGE_SELF)
+        assert consumer.claim(timeout=4) is None
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        after = dict(consumer.etcd.requests)
+        sent = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        assert view._confirm_at == float("inf")
+        total = sum(sent.values())
+        assert total <= 6, sent
+        spent = (used.ru_utime + used.ru_stime) - (cpu.ru_utime + cpu.ru_stime)
+        assert spent < 1.0, f"{spent:.2f} s of CPU in a 4 s wait"
+        held.release()
+
+
+def test_rv14_priority_claim_takes_low_while_high_has_a_stranded_free_item(
+        etcd_url: str, queue_name: str) -> None:
+    """claim_first([high, low]) (a Worker over two queues): high's free item,
+    inferred taken at its listing's index, is never offered, and every round
+    takes low's items instead -- for as long as high's watch lives."""
+    from etcdq_v2.queue import claim_first
+    low_name = queue_name + "-low"
+    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as high, \
+            Queue(etcd_url, low_name, lock_ttl=LOCK_TTL) as low, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
+            Queue(etcd_url, low_name, lock_ttl=LOCK_TTL) as low_producer, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as dead:
+        low_producer.put_many(list(range(5)))  # before X's writes: X's C2 is the last write
+        high._ensure_view()
+        low._ensure_view()
+        item_id = producer.put("x")
+        _stalled_c2_lands_after_lock_expired(dead, item_id)
+        taken = []
+        started = time.monotonic()
+        while time.monotonic() - started < 3 * LOCK_TTL:
+            claim = claim_first([high, low], timeout=1)
+            if claim is None:
+                continue
+            taken.append(claim.id)
+            if claim.id == item_id:
+                claim.complete()
+                break
+            claim.release(delay=10)  # low's item: back later
+            time.sleep(0.5)
+        assert item_id in taken, (
+            f"high's free item {item_id} never taken in {time.monotonic() - started:.1f} s; "
+            f"claim_first took {taken} (low's items) meanwhile")
+
+
+def test_rv14_committed_item_of_a_dead_finisher_is_never_finished(
+        etcd_url: str, queue_name: str) -> None:
+    """The same with an outcome: a finisher stalls past its lock's TTL, its F1
+    lands (the fence holds: nobody claimed since), and it dies before F2/F3.
+    A claim must finish the item (C2 finds "o": F2, F3).  A consumer that
+    starts watching right after F1 infers the item taken at F1's index ==
+    its listing's index, and never tries it: the item stays in work/ and its
+    record is never written."""
+    from crashes import commit, stalled_claim
+    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as finisher:
+        view = consumer._ensure_view()
+        item_id = producer.put("x")
+        claim = stalled_claim(finisher)
+        wait_until(lambda: finisher._protocol.read("locks", item_id) is None, LOCK_TTL + 5,
+                   message="the stalled finisher's lock expired")
+        commit(finisher, claim, "completed", record=False)  # F1, then the finisher dies
+        protocol = consumer._protocol
+        assert protocol.read("locks", item_id) is None
+        started = time.monotonic()
+        while time.monotonic() - started < 3 * LOCK_TTL:
+            assert consumer.claim(timeout=0.5) is None  # nothing to hand out: it is finished
+            if protocol.read("work", item_id) is None:
+                break
+        assert protocol.read("work", item_id) is None and \
+            protocol.read("completed", item_id) is not None, (
+                f"committed item {item_id} of a dead finisher not finished within 3 lock "
+                f"TTLs by a consumer that kept claiming: _locks={view._locks}, "
+                f"_confirm_at={view._confirm_at}")
