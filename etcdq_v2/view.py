@@ -190,9 +190,9 @@ class QueueView:
         #: index of R1 (see returned).
         self._given_back: Dict[str, int] = {}
         self._next_delay = math.inf
-        #: A view that started watching without listing locks/: the lock signs
-        #: older than its listing's index are checked then (see check_locks).
-        self._confirm_at, self._confirm_below = math.inf, 0
+        #: A view that started watching without listing locks/: when the lock
+        #: signs up to its listing's index are checked (see check_locks).
+        self._confirm_at, self._confirm_upto = math.inf, 0
         self.version = 0
         self._ready = False
         self._error: Optional[BaseException] = None
@@ -377,14 +377,23 @@ class QueueView:
         if stale:
             self.relist(self._protocol.etcd.deadline, locks=True)
         elif due or confirm:
-            self._list_locks(follower, full=confirm)
+            try:
+                self._list_locks(follower, full=confirm)
+            except BaseException:
+                if confirm:  # not given up: the next claim checks again (review rv14)
+                    with self._cond:
+                        self._confirm_at = min(self._confirm_at, now + CONFIRM)
+                raise
 
     def _unconfirmed(self) -> bool:
-        """Whether an item still in work/ is taken on a sign older than the
+        """Whether an item still in work/ is taken on a sign no newer than the
         listing of the view's watching follower: its lock may have gone before
-        the watch began, and no event would say so."""
-        below = self._confirm_below
-        return any(at < below and item_id in self._items for item_id, at in self._locks.items())
+        the watch began, and no event would say so.  At the listing's own index
+        too: a sign read off work/ is the index of the item's last write (a C2,
+        R0 or F1, fenced on the item, not the lock), which may have landed after
+        its lock expired (review rv14)."""
+        upto = self._confirm_upto
+        return any(at <= upto and item_id in self._items for item_id, at in self._locks.items())
 
     def taken(self, item_id: str) -> None:
         """A claim attempt of this process on the item is under way: offer it to no other."""
@@ -663,7 +672,7 @@ class QueueView:
             self._take_listing(work_index, work)
             if list_locks:
                 self._reconcile_locks(locks_index, locks)
-            self._confirm_below, self._confirm_at = work_index, math.inf
+            self._confirm_upto, self._confirm_at = work_index, math.inf
             if follower.directory is not None and not list_locks and self._unconfirmed():
                 self._confirm_at = time.monotonic() + CONFIRM
             self._ready, self._error = True, None
