@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from etcdq_v2 import Queue
 from etcdq_v2.codec import Item, Lock, new_token
+from etcdq_v2.view import QueueView
 
 from helpers import wait_until
 
@@ -32,6 +33,21 @@ def _stalled_c2_lands_after_lock_expired(actor: Queue, item_id: str) -> int:
     reply = actor.etcd.put(protocol.layout.key("work", item_id), claimed.encode(stored=True),
                            prev_index=entry.index)  # C2, landing late
     return reply.written_index
+
+
+def _watching_with_a_confirm(consumer: Queue, producer: Queue, dead: Queue,
+                             queue_name: str) -> "tuple[QueueView, str]":
+    """An item free in etcd that the consumer's view, which then starts watching,
+    infers taken (its C2 landed after its lock expired), with a write after C2
+    (another queue's key), so that the listing's index exceeds C2's and a
+    confirm is planned.  Returns the view and the item's id."""
+    view = consumer._ensure_view()
+    item_id = producer.put("x")
+    _stalled_c2_lands_after_lock_expired(dead, item_id)
+    producer.etcd.put(f"/etcdq/{queue_name}-elsewhere/k", "1")
+    assert consumer.claim(timeout=0) is None  # starved: watching, confirm planned
+    assert view.watching_locks and view._confirm_at < float("inf")
+    return view, item_id
 
 
 def _is_free_in_etcd(queue: Queue, item_id: str) -> bool:
@@ -122,14 +138,7 @@ def test_rv14_confirm_lost_when_its_listing_fails(
     with Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer, \
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as dead:
-        view = consumer._ensure_view()
-        item_id = producer.put("x")
-        _stalled_c2_lands_after_lock_expired(dead, item_id)
-        # Any later write (here: another queue's key) makes the listing's index
-        # exceed C2's, so the watching view plans a confirm CONFIRM s later.
-        producer.etcd.put(f"/etcdq/{queue_name}-elsewhere/k", "1")
-        assert consumer.claim(timeout=0) is None  # starved: watching, confirm planned
-        assert view.watching_locks and view._confirm_at < float("inf")
+        view, item_id = _watching_with_a_confirm(consumer, producer, dead, queue_name)
         proxy.hold(match=rb"GET /v2/keys/etcdq/" + queue_name.encode() + rb"/locks")
         errors = 0
         try:
@@ -187,12 +196,7 @@ def test_rv14_held_stream_restart_while_a_confirm_is_pending(
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer, \
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as dead:
-        view = consumer._ensure_view()
-        item_id = producer.put("x")
-        _stalled_c2_lands_after_lock_expired(dead, item_id)
-        producer.etcd.put(f"/etcdq/{queue_name}-elsewhere/k", "1")
-        assert consumer.claim(timeout=0) is None
-        assert view._confirm_at < float("inf")
+        view, item_id = _watching_with_a_confirm(consumer, producer, dead, queue_name)
         relists = view.relists
         view._follower.drop_stream()
         wait_until(lambda: view.relists > relists, 5, message="the view listed again")
