@@ -50,6 +50,27 @@ def _watching_with_a_confirm(consumer: Queue, producer: Queue, dead: Queue,
     return view, item_id
 
 
+def _stalled_past_its_lock(consumer: Queue, producer: Queue, worker: Queue):
+    """The consumer's (quiet) view; a new item, claimed by ``worker``, which then
+    stalls until etcd expired its lock.  Returns the view, the item's id and the claim."""
+    from crashes import stalled_claim
+    view = consumer._ensure_view()
+    item_id = producer.put("x")
+    claim = stalled_claim(worker)
+    assert claim.id == item_id
+    wait_until(lambda: worker._protocol.read("locks", item_id) is None, LOCK_TTL + 5,
+               message="the stalled claimer's lock expired")
+    return view, item_id, claim
+
+
+def _assert_handed_out(got, queue: Queue, item_id: str, view: QueueView, when: str) -> None:
+    """The free item was handed out within 3 lock TTLs (``when``)."""
+    assert _is_free_in_etcd(queue, item_id) or got is not None
+    assert got is not None and got.id == item_id, (
+        f"free item {item_id} not handed out within 3 lock TTLs {when}: "
+        f"_locks={view._locks}, _confirm_at={view._confirm_at}")
+
+
 def _is_free_in_etcd(queue: Queue, item_id: str) -> bool:
     protocol = queue._protocol
     entry = protocol.read("work", item_id)
@@ -154,10 +175,7 @@ def test_rv14_confirm_lost_when_its_listing_fails(
                 got = consumer.claim(timeout=0.5)
             except Unavailable:
                 errors += 1
-        assert _is_free_in_etcd(producer, item_id) or got is not None
-        assert got is not None and got.id == item_id, (
-            f"free item {item_id} not handed out within 3 lock TTLs after etcd was "
-            f"reachable again: _locks={view._locks}, _confirm_at={view._confirm_at}")
+        _assert_handed_out(got, producer, item_id, view, "after etcd was reachable again")
 
 
 def test_rv14_release_after_a_stall_strands_the_item(
@@ -168,23 +186,14 @@ def test_rv14_release_after_a_stall_strands_the_item(
     R1 finds no lock: the item is free, its last version carries the claim
     token.  A consumer that starts watching right then infers it taken at
     R0's index == its listing's index and never frees it."""
-    from crashes import stalled_claim
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer, \
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as worker:
-        view = consumer._ensure_view()
-        item_id = producer.put("x")
-        claim = stalled_claim(worker)
-        assert claim.id == item_id
-        wait_until(lambda: worker._protocol.read("locks", item_id) is None, LOCK_TTL + 5,
-                   message="the stalled worker's lock expired")
+        view, item_id, claim = _stalled_past_its_lock(consumer, producer, worker)
         claim.release()  # the worker resumes and gives the item back
         assert _is_free_in_etcd(consumer, item_id)
         got = consumer.claim(timeout=3 * LOCK_TTL)
-        assert _is_free_in_etcd(consumer, item_id) or got is not None
-        assert got is not None and got.id == item_id, (
-            f"released item {item_id} not handed out within 3 lock TTLs: "
-            f"_locks={view._locks}, _confirm_at={view._confirm_at}")
+        _assert_handed_out(got, consumer, item_id, view, "after its release")
 
 
 # -- attacks that held (kept as passing checks of what was covered) -----------------
@@ -303,15 +312,11 @@ def test_rv14_committed_item_of_a_dead_finisher_is_never_finished(
     starts watching right after F1 infers the item taken at F1's index ==
     its listing's index, and never tries it: the item stays in work/ and its
     record is never written."""
-    from crashes import commit, stalled_claim
+    from crashes import commit
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer, \
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as finisher:
-        view = consumer._ensure_view()
-        item_id = producer.put("x")
-        claim = stalled_claim(finisher)
-        wait_until(lambda: finisher._protocol.read("locks", item_id) is None, LOCK_TTL + 5,
-                   message="the stalled finisher's lock expired")
+        view, item_id, claim = _stalled_past_its_lock(consumer, producer, finisher)
         commit(finisher, claim, "completed", record=False)  # F1, then the finisher dies
         protocol = consumer._protocol
         assert protocol.read("locks", item_id) is None
