@@ -1,0 +1,123 @@
+"""Hostile review rv15 of 548eb40..bd0c15e (claims read off work/; CONFIRM; MISS_COST).
+
+Each test reproduces a finding against a real etcd; they FAIL on bd0c15e.
+"""
+from __future__ import annotations
+
+import re
+import time
+
+from etcdq_v2 import Queue
+from etcdq_v2.codec import Item, Lock, new_token
+from etcdq_v2.transport import connect
+
+from helpers import in_background, wait_until
+
+LOCK_TTL = 2  # <= LINGER_MAX: F4 skipped
+
+
+def _is_free_in_etcd(queue: Queue, item_id: str) -> bool:
+    protocol = queue._protocol
+    entry = protocol.read("work", item_id)
+    return (entry is not None and Item.decode(entry.value).outcome is None
+            and protocol.read("locks", item_id) is None)
+
+
+def _dead_claimer_c1_only(actor: Queue, item_id: str, ttl: int = 1) -> int:
+    """A claimer's C1 on the item, then it dies before C2 (killed, or its C2
+    failed): the lock expires after ``ttl`` s and the item is left unchanged,
+    with no claim token.  Returns C1's index."""
+    return actor._protocol._create_lock(item_id, Lock(actor.node_id, new_token()), ttl)
+
+
+def test_rv15_lost_race_reply_applied_after_the_watching_listing_strands_the_item(
+        etcd_url: str, queue_name: str, proxy) -> None:
+    """Two threads claim from one Queue (several threads on one Queue).
+
+    1. The consumer's quiet view lists X free.  Another process's claimer
+       creates X's lock (C1, ttl 1 s) and dies before its C2.
+    2. Thread A tries X: its C1 gets "already exists" at etcd index I; the
+       reply is slow (held on the way back, or thread A is descheduled).
+    3. The dead claimer's lock expires (no C2: X is unchanged, free in etcd).
+    4. Thread B finds nothing free (X is A's attempt) and starts watching: the
+       new follower lists work/ only (no sign noted before; X carries no claim
+       token), no confirm is planned, and the stream registers after the expiry.
+    5. A's reply arrives: _lost_race -> locked_at(X, I) marks X taken at I,
+       an index before the watch began.  No event will free it, no confirm is
+       planned, and a watching view never lists locks/ on its own: X is
+       stranded for as long as the stream lives (idle_timeout, 60 s without
+       any event in the whole store's queue directory; never while busy).
+
+    Before a035186 every watching follower listed locks/: X's absence
+    noted "gone at W" in _trying, and locked_at(X, I < W) freed it.
+    """
+    transport = connect(proxy.url, timeout=8.0)
+    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as dead, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as other:
+        item_id = producer.put("x")
+        with Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
+            view = consumer._ensure_view()  # quiet; lists X free
+            assert not view.watching_locks and view._is_free(item_id)
+            _dead_claimer_c1_only(dead, item_id, ttl=1)
+            # Hold the reply of A's C1 ("already exists" is errorCode 105).
+            proxy.hold("down", match=rb'"errorCode":105')
+            thread_a, outcome_a = in_background(lambda: consumer.claim(timeout=0), "claimer-a")
+            wait_until(lambda: re.search(rb'"errorCode":105', proxy.held("down")), 5,
+                       message="A's C1 answered 'already exists' (held)")
+            wait_until(lambda: dead._protocol.read("locks", item_id) is None, 5,
+                       message="etcd expired the dead claimer's lock")
+            assert consumer.claim(timeout=0) is None  # thread B: starved, starts watching
+            assert view.watching_locks
+            proxy.pass_through()  # A's reply comes in: Taken(I)
+            thread_a.join(10)
+            assert not thread_a.is_alive() and "raised" not in outcome_a, outcome_a
+            if outcome_a["returned"] is not None:  # 548eb40: A's next round took X
+                assert outcome_a["returned"].id == item_id
+                outcome_a["returned"].complete()
+                return
+            assert _is_free_in_etcd(consumer, item_id)
+
+            started = time.monotonic()
+            got = consumer.claim(timeout=2 * LOCK_TTL)
+            waited = time.monotonic() - started
+            stuck = dict(view._locks), view._confirm_at
+            if got is None:
+                # Free in etcd all along: a fresh consumer gets it at once.
+                assert _is_free_in_etcd(consumer, item_id)
+                taken = other.claim(timeout=0)
+                assert taken is not None and taken.id == item_id
+                taken.release()
+            assert got is not None and got.id == item_id, (
+                f"free item {item_id} not handed out within {waited:.1f} s (2 lock TTLs); "
+                f"the watching view holds it taken: _locks={stuck[0]}, _confirm_at={stuck[1]}")
+            got.complete()
+
+
+def test_rv15_a_view_that_starts_watching_tries_every_new_delayed_item(
+        etcd_url: str, queue_name: str) -> None:
+    """Another process puts 40 items with a delay (D1: delay lock, D2: the item
+    with "q", no claim token) after the consumer's last listing.  The consumer
+    finds nothing and starts watching: the watching follower lists work/ only
+    (no sign noted before, no claim token), and _new_delayed() is acted on
+    only by a quiet follower, so every delayed item looks free: the claim
+    tries each one, a failed C1 (lock create) apiece, 40 failed writes, and
+    every consumer does so each time it starts watching with delayed items
+    new to it (rv6's "tried every item held elsewhere", back for delayed
+    puts).  Before a035186 a watching follower listed locks/ and tried none."""
+    with Queue(etcd_url, queue_name) as consumer, Queue(etcd_url, queue_name) as producer:
+        view = consumer._ensure_view()  # quiet, empty
+        producer.put_many(range(40), delay=30)
+        tries = []
+        original = consumer._protocol._create_lock
+
+        def counted(item_id, lock, ttl):
+            tries.append(item_id)
+            return original(item_id, lock, ttl)
+
+        consumer._protocol._create_lock = counted  # type: ignore[method-assign]
+        assert consumer.claim(timeout=0.5) is None
+        assert view.watching_locks
+        assert len(tries) <= 2, (
+            f"the consumer tried {len(tries)} of the 40 delayed items (each a failed "
+            f"lock create) when it started watching")
