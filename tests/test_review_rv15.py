@@ -121,3 +121,44 @@ def test_rv15_a_view_that_starts_watching_tries_every_new_delayed_item(
         assert len(tries) <= 2, (
             f"the consumer tried {len(tries)} of the 40 delayed items (each a failed "
             f"lock create) when it started watching")
+
+
+def test_rv15_a_consumer_running_its_own_item_lists_locks_at_every_start_of_watching(
+        etcd_url: str, queue_name: str) -> None:
+    """Low (cost, not correctness).  The CONFIRM check counts the consumer's own
+    running claims as unconfirmed signs: its own lock (locked_at after C2) is
+    in _locks at C1's index, newer than its last listing and no newer than the
+    watching listing's.  A Worker's main thread claims the next item while a
+    slot runs the last one; at the end of a backlog it starts watching, and if
+    its own item runs longer than CONFIRM (1 s), the next claim round lists
+    locks/ in full (a lock TTL's worth of lingering locks) to confirm a lock
+    the process holds and heartbeats itself.  The change's claim ("64
+    consumers ending a drain no longer list a lock TTL's worth of lingering
+    locks each") holds only for handlers shorter than CONFIRM."""
+    from etcdq_v2.view import CONFIRM
+    with Queue(etcd_url, queue_name) as consumer:
+        consumer.put_many(range(3))
+        held = [consumer.claim(timeout=0) for _ in range(3)]  # the first listing knows all
+        assert all(held)
+        view = consumer._view
+        consumer.put("last")  # own put: known at once, claimed after the last listing
+        mine = consumer.claim(timeout=0)
+        assert mine is not None
+        for claim in held:
+            claim.complete()
+        lists = []
+        original = view._protocol.list
+
+        def counted(kind, *args, **kwargs):
+            lists.append((kind, round(time.monotonic() - started, 2)))
+            return original(kind, *args, **kwargs)
+
+        view._protocol.list = counted  # type: ignore[method-assign]
+        started = time.monotonic()
+        assert consumer.claim(timeout=CONFIRM + 1.0) is None  # the handler still runs
+        assert view.watching_locks
+        mine.complete()
+        locks = [at for kind, at in lists if kind == "locks"]
+        assert not locks, (
+            f"listed locks/ {len(locks)} time(s) (s after the claim began: {locks}) to confirm the consumer's own "
+            f"live claim {mine.id}: listings {lists}")
