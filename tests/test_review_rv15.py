@@ -1,17 +1,19 @@
 """Hostile review rv15 of 548eb40..bd0c15e (claims read off work/; CONFIRM; MISS_COST).
 
-Each test reproduces a finding against a real etcd; they FAIL on bd0c15e.
+The three test_rv15_* findings FAIL on bd0c15e (the first two pass on 548eb40,
+the third fails there too: 548eb40 listed locks/ whenever a view started watching);
+the two test_rv15_held_* tests are attacks that held (bounds checked).
 """
 from __future__ import annotations
 
 import re
 import time
 
+from helpers import in_background, wait_until
+
 from etcdq_v2 import Queue
 from etcdq_v2.codec import Item, Lock, new_token
 from etcdq_v2.transport import connect
-
-from helpers import in_background, wait_until
 
 LOCK_TTL = 2  # <= LINGER_MAX: F4 skipped
 
@@ -162,3 +164,67 @@ def test_rv15_a_consumer_running_its_own_item_lists_locks_at_every_start_of_watc
         assert not locks, (
             f"listed locks/ {len(locks)} time(s) (s after the claim began: {locks}) to confirm the consumer's own "
             f"live claim {mine.id}: listings {lists}")
+
+
+def test_rv15_held_an_item_released_elsewhere_comes_back_to_a_quiet_view_within_a_lock_ttl(
+        etcd_url: str, queue_name: str) -> None:
+    """Held (bound check, documented): another process claims the head of a
+    quiet consumer's backlog and releases it (R0 keeps its claim token, R1
+    deletes the lock).  The consumer's next relist of work/ reads the R0
+    version as a claim and takes the item for running; it comes back at the
+    once-per-lock-TTL listing of locks/, not at the relist (548eb40: at once).
+    Bound: one lock TTL after the view's last listing of locks/."""
+    ttl = 3
+    with Queue(etcd_url, queue_name, lock_ttl=ttl) as consumer, \
+            Queue(etcd_url, queue_name, lock_ttl=ttl) as other:
+        consumer.put_many(range(300))
+        first = consumer.claim(timeout=0)
+        assert first is not None
+        first.complete()
+        view = consumer._view
+        head = other.claim(timeout=0)  # the next head: the consumer's view holds it free
+        assert head is not None
+        head.release()
+        view.relist_work()  # as after MISS_COST misses
+        assert head.id in view._locks, "the relist read the R0 version as a claim"
+        started = time.monotonic()
+        got = []
+        while time.monotonic() - started < 2 * ttl:
+            claim = consumer.claim(timeout=0)
+            assert claim is not None
+            got.append(claim.id)
+            claim.complete()
+            if claim.id == head.id:
+                break
+            time.sleep(0.02)
+        took = time.monotonic() - started
+        assert head.id in got, f"released head not back within {2 * ttl} s"
+        print(f"released head back after {took:.2f} s, {len(got) - 1} newer items first")
+        assert took <= ttl + 1, f"back after {took:.1f} s, {len(got)} newer items first"
+
+
+def test_rv15_held_claim_first_waiting_on_a_pending_confirm_sends_one_listing(
+        etcd_url: str, queue_name: str, proxy) -> None:
+    """Held: claim_first over two queues whose first view plans a CONFIRM check
+    (an item claimed elsewhere, read off work/ when it starts watching) wakes
+    once for it, lists locks/ once, and then sends nothing while it waits:
+    no loop of requests, no spin (until_due with _confirm_at reset)."""
+    from etcdq_v2.queue import claim_first
+    transport = connect(proxy.url, timeout=5.0)
+    with Queue(transport, queue_name) as high, \
+            Queue(transport, queue_name + "-low") as low, \
+            Queue(etcd_url, queue_name, lock_ttl=60) as holder:
+        high._ensure_view(), low._ensure_view()
+        holder.put("x")
+        held = holder.claim(timeout=0)
+        assert held is not None
+        before = len(proxy.requests)
+        cpu = time.process_time()
+        assert claim_first([high, low], timeout=4) is None
+        cpu = time.process_time() - cpu
+        sent = [line for line in proxy.requests[before:] if b"wait=true" not in line]
+        held.complete()
+        locks = [line for line in sent if b"/locks" in line]
+        assert len(locks) == 1, sent  # the confirm, once
+        assert len(sent) <= 6, sent
+        assert cpu < 1.0, f"{cpu:.2f} s of CPU in a 4 s wait"
