@@ -1,7 +1,8 @@
 """Hostile review rv15 of 548eb40..bd0c15e (claims read off work/; CONFIRM; MISS_COST).
 
-The three test_rv15_* findings FAIL on bd0c15e (the first two pass on 548eb40,
-the third fails there too: 548eb40 listed locks/ whenever a view started watching);
+The four test_rv15_* tests (three findings: the strand has two paths) FAIL on
+bd0c15e; all but the own-item one pass on 548eb40 (that one fails there too:
+548eb40 listed locks/ whenever a view started watching);
 the two test_rv15_held_* tests are attacks that held (bounds checked).
 """
 from __future__ import annotations
@@ -228,3 +229,53 @@ def test_rv15_held_claim_first_waiting_on_a_pending_confirm_sends_one_listing(
         assert len(locks) == 1, sent  # the confirm, once
         assert len(sent) <= 6, sent
         assert cpu < 1.0, f"{cpu:.2f} s of CPU in a 4 s wait"
+
+
+def test_rv15_lost_race_reply_applied_after_a_stream_restart_strands_the_item(
+        etcd_url: str, queue_name: str, proxy) -> None:
+    """The same strand through a watching view's own stream restart (a dropped
+    connection, etcd ending the stream: drop_stream() here), one claiming thread.
+
+    The view watches and holds X free.  A dead claimer's C1 lands on X; its
+    event is slow to reach the consumer (held on the stream's connection), and
+    so is the "already exists" reply to the consumer's own C1 on X.  The
+    dead claimer's lock expires; the stream drops and the same follower
+    subscribes and lists work/ again: no sign of X noted (the C1 event never
+    came), no claim token, so neither locks/ nor a confirm.  Then the reply
+    comes: locked_at(X, I), I below the new listing's index, X taken for good."""
+    transport = connect(proxy.url, timeout=8.0)
+    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as dead:
+        with Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
+            assert consumer.claim(timeout=0) is None
+            view = consumer._view
+            assert view.watching_locks
+            item_id = producer.put("x")
+            wait_until(lambda: view._is_free(item_id), 5, message="X's event")
+            proxy.hold("down", match=rb'"action":"create","node":\{"key":"[^"]*/locks/'
+                                     rb'|"errorCode":105')
+            _dead_claimer_c1_only(dead, item_id, ttl=1)
+            thread_a, outcome_a = in_background(lambda: consumer.claim(timeout=0), "claimer-a")
+            wait_until(lambda: re.search(rb'"errorCode":105', proxy.held("down")), 5,
+                       message="A's C1 answered 'already exists' (held)")
+            assert view._is_free(item_id) or item_id in view._trying
+            wait_until(lambda: dead._protocol.read("locks", item_id) is None, 5,
+                       message="etcd expired the dead claimer's lock")
+            relists = view.relists
+            view._follower.drop_stream()
+            wait_until(lambda: view.relists > relists, 5, message="the follower listed again")
+            proxy.pass_through()
+            thread_a.join(10)
+            assert not thread_a.is_alive() and "raised" not in outcome_a, outcome_a
+            if outcome_a["returned"] is not None:
+                assert outcome_a["returned"].id == item_id
+                outcome_a["returned"].complete()
+                return
+            assert _is_free_in_etcd(consumer, item_id)
+            started = time.monotonic()
+            got = consumer.claim(timeout=2 * LOCK_TTL)
+            waited = time.monotonic() - started
+            assert got is not None and got.id == item_id, (
+                f"free item {item_id} not handed out within {waited:.1f} s (2 lock TTLs): "
+                f"_locks={view._locks}, _confirm_at={view._confirm_at}")
+            got.complete()
