@@ -245,37 +245,37 @@ def test_rv15_lost_race_reply_applied_after_a_stream_restart_strands_the_item(
     comes: locked_at(X, I), I below the new listing's index, X taken for good."""
     transport = connect(proxy.url, timeout=8.0)
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
-            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as dead:
-        with Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
-            assert consumer.claim(timeout=0) is None
-            view = consumer._view
-            assert view.watching_locks
-            item_id = producer.put("x")
-            wait_until(lambda: view._is_free(item_id), 5, message="X's event")
-            proxy.hold("down", match=rb'"action":"create","node":\{"key":"[^"]*/locks/'
-                                     rb'|"errorCode":105')
-            _dead_claimer_c1_only(dead, item_id, ttl=1)
-            thread_a, outcome_a = in_background(lambda: consumer.claim(timeout=0), "claimer-a")
-            wait_until(lambda: re.search(rb'"errorCode":105', proxy.held("down")), 5,
-                       message="A's C1 answered 'already exists' (held)")
-            assert view._is_free(item_id) or item_id in view._trying
-            wait_until(lambda: dead._protocol.read("locks", item_id) is None, 5,
-                       message="etcd expired the dead claimer's lock")
-            relists = view.relists
-            view._follower.drop_stream()
-            wait_until(lambda: view.relists > relists, 5, message="the follower listed again")
-            proxy.pass_through()
-            thread_a.join(10)
-            assert not thread_a.is_alive() and "raised" not in outcome_a, outcome_a
-            if outcome_a["returned"] is not None:
-                assert outcome_a["returned"].id == item_id
-                outcome_a["returned"].complete()
-                return
-            assert _is_free_in_etcd(consumer, item_id)
-            started = time.monotonic()
-            got = consumer.claim(timeout=2 * LOCK_TTL)
-            waited = time.monotonic() - started
-            assert got is not None and got.id == item_id, (
-                f"free item {item_id} not handed out within {waited:.1f} s (2 lock TTLs): "
-                f"_locks={view._locks}, _confirm_at={view._confirm_at}")
-            got.complete()
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as dead, \
+            Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
+        assert consumer.claim(timeout=0) is None
+        view = consumer._view
+        assert view.watching_locks
+        item_id = producer.put("x")
+        wait_until(lambda: view._is_free(item_id), 5, message="X's event")
+        proxy.hold("down", match=rb'"action":"create","node":\{"key":"[^"]*/locks/'
+                                 rb'|"errorCode":105')
+        _dead_claimer_c1_only(dead, item_id, ttl=1)
+        thread_a, outcome_a = in_background(lambda: consumer.claim(timeout=0), "claimer-a")
+        wait_until(lambda: re.search(rb'"errorCode":105', proxy.held("down")), 5,
+                   message="A's C1 answered 'already exists' (held)")
+        assert view._is_free(item_id) or item_id in view._trying
+        wait_until(lambda: dead._protocol.read("locks", item_id) is None, 5,
+                   message="etcd expired the dead claimer's lock")
+        relists = view.relists
+        view._follower.drop_stream()
+        wait_until(lambda: view.relists > relists, 5, message="the follower listed again")
+        proxy.pass_through()
+        thread_a.join(10)
+        assert not thread_a.is_alive() and "raised" not in outcome_a, outcome_a
+        if outcome_a["returned"] is not None:
+            assert outcome_a["returned"].id == item_id
+            outcome_a["returned"].complete()
+            return
+        assert _is_free_in_etcd(consumer, item_id)
+        started = time.monotonic()
+        got = consumer.claim(timeout=2 * LOCK_TTL)
+        waited = time.monotonic() - started
+        assert got is not None and got.id == item_id, (
+            f"free item {item_id} not handed out within {waited:.1f} s (2 lock TTLs): "
+            f"_locks={view._locks}, _confirm_at={view._confirm_at}")
+        got.complete()
