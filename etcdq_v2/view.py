@@ -415,6 +415,10 @@ class QueueView:
                 return  # forgotten meanwhile, or another thread's attempt ended it
             if index > gone:
                 self._locked(item_id, index)
+                if self.watching_locks and index <= self._confirm_upto:
+                    # A sign from before the watching listing, which did not
+                    # see it: that lock may have gone unheard (review rv15).
+                    self._confirm_at = min(self._confirm_at, time.monotonic() + CONFIRM)
             elif self._locks.get(item_id, -1) <= gone:
                 self._locks.pop(item_id, None)  # gone since: free
             self._make_free(item_id)
@@ -662,8 +666,10 @@ class QueueView:
         """
         work_index, work = self._protocol.list("work")
         with self._cond:
-            list_locks = follower.list_locks or (follower.directory is not None
-                                                 and self._noted_before(work))
+            # A watching view lists locks/ for old signs, and for new delayed
+            # items, which it would otherwise try each (review rv15).
+            list_locks = follower.list_locks or (follower.directory is not None and (
+                self._noted_before(work) or self._new_delayed(work)))
         locks_index, locks = self._protocol.list("locks") if list_locks else (0, [])
         with self._cond:
             if follower is not self._follower:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
+
 from helpers import in_background, wait_until
 
 from etcdq_v2 import Queue
@@ -126,6 +128,10 @@ def test_rv15_a_view_that_starts_watching_tries_every_new_delayed_item(
             f"lock create) when it started watching")
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "left (low, cost only): a view cannot tell its own live claims from claims "
+    "whose lock expired unheard while it was quiet, so it confirms them too; "
+    "548eb40 listed locks/ at every start of watching (docs/protocol.md)"))
 def test_rv15_a_consumer_running_its_own_item_lists_locks_at_every_start_of_watching(
         etcd_url: str, queue_name: str) -> None:
     """Low (cost, not correctness).  The CONFIRM check counts the consumer's own
