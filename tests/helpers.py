@@ -86,3 +86,33 @@ def claims_until(queue: Any, item_id: str, within: float, claim_timeout: float =
         if claim.id == item_id:
             break
     return got
+
+
+def is_free_in_etcd(queue: Any, item_id: str) -> bool:
+    """Whether the item is in work/, without an outcome and without a lock."""
+    from etcdq_v2.codec import Item
+    protocol = queue._protocol
+    entry = protocol.read("work", item_id)
+    return (entry is not None and Item.decode(entry.value).outcome is None
+            and protocol.read("locks", item_id) is None)
+
+
+def hands_out(consumer: Any, item_id: str, within: float, other: Any = None) -> Any:
+    """``consumer.claim(timeout=within)`` hands out ``item_id``, free in etcd: the
+    claim.  If it does not, the failure says what the view holds, once ``other``
+    (another consumer) has shown the item free by getting it at once."""
+    assert is_free_in_etcd(consumer, item_id)
+    started = time.monotonic()
+    got = consumer.claim(timeout=within)
+    waited = time.monotonic() - started
+    view = consumer._view
+    stuck = dict(view._locks), view._confirm_at
+    if got is None and other is not None:
+        assert is_free_in_etcd(consumer, item_id)
+        taken = other.claim(timeout=0)
+        assert taken is not None and taken.id == item_id
+        taken.release()
+    assert got is not None and got.id == item_id, (
+        f"free item {item_id} not handed out within {waited:.1f} s; the view holds "
+        f"it taken: _locks={stuck[0]}, _confirm_at={stuck[1]}")
+    return got

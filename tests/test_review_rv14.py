@@ -11,7 +11,7 @@ from etcdq_v2 import Queue
 from etcdq_v2.codec import Item, Lock, new_token
 from etcdq_v2.view import QueueView
 
-from helpers import wait_until
+from helpers import hands_out, is_free_in_etcd, wait_until
 
 LOCK_TTL = 2  # <= LINGER_MAX: F4 skipped
 
@@ -65,17 +65,10 @@ def _stalled_past_its_lock(consumer: Queue, producer: Queue, worker: Queue):
 
 def _assert_handed_out(got, queue: Queue, item_id: str, view: QueueView, when: str) -> None:
     """The free item was handed out within 3 lock TTLs (``when``)."""
-    assert _is_free_in_etcd(queue, item_id) or got is not None
+    assert is_free_in_etcd(queue, item_id) or got is not None
     assert got is not None and got.id == item_id, (
         f"free item {item_id} not handed out within 3 lock TTLs {when}: "
         f"_locks={view._locks}, _confirm_at={view._confirm_at}")
-
-
-def _is_free_in_etcd(queue: Queue, item_id: str) -> bool:
-    protocol = queue._protocol
-    entry = protocol.read("work", item_id)
-    return (entry is not None and Item.decode(entry.value).outcome is None
-            and protocol.read("locks", item_id) is None)
 
 
 def test_rv14_item_claimed_last_before_a_watching_listing_is_stranded(
@@ -95,22 +88,7 @@ def test_rv14_item_claimed_last_before_a_watching_listing_is_stranded(
         assert not view.watching_locks
         item_id = producer.put("x")  # the quiet view hears nothing of it
         _stalled_c2_lands_after_lock_expired(dead, item_id)
-        assert _is_free_in_etcd(consumer, item_id)
-
-        started = time.monotonic()
-        got = consumer.claim(timeout=3 * LOCK_TTL)  # starved: watches, lists work/
-        waited = time.monotonic() - started
-        stuck = dict(view._locks), view._confirm_at
-        if got is None:
-            # Nothing changed in etcd meanwhile: X is still free, another consumer gets it.
-            assert _is_free_in_etcd(consumer, item_id)
-            taken = other.claim(timeout=0)
-            assert taken is not None and taken.id == item_id
-            taken.release()
-        assert got is not None and got.id == item_id, (
-            f"free item {item_id} not handed out within {waited:.1f} s "
-            f"(3 lock TTLs); the watching view holds it taken: _locks={stuck[0]}, "
-            f"_confirm_at={stuck[1]} (no confirm planned)")
+        hands_out(consumer, item_id, 3 * LOCK_TTL, other)
 
 
 def test_rv14_stranded_item_starves_while_newer_items_are_claimed(
@@ -139,7 +117,7 @@ def test_rv14_stranded_item_starves_while_newer_items_are_claimed(
             if claim.id == item_id:
                 break
             time.sleep(0.2)
-        assert _is_free_in_etcd(consumer, item_id) or item_id in got
+        assert is_free_in_etcd(consumer, item_id) or item_id in got
         assert item_id in got, (
             f"head item {item_id} (free) starved for {time.monotonic() - started:.1f} s "
             f"while {len(got)} newer items were claimed; view._locks={view._locks}")
@@ -191,7 +169,7 @@ def test_rv14_release_after_a_stall_strands_the_item(
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as worker:
         view, item_id, claim = _stalled_past_its_lock(consumer, producer, worker)
         claim.release()  # the worker resumes and gives the item back
-        assert _is_free_in_etcd(consumer, item_id)
+        assert is_free_in_etcd(consumer, item_id)
         got = consumer.claim(timeout=3 * LOCK_TTL)
         _assert_handed_out(got, consumer, item_id, view, "after its release")
 

@@ -12,20 +12,13 @@ import time
 
 import pytest
 
-from helpers import in_background, wait_until
+from helpers import hands_out, in_background, wait_until
 
 from etcdq_v2 import Queue
-from etcdq_v2.codec import Item, Lock, new_token
+from etcdq_v2.codec import Lock, new_token
 from etcdq_v2.transport import connect
 
 LOCK_TTL = 2  # <= LINGER_MAX: F4 skipped
-
-
-def _is_free_in_etcd(queue: Queue, item_id: str) -> bool:
-    protocol = queue._protocol
-    entry = protocol.read("work", item_id)
-    return (entry is not None and Item.decode(entry.value).outcome is None
-            and protocol.read("locks", item_id) is None)
 
 
 def _dead_claimer_c1_only(actor: Queue, item_id: str, ttl: int = 1) -> int:
@@ -81,21 +74,7 @@ def test_rv15_lost_race_reply_applied_after_the_watching_listing_strands_the_ite
                 assert outcome_a["returned"].id == item_id
                 outcome_a["returned"].complete()
                 return
-            assert _is_free_in_etcd(consumer, item_id)
-
-            started = time.monotonic()
-            got = consumer.claim(timeout=2 * LOCK_TTL)
-            waited = time.monotonic() - started
-            stuck = dict(view._locks), view._confirm_at
-            if got is None:
-                # Free in etcd all along: a fresh consumer gets it at once.
-                assert _is_free_in_etcd(consumer, item_id)
-                taken = other.claim(timeout=0)
-                assert taken is not None and taken.id == item_id
-                taken.release()
-            assert got is not None and got.id == item_id, (
-                f"free item {item_id} not handed out within {waited:.1f} s (2 lock TTLs); "
-                f"the watching view holds it taken: _locks={stuck[0]}, _confirm_at={stuck[1]}")
+            got = hands_out(consumer, item_id, 2 * LOCK_TTL, other)
             got.complete()
 
 
@@ -277,11 +256,5 @@ def test_rv15_lost_race_reply_applied_after_a_stream_restart_strands_the_item(
             assert outcome_a["returned"].id == item_id
             outcome_a["returned"].complete()
             return
-        assert _is_free_in_etcd(consumer, item_id)
-        started = time.monotonic()
-        got = consumer.claim(timeout=2 * LOCK_TTL)
-        waited = time.monotonic() - started
-        assert got is not None and got.id == item_id, (
-            f"free item {item_id} not handed out within {waited:.1f} s (2 lock TTLs): "
-            f"_locks={view._locks}, _confirm_at={view._confirm_at}")
+        got = hands_out(consumer, item_id, 2 * LOCK_TTL)
         got.complete()
