@@ -89,3 +89,51 @@ def test_rv16_confirm_listing_applied_after_a_stream_restart_strands_the_item(
             got = hands_out(consumer, item_id, 2 * LOCK_TTL, other)
             got.complete()
         held.complete()
+
+
+def test_rv16_payload_with_a_q_key_makes_every_watching_listing_read_locks(
+        etcd_url: str, queue_name: str) -> None:
+    """Low (cost).  _new_delayed() tests the raw value for the text '"q":'
+    without decoding it (unlike _claimed, which decodes after its cheap test),
+    and an item's value is {"p": <the payload as JSON>, ...}: any item whose
+    payload is a dict with a key "q" (a search query, a queue name...) counts
+    as delayed.  Since b177b63 a view that starts watching (or whose stream
+    restarts) with such items new to it lists all of locks/ (a lock TTL's
+    worth of finished items' lingering locks), as the quiet relist_work did
+    already; items with the same payload under another key cost no listing."""
+    with Queue(etcd_url, queue_name) as consumer, Queue(etcd_url, queue_name) as producer:
+        view = consumer._ensure_view()  # quiet, empty
+        lists = []
+        original = view._protocol.list
+
+        def counted(kind, *args, **kwargs):
+            lists.append(kind)
+            return original(kind, *args, **kwargs)
+
+        view._protocol.list = counted  # type: ignore[method-assign]
+        producer.put_many([{"r": i} for i in range(5)])  # not delayed
+        held = [producer.claim(timeout=0) for _ in range(5)]  # all running elsewhere
+        assert all(held)
+        assert consumer.claim(timeout=0) is None  # starts watching: lists work/
+        assert view.watching_locks
+        baseline = lists.count("locks")
+        for claim in held:
+            claim.complete()
+        producer.put_many([{"s": i} for i in range(5)])  # the control: key "s"
+        held = [producer.claim(timeout=0) for _ in range(5)]
+        assert all(held)
+        view.relist(5.0)
+        assert lists.count("locks") == baseline, lists  # no locks/ for them
+        for claim in held:
+            claim.complete()
+        producer.put_many([{"q": i} for i in range(5)])  # not delayed either
+        held = [producer.claim(timeout=0) for _ in range(5)]
+        assert all(held)
+        view.relist(5.0)  # a stream restart, or a relist: the same watching listing
+        assert view.watching_locks
+        extra = lists.count("locks") - baseline
+        for claim in held:
+            claim.complete()
+        assert extra == 0, (
+            f"a watching listing read locks/ {extra} time(s) for items that are not "
+            f"delayed, whose payload has a key 'q' (listings: {lists})")
