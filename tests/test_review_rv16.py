@@ -137,3 +137,26 @@ def test_rv16_payload_with_a_q_key_makes_every_watching_listing_read_locks(
         assert extra == 0, (
             f"a watching listing read locks/ {extra} time(s) for items that are not "
             f"delayed, whose payload has a key 'q' (listings: {lists})")
+
+
+def test_rv16_held_an_idle_watching_stage_putting_delayed_items_sends_no_loop(
+        etcd_url: str, queue_name: str, proxy) -> None:
+    """Held: a pipeline stage that waits in claim() (watching) while it puts
+    delayed items itself: its own puts are in the view at once (delayed()),
+    so no watching listing reads locks/ for them, nothing is tried before its
+    delay, and the waiting claim sends nothing but the puts (no loop)."""
+    transport = connect(proxy.url, timeout=5.0)
+    with Queue(transport, queue_name) as stage:
+        assert stage.claim(timeout=0) is None
+        view = stage._view
+        assert view.watching_locks
+        thread, outcome = in_background(lambda: stage.claim(timeout=3), "waiting")
+        time.sleep(0.3)
+        before = len(proxy.requests)
+        for i in range(5):
+            stage.put({"n": i}, delay=30)
+        thread.join(10)
+        assert not thread.is_alive() and outcome.get("returned") is None, outcome
+        sent = [line for line in proxy.requests[before:] if b"wait=true" not in line]
+        assert not [line for line in sent if line.startswith(b"GET")], sent
+        assert len(sent) <= 10, sent  # D1 + D2 per put
