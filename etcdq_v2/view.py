@@ -373,12 +373,12 @@ class QueueView:
             if confirm:
                 self._confirm_at = math.inf
                 confirm = self._unconfirmed()
-            follower = self._follower
+            follower, round_ = self._follower, self.relists
         if stale:
             self.relist(self._protocol.etcd.deadline, locks=True)
         elif due or confirm:
             try:
-                self._list_locks(follower, full=confirm)
+                self._list_locks(follower, full=confirm, round_=round_ if confirm else None)
             except BaseException:
                 if confirm:  # not given up: the next claim checks again (review rv14)
                     with self._cond:
@@ -698,7 +698,7 @@ class QueueView:
         """Whether a listing of work/ shows an item new to the view that carries
         ``"q"`` (a delayed put, among others): its delay lock must be planned
         (see check_locks), so a quiet view lists locks/ too."""
-        return any(entry.id not in self._items and '"q":' in (entry.value or '"q":')
+        return any(entry.id not in self._items and _maybe_delayed(entry.value)
                    for entry in work)
 
     def behind(self, timeout: float) -> None:
@@ -762,17 +762,23 @@ class QueueView:
         self.version += 1
         self._cond.notify_all()
 
-    def _list_locks(self, follower: "_Follower", full: bool = False) -> None:
+    def _list_locks(self, follower: "_Follower", full: bool = False,
+                    round_: Optional[int] = None) -> None:
         """List locks/ and apply it, if ``follower`` (current when the caller
         decided to list) is still the view's: in a quiet view, to delayed items
         only unless ``full`` (see _reconcile_locks).  A follower that took over
         since lists locks/ itself, and may have applied newer events already
-        (review rv9: an older listing marked a released item locked for good)."""
+        (review rv9: an older listing marked a released item locked for good).
+        ``round_``: the view's listing (:attr:`relists`) that a watching view's
+        check was decided on; if the follower listed again since (its stream
+        ended and it subscribed anew), that listing and its own check stand,
+        and this older one is dropped (review rv16: applied after the new
+        round, it marked locked an item whose lock had expired unheard)."""
         index, locks = self._protocol.list("locks")
         with self._cond:
             # A new follower lists locks/ itself; this older listing, applied
             # after its events, could mark an item locked again for good.
-            if follower is self._follower:
+            if follower is self._follower and round_ in (None, self.relists):
                 self._reconcile_locks(index, locks,
                                       delays=follower.directory is None and not full)
 
@@ -939,6 +945,18 @@ class _Follower:
                 time.sleep(COALESCE)
         finally:
             stream.release()
+
+
+def _maybe_delayed(value: Optional[str]) -> bool:
+    """Whether an item's value may carry ``"q"`` (None: too large to say)."""
+    if value is None:
+        return True
+    if '"q":' not in value:  # the cheap test first: most have none
+        return False
+    try:  # not a payload's own "q" (review rv16)
+        return Item.decode(value).requeued
+    except Junk:
+        return False
 
 
 def _claimed(value: Optional[str]) -> bool:

@@ -61,11 +61,11 @@ def test_a_claimers_locks_listing_applied_after_the_switch_to_watching_strands_a
         protocol = view._protocol
         original_list = protocol.list
 
-        def paused_list_locks(follower, full: bool = False) -> None:
+        def paused_list_locks(follower, full: bool = False, **kwargs) -> None:
             if threading.current_thread() is t1.get("thread"):
                 at_gap.set()
                 assert switched.wait(10)
-            original_list_locks(follower, full)
+            original_list_locks(follower, full, **kwargs)
 
         def paused_list(directory, *args, **kwargs):
             result = original_list(directory, *args, **kwargs)
