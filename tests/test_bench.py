@@ -139,3 +139,19 @@ def test_floor_bound_is_the_rate_scaled_by_the_cpu_per_item_growth() -> None:
     assert "| etcdq_v2 drains (items) | 0.40× | 2.00× | 4.00× |" in text
     assert "| bare writes, the floor | 1.00× | 1.00× | 3.00× |" in text
     assert "**500 items/s**, 0.50×" in text
+
+
+def test_etcd_profile_decodes_etcds_own_cpu_profile_of_a_drain() -> None:
+    """bench/etcd_profile.py at 2 consumers and 300 items: every item drained,
+    etcd's pprof profile decoded (etcd's own functions in it, each cumulative
+    share within the total), and one table row per function plus the total."""
+    from bench import etcd_profile
+
+    run = etcd_profile.profile_drain(2, items=300, seconds=3)
+    consumers, done, total, spent = run
+    assert (consumers, done) == (2, 300)
+    assert total > 0 and all(0 < ns <= total for ns in spent.values())
+    assert any(name.startswith("go.etcd.io/etcd/") for name in spent)
+    lines = etcd_profile.table([run], top=5).splitlines()
+    assert len(lines) == 2 + 1 + 5
+    assert lines[2].startswith("| all of etcd's samples | ")
