@@ -666,15 +666,15 @@ class QueueView:
         """
         work_index, work = self._protocol.list("work")
         with self._cond:
+            delayed = self._new_delayed(work)  # once: it decodes (review rv17)
             # A watching view lists locks/ for old signs, and for new delayed
             # items, which it would otherwise try each (review rv15).
             list_locks = follower.list_locks or (follower.directory is not None and (
-                self._noted_before(work) or self._new_delayed(work)))
+                delayed or self._noted_before(work)))
         locks_index, locks = self._protocol.list("locks") if list_locks else (0, [])
         with self._cond:
             if follower is not self._follower:
                 return {}
-            delayed = self._new_delayed(work)
             self._take_listing(work_index, work)
             if list_locks:
                 self._reconcile_locks(locks_index, locks)

@@ -116,3 +116,17 @@ def hands_out(consumer: Any, item_id: str, within: float, other: Any = None) -> 
         f"free item {item_id} not handed out within {waited:.1f} s; the view holds "
         f"it taken: _locks={stuck[0]}, _confirm_at={stuck[1]}")
     return got
+
+
+def record_calls(owner: Any, name: str) -> List[Any]:
+    """Wrap the method ``owner.name`` (on the instance): the list, from now on,
+    of the first argument of each call."""
+    calls: List[Any] = []
+    original = getattr(owner, name)
+
+    def recorded(first: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(first)
+        return original(first, *args, **kwargs)
+
+    setattr(owner, name, recorded)
+    return calls

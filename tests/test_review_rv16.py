@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import time
 
-from helpers import hands_out, in_background, wait_until
+from helpers import hands_out, in_background, record_calls, wait_until
 
 from etcdq_v2 import Queue
 from etcdq_v2.codec import Lock, new_token
@@ -111,14 +111,7 @@ def test_rv16_payload_with_a_q_key_makes_listings_read_locks(
         first = consumer.claim()
         view = consumer._view
         assert first is not None and view is not None and not view.watching_locks
-        lists = []
-        original = view._protocol.list
-
-        def counted(kind, *args, **kwargs):
-            lists.append(kind)
-            return original(kind, *args, **kwargs)
-
-        view._protocol.list = counted  # type: ignore[method-assign]
+        lists = record_calls(view._protocol, "list")
         producer.put_many([{"q": i} for i in range(5)])  # not delayed
         view.relist_work()
         assert lists == ["work"], (

@@ -8,10 +8,12 @@ item before its delay, or looped.
 """
 from __future__ import annotations
 
+import contextlib
+
 import threading
 import time
 
-from helpers import hands_out, in_background, wait_until
+from helpers import hands_out, in_background, record_calls, wait_until
 
 from etcdq_v2 import Queue
 from etcdq_v2.codec import Lock, new_token
@@ -78,6 +80,21 @@ def _check_in_background(view, stalled: _Stalled):
     return thread, outcome
 
 
+@contextlib.contextmanager
+def _a_held_check(etcd_url: str, queue_name: str):
+    """A watching consumer whose due check of Y (see _watching_with_a_confirm)
+    runs in a stalled thread, its listing of locks/ answered and held:
+    (consumer, other, view, Y, the stall, the thread, its outcome)."""
+    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
+            Queue(etcd_url, queue_name, lock_ttl=1) as dead, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as other, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer:
+        view, item_id = _watching_with_a_confirm(consumer, producer, dead)
+        stalled = _Stalled(view, "checker")
+        thread, outcome = _check_in_background(view, stalled)
+        yield consumer, other, view, item_id, stalled, thread, outcome
+
+
 def test_rv17_held_check_dropped_across_quiet_relist_and_back_to_watching(
         etcd_url: str, queue_name: str) -> None:
     """Held.  (a) with a change of follower: the check is decided by watching
@@ -90,13 +107,8 @@ def test_rv17_held_check_dropped_across_quiet_relist_and_back_to_watching(
     In general a sign the check covered is <= _confirm_upto <= _known, so any
     later watching listing (of the same follower after a stream restart, or
     of a new one after a quiet spell) lists locks/ for it."""
-    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
-            Queue(etcd_url, queue_name, lock_ttl=1) as dead, \
-            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as other, \
-            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer:
-        view, item_id = _watching_with_a_confirm(consumer, producer, dead)
-        stalled = _Stalled(view, "checker")
-        thread, outcome = _check_in_background(view, stalled)
+    with _a_held_check(etcd_url, queue_name) as (consumer, other, view, item_id, stalled,
+                                                 thread, outcome):
         relists = view.relists
         view._watch(locks=False).wait_listed(5)  # quiet (a backlog came)
         assert not view.watching_locks and view.relists == relists + 1
@@ -119,17 +131,12 @@ def test_rv17_held_check_dropped_by_stream_restarts_is_not_needed_and_no_loop(
     relists moves on; the first lists locks/ for Y, its sign being <= _known).
     The held check is then dropped; Y is free already; no confirm is left
     planned, and an idle waiting claim sends no listing (no re-plan loop)."""
-    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
-            Queue(etcd_url, queue_name, lock_ttl=1) as dead, \
-            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as other, \
-            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer:
-        view, item_id = _watching_with_a_confirm(consumer, producer, dead)
-        stalled = _Stalled(view, "checker")
-        thread, outcome = _check_in_background(view, stalled)
+    with _a_held_check(etcd_url, queue_name) as (consumer, other, view, item_id, stalled,
+                                                 thread, outcome):
         for _ in range(3):
             relists = view.relists
             view._follower.drop_stream()
-            wait_until(lambda: view.relists > relists, 5, message="the follower listed again")
+            wait_until(lambda before=relists: view.relists > before, 5, message="the follower listed again")
         rounds = [kind for name, kind in stalled.lists if name == "etcdq-view"]
         # The first new round reads locks/ itself (Y's sign is <= _known) and
         # frees Y; later ones have no old sign left, so they list work/ only.
@@ -207,14 +214,7 @@ def test_rv17_held_new_delayed_item_decoded_whatever_its_payload(
             Queue(etcd_url, queue_name, lock_ttl=30) as runner, \
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer:
         view = consumer._ensure_view()  # quiet, empty
-        tried = []
-        create = consumer._protocol._create_lock
-
-        def counted(item_id, *args, **kwargs):
-            tried.append(item_id)
-            return create(item_id, *args, **kwargs)
-
-        consumer._protocol._create_lock = counted  # type: ignore[method-assign]
+        tried = record_calls(consumer._protocol, "_create_lock")
         running_id = producer.put_many([{"q": "search"}], delay=1)[0]
         delayed_id = producer.put_many([{"q": "later"}], delay=3)[0]
         junk_key = producer._protocol.layout.key("work", "00000000000000000001")

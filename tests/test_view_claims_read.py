@@ -15,21 +15,7 @@ from typing import Callable, List
 from etcdq_v2 import Claim, Queue
 from etcdq_v2.view import CONFIRM, QueueView
 
-from helpers import wait_until
-
-
-def count_lists(view: QueueView, directory: str) -> List[int]:
-    """A counter (one-element list) of the view's listings of ``directory`` from now on."""
-    counter = [0]
-    original = view._protocol.list
-
-    def counted(kind: str, *args, **kwargs):
-        if kind == directory:
-            counter[0] += 1
-        return original(kind, *args, **kwargs)
-
-    view._protocol.list = counted  # type: ignore[method-assign]
-    return counter
+from helpers import record_calls, wait_until
 
 
 def count_misses(view: QueueView) -> List[int]:
@@ -65,7 +51,7 @@ def test_a_quiet_relist_takes_items_claimed_elsewhere_without_listing_locks(
         view = consumer._view
         assert first is not None and view is not None and not view.watching_locks
         held = hold(holder, 300)
-        locks_listed, misses = count_lists(view, "locks"), count_misses(view)
+        lists, misses = record_calls(view._protocol, "list"), count_misses(view)
         relists = view.relists
         got = [first]
         while len(got) < 100:
@@ -74,7 +60,7 @@ def test_a_quiet_relist_takes_items_claimed_elsewhere_without_listing_locks(
             got.append(claim)
         assert not {claim.id for claim in got} & {claim.id for claim in held}
         assert view.relists > relists, "the misses should have made it list work/ again"
-        assert locks_listed[0] == 0, f"listed locks/ {locks_listed[0]} times while quiet"
+        assert "locks" not in lists, f"listed locks/ {lists.count('locks')} times while quiet"
         assert misses[0] <= view.miss_limit + 1, (
             f"{misses[0]} misses: the relist did not take the held items for running")
 
@@ -103,16 +89,16 @@ def test_a_view_that_starts_watching_takes_claimed_items_for_running_for_a_while
         assert view is not None
         holder.put_many(range(5))
         held = hold(holder, 5)
-        locks_listed = count_lists(view, "locks")
+        lists = record_calls(view._protocol, "list")
         assert consumer.claim() is None and view.watching_locks
-        assert locks_listed[0] == 0, "the view listed locks/ when it started watching"
+        assert "locks" not in lists, "the view listed locks/ when it started watching"
         for claim in mine + held:
             claim.complete()
         wait_until(lambda: not view._items, 5, message="the completions' events")
         started = time.monotonic()
         while time.monotonic() - started < CONFIRM + 0.5:
             assert consumer.claim(timeout=0.2) is None
-        assert locks_listed[0] == 0, "the view listed locks/ though no item was left"
+        assert "locks" not in lists, "the view listed locks/ though no item was left"
 
 
 def test_an_item_released_before_the_view_started_watching_comes_back_within_confirm(
