@@ -16,7 +16,7 @@ import re
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import pytest
 
@@ -24,7 +24,7 @@ from etcdq_v2 import Claim, LockLost, Queue, Unavailable, connect
 from etcdq_v2.codec import Lock
 
 from faultproxy import FaultProxy
-from helpers import wait_until
+from helpers import claims_until, wait_until
 
 #: Items in the queue: many more than view.BACKLOG, so the view stays quiet.
 ITEMS = 100
@@ -91,19 +91,37 @@ def _drain_and_check(queue: Queue, item_id: str, seen: List[str], delayed: bool)
     assert came_back - gone_at[0] <= BOUND, (
         f"item {item_id} came back {came_back - gone_at[0]:.1f} s after etcd let it go "
         f"({seen.index(item_id)} items claimed before it)")
-    while True:
-        claim = queue.claim(timeout=0.5)
-        if claim is None:
-            break
-        seen.append(claim.id)
-        claim.complete()
+    seen += _complete_rest(queue)
     counts = Counter(seen)
     assert not [i for i, n in counts.items() if n > 1 and i != item_id], "claimed twice"
     assert counts[item_id] == 2  # the first claim, and the one after the give-back
     assert len(counts) == ITEMS
 
 
+def _complete_rest(queue: Queue) -> List[str]:
+    """Claim and complete what is left: the ids, in the order claimed."""
+    ids = []
+    while (claim := queue.claim(timeout=0.5)) is not None:
+        ids.append(claim.id)
+        claim.complete()
+    return ids
+
+
 # -- 1. R1's reply lost, the request resent by the transport ---------------------------
+
+def _give_back_reply_held(queue: Queue, proxy: FaultProxy, reply: Any,
+                          give_back: Callable[[Claim], None]) -> Tuple[Claim, Counter]:
+    """Claim the head and give it back while R1's ``reply`` is held (the transport
+    resends R1): the claim, given back and not lost, and the requests it sent."""
+    claim = _claim_head(queue)
+    proxy.hold("down", match=reply)
+    before = Counter(queue.etcd.requests)
+    give_back(claim)
+    sent = Counter(queue.etcd.requests) - before
+    proxy.release()
+    assert claim.outcome in ("released", "failed") and not claim.lost
+    return claim, sent
+
 
 @pytest.mark.parametrize("give_back", [
     pytest.param(lambda claim: claim.release(delay=2), id="release-delay"),
@@ -118,14 +136,8 @@ def test_r1_delay_reply_lost_and_resent_is_ours_and_comes_back_on_time(
     etcd lets it go, not before."""
     with Queue(connect(proxy.url, timeout=0.5), queue_name, lock_ttl=LOCK_TTL,
                backoff=(2,)) as queue:
-        claim = _claim_head(queue)
+        claim, sent = _give_back_reply_held(queue, proxy, R1_DELAY_REPLY, give_back)
         seen = [claim.id]
-        proxy.hold("down", match=R1_DELAY_REPLY)
-        before = Counter(queue.etcd.requests)
-        give_back(claim)
-        sent = Counter(queue.etcd.requests) - before
-        proxy.release()
-        assert claim.outcome in ("released", "failed") and not claim.lost
         assert sent["PUT"] >= 2, sent  # R1 was resent
         assert _is_delay_lock(queue, claim.id)
         view = queue._view
@@ -149,27 +161,14 @@ def test_r1_delete_reply_lost_and_resent_is_ours_and_the_item_is_the_next_claim(
     item in the view at once."""
     with Queue(connect(proxy.url, timeout=0.5), queue_name, lock_ttl=LOCK_TTL,
                backoff=(0,)) as queue:
-        claim = _claim_head(queue)
+        claim, sent = _give_back_reply_held(queue, proxy, R1_DELETE_REPLY, give_back)
         seen = [claim.id]
-        proxy.hold("down", match=R1_DELETE_REPLY)
-        before = Counter(queue.etcd.requests)
-        give_back(claim)
-        sent = Counter(queue.etcd.requests) - before
-        proxy.release()
-        assert claim.outcome in ("released", "failed") and not claim.lost
         assert sent["DELETE"] == 2, sent  # R1, R1 again
         nxt = queue.claim(timeout=1)
         assert nxt is not None and nxt.id == claim.id, "not the next claim"
         seen.append(nxt.id)
         nxt.complete()
-        rest: List[str] = []
-        while True:
-            c = queue.claim(timeout=0.5)
-            if c is None:
-                break
-            rest.append(c.id)
-            c.complete()
-        counts = Counter(seen + rest)
+        counts = Counter(seen + _complete_rest(queue))
         assert counts[claim.id] == 2 and len(counts) == ITEMS
         assert all(n == 1 for i, n in counts.items() if i != claim.id)
 
@@ -208,17 +207,7 @@ def test_r1_held_past_the_deadline_then_landing_the_abandoned_item_comes_back(
         proxy.pass_through()
         seen = [claim.id]
         gone = wait_until(lambda: _lock_gone(queue, claim.id) and time.monotonic(), ttl + 3)
-        got: List[str] = []
-        start = time.monotonic()
-        while time.monotonic() - start < 2 * ttl + 2:
-            c = queue.claim(timeout=0.2)
-            if c is None:
-                continue
-            got.append(c.id)
-            c.complete()
-            if c.id == claim.id:
-                break
-            time.sleep(0.05)
+        got = claims_until(queue, claim.id, 2 * ttl + 2)
         assert claim.id in got, f"not back within {2 * ttl + 2} s ({len(got)} others)"
         assert time.monotonic() - gone <= 2 * ttl
         seen += got
@@ -305,16 +294,7 @@ def test_r1_resent_then_read_back_after_the_delay_lock_expired_is_not_lost(
             proxy.release()
             protocol.read = original  # type: ignore[method-assign]
         seen = [claim.id]
-        got: List[str] = []
-        start = time.monotonic()
-        while time.monotonic() - start < BOUND:
-            c = queue.claim(timeout=0.2)
-            if c is None:
-                continue
-            got.append(c.id)
-            c.complete()
-            if c.id == claim.id:
-                break
+        got = claims_until(queue, claim.id, BOUND)
         assert lost is None, (
             f"release raised {lost!r} although R1 applied; the item then came back to "
             f"the lone consumer: {claim.id in got} (within {BOUND} s, "
