@@ -98,7 +98,7 @@ import random
 import re
 import threading
 import time
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from .codec import Item, Junk, Lock
 from .errors import EtcdqError, Unavailable
@@ -382,8 +382,12 @@ class QueueView:
             except BaseException:
                 if confirm:  # not given up: the next claim checks again (review rv14)
                     with self._cond:
-                        self._confirm_at = min(self._confirm_at, now + CONFIRM)
+                        self._plan_confirm()
                 raise
+
+    def _plan_confirm(self) -> None:
+        """Check the signs up to _confirm_upto CONFIRM s from now, or sooner if planned."""
+        self._confirm_at = min(self._confirm_at, time.monotonic() + CONFIRM)
 
     def _unconfirmed(self) -> bool:
         """Whether an item still in work/ is taken on a sign no newer than the
@@ -418,7 +422,7 @@ class QueueView:
                 if self.watching_locks and index <= self._confirm_upto:
                     # A sign from before the watching listing, which did not
                     # see it: that lock may have gone unheard (review rv15).
-                    self._confirm_at = min(self._confirm_at, time.monotonic() + CONFIRM)
+                    self._plan_confirm()
             elif self._locks.get(item_id, -1) <= gone:
                 self._locks.pop(item_id, None)  # gone since: free
             self._make_free(item_id)
@@ -680,7 +684,7 @@ class QueueView:
                 self._reconcile_locks(locks_index, locks)
             self._confirm_upto, self._confirm_at = work_index, math.inf
             if follower.directory is not None and not list_locks and self._unconfirmed():
-                self._confirm_at = time.monotonic() + CONFIRM
+                self._plan_confirm()
             self._ready, self._error = True, None
         if delayed and not follower.list_locks and follower.directory is None:
             self._list_locks(follower)
@@ -949,22 +953,22 @@ class _Follower:
 
 def _maybe_delayed(value: Optional[str]) -> bool:
     """Whether an item's value may carry ``"q"`` (None: too large to say)."""
-    if value is None:
-        return True
-    if '"q":' not in value:  # the cheap test first: most have none
-        return False
-    try:  # not a payload's own "q" (review rv16)
-        return Item.decode(value).requeued
-    except Junk:
-        return False
+    return value is None or _item_says(value, '"q":', lambda item: item.requeued)
 
 
 def _claimed(value: Optional[str]) -> bool:
     """Whether an item's value carries a claim token (written by a claim's C2)."""
-    if value is None or '"c":' not in value:  # the cheap test first: most have none
+    return value is not None and _item_says(value, '"c":', lambda item: item.claim is not None)
+
+
+def _item_says(value: str, field: str, test: Callable[[Item], bool]) -> bool:
+    """``test`` of the decoded item, if its value has the text ``field`` at all:
+    the cheap test first (most have not), then the item's own field, not one of
+    its payload's (review rv16).  Junk says nothing."""
+    if field not in value:
         return False
     try:
-        return Item.decode(value).claim is not None
+        return test(Item.decode(value))
     except Junk:
         return False
 
