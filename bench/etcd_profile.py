@@ -8,7 +8,9 @@ CPU per item drained, cumulative (a function and what it calls), side by
 side for each count.  The profile is etcd's, not Python's: it says which part
 of etcd's work grows with the number of consumers (listing and encoding
 directories, raft and the WAL, HTTP), where the drains of bench/run.py give
-only the total (bench/README.md, "The profile").
+only the total (bench/README.md, "The profile").  With ``--alone`` each
+consumer drains a queue of its own (the items split evenly): what grows
+then is not the queue's sharing.
 
 The profile is gzipped protobuf (github.com/google/pprof, profile.proto); the
 few fields needed are decoded here, so that nothing but Python is required.
@@ -130,19 +132,25 @@ def _consume(start: StartLine, target: Target) -> int:
 Run = Tuple[int, int, int, Counter[str]]  # consumers, items drained, total ns, by function
 
 
-def profile_drain(consumers: int, items: int = ITEMS, seconds: int = SECONDS) -> Run:
-    """A drain by ``consumers`` processes, and etcd's CPU profile across it."""
+def profile_drain(consumers: int, items: int = ITEMS, seconds: int = SECONDS,
+                  alone: bool = False) -> Run:
+    """A drain by ``consumers`` processes, and etcd's CPU profile across it.
+    ``alone``: the items split over one queue per consumer, each consumer alone
+    on its own (the queue's floor of bench/floor.py)."""
+    queues = consumers if alone else 1
     with tempfile.TemporaryDirectory() as workdir:
         server = EtcdServer(Path(workdir) / "data", extra_args=["--enable-pprof"]).start()
         try:
-            target = Target("etcdq_v2", server.url, "q")
-            fill(target, 0, items)
+            targets = [Target("etcdq_v2", server.url, f"q-{n}") for n in range(queues)]
+            for n, target in enumerate(targets):
+                fill(target, n * (items // queues), items // queues)
             got: Dict[str, bytes] = {}
             url = f"{server.url}/debug/pprof/profile?seconds={seconds}"
             taker = threading.Thread(target=lambda: got.update(p=urllib.request.urlopen(
                 url, timeout=seconds + 30).read()))
             taker.start()
-            done = sum(run_workers(_consume, [(target,)] * consumers, 600))
+            done = sum(run_workers(_consume, [(targets[i % queues],) for i in range(consumers)],
+                                   600))
             taker.join()
         finally:
             server.stop()
@@ -171,8 +179,11 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=ITEMS)
     parser.add_argument("--seconds", type=int, default=SECONDS, help="the profile's length")
     parser.add_argument("--top", type=int, default=TOP, help="rows of the table")
+    parser.add_argument("--alone", action="store_true",
+                        help="each consumer alone on a queue of its own (the queue's floor)")
     args = parser.parse_args()
-    print(table([profile_drain(n, args.items, args.seconds) for n in args.consumers], args.top))
+    print(table([profile_drain(n, args.items, args.seconds, args.alone)
+                 for n in args.consumers], args.top))
 
 
 if __name__ == "__main__":

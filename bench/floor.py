@@ -12,6 +12,14 @@ grows: no events, no listing, no lost races.  A queue item costs a few such
 writes and more; if its CPU grows at least as a write's does (the queue
 making no fewer or cheaper requests per item at 64 processes than at 8),
 :func:`rate_bound` turns that into a ceiling on the 64-consumer drain rate.
+
+The queue's floor (:func:`measure_alone`) is etcdq_v2 itself with nothing
+shared: the drains' items split evenly over one queue per consumer, each
+consumer alone on its own (``measure.drain(queues=...)``), so no consumer
+lists another's items, loses a race or hears another's events.  What 64
+such consumers cost against 8 is what 64 processes making etcdq_v2's
+requests cost this machine; the rest of the drains' growth is what sharing
+one queue costs.
 """
 from __future__ import annotations
 
@@ -24,8 +32,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from etcdq_v2.transport import connect
 
-from .designs import ETCDQ
-from .measure import DrainRun, process_cpu_seconds
+from .designs import ETCDQ, Target
+from .measure import DrainRun, drain, process_cpu_seconds
 from .procs import StartLine, Workers
 from .report import Spread, markdown_table, ratio
 from .servers import etcd_server
@@ -122,6 +130,21 @@ def measure(workdir: Path, counts: Sequence[int], writes: int, repeats: int,
     return runs
 
 
+def measure_alone(workdir: Path, counts: Sequence[int], items: int, repeats: int,
+                  progress: Callable[[str], None] = lambda message: None) -> List[DrainRun]:
+    """The queue's floor: ``items`` split over one queue per consumer, for every
+    consumer count once per repeat, each on a fresh etcd."""
+    runs = []
+    for repeat in range(repeats):
+        for consumers in counts:
+            progress(f"floor: {items:,} items, {consumers} consumers alone on a queue each, "
+                     f"run {repeat + 1}")
+            with etcd_server(workdir) as server:
+                target = Target(ETCDQ, server.url, f"alone-{consumers}-{repeat}")
+                runs.append(drain(target, items, consumers, server.pid, queues=consumers))
+    return runs
+
+
 # -- the tables ------------------------------------------------------------------------------
 
 def _by_count(runs: Sequence[FloorRun]) -> List[Tuple[int, List[FloorRun]]]:
@@ -202,18 +225,25 @@ def _factors(low: Sequence[Optional[float]], high: Sequence[Optional[float]]
 
 
 def comparison(runs: Sequence[FloorRun], drains: Sequence[DrainRun], low: int,
-               high: int) -> Optional[str]:
-    """The drains' ratios (``high`` against ``low`` processes) next to the floor's, and
-    the bound on the drain rate at ``high``; None unless both sections measured both."""
+               high: int, alone: Sequence[DrainRun] = ()) -> Optional[str]:
+    """The drains' ratios (``high`` against ``low`` processes) next to the floor's
+    (and the queue's floor's, from ``alone``, if it measured both), and the bound
+    on the drain rate at ``high``; None unless both sections measured both."""
     drain_low, drain_high = drain_medians(drains, low), drain_medians(drains, high)
     floor = _factors(_floor_medians(runs, low), _floor_medians(runs, high))
     if drain_low is None or drain_high is None or floor is None:
         return None
-    drain = _factors(drain_low, drain_high)
-    assert drain is not None  # drain_medians never holds a None
-    rows = [["etcdq_v2 drains (items)", *(f"{f:.2f}×" for f in drain)],
-            ["bare writes, the floor", *(f"{f:.2f}×" for f in floor)],
-            ["issue 14's target", "≥ 0.80×", "≤ 1.25×", "–"]]
+    shared = _factors(drain_low, drain_high)
+    assert shared is not None  # drain_medians never holds a None
+    rows = [["etcdq_v2 drains (items)", *(f"{f:.2f}×" for f in shared)]]
+    alone_low, alone_high = drain_medians(alone, low), drain_medians(alone, high)
+    if alone_low is not None and alone_high is not None:
+        apart = _factors(alone_low, alone_high)
+        assert apart is not None
+        rows.append(["each consumer alone on its own queue, the queue's floor (items)",
+                     *(f"{f:.2f}×" for f in apart)])
+    rows += [["bare writes, the floor", *(f"{f:.2f}×" for f in floor)],
+             ["issue 14's target", "≥ 0.80×", "≤ 1.25×", "–"]]
     text = markdown_table([f"{high} processes against {low}", "rate", "etcd CPU per item/write",
                            "clients' CPU per item/write"], rows)
     return text + "\n\n" + bound_text(drain_low, floor[1], floor[2], low, high)

@@ -14,7 +14,7 @@ import shutil
 import statistics
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -181,6 +181,7 @@ class DrainRun:
     drain_ops: Optional[EtcdOps]   # counted by etcd while the consumers ran
     etcd_cpu_seconds: Optional[float] = None  # etcd's CPU while the consumers ran
     clients_cpu_seconds: float = 0.0          # the consumers' CPU, all together
+    queues: int = 1       # the items split evenly over this many queues (see drain)
 
     @property
     def etcd_cpu_ms_per_item(self) -> Optional[float]:
@@ -203,19 +204,30 @@ class DrainRun:
 
 
 def drain(target: Target, items: int, consumers: int,
-          server_pid: Optional[int] = None) -> DrainRun:
+          server_pid: Optional[int] = None, queues: int = 1) -> DrainRun:
     """Fill ``target``'s (new, empty) queue, then drain it with ``consumers`` processes;
-    ``server_pid``: etcd's, to count its CPU during the drain."""
+    ``server_pid``: etcd's, to count its CPU during the drain.
+
+    ``queues`` > 1 splits the items evenly over that many new queues instead
+    (``target``'s name, ``-1``, ``-2``, ...), consumer i draining queue i mod
+    ``queues`` only: with one queue per consumer, each consumer is alone on
+    its own (bench/floor.py, "the queue's floor")."""
     on_etcd = DESIGNS[target.design].backend == "etcd"
+    targets = [replace(target, queue=f"{target.queue}-{n}") for n in range(queues)] \
+        if queues > 1 else [target]
+    share = items // queues
 
     def counters() -> Optional[Dict[str, float]]:
         return etcd_counters(target.address) if on_etcd else None
 
     before_fill = counters()
-    fill(target, 0, items)
+    for n, each in enumerate(targets):
+        fill(each, n * share, share)
+    items = share * queues
     before_drain = counters()
     etcd_cpu = process_cpu_seconds(server_pid) if server_pid else None
-    reports = run_workers(_consume, [(target,)] * consumers, RUN_TIMEOUT)
+    reports = run_workers(_consume, [(targets[i % queues],) for i in range(consumers)],
+                          RUN_TIMEOUT)
     if server_pid and etcd_cpu is not None:
         etcd_cpu = process_cpu_seconds(server_pid) - etcd_cpu
     after = counters()
@@ -223,7 +235,8 @@ def drain(target: Target, items: int, consumers: int,
     handed_out = [payload for report in reports for payload in report.payloads]
     unique = len(set(handed_out))
     run_twice = len(handed_out) - unique
-    recorded_twice = _recorded_twice(target)
+    recorded = [_recorded_twice(each) for each in targets]
+    recorded_twice = None if None in recorded else sum(r or 0 for r in recorded)
     if recorded_twice is not None:
         run_twice = max(run_twice, recorded_twice)
     seconds = max(r.last_done for r in reports) - min(r.started for r in reports)
@@ -240,7 +253,8 @@ def drain(target: Target, items: int, consumers: int,
         requests=requests,
         etcd_ops=EtcdOps.between(before_fill, after) if before_fill and after else None,
         drain_ops=EtcdOps.between(before_drain, after) if before_drain and after else None,
-        etcd_cpu_seconds=etcd_cpu, clients_cpu_seconds=sum(r.cpu_seconds for r in reports))
+        etcd_cpu_seconds=etcd_cpu, clients_cpu_seconds=sum(r.cpu_seconds for r in reports),
+        queues=queues)
 
 
 def _recorded_twice(target: Target) -> Optional[int]:

@@ -88,6 +88,7 @@ class Results:
     wakes: List[measure.WakeRun] = field(default_factory=list)
     producers: List[producers.ProducerRun] = field(default_factory=list)
     floor: List[floor.FloorRun] = field(default_factory=list)  # bare writes (issue 14)
+    alone: List[measure.DrainRun] = field(default_factory=list)  # the queue's floor (issue 14)
     skipped: Dict[str, str] = field(default_factory=dict)  # row name -> why it did not run
     network: Optional[network.NetworkResults] = None  # across a network, resources (issue 14)
 
@@ -208,10 +209,14 @@ def run_producers(plan: Plan, workdir: Path, results: Results) -> None:
 
 
 def run_floor(plan: Plan, workdir: Path, results: Results) -> None:
-    """Bare etcd writes from each of scale_consumers processes (bench/floor.py)."""
+    """Bare etcd writes from each of scale_consumers processes, and the queue's floor:
+    as many consumers, each alone on its own queue (bench/floor.py)."""
     with row(results, FLOOR + "etcd writes"):
         results.floor += floor.measure(workdir, plan.scale_consumers, plan.floor_writes,
                                        plan.repeats, progress)
+    with row(results, FLOOR + "consumers alone on a queue each"):
+        results.alone += floor.measure_alone(workdir, plan.scale_consumers, plan.drain_items,
+                                             plan.repeats, progress)
 
 
 #: The sections, in the order they run: ``--only`` names them.
@@ -271,7 +276,11 @@ def floor_tables(plan: Plan, results: Results) -> List[Tuple[str, str]]:
     sections = [(f"The floor: {plan.floor_writes:,} etcd writes from "
                  f"{', '.join(map(str, plan.scale_consumers))} processes",
                  floor.table(results.floor))]
-    beside = floor.comparison(results.floor, results.drains, low, high)
+    if results.alone:
+        sections.append((f"The queue's floor: {plan.drain_items:,} items split over one queue "
+                         "per consumer process, each alone on its own",
+                         report.scale_table(results.alone, plan.scale_consumers)))
+    beside = floor.comparison(results.floor, results.drains, low, high, results.alone)
     if beside is not None:
         sections.append((f"The floor next to the drains: {high} processes against {low}",
                          beside))
@@ -312,6 +321,7 @@ def write_outputs(out: Path, results: Results, printed: str,
            "wakes": [asdict(run) for run in results.wakes],
            "producers": [asdict(run) for run in results.producers],
            "floor": [asdict(run) for run in results.floor],
+           "alone": [asdict(run) for run in results.alone],
            "network": asdict(results.network) if results.network else None}
     written = [out / "results.json", out / "tables.md"]
     written[0].write_text(json.dumps(raw, indent=1) + "\n")

@@ -90,8 +90,10 @@ def test_floor_section_writes_from_each_process_count_and_renders_its_table(
         tmp_path: Path) -> None:
     """bench/run.py's "floor" section with the quick plan, at 2 and 4 processes
     instead of 8, 32 and 64 (spawning 104 processes is not a fast test): one run
-    per count, on its own etcd, every figure positive, one table row per count.
-    Without drains there is no comparison and no bound."""
+    per count, on its own etcd, every figure positive, one table row per count;
+    the same for the queue's floor, whose consumers each drained a queue of
+    their own, all its items once.  Without drains there is no comparison and
+    no bound."""
     from dataclasses import replace
 
     from bench import run
@@ -106,12 +108,43 @@ def test_floor_section_writes_from_each_process_count_and_renders_its_table(
     for r in results.floor:
         assert r.writes_per_s > 0 and r.clients_us_per_write > 0
         assert r.etcd_us_per_write is not None and r.etcd_us_per_write > 0
-    [(title, table)] = run.floor_tables(plan, results)
+    assert [(r.consumers, r.queues, r.items) for r in results.alone] == [
+        (2, 2, plan.drain_items), (4, 4, plan.drain_items)]
+    for r in results.alone:
+        assert (r.missing, r.run_twice, r.claims) == (0, 0, plan.drain_items)
+        assert r.etcd_cpu_ms_per_item is not None and r.etcd_cpu_ms_per_item > 0
+        assert r.drain_ops is not None and r.drain_ops.failed_writes == 0  # no one to race
+    [(title, table), (alone_title, alone_table)] = run.floor_tables(plan, results)
     lines = table.splitlines()
     assert "2, 4 processes" in title and len(lines) == 4
     assert [line.count("|") for line in lines] == [9] * 4
     assert lines[2].startswith("| 2 |") and lines[2].count("1.00×") == 3
     assert lines[3].startswith("| 4 |")
+    assert "one queue per consumer" in alone_title
+    assert [line.split("|")[1].strip() for line in alone_table.splitlines()[2:]] == ["2", "4"]
+
+
+def test_drain_over_several_queues_splits_the_items_and_gives_each_consumer_one(
+        tmp_path: Path) -> None:
+    """measure.drain(queues=2) with 4 consumers: 40 items become 20 in each of two
+    new queues, each drained completely by its own two consumers (their
+    completed/ records), and nothing lands in the queue named by the target."""
+    from bench.designs import Target
+    from bench.servers import etcd_server
+    from etcdq_v2 import Queue
+
+    with etcd_server(tmp_path) as server:
+        run = measure.drain(Target("etcdq_v2", server.url, "split"), 41, 4, server.pid,
+                            queues=2)
+        counts = []
+        for name in ("split", "split-0", "split-1"):
+            queue = Queue(server.url, name)
+            try:
+                counts.append((queue.stats()["pending"], queue.stats()["completed"]))
+            finally:
+                queue.close()
+    assert (run.items, run.queues, run.missing, run.run_twice) == (40, 2, 0, 0)
+    assert counts == [(0, 0), (0, 20), (0, 20)]
 
 
 def test_floor_bound_is_the_rate_scaled_by_the_cpu_per_item_growth() -> None:
@@ -139,6 +172,12 @@ def test_floor_bound_is_the_rate_scaled_by_the_cpu_per_item_growth() -> None:
     assert "| etcdq_v2 drains (items) | 0.40× | 2.00× | 4.00× |" in text
     assert "| bare writes, the floor | 1.00× | 1.00× | 3.00× |" in text
     assert "**500 items/s**, 0.50×" in text
+    assert "alone" not in text
+    alone = [drain(8, 1000, 0.5, 0.5), drain(64, 600, 0.6, 1.0)]
+    text = floor.comparison(runs, drains, 8, 64, alone)
+    assert text is not None
+    assert "| each consumer alone on its own queue, the queue's floor (items) | 0.60× | " \
+        "1.20× | 2.00× |" in text
 
 
 def test_etcd_profile_decodes_etcds_own_cpu_profile_of_a_drain() -> None:
@@ -155,3 +194,4 @@ def test_etcd_profile_decodes_etcds_own_cpu_profile_of_a_drain() -> None:
     lines = etcd_profile.table([run], top=5).splitlines()
     assert len(lines) == 2 + 1 + 5
     assert lines[2].startswith("| all of etcd's samples | ")
+    assert etcd_profile.profile_drain(3, items=300, seconds=3, alone=True)[:2] == (3, 300)
