@@ -13,13 +13,15 @@ writes and more; if its CPU grows at least as a write's does (the queue
 making no fewer or cheaper requests per item at 64 processes than at 8),
 :func:`rate_bound` turns that into a ceiling on the 64-consumer drain rate.
 
-The queue's floor (:func:`measure_alone`) is etcdq_v2 itself with nothing
+The queue's floor (:func:`measure_drains`) is etcdq_v2 itself with nothing
 shared: the drains' items split evenly over one queue per consumer, each
 consumer alone on its own (``measure.drain(queues=...)``), so no consumer
 lists another's items, loses a race or hears another's events.  What 64
 such consumers cost against 8 is what 64 processes making etcdq_v2's
 requests cost this machine; the rest of the drains' growth is what sharing
-one queue costs.
+one queue costs.  The same function drains one shared queue beside it, each
+drain on a fresh etcd like the floor's (the drains section runs every count
+on one etcd, one after the other).
 """
 from __future__ import annotations
 
@@ -130,19 +132,33 @@ def measure(workdir: Path, counts: Sequence[int], writes: int, repeats: int,
     return runs
 
 
-def measure_alone(workdir: Path, counts: Sequence[int], items: int, repeats: int,
-                  progress: Callable[[str], None] = lambda message: None) -> List[DrainRun]:
-    """The queue's floor: ``items`` split over one queue per consumer, for every
-    consumer count once per repeat, each on a fresh etcd."""
+def measure_drains(workdir: Path, counts: Sequence[int], items: int, repeats: int,
+                   progress: Callable[[str], None] = lambda message: None) -> List[DrainRun]:
+    """The queue's floor and the shared queue beside it: for every consumer count
+    once per repeat, ``items`` drained from one queue that all the consumers
+    share (``queues`` 1), then split over one queue per consumer, each alone on
+    its own; each drain on a fresh etcd, so that neither inherits the other's
+    keys or lingering locks, and the noise falls on both alike."""
     runs = []
     for repeat in range(repeats):
         for consumers in counts:
-            progress(f"floor: {items:,} items, {consumers} consumers alone on a queue each, "
-                     f"run {repeat + 1}")
-            with etcd_server(workdir) as server:
-                target = Target(ETCDQ, server.url, f"alone-{consumers}-{repeat}")
-                runs.append(drain(target, items, consumers, server.pid, queues=consumers))
+            for queues in sorted({1, consumers}):
+                how = "one shared queue" if queues == 1 else "alone on a queue each"
+                progress(f"floor: {items:,} items, {consumers} consumers, {how}, run {repeat + 1}")
+                with etcd_server(workdir) as server:
+                    target = Target(ETCDQ, server.url, f"floor-{consumers}-{repeat}")
+                    runs.append(drain(target, items, consumers, server.pid, queues=queues))
     return runs
+
+
+def shared(runs: Sequence[DrainRun]) -> List[DrainRun]:
+    """Of measure_drains' runs, the drains of one shared queue."""
+    return [run for run in runs if run.queues == 1]
+
+
+def alone(runs: Sequence[DrainRun]) -> List[DrainRun]:
+    """Of measure_drains' runs, the queue's floor: each consumer alone on its own queue."""
+    return [run for run in runs if run.queues > 1]
 
 
 # -- the tables ------------------------------------------------------------------------------
@@ -225,17 +241,19 @@ def _factors(low: Sequence[Optional[float]], high: Sequence[Optional[float]]
 
 
 def comparison(runs: Sequence[FloorRun], drains: Sequence[DrainRun], low: int,
-               high: int, alone: Sequence[DrainRun] = ()) -> Optional[str]:
-    """The drains' ratios (``high`` against ``low`` processes) next to the floor's
-    (and the queue's floor's, from ``alone``, if it measured both), and the bound
-    on the drain rate at ``high``; None unless both sections measured both."""
+               high: int, alone: Sequence[DrainRun] = (),
+               label: str = "etcdq_v2 drains (items)") -> Optional[str]:
+    """The drains' ratios (``high`` against ``low`` processes; ``label`` names
+    them) next to the floor's (and the queue's floor's, from ``alone``, if it
+    measured both), and the bound on the drain rate at ``high``; None unless
+    both were measured at both counts."""
     drain_low, drain_high = drain_medians(drains, low), drain_medians(drains, high)
     floor = _factors(_floor_medians(runs, low), _floor_medians(runs, high))
     if drain_low is None or drain_high is None or floor is None:
         return None
-    shared = _factors(drain_low, drain_high)
-    assert shared is not None  # drain_medians never holds a None
-    rows = [["etcdq_v2 drains (items)", *(f"{f:.2f}×" for f in shared)]]
+    growth = _factors(drain_low, drain_high)
+    assert growth is not None  # drain_medians never holds a None
+    rows = [[label, *(f"{f:.2f}×" for f in growth)]]
     alone_low, alone_high = drain_medians(alone, low), drain_medians(alone, high)
     if alone_low is not None and alone_high is not None:
         apart = _factors(alone_low, alone_high)

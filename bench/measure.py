@@ -14,7 +14,7 @@ import shutil
 import statistics
 import subprocess
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -130,6 +130,7 @@ class ConsumerReport:
     requests: Dict[str, int]
     lock_failures: Optional[int]
     cpu_seconds: float = 0.0  # this process's CPU (user + system) from the start line on
+    done_at: List[float] = field(default_factory=list)  # when each item was finished
 
 
 def _cpu_seconds() -> float:
@@ -150,6 +151,7 @@ def _consume(start: StartLine, target: Target) -> ConsumerReport:
         started = last_done = start()
         cpu = _cpu_seconds()
         done: List[str] = []
+        done_at: List[float] = []
         while True:
             payload = design.claim()
             if payload is None:
@@ -157,8 +159,9 @@ def _consume(start: StartLine, target: Target) -> ConsumerReport:
             design.finish()  # processing itself is a no-op: we measure the queue
             done.append(payload)
             last_done = time.time()
+            done_at.append(last_done)
         return ConsumerReport(done, started, last_done, dict(design.requests),
-                              design.lock_failures, _cpu_seconds() - cpu)
+                              design.lock_failures, _cpu_seconds() - cpu, done_at)
     finally:
         design.close()
 
@@ -182,6 +185,11 @@ class DrainRun:
     etcd_cpu_seconds: Optional[float] = None  # etcd's CPU while the consumers ran
     clients_cpu_seconds: float = 0.0          # the consumers' CPU, all together
     queues: int = 1       # the items split evenly over this many queues (see drain)
+    #: items/s between the 10th and the 90th percentile of the items' finishing
+    #: times: the drain without its start (every consumer's first listing) and its end
+    steady_items_per_s: Optional[float] = None
+    #: start line to a consumer's first item finished, the median consumer
+    first_item_s: Optional[float] = None
 
     @property
     def etcd_cpu_ms_per_item(self) -> Optional[float]:
@@ -254,7 +262,23 @@ def drain(target: Target, items: int, consumers: int,
         etcd_ops=EtcdOps.between(before_fill, after) if before_fill and after else None,
         drain_ops=EtcdOps.between(before_drain, after) if before_drain and after else None,
         etcd_cpu_seconds=etcd_cpu, clients_cpu_seconds=sum(r.cpu_seconds for r in reports),
-        queues=queues)
+        queues=queues, steady_items_per_s=steady_rate([t for r in reports for t in r.done_at]),
+        first_item_s=_median_or_none([r.done_at[0] - r.started for r in reports if r.done_at]))
+
+
+def steady_rate(finished: List[float], low: float = 0.1, high: float = 0.9) -> Optional[float]:
+    """Items/s between the ``low`` and ``high`` quantiles of the finishing times; None
+    for fewer than 10 items or no time between them."""
+    if len(finished) < 10:
+        return None
+    ordered = sorted(finished)
+    first, last = round(low * (len(ordered) - 1)), round(high * (len(ordered) - 1))
+    span = ordered[last] - ordered[first]
+    return (last - first) / span if span > 0 else None
+
+
+def _median_or_none(values: List[float]) -> Optional[float]:
+    return statistics.median(values) if values else None
 
 
 def _recorded_twice(target: Target) -> Optional[int]:

@@ -267,6 +267,7 @@ def scale_table(drains: Sequence[DrainRun], counts: Sequence[int]) -> str:
     """etcdq_v2's drains as consumers are added: rate, and CPU per item (etcd's, the clients')."""
     runs = _scale_runs(drains, counts)
     rates = _medians(runs, lambda r: r.items_per_s)
+    steady = _medians(runs, lambda r: r.steady_items_per_s)
     etcd = _medians(runs, lambda r: r.etcd_cpu_ms_per_item)
     first = min(runs, default=0)
     rows = []
@@ -275,6 +276,9 @@ def scale_table(drains: Sequence[DrainRun], counts: Sequence[int]) -> str:
         rows.append([
             str(consumers), Spread.of(r.items_per_s for r in same).text(),
             ratio(rates[consumers], rates.get(first)),
+            _spread_or_dash([r.steady_items_per_s for r in same], 0),
+            ratio(steady[consumers], steady.get(first)) if consumers in steady else "–",
+            _spread_or_dash([r.first_item_s for r in same], 2),
             Spread.of(etcd_ms).text(2) if etcd_ms else "–",
             ratio(etcd[consumers], etcd.get(first)) if consumers in etcd else "–",
             Spread.of(r.clients_cpu_ms_per_item for r in same).text(2),
@@ -282,8 +286,14 @@ def scale_table(drains: Sequence[DrainRun], counts: Sequence[int]) -> str:
                       if r.drain_ops is not None).text(2) if same[0].drain_ops else "–",
             _percent_of_items(same, lambda run: run.run_twice)])
     return markdown_table(["consumer processes", "items/s", f"× {first}",
+                           "steady items/s", f"× {first}", "first item, s",
                            "etcd CPU ms/item", f"× {first}", "clients' CPU ms/item",
                            "failed writes/item", "run twice"], rows)
+
+
+def _spread_or_dash(values: Sequence[Optional[float]], digits: int) -> str:
+    known = [value for value in values if value is not None]
+    return Spread.of(known).text(digits) if known else "–"
 
 
 def scale_targets_table(drains: Sequence[DrainRun], counts: Sequence[int]) -> str:

@@ -88,7 +88,8 @@ class Results:
     wakes: List[measure.WakeRun] = field(default_factory=list)
     producers: List[producers.ProducerRun] = field(default_factory=list)
     floor: List[floor.FloorRun] = field(default_factory=list)  # bare writes (issue 14)
-    alone: List[measure.DrainRun] = field(default_factory=list)  # the queue's floor (issue 14)
+    #: The queue's floor and one shared queue beside it, fresh etcds (issue 14).
+    floor_drains: List[measure.DrainRun] = field(default_factory=list)
     skipped: Dict[str, str] = field(default_factory=dict)  # row name -> why it did not run
     network: Optional[network.NetworkResults] = None  # across a network, resources (issue 14)
 
@@ -210,13 +211,14 @@ def run_producers(plan: Plan, workdir: Path, results: Results) -> None:
 
 def run_floor(plan: Plan, workdir: Path, results: Results) -> None:
     """Bare etcd writes from each of scale_consumers processes, and the queue's floor:
-    as many consumers, each alone on its own queue (bench/floor.py)."""
+    as many consumers, each alone on its own queue, beside one shared queue
+    (bench/floor.py)."""
     with row(results, FLOOR + "etcd writes"):
         results.floor += floor.measure(workdir, plan.scale_consumers, plan.floor_writes,
                                        plan.repeats, progress)
-    with row(results, FLOOR + "consumers alone on a queue each"):
-        results.alone += floor.measure_alone(workdir, plan.scale_consumers, plan.drain_items,
-                                             plan.repeats, progress)
+    with row(results, FLOOR + "consumers alone on a queue each, and on one"):
+        results.floor_drains += floor.measure_drains(workdir, plan.scale_consumers,
+                                                     plan.drain_items, plan.repeats, progress)
 
 
 #: The sections, in the order they run: ``--only`` names them.
@@ -276,11 +278,16 @@ def floor_tables(plan: Plan, results: Results) -> List[Tuple[str, str]]:
     sections = [(f"The floor: {plan.floor_writes:,} etcd writes from "
                  f"{', '.join(map(str, plan.scale_consumers))} processes",
                  floor.table(results.floor))]
-    if results.alone:
+    shared, alone = floor.shared(results.floor_drains), floor.alone(results.floor_drains)
+    if alone:
         sections.append((f"The queue's floor: {plan.drain_items:,} items split over one queue "
                          "per consumer process, each alone on its own",
-                         report.scale_table(results.alone, plan.scale_consumers)))
-    beside = floor.comparison(results.floor, results.drains, low, high, results.alone)
+                         report.scale_table(alone, plan.scale_consumers)))
+    if shared:
+        sections.append((f"Beside it, one shared queue: {plan.drain_items:,} items, each drain "
+                         "on a fresh etcd", report.scale_table(shared, plan.scale_consumers)))
+    label = "one shared queue, fresh etcds (items)" if shared else "etcdq_v2 drains (items)"
+    beside = floor.comparison(results.floor, shared or results.drains, low, high, alone, label)
     if beside is not None:
         sections.append((f"The floor next to the drains: {high} processes against {low}",
                          beside))
@@ -321,7 +328,7 @@ def write_outputs(out: Path, results: Results, printed: str,
            "wakes": [asdict(run) for run in results.wakes],
            "producers": [asdict(run) for run in results.producers],
            "floor": [asdict(run) for run in results.floor],
-           "alone": [asdict(run) for run in results.alone],
+           "floor_drains": [asdict(run) for run in results.floor_drains],
            "network": asdict(results.network) if results.network else None}
     written = [out / "results.json", out / "tables.md"]
     written[0].write_text(json.dumps(raw, indent=1) + "\n")

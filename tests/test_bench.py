@@ -92,11 +92,11 @@ def test_floor_section_writes_from_each_process_count_and_renders_its_table(
     instead of 8, 32 and 64 (spawning 104 processes is not a fast test): one run
     per count, on its own etcd, every figure positive, one table row per count;
     the same for the queue's floor, whose consumers each drained a queue of
-    their own, all its items once.  Without drains there is no comparison and
-    no bound."""
+    their own, all its items once, and for one shared queue beside it, each
+    drain on a fresh etcd.  With those, the comparison needs no drains section."""
     from dataclasses import replace
 
-    from bench import run
+    from bench import floor, run
 
     plan = replace(run.Plan.choose(quick=True, full=False, repeats=None), scale_consumers=(2, 4))
     results = run.Results()
@@ -108,13 +108,18 @@ def test_floor_section_writes_from_each_process_count_and_renders_its_table(
     for r in results.floor:
         assert r.writes_per_s > 0 and r.clients_us_per_write > 0
         assert r.etcd_us_per_write is not None and r.etcd_us_per_write > 0
-    assert [(r.consumers, r.queues, r.items) for r in results.alone] == [
-        (2, 2, plan.drain_items), (4, 4, plan.drain_items)]
-    for r in results.alone:
+    assert [(r.consumers, r.queues, r.items) for r in results.floor_drains] == [
+        (2, 1, plan.drain_items), (2, 2, plan.drain_items), (4, 1, plan.drain_items),
+        (4, 4, plan.drain_items)]
+    for r in results.floor_drains:
         assert (r.missing, r.run_twice, r.claims) == (0, 0, plan.drain_items)
+        assert r.steady_items_per_s is not None and r.steady_items_per_s > 0
+        assert r.first_item_s is not None and 0 < r.first_item_s < r.seconds
         assert r.etcd_cpu_ms_per_item is not None and r.etcd_cpu_ms_per_item > 0
+    for r in floor.alone(results.floor_drains):
         assert r.drain_ops is not None and r.drain_ops.failed_writes == 0  # no one to race
-    [(title, table), (alone_title, alone_table)] = run.floor_tables(plan, results)
+    [(title, table), (alone_title, alone_table), (shared_title, shared_table),
+     (beside_title, beside)] = run.floor_tables(plan, results)
     lines = table.splitlines()
     assert "2, 4 processes" in title and len(lines) == 4
     assert [line.count("|") for line in lines] == [9] * 4
@@ -122,6 +127,11 @@ def test_floor_section_writes_from_each_process_count_and_renders_its_table(
     assert lines[3].startswith("| 4 |")
     assert "one queue per consumer" in alone_title
     assert [line.split("|")[1].strip() for line in alone_table.splitlines()[2:]] == ["2", "4"]
+    assert "one shared queue" in shared_title
+    assert [line.split("|")[1].strip() for line in shared_table.splitlines()[2:]] == ["2", "4"]
+    assert "4 processes against 2" in beside_title
+    assert "| one shared queue, fresh etcds (items) |" in beside
+    assert "| each consumer alone on its own queue, the queue's floor (items) |" in beside
 
 
 def test_drain_over_several_queues_splits_the_items_and_gives_each_consumer_one(
@@ -145,6 +155,18 @@ def test_drain_over_several_queues_splits_the_items_and_gives_each_consumer_one(
                 queue.close()
     assert (run.items, run.queues, run.missing, run.run_twice) == (40, 2, 0, 0)
     assert counts == [(0, 0), (0, 20), (0, 20)]
+
+
+def test_steady_rate_leaves_out_the_start_and_the_end_of_a_drain() -> None:
+    """Items/s between the 10th and 90th percentile of the finishing times: a
+    drain whose first item took 5 s and whose last came 9 s after the rest
+    is steady at the rate in between."""
+    evenly = [i * 0.01 for i in range(101)]
+    assert measure.steady_rate(evenly) == pytest.approx(100)
+    slow_ends = [5.0] + [10 + i * 0.01 for i in range(98)] + [20.0]
+    assert measure.steady_rate(slow_ends) == pytest.approx(100)
+    assert measure.steady_rate(evenly[:9]) is None
+    assert measure.steady_rate([1.0] * 20) is None
 
 
 def test_floor_bound_is_the_rate_scaled_by_the_cpu_per_item_growth() -> None:
