@@ -126,11 +126,15 @@ class ConsumerReport:
 
     payloads: List[str]
     started: float
-    last_done: float  # when its last item was finished (time.time())
     requests: Dict[str, int]
     lock_failures: Optional[int]
     cpu_seconds: float = 0.0  # this process's CPU (user + system) from the start line on
     done_at: List[float] = field(default_factory=list)  # when each item was finished
+
+    @property
+    def last_done(self) -> float:
+        """When its last item was finished (time.time()); its start if none was."""
+        return self.done_at[-1] if self.done_at else self.started
 
 
 def _cpu_seconds() -> float:
@@ -148,7 +152,7 @@ def process_cpu_seconds(pid: int) -> float:
 def _consume(start: StartLine, target: Target) -> ConsumerReport:
     design = open_design(target)
     try:
-        started = last_done = start()
+        started = start()
         cpu = _cpu_seconds()
         done: List[str] = []
         done_at: List[float] = []
@@ -158,10 +162,9 @@ def _consume(start: StartLine, target: Target) -> ConsumerReport:
                 break
             design.finish()  # processing itself is a no-op: we measure the queue
             done.append(payload)
-            last_done = time.time()
-            done_at.append(last_done)
-        return ConsumerReport(done, started, last_done, dict(design.requests),
-                              design.lock_failures, _cpu_seconds() - cpu, done_at)
+            done_at.append(time.time())
+        return ConsumerReport(done, started, dict(design.requests), design.lock_failures,
+                              _cpu_seconds() - cpu, done_at)
     finally:
         design.close()
 
@@ -217,7 +220,7 @@ def drain(target: Target, items: int, consumers: int,
     ``server_pid``: etcd's, to count its CPU during the drain.
 
     ``queues`` > 1 splits the items evenly over that many new queues instead
-    (``target``'s name, ``-1``, ``-2``, ...), consumer i draining queue i mod
+    (``target``'s name and ``-0``, ``-1``, ...), consumer i draining queue i mod
     ``queues`` only: with one queue per consumer, each consumer is alone on
     its own (bench/floor.py, "the queue's floor")."""
     on_etcd = DESIGNS[target.design].backend == "etcd"
@@ -266,7 +269,7 @@ def drain(target: Target, items: int, consumers: int,
         drain_ops=EtcdOps.between(before_drain, after) if before_drain and after else None,
         etcd_cpu_seconds=etcd_cpu, clients_cpu_seconds=sum(r.cpu_seconds for r in reports),
         queues=queues, steady_items_per_s=steady_rate([t for r in reports for t in r.done_at]),
-        first_item_s=_median_or_none([r.done_at[0] - r.started for r in reports if r.done_at]))
+        first_item_s=_first_item_s(reports))
 
 
 def steady_rate(finished: List[float], low: float = 0.1, high: float = 0.9) -> Optional[float]:
@@ -280,8 +283,10 @@ def steady_rate(finished: List[float], low: float = 0.1, high: float = 0.9) -> O
     return (last - first) / span if span > 0 else None
 
 
-def _median_or_none(values: List[float]) -> Optional[float]:
-    return statistics.median(values) if values else None
+def _first_item_s(reports: List[ConsumerReport]) -> Optional[float]:
+    """Start line to the first item finished, the median of the consumers that had one."""
+    firsts = [r.done_at[0] - r.started for r in reports if r.done_at]
+    return statistics.median(firsts) if firsts else None
 
 
 def _recorded_twice(target: Target) -> Optional[int]:
