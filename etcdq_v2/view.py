@@ -189,6 +189,11 @@ class QueueView:
         #: Items of those given back by this process's claims: id -> the etcd
         #: index of R1 (see returned).
         self._given_back: Dict[str, int] = {}
+        #: Items that may be delayed (``"q"``), new in a listing of work/ taken at
+        #: the index noted, whose delay lock no listing of locks/ from then on has
+        #: planned yet: a listing of work/ that shows one lists locks/ too, until
+        #: one is applied (review rv18: one lost or dropped left it unplanned).
+        self._unplanned: Dict[str, int] = {}
         self._next_delay = math.inf
         #: A view that started watching without listing locks/: when the lock
         #: signs up to its listing's index are checked (see check_locks).
@@ -596,6 +601,7 @@ class QueueView:
         self._trying.pop(item_id, None)
         self._recorded.discard(item_id)
         self._orphans.pop(item_id, None)
+        self._unplanned.pop(item_id, None)
 
     def _apply_item(self, item_id: str, index: int, value: Optional[str]) -> None:
         self._items[item_id] = (index, _cacheable(value))
@@ -626,15 +632,19 @@ class QueueView:
 
     def _reconcile_locks(self, index: int, locks: List[Entry], delays: bool = False) -> None:
         """Apply a listing of locks/ taken at ``index``; ``delays``: free only
-        items whose known delay lock went (the others may have been finished)."""
+        items whose known delay lock went, or that waited for a listing of
+        locks/ to plan theirs (the others may have been finished)."""
         listed = {entry.id: entry.index for entry in locks}
+        # Their delay locks were there before them (D1 before D2): planned now.
+        planned = {i for i, at in self._unplanned.items() if at <= index}
         for item_id in [i for i in {**self._locks, **self._trying} if i not in listed]:
-            if not delays or item_id in self._delays:
+            if not delays or item_id in self._delays or item_id in planned:
                 self._unlocked(item_id, index)
         for item_id, lock_index in listed.items():
             if item_id in self._items:  # not the lingering locks of finished items
                 self._locked(item_id, lock_index)
         self._plan_delays(locks)
+        self._unplanned = {i: at for i, at in self._unplanned.items() if i not in planned}
         if not delays:  # a delays-only listing leaves the other taken items as they were
             self._locks_listed = time.monotonic()
 
@@ -674,12 +684,12 @@ class QueueView:
             # A watching view lists locks/ for old signs, and for new delayed
             # items, which it would otherwise try each (review rv15).
             list_locks = follower.list_locks or (follower.directory is not None and (
-                delayed or self._noted_before(work)))
+                bool(delayed) or self._noted_before(work)))
         locks_index, locks = self._protocol.list("locks") if list_locks else (0, [])
         with self._cond:
             if follower is not self._follower:
                 return {}
-            self._take_listing(work_index, work)
+            self._take_listing(work_index, work, delayed)
             if list_locks:
                 self._reconcile_locks(locks_index, locks)
             self._confirm_upto, self._confirm_at = work_index, math.inf
@@ -698,12 +708,13 @@ class QueueView:
         known = self._known
         return any(self._locks.get(entry.id, known + 1) <= known for entry in work)
 
-    def _new_delayed(self, work: List[Entry]) -> bool:
-        """Whether a listing of work/ shows an item new to the view that carries
-        ``"q"`` (a delayed put, among others): its delay lock must be planned
-        (see check_locks), so a quiet view lists locks/ too."""
-        return any(entry.id not in self._items and _maybe_delayed(entry.value)
-                   for entry in work)
+    def _new_delayed(self, work: List[Entry]) -> Set[str]:
+        """The items of a listing of work/ that are new to the view and carry
+        ``"q"`` (a delayed put, among others), or that an earlier listing showed
+        so and whose delay lock is not planned yet (:attr:`_unplanned`): their
+        delay locks must be planned (see check_locks), so locks/ is listed too."""
+        return {entry.id for entry in work if entry.id in self._unplanned or (
+            entry.id not in self._items and _maybe_delayed(entry.value))}
 
     def behind(self, timeout: float) -> None:
         """Claims found the view stale: list again (a quiet view, work/ only)."""
@@ -736,12 +747,13 @@ class QueueView:
             if follower is not self._follower:
                 return
             delayed = self._new_delayed(work)
-            self._take_listing(index, work)
+            self._take_listing(index, work, delayed)
         if delayed:
             self._list_locks(follower)
 
-    def _take_listing(self, index: int, work: List[Entry]) -> None:
-        """Apply a listing of work/ taken at ``index`` (under the lock).
+    def _take_listing(self, index: int, work: List[Entry], delayed: Set[str]) -> None:
+        """Apply a listing of work/ taken at ``index`` (under the lock);
+        ``delayed``: its items whose delay lock is to be planned (_new_delayed).
 
         An item claimed since the view last saw it (a new version that carries
         a claim token: C2 wrote it under the claim's lock) is taken at that
@@ -756,6 +768,13 @@ class QueueView:
                 self._locked(entry.id, entry.index)
         self._items = {e.id: (e.index, _cacheable(e.value)) for e in work}
         self._gone = {i: at for i, at in self._gone.items() if i in self._items}
+        for item_id in delayed:
+            # Taken, at the oldest listing that showed it, until a listing of
+            # locks/ from then on plans its delay lock or shows it gone: a
+            # claim meanwhile would try it before its delay ends (review rv18).
+            self._unplanned[item_id] = min(self._unplanned.get(item_id, index), index)
+            self._locked(item_id, self._unplanned[item_id])
+        self._unplanned = {i: at for i, at in self._unplanned.items() if i in self._items}
         self._free = [e.id for e in work]
         self._in_free = set(self._free)
         self._recorded.clear()  # one still in work/ now is one a claim must finish

@@ -3,13 +3,15 @@ first locked block, before the listing of locks/ and before the block that
 applies the listing) and feb4f05 (_item_says shared by _claimed and
 _maybe_delayed; _plan_confirm reads the clock when called).
 
-Findings (tests that FAIL on the code under review, strict xfails: left,
-low): the other tests.  One
-root, low severity, pre-existing (748ea90 moved the decision, not its
-inputs): a new item that may be delayed is planned only by whoever first
-applies the listing that shows it; if that applier's listing of locks/ is
-lost (it failed, or was dropped because the follower changed), no one plans
-its delay and it is tried before its delay ends (a C1 miss per item).
+Findings (tests that failed on the code under review, strict xfails until
+fixed): the other tests.  One root, low severity, pre-existing (748ea90 moved
+the decision, not its inputs): a new item that may be delayed was planned
+only by whoever first applied the listing that showed it; if that applier's
+listing of locks/ was lost (it failed, or was dropped because the follower
+changed), no one planned its delay and it was tried before its delay ended
+(a C1 miss per item).  Fixed: such an item is taken until a listing of
+locks/ from its first listing on is applied, and every listing of work/
+that shows it lists locks/ until then (QueueView._unplanned).
 
 Held checks are named test_rv18_held_*: each passes on the code under review,
 and would fail if the interleaving stranded an item, offered a delayed item
@@ -34,13 +36,6 @@ from etcdq_v2.errors import Unavailable
 LOCK_TTL = 2
 DELAY = 3
 
-#: The finding, left for now (docs/protocol.md, "A view that starts watching").
-_LEFT = ("left (low, cost only): a new delayed item's delay is planned only by the "
-         "listing of locks/ that follows the first listing of work/ showing it; if that "
-         "one is lost or dropped, the item is tried once before its delay ends (a failed "
-         "C1), then waits out its delay")
-
-
 class _PauseBetweenBlocks(threading.Condition):
     """The view's condition, which pauses the follower thread (etcdq-view)
     right after it leaves the locked block in which _list decided
@@ -56,7 +51,7 @@ class _PauseBetweenBlocks(threading.Condition):
         def new_delayed(work):
             result = original(work)
             if threading.current_thread().name == "etcdq-view":
-                self.decisions.append(result)
+                self.decisions.append(bool(result))  # the ids, since rv18's fix
                 self.decided.flag = True
             return result
 
@@ -263,9 +258,8 @@ def test_rv18_held_item_says_reads_the_item_not_the_payload() -> None:
     assert not view_module._claimed(None)
 
 
-@pytest.mark.xfail(strict=True, reason=_LEFT)
 def test_rv18_quiet_delays_listing_lost_is_never_retried(etcd_url: str, queue_name: str) -> None:
-    """FINDING (low; pre-existing, not introduced by 748ea90, which moved the
+    """FINDING, fixed since (QueueView._unplanned) (low; pre-existing, not introduced by 748ea90, which moved the
     decision but kept its inputs).  A quiet follower's _list applies a listing
     of work/ that shows X, a delayed put of another process (new to the view:
     ``delayed``), and then lists locks/ for delay locks (_list_locks) after
@@ -306,11 +300,10 @@ def test_rv18_quiet_delays_listing_lost_is_never_retried(etcd_url: str, queue_na
             f"{'before' if early or len(tried) > 1 else 'after'} its delay ended: {tried}")
 
 
-@pytest.mark.xfail(strict=True, reason=_LEFT)
 @pytest.mark.parametrize("new_follower", ["quiet", "watching"])
 def test_rv18_relist_work_delays_listing_dropped_by_a_new_follower(
         etcd_url: str, queue_name: str, new_follower: str) -> None:
-    """FINDING (low; same root as the test above, pre-existing).  A claimer's
+    """FINDING, fixed since (QueueView._unplanned) (low; same root as the test above, pre-existing).  A claimer's
     relist_work (quiet view, follower F0) applies a listing of work/ that
     shows X, a delayed put of another process, and lists locks/ for its delay
     lock; before that reply is applied, the view gets a new follower F1 (a
@@ -340,7 +333,7 @@ def test_rv18_relist_work_delays_listing_dropped_by_a_new_follower(
         view._protocol.list = held_in_claimer  # type: ignore[method-assign]
         thread, outcome = in_background(view.relist_work, "claimer")
         assert answered.wait(5)
-        assert x_id in view._items and x_id not in view._locks
+        assert x_id in view._items and x_id not in view._delays  # not planned yet
         if new_follower == "quiet":
             view.relist(5)  # F1, quiet, list_locks False (catch_up, behind)
         else:
@@ -358,10 +351,9 @@ def test_rv18_relist_work_delays_listing_dropped_by_a_new_follower(
             f"{time.monotonic() - put_at:.1f} s ago): {tried}; X's delay was never planned")
 
 
-@pytest.mark.xfail(strict=True, reason=_LEFT)
 def test_rv18_quiet_delays_listing_lost_on_the_network(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """FINDING (low), the first one with a real network fault and no patch:
+    """FINDING, fixed since (QueueView._unplanned) (low), the first one with a real network fault and no patch:
     the consumer talks to etcd through the fault proxy.  Its quiet follower
     (a relist, as catch_up/behind make) lists work/ (X, a delayed put of
     another process, is new) and then locks/ for X's delay lock; that GET is
@@ -392,10 +384,9 @@ def test_rv18_quiet_delays_listing_lost_on_the_network(
             f"{time.monotonic() - put_at:.1f} s ago): {tried}; X's delay was never planned")
 
 
-@pytest.mark.xfail(strict=True, reason=_LEFT)
 def test_rv18_quiet_delays_listing_lost_costs_a_miss_per_delayed_item(
         etcd_url: str, queue_name: str) -> None:
-    """FINDING (low), its size: as test_rv18_quiet_delays_listing_lost_is_never_retried,
+    """FINDING, fixed since (QueueView._unplanned) (low), its size: as test_rv18_quiet_delays_listing_lost_is_never_retried,
     with a put_many of 20 delayed items: each is tried (a failed C1 on its
     delay lock) before its delay ends, where review rv15 says none should be."""
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
