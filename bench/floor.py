@@ -22,6 +22,16 @@ requests cost this machine; the rest of the drains' growth is what sharing
 one queue costs.  The same function drains one shared queue beside it, each
 drain on a fresh etcd like the floor's (the drains section runs every count
 on one etcd, one after the other).
+
+The first listings (:func:`measure_listings`) are the one cost of sharing a
+queue that no consumer's view can avoid on etcd v2: each consumer learns the
+backlog by listing ``work/`` once (etcd v2 cannot page, nor list keys
+without their values), so 64 consumers starting on a backlog make etcd
+encode it 64 times.  Each run lists one queue of the drains' size from every
+process at once, and nothing else: etcd's CPU for it, per item of the queue,
+is what those listings add to each item of a drain.  Each process lists it
+LISTING_ROUNDS times in a row, and the figures are per round: one round is
+too little for /proc's 10 ms ticks.
 """
 from __future__ import annotations
 
@@ -32,16 +42,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from etcdq_v2 import Queue
 from etcdq_v2.transport import connect
 
 from .designs import ETCDQ, Target
-from .measure import DrainRun, drain, process_cpu_seconds
+from .measure import DrainRun, drain, fill, process_cpu_seconds
 from .procs import StartLine, Workers
 from .report import Spread, markdown_table, ratio
 from .servers import etcd_server
 
 VALUE = "x" * 100
 KEYS_PER_PROCESS = 10
+#: Listings per process in a first-listings run (see the module's docstring).
+LISTING_ROUNDS = 10
 #: A run that takes longer than this is broken, not slow.
 RUN_TIMEOUT = 600.0
 
@@ -71,6 +84,26 @@ class FloorRun:
     @property
     def clients_us_per_write(self) -> float:
         return 1e6 * self.clients_cpu_seconds / self.writes
+
+
+@dataclass
+class ListingRun:
+    """``processes`` processes each listed the ``items`` items of one queue's
+    work/ ``rounds`` times, released together; etcd's CPU from the release to
+    the last listing's end."""
+
+    processes: int
+    repeat: int
+    items: int
+    etcd_cpu_seconds: Optional[float]  # None where /proc is missing
+    rounds: int = LISTING_ROUNDS
+
+    @property
+    def etcd_ms_per_item(self) -> Optional[float]:
+        """What one round (a listing per process) adds to each item of a drain of the queue."""
+        if self.etcd_cpu_seconds is None:
+            return None
+        return 1e3 * self.etcd_cpu_seconds / self.items / self.rounds
 
 
 def _cpu_seconds() -> float:
@@ -149,6 +182,65 @@ def measure_drains(workdir: Path, counts: Sequence[int], items: int, repeats: in
                     target = Target(ETCDQ, server.url, f"floor-{consumers}-{repeat}")
                     runs.append(drain(target, items, consumers, server.pid, queues=queues))
     return runs
+
+
+def _list_rounds(start: StartLine, url: str, queue: str, rounds: int) -> int:
+    """``rounds`` listings of ``queue``'s work/, as a consumer's view makes
+    first: the entries of each."""
+    with Queue(url, queue) as consumer:
+        consumer._protocol.list("locks")  # connects before the start line
+        start()
+        listed = {len(consumer._protocol.list("work")[1]) for _ in range(rounds)}
+    if len(listed) != 1:
+        raise RuntimeError(f"the queue changed between listings: {sorted(listed)}")
+    return listed.pop()
+
+
+def one_listing_run(url: str, pid: Optional[int], queue: str, processes: int, items: int,
+                    repeat: int = 0) -> ListingRun:
+    """Every one of ``processes`` processes lists ``queue`` (``items`` items)
+    LISTING_ROUNDS times."""
+    with Workers(_list_rounds, [(url, queue, LISTING_ROUNDS)] * processes) as workers:
+        workers.go()
+        etcd_before = _etcd_cpu(pid)
+        listed = workers.results(RUN_TIMEOUT)
+        etcd_after = _etcd_cpu(pid)
+    if listed != [items] * processes:
+        raise RuntimeError(f"listed {listed}, expected {items} each")
+    spent = None if etcd_before is None or etcd_after is None else etcd_after - etcd_before
+    return ListingRun(processes, repeat, items, spent)
+
+
+def measure_listings(workdir: Path, counts: Sequence[int], items: int, repeats: int,
+                     progress: Callable[[str], None] = lambda message: None
+                     ) -> List[ListingRun]:
+    """The first listings: for every process count once per repeat, a fresh
+    etcd holding one queue of ``items`` items, listed once by each process."""
+    runs = []
+    for repeat in range(repeats):
+        for processes in counts:
+            progress(f"floor: {processes} first listings of {items:,} items, run {repeat + 1}")
+            with etcd_server(workdir) as server:
+                target = Target(ETCDQ, server.url, f"listed-{processes}-{repeat}")
+                fill(target, 0, items)
+                runs.append(one_listing_run(server.url, server.pid, target.queue, processes,
+                                            items, repeat))
+    return runs
+
+
+def listings_table(runs: Sequence[ListingRun]) -> str:
+    """etcd's CPU for every process's first listing, per item of the queue."""
+    counts = sorted({run.processes for run in runs})
+    rows = []
+    for processes in counts:
+        same = [run.etcd_ms_per_item for run in runs if run.processes == processes]
+        known = [value for value in same if value is not None]
+        per_entry = [1e3 * v / processes for v in known]
+        rows.append([str(processes), f"{runs[0].items:,}",
+                     Spread.of(known).text(3) if known else "–",
+                     Spread.of(per_entry).text(2) if per_entry else "–"])
+    return markdown_table(["processes, one listing each", "items in work/",
+                           "etcd CPU ms per item", "etcd CPU µs per listed entry"], rows)
 
 
 def shared(runs: Sequence[DrainRun]) -> List[DrainRun]:
@@ -240,13 +332,20 @@ def _factors(low: Sequence[Optional[float]], high: Sequence[Optional[float]]
     return [h / lo for lo, h in zip(low, high)]  # type: ignore[operator]
 
 
+def listing_medians(listings: Sequence[ListingRun], processes: int) -> Optional[float]:
+    """etcd ms per item of the first listings by ``processes`` processes, median."""
+    return _median([run.etcd_ms_per_item for run in listings if run.processes == processes])
+
+
 def comparison(runs: Sequence[FloorRun], drains: Sequence[DrainRun], low: int,
                high: int, alone: Sequence[DrainRun] = (),
-               label: str = "etcdq_v2 drains (items)") -> Optional[str]:
+               label: str = "etcdq_v2 drains (items)",
+               listings: Sequence[ListingRun] = ()) -> Optional[str]:
     """The drains' ratios (``high`` against ``low`` processes; ``label`` names
     them) next to the floor's (and the queue's floor's, from ``alone``, if it
-    measured both), and the bound on the drain rate at ``high``; None unless
-    both were measured at both counts."""
+    measured both; with the first listings added, from ``listings``), and
+    the bound on the drain rate at ``high``; None unless both were measured
+    at both counts."""
     drain_low, drain_high = drain_medians(drains, low), drain_medians(drains, high)
     floor = _factors(_floor_medians(runs, low), _floor_medians(runs, high))
     if drain_low is None or drain_high is None or floor is None:
@@ -260,11 +359,25 @@ def comparison(runs: Sequence[FloorRun], drains: Sequence[DrainRun], low: int,
         assert apart is not None
         rows.append(["each consumer alone on its own queue, the queue's floor (items)",
                      *(f"{f:.2f}×" for f in apart)])
+        rows += _with_listings(alone_low[1], alone_high[1], listings, low, high)
     rows += [["bare writes, the floor", *(f"{f:.2f}×" for f in floor)],
              ["issue 14's target", "≥ 0.80×", "≤ 1.25×", "–"]]
     text = markdown_table([f"{high} processes against {low}", "rate", "etcd CPU per item/write",
                            "clients' CPU per item/write"], rows)
     return text + "\n\n" + bound_text(drain_low, floor[1], floor[2], low, high)
+
+
+def _with_listings(etcd_low: float, etcd_high: float, listings: Sequence[ListingRun],
+                   low: int, high: int) -> List[List[str]]:
+    """The queue's floor's etcd CPU per item with each consumer's first listing
+    of the shared backlog added: what a shared queue costs at least, if every
+    consumer lists it once (none if the listings were not measured)."""
+    add_low, add_high = listing_medians(listings, low), listing_medians(listings, high)
+    if add_low is None or add_high is None:
+        return []
+    return [["the queue's floor, plus one listing of the whole backlog per consumer "
+             f"(+{add_low:.3f} and +{add_high:.3f} ms per item)", "–",
+             f"{(etcd_high + add_high) / (etcd_low + add_low):.2f}×", "–"]]
 
 
 def bound_text(drain_low: Tuple[float, float, float], etcd_factor: float,

@@ -90,6 +90,8 @@ class Results:
     floor: List[floor.FloorRun] = field(default_factory=list)  # bare writes (issue 14)
     #: The queue's floor and one shared queue beside it, fresh etcds (issue 14).
     floor_drains: List[measure.DrainRun] = field(default_factory=list)
+    #: Every consumer's first listing of a drain's backlog, alone (issue 14).
+    floor_listings: List[floor.ListingRun] = field(default_factory=list)
     skipped: Dict[str, str] = field(default_factory=dict)  # row name -> why it did not run
     network: Optional[network.NetworkResults] = None  # across a network, resources (issue 14)
 
@@ -219,6 +221,10 @@ def run_floor(plan: Plan, workdir: Path, results: Results) -> None:
     with row(results, FLOOR + "consumers alone on a queue each, and on one"):
         results.floor_drains += floor.measure_drains(workdir, plan.scale_consumers,
                                                      plan.drain_items, plan.repeats, progress)
+    with row(results, FLOOR + "first listings of the backlog"):
+        results.floor_listings += floor.measure_listings(workdir, plan.scale_consumers,
+                                                         plan.drain_items, plan.repeats,
+                                                         progress)
 
 
 #: The sections, in the order they run: ``--only`` names them.
@@ -286,8 +292,13 @@ def floor_tables(plan: Plan, results: Results) -> List[Tuple[str, str]]:
     if shared:
         sections.append((f"Beside it, one shared queue: {plan.drain_items:,} items, each drain "
                          "on a fresh etcd", report.scale_table(shared, plan.scale_consumers)))
+    if results.floor_listings:
+        sections.append((f"The first listings: each process lists a queue of "
+                         f"{plan.drain_items:,} items once, all at once, nothing else",
+                         floor.listings_table(results.floor_listings)))
     label = "one shared queue, fresh etcds (items)" if shared else "etcdq_v2 drains (items)"
-    beside = floor.comparison(results.floor, shared or results.drains, low, high, alone, label)
+    beside = floor.comparison(results.floor, shared or results.drains, low, high, alone, label,
+                              results.floor_listings)
     if beside is not None:
         sections.append((f"The floor next to the drains: {high} processes against {low}",
                          beside))
@@ -329,6 +340,7 @@ def write_outputs(out: Path, results: Results, printed: str,
            "producers": [asdict(run) for run in results.producers],
            "floor": [asdict(run) for run in results.floor],
            "floor_drains": [asdict(run) for run in results.floor_drains],
+           "floor_listings": [asdict(run) for run in results.floor_listings],
            "network": asdict(results.network) if results.network else None}
     written = [out / "results.json", out / "tables.md"]
     written[0].write_text(json.dumps(raw, indent=1) + "\n")

@@ -93,7 +93,8 @@ def test_floor_section_writes_from_each_process_count_and_renders_its_table(
     per count, on its own etcd, every figure positive, one table row per count;
     the same for the queue's floor, whose consumers each drained a queue of
     their own, all its items once, and for one shared queue beside it, each
-    drain on a fresh etcd.  With those, the comparison needs no drains section."""
+    drain on a fresh etcd; and each process's one listing of a queue of the
+    drains' size.  With those, the comparison needs no drains section."""
     from dataclasses import replace
 
     from bench import floor, run
@@ -118,8 +119,12 @@ def test_floor_section_writes_from_each_process_count_and_renders_its_table(
         assert r.etcd_cpu_ms_per_item is not None and r.etcd_cpu_ms_per_item > 0
     for r in floor.alone(results.floor_drains):
         assert r.drain_ops is not None and r.drain_ops.failed_writes == 0  # no one to race
+    assert [(r.processes, r.items) for r in results.floor_listings] == [
+        (2, plan.drain_items), (4, plan.drain_items)]
+    listed = [r.etcd_ms_per_item for r in results.floor_listings]
+    assert None not in listed and sum(listed) > 0  # type: ignore[arg-type]
     [(title, table), (alone_title, alone_table), (shared_title, shared_table),
-     (beside_title, beside)] = run.floor_tables(plan, results)
+     (listings_title, listings_table), (beside_title, beside)] = run.floor_tables(plan, results)
     lines = table.splitlines()
     assert "2, 4 processes" in title and len(lines) == 4
     assert [line.count("|") for line in lines] == [9] * 4
@@ -129,7 +134,10 @@ def test_floor_section_writes_from_each_process_count_and_renders_its_table(
     assert [line.split("|")[1].strip() for line in alone_table.splitlines()[2:]] == ["2", "4"]
     assert "one shared queue" in shared_title
     assert [line.split("|")[1].strip() for line in shared_table.splitlines()[2:]] == ["2", "4"]
+    assert "first listings" in listings_title
+    assert [line.split("|")[1].strip() for line in listings_table.splitlines()[2:]] == ["2", "4"]
     assert "4 processes against 2" in beside_title
+    assert "plus one listing of the whole backlog per consumer" in beside
     assert "| one shared queue, fresh etcds (items) |" in beside
     assert "| each consumer alone on its own queue, the queue's floor (items) |" in beside
 
@@ -200,6 +208,11 @@ def test_floor_bound_is_the_rate_scaled_by_the_cpu_per_item_growth() -> None:
     assert text is not None
     assert "| each consumer alone on its own queue, the queue's floor (items) | 0.60× | " \
         "1.20× | 2.00× |" in text
+    assert "plus one listing" not in text  # the listings were not measured
+    listings = [floor.ListingRun(8, 0, 1000, 0.1, 1), floor.ListingRun(64, 0, 1000, 0.6, 1)]
+    text = floor.comparison(runs, drains, 8, 64, alone, listings=listings)
+    assert text is not None  # (0.6 + 0.6) / (0.5 + 0.1) ms per item
+    assert "(+0.100 and +0.600 ms per item) | – | 2.00× | – |" in text
 
 
 def test_etcd_profile_decodes_etcds_own_cpu_profile_of_a_drain() -> None:
