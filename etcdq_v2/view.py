@@ -371,7 +371,9 @@ class QueueView:
         """
         with self._cond:
             now, quiet = time.monotonic(), not self.watching_locks
-            stale = quiet and bool(self._locks) and (
+            # Not for items taken only until their delay is planned: a listing
+            # of delay locks is under way or due for them (review rv19).
+            stale = quiet and any(i not in self._unplanned for i in self._locks) and (
                 now - self._locks_listed >= self._protocol.lock_ttl)
             due = quiet and self._next_delay <= now
             confirm = not quiet and self._confirm_at <= now
@@ -749,7 +751,15 @@ class QueueView:
             delayed = self._new_delayed(work)
             self._take_listing(index, work, delayed)
         if delayed:
-            self._list_locks(follower)
+            try:
+                self._list_locks(follower)
+            except BaseException:
+                # Its items stay taken until a listing of locks/ plans them: the
+                # next claim lists again (check_locks), not a relist after some
+                # miss or a lock TTL later (review rv19).
+                with self._cond:
+                    self._next_delay = -math.inf
+                raise
 
     def _take_listing(self, index: int, work: List[Entry], delayed: Set[str]) -> None:
         """Apply a listing of work/ taken at ``index`` (under the lock);

@@ -16,6 +16,11 @@ delayed / "q" without lock / delayed put during the drain; /tmp/rv19/drain.py,
 3 runs each): listings of locks/ and work/ per drain within run-to-run noise
 of ce43349 (e.g. delayed 7-17 vs 7-13 locks/, "q" items 0-2 vs 1-2).
 
+Both findings are fixed (both fail on 5bc1f41, pass since): a relist_work
+whose listing of locks/ fails makes the next claim list locks/ for the
+delays (QueueView.check_locks, ``_next_delay``); and items taken only until
+their delay is planned do not make a quiet view's taken items stale.
+
 Interleavings are forced with the fault proxy (network) or by wrapping
 ``protocol.list`` in one thread (a pause after the reply, to order two
 threads); no method of the view is changed.
