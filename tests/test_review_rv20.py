@@ -1,0 +1,386 @@
+"""Hostile review rv20 of 5bc1f41 and b906cad (QueueView._unplanned: a new
+item that may be delayed, ``"q"``, is taken at the first listing of work/
+that showed it until a listing of locks/ from then on is applied; b906cad: a
+relist_work whose listing of locks/ for such items fails sets _next_delay to
+-inf, so the next claim's check_locks lists locks/; the once-per-lock-TTL
+"stale" test ignores _unplanned items).
+
+Findings are tests that fail on b906cad; checks that held are named
+test_rv20_held_* and pass.  Each finding's docstring says whether it also
+fails on the baseline, ce43349.
+
+Findings: (1) low-medium, new in 5bc1f41: a lone pipeline stage's catch_up
+relist hands out its own later item before a free "q" item (put order), as
+the claimer wakes on _ready before the follower's listing of locks/ plans it
+(30/30 runs, no forcing); (2) medium, new in b906cad: while listings of
+locks/ fail, _next_delay = -inf makes every claim list locks/ first and
+raise, so no free item is handed out (ce43349 and 5bc1f41 go on); (3) low
+(cost), new in 5bc1f41: another claimer thread that finds only _unplanned
+items starves and switches the view to watching (a stream, work/ + locks/
+listed again), dropping the planning listing.  Normal drains (2 consumers x 4
+threads, 400 plain or "q" items; /tmp/rv20/cost.py, 3 runs each): listings
+of work/ and locks/ within run-to-run noise of ce43349.
+
+Interleavings are forced with the fault proxy (network) or by wrapping
+``protocol.list`` in one thread (a pause around the reply); no method of the
+view is changed.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from helpers import in_background, record_calls, wait_until
+
+from etcdq_v2 import Queue
+from etcdq_v2.codec import Item
+from etcdq_v2.errors import Unavailable
+from etcdq_v2.transport import connect
+
+#: Long enough that no once-per-lock-TTL listing of locks/ happens during a test.
+LOCK_TTL = 30
+
+
+def _locks_get(queue_name: str) -> bytes:
+    return rb"GET /v2/keys/etcdq/" + queue_name.encode() + rb"/locks"
+
+
+def _q_item(queue: Queue, n: int = 1) -> str:
+    """An item that carries "q" and has no lock, as requeue (Q3) or import (I3)
+    write it: free in etcd at once."""
+    raw = Item({"x": n}, f"tok-rv20-{n}", requeued=True).encode()
+    item_id, _ = queue._protocol.post_item(raw, f"tok-rv20-{n}")
+    return item_id
+
+
+def _unplanned(view) -> dict:
+    """The view's _unplanned (5bc1f41 on); {} on ce43349, which has none."""
+    return getattr(view, "_unplanned", {})
+
+
+def _slow_follower_locks(view, seconds: float) -> None:
+    """The view's follower thread (etcdq-view) gets its replies to listings of
+    locks/ ``seconds`` late: a slow reply (a big locks/, a busy member)."""
+    original = view._protocol.list
+
+    def slow(kind, *args, **kwargs):
+        reply = original(kind, *args, **kwargs)
+        if kind == "locks" and threading.current_thread().name == "etcdq-view":
+            time.sleep(seconds)
+        return reply
+
+    view._protocol.list = slow  # type: ignore[method-assign]
+
+
+# -- findings ------------------------------------------------------------------------
+
+def test_rv20_pipeline_stage_hands_out_its_own_later_item_before_a_free_q_item(
+        etcd_url: str, queue_name: str) -> None:
+    """FINDING (low-medium: put order broken for a lone consumer; NEW in
+    5bc1f41, passes on ce43349).
+
+    1. A lone consumer S (a pipeline stage) has a quiet view.
+    2. Another process puts X, an item with "q" and no lock (a requeued dead
+       letter, an imported item; or a delayed put whose delay ended).
+    3. S puts Y (its own follow-up): Y is newer than what S's view knows.
+    4. S claims: Y is held back (it may follow an unseen item) -> catch_up ->
+       relist: a new quiet follower lists work/ (X new with "q": 5bc1f41 marks
+       it taken at W), sets _ready, and only then lists locks/ to plan X.
+    5. The claimer wakes on _ready and claims before that listing of locks/ is
+       applied: X is taken in the view, Y (known now) is free: S hands out Y
+       before X, which was put first and is free in etcd.  On ce43349 X is free
+       as soon as the listing of work/ is applied: S hands out X, then Y.
+
+    The follower's reply to locks/ is slowed by 0.3 s to hold the window open;
+    without it the claimer wins anyway: /tmp/rv20/order.py, 30 of 30 runs out
+    of order on b906cad, 0 of 30 on ce43349.  X is handed out one claim late.
+
+    Suggested fix: do not mark an item _unplanned when its listing of locks/
+    follows in the same round before anyone can claim (apply the work/ listing
+    and set _ready only after the listing of locks/, as a follower with
+    list_locks does), or let a claim that finds only _unplanned items ahead of
+    a free one wait for the planning listing rather than skip them."""
+    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as stage:
+        view = stage._ensure_view()
+        assert not view.watching_locks
+        x_id = _q_item(producer)
+        y_id = stage.put({"y": 1})
+        assert y_id > x_id
+        _slow_follower_locks(view, 0.3)
+        got = []
+        for _ in range(2):
+            claim = stage.claim(timeout=3)
+            assert claim is not None
+            got.append(claim.id)
+            claim.complete()
+        assert got == [x_id, y_id], (
+            f"the lone stage handed out {got}: its own Y (put after X) before X, a "
+            f"free item with \"q\" held taken by its _unplanned mark")
+
+
+def test_rv20_failing_locks_listing_makes_every_claim_fail(
+        etcd_url: str, queue_name: str, proxy) -> None:
+    """FINDING (medium: no item handed out for as long as listings of locks/
+    fail; NEW in b906cad, passes on ce43349 and on 5bc1f41).
+
+    1. A consumer C (through the fault proxy, request timeout 1 s) has a quiet
+       view of B0..B39; another consumer holds B0.
+    2. X, an item with "q" and no lock, is put.  Listings of locks/ start to
+       fail (held by the network: a slow member, a locks/ too large to list
+       within the timeout); every other request goes through.
+    3. C's claim misses B0 -> relist_work lists work/ (X marked _unplanned),
+       then locks/: it fails; b906cad sets _next_delay = -inf; the claim raises.
+    4. Every later claim of C starts with check_locks: _next_delay <= now, so it
+       lists locks/ (delays only), which fails, and the claim raises
+       Unavailable without trying any item.  B1..B39 are free in etcd and C
+       claims nothing until listings of locks/ work again.  On ce43349 (and
+       5bc1f41) the next claims hand out B1, B2, ... (X waits, 5bc1f41; or is
+       offered, ce43349).
+
+    Suggested fix: a delays-only listing made for _unplanned items (or a due
+    delay) that fails should not fail the claim: log it, keep the items taken,
+    and retry it later (e.g. _next_delay = now + a backoff, RELIST_DUE and up)
+    while the claim goes on with the free items the view has."""
+    transport = connect(proxy.url, timeout=1.0)
+    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as other, \
+            Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
+        b_ids = producer.put_many([{"b": n} for n in range(40)])
+        view = consumer._ensure_view()
+        assert not view.watching_locks and set(b_ids) <= set(view._items)
+        held = other.claim(timeout=0)
+        assert held is not None and held.id == b_ids[0]
+        x_id = _q_item(producer)
+        proxy.hold(match=_locks_get(queue_name))
+        try:
+            with pytest.raises(Unavailable):
+                consumer.claim(timeout=0)  # the miss on B0 -> relist_work; locks/ lost
+            assert x_id in view._items
+            got, failed = [], 0
+            started = time.monotonic()
+            while time.monotonic() - started < 4 and len(got) < 3:
+                try:
+                    claim = consumer.claim(timeout=0)
+                except Unavailable:
+                    failed += 1
+                    continue
+                if claim is not None:
+                    got.append(claim.id)
+                    claim.complete()
+        finally:
+            proxy.pass_through()
+            held.complete()
+        assert len(got) >= 3, (
+            f"{len(got)} items handed out in 4 s while only listings of locks/ "
+            f"failed ({failed} claims raised Unavailable): B1..B39 free in etcd; "
+            f"_next_delay={view._next_delay}")
+
+
+def test_rv20_another_thread_starves_on_unplanned_items_and_rewatches(
+        etcd_url: str, queue_name: str) -> None:
+    """FINDING (low: cost; NEW in 5bc1f41, passes on ce43349).
+
+    A process with several claimer threads (a Worker with concurrency > 1)
+    whose quiet view's free items are all new items with "q" (an import, a
+    requeue of the dead letters, delayed puts whose delay ended):
+
+    1. Thread T1's relist_work lists work/: X1..X3 are marked _unplanned
+       (taken); T1 lists locks/ to plan them.
+    2. Thread T2 claims meanwhile: nothing is free in the view, so the claim
+       is "starved": the view switches to watching the whole directory (a new
+       follower: a stream, a listing of work/ and, for the _unplanned items,
+       of locks/), and T1's listing of locks/ is dropped (its follower was
+       replaced).  The view then watches every event of the queue until its
+       backlog reaches 32 (then another listing of work/ and locks/ to go
+       quiet).  On ce43349 T2 claims X1 at once and nothing is listed again.
+
+    Suggested fix: a claim that finds only _unplanned items wait for the
+    planning listing under way (a condition on it) instead of starving; or
+    don't count _unplanned items out of the backlog when deciding to watch."""
+    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer:
+        view = consumer._ensure_view()
+        x_ids = [_q_item(producer, n) for n in range(3)]
+        original = view._protocol.list
+        answered, resume = threading.Event(), threading.Event()
+
+        def paused_in_claimer(kind, *args, **kwargs):
+            reply = original(kind, *args, **kwargs)
+            if kind == "locks" and threading.current_thread().name == "claimer":
+                answered.set()
+                assert resume.wait(20)
+            return reply
+
+        view._protocol.list = paused_in_claimer  # type: ignore[method-assign]
+        follower = view._follower
+        thread, outcome = in_background(view.relist_work, "claimer")
+        try:
+            assert answered.wait(5)
+            assert set(x_ids) <= set(view._items)
+            listed = record_calls(view._protocol, "list")
+            claim = consumer.claim(timeout=2)  # thread T2
+        finally:
+            resume.set()
+            thread.join(5)
+        assert claim is not None and claim.id in x_ids
+        claim.complete()
+        assert view._follower is follower and not view.watching_locks and listed == [], (
+            f"a claim in another thread while T1 planned the \"q\" items switched the "
+            f"view to watching={view.watching_locks} (follower replaced: "
+            f"{view._follower is not follower}), listings {listed}")
+
+
+# -- held checks -------------------------------------------------------------------
+
+def test_rv20_held_a_transient_locks_failure_costs_one_listing_then_none(
+        etcd_url: str, queue_name: str, proxy) -> None:
+    """Held.  relist_work's listing of locks/ for X ("q", no lock) fails once
+    (b906cad: _next_delay = -inf).  Once listings work again, the next claim
+    lists locks/ once (delays only), which plans X (free) and resets
+    _next_delay from the listing (_plan_delays: not kept at -inf by min());
+    the drain that follows lists locks/ no more, and hands X out before the
+    items put after it."""
+    transport = connect(proxy.url, timeout=1.0)
+    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as other, \
+            Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
+        b_ids = producer.put_many([{"b": n} for n in range(40)])
+        view = consumer._ensure_view()
+        held = other.claim(timeout=0)
+        assert held is not None and held.id == b_ids[0]
+        x_id = _q_item(producer)
+        y_ids = producer.put_many([{"y": n} for n in range(5)])
+        proxy.hold(match=_locks_get(queue_name))
+        with pytest.raises(Unavailable):
+            consumer.claim(timeout=0)
+        proxy.pass_through()
+        assert x_id in _unplanned(view)
+        listed = record_calls(consumer._protocol, "list")
+        got = []
+        for _ in range(len(b_ids) - 1 + 1 + len(y_ids)):
+            claim = consumer.claim(timeout=2)
+            assert claim is not None
+            got.append(claim.id)
+            claim.complete()
+        held.complete()
+        assert got.index(x_id) < got.index(y_ids[0]), got
+        assert len(got) == len(set(got))
+        assert listed.count("locks") == 1, listed
+        assert view._next_delay == float("inf") and not _unplanned(view)
+
+
+def test_rv20_held_follower_listing_after_the_failure_resets_next_delay(
+        etcd_url: str, queue_name: str, proxy) -> None:
+    """Held.  relist_work's listing of locks/ fails (_next_delay = -inf); before
+    any claim, the view relists (a new quiet follower: catch_up, behind): its
+    round lists locks/ for the _unplanned X and applies it, which resets
+    _next_delay; the claims that follow list nothing more, and X is handed out."""
+    transport = connect(proxy.url, timeout=1.0)
+    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
+            Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
+        view = consumer._ensure_view()
+        x_id = _q_item(producer)
+        proxy.hold(match=_locks_get(queue_name))
+        with pytest.raises(Unavailable):
+            view.relist_work()
+        proxy.pass_through()
+        assert x_id in _unplanned(view)
+        view.relist(5)
+        wait_until(lambda: not _unplanned(view), 5, message="the follower planned X")
+        assert view._next_delay == float("inf")
+        listed = record_calls(consumer._protocol, "list")
+        claim = consumer.claim(timeout=2)
+        assert claim is not None and claim.id == x_id
+        claim.complete()
+        assert listed == [], listed
+
+
+def test_rv20_held_q_item_claimed_elsewhere_between_the_two_listings(
+        etcd_url: str, queue_name: str) -> None:
+    """Held.  X, a requeued item ("q", no lock), is shown by a quiet view's
+    relist_work listing of work/ (X _unplanned at W); before that claimer
+    lists locks/, another consumer claims X (C1, C2) and holds it.  The listing
+    of locks/ (after W) shows X's claim lock: X is taken (not freed, not given
+    a delay); the consumer hands out every other item and never X, also after
+    the other consumer completes it."""
+    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as other, \
+            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer:
+        b_ids = producer.put_many([{"b": n} for n in range(40)])
+        view = consumer._ensure_view()
+        x_id = _q_item(producer)
+        original = view._protocol.list
+        listed_work, resume = threading.Event(), threading.Event()
+
+        def paused_in_claimer(kind, *args, **kwargs):
+            if kind == "locks" and threading.current_thread().name == "claimer":
+                listed_work.set()
+                assert resume.wait(20)
+            return original(kind, *args, **kwargs)
+
+        view._protocol.list = paused_in_claimer  # type: ignore[method-assign]
+        thread, outcome = in_background(view.relist_work, "claimer")
+        assert listed_work.wait(5)
+        assert x_id in _unplanned(view) and not view._is_free(x_id)
+        entry = other._protocol.read("work", x_id)
+        state = other._protocol.claim(x_id, entry.index, entry.value)
+        assert state is not None
+        resume.set()
+        thread.join(5)
+        assert not thread.is_alive() and "raised" not in outcome, outcome
+        assert not _unplanned(view) and not view._is_free(x_id) and x_id not in view._delays
+        tried = record_calls(consumer._protocol, "claim")
+        got = []
+        for _ in b_ids:
+            claim = consumer.claim(timeout=2)
+            assert claim is not None
+            got.append(claim.id)
+            claim.complete()
+        assert sorted(got) == sorted(b_ids) and x_id not in tried
+        other._protocol.finish(state, "completed")
+        assert consumer.claim(timeout=0.5) is None
+
+
+def test_rv20_held_eight_threads_on_a_flow_of_q_items(
+        etcd_url: str, queue_name: str) -> None:
+    """Held.  One consumer, 8 claimer threads (a Worker's concurrency), and a
+    second consumer with 2, drain 120 "q" items (requeued/imported, no lock)
+    while 40 more are put: each item handed out once, and at the end no view
+    holds _unplanned items or _next_delay at -inf."""
+    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer:
+        ids = [_q_item(producer, n) for n in range(120)]
+        consumers = [Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) for _ in range(2)]
+        got, lock = [], threading.Lock()
+
+        def run(queue: Queue) -> None:
+            idle = 0
+            while idle < 6:
+                claim = queue.claim(timeout=0.25)
+                if claim is None:
+                    idle += 1
+                    continue
+                idle = 0
+                with lock:
+                    got.append(claim.id)
+                claim.complete()
+
+        threads = [threading.Thread(target=run, args=(consumers[0],)) for _ in range(8)]
+        threads += [threading.Thread(target=run, args=(consumers[1],)) for _ in range(2)]
+        try:
+            for thread in threads:
+                thread.start()
+            for n in range(120, 160):
+                ids.append(_q_item(producer, n))
+                time.sleep(0.01)
+            for thread in threads:
+                thread.join(15)
+            assert sorted(got) == sorted(ids), (len(got), len(set(got)))
+            for queue in consumers:
+                assert not _unplanned(queue._view)
+                assert queue._view._next_delay > float("-inf")
+        finally:
+            for queue in consumers:
+                queue.close()
