@@ -357,7 +357,17 @@ class QueueView:
         return True
 
     def starved(self, timeout: float) -> None:
-        """A claim found nothing: watch the whole queue directory, and wait for its listing."""
+        """A claim found nothing: watch the whole queue directory, and wait for its listing.
+
+        Unless another claimer's relist of work/ is under way: that listing may
+        bring free items, so wait for it first, and watch only if it changed
+        nothing (review rv20: watching would drop it, and cost a stream)."""
+        with self._cond:
+            if self._listing:
+                version = self.version
+                self._cond.wait_for(lambda: not self._listing or self._closed, timeout)
+                if self.version != version:
+                    return
         self._watch(locks=True).wait_listed(timeout)
 
     def check_locks(self) -> None:
@@ -383,14 +393,28 @@ class QueueView:
             follower, round_ = self._follower, self.relists
         if stale:
             self.relist(self._protocol.etcd.deadline, locks=True)
-        elif due or confirm:
+        elif confirm:
             try:
-                self._list_locks(follower, full=confirm, round_=round_ if confirm else None)
+                self._list_locks(follower, full=True, round_=round_)
             except BaseException:
-                if confirm:  # not given up: the next claim checks again (review rv14)
-                    with self._cond:
-                        self._plan_confirm()
+                with self._cond:  # not given up: the next claim checks again (review rv14)
+                    self._plan_confirm()
                 raise
+        elif due:
+            self._list_due_locks(follower)
+
+    def _list_due_locks(self, follower: "_Follower") -> None:
+        """List locks/ for delay locks that are due, or items waiting for their
+        delay to be planned.  If that fails, the claim goes on with the items
+        the view has, and the listing is tried again CONFIRM s later: failing
+        the claim would hand out nothing while such listings fail (review rv20)."""
+        try:
+            self._list_locks(follower)
+        except EtcdqError as exc:
+            log.warning("could not list %s for delay locks (tried again in %g s): %s",
+                        self._layout.dir("locks"), CONFIRM, exc)
+            with self._cond:
+                self._next_delay = time.monotonic() + CONFIRM
 
     def _plan_confirm(self) -> None:
         """Check the signs up to _confirm_upto CONFIRM s from now, or sooner if planned."""
@@ -683,10 +707,12 @@ class QueueView:
         work_index, work = self._protocol.list("work")
         with self._cond:
             delayed = self._new_delayed(work)  # once: it decodes (review rv17)
-            # A watching view lists locks/ for old signs, and for new delayed
-            # items, which it would otherwise try each (review rv15).
-            list_locks = follower.list_locks or (follower.directory is not None and (
-                bool(delayed) or self._noted_before(work)))
+            # Every view lists locks/ for new delayed items, which it would
+            # otherwise try each (review rv15), in this round, so that no claim
+            # finds them taken before it is applied (review rv20); and a
+            # watching view for old signs.
+            list_locks = follower.list_locks or bool(delayed) or (
+                follower.directory is not None and self._noted_before(work))
         locks_index, locks = self._protocol.list("locks") if list_locks else (0, [])
         with self._cond:
             if follower is not self._follower:
@@ -698,8 +724,6 @@ class QueueView:
             if follower.directory is not None and not list_locks and self._unconfirmed():
                 self._plan_confirm()
             self._ready, self._error = True, None
-        if delayed and not follower.list_locks and follower.directory is None:
-            self._list_locks(follower)
         return {"work": work_index, "locks": locks_index}
 
     def _noted_before(self, work: List[Entry]) -> bool:
@@ -734,7 +758,9 @@ class QueueView:
         which would cost every listing.  The view keeps what it knows of locks
         (listed once per lock TTL, see :meth:`check_locks`), and learns of newer
         ones by missing; but it lists locks/ too when a new item may be delayed
-        (:meth:`_new_delayed`), so that it is offered when its delay ends.
+        (:meth:`_new_delayed`), and applies both listings at once, so that no
+        claim meanwhile finds such an item free before its delay lock is
+        known, nor held for want of it (reviews rv18, rv20).
         """
         with self._cond:
             if self._listing or self.watching_locks or self._closed:
@@ -742,24 +768,38 @@ class QueueView:
             self._listing, follower = True, self._follower
         try:
             index, work = self._protocol.list("work")
+            with self._cond:
+                delayed = self._new_delayed(work)
+            locks, error = self._list_delay_locks(delayed)
         finally:
             with self._cond:
                 self._listing = False
+                self._cond.notify_all()  # a starved claim may wait for this listing
         with self._cond:
             if follower is not self._follower:
                 return
-            delayed = self._new_delayed(work)
             self._take_listing(index, work, delayed)
-        if delayed:
-            try:
-                self._list_locks(follower)
-            except BaseException:
+            if locks is not None:  # work/ and locks/ listed in turn: a full listing
+                self._reconcile_locks(*locks)
+            elif delayed:
                 # Its items stay taken until a listing of locks/ plans them: the
-                # next claim lists again (check_locks), not a relist after some
+                # next claim lists it (check_locks), not a relist after some
                 # miss or a lock TTL later (review rv19).
-                with self._cond:
-                    self._next_delay = -math.inf
-                raise
+                self._next_delay = -math.inf
+        if error is not None:
+            raise error
+
+    def _list_delay_locks(self, delayed: Set[str]
+                          ) -> Tuple[Optional[Tuple[int, List[Entry]]], Optional[BaseException]]:
+        """The listing of locks/ relist_work makes for new delayed items (none:
+        no listing), or the error that listing met, to raise once the listing of
+        work/ is applied."""
+        if not delayed:
+            return None, None
+        try:
+            return self._protocol.list("locks"), None
+        except Exception as exc:  # raised by relist_work, once work/ is applied
+            return None, exc
 
     def _take_listing(self, index: int, work: List[Entry], delayed: Set[str]) -> None:
         """Apply a listing of work/ taken at ``index`` (under the lock);

@@ -170,7 +170,6 @@ def test_rv19_mark_makes_another_thread_relist_everything(
         view._protocol.list = paused_in_claimer  # type: ignore[method-assign]
         thread, outcome = in_background(view.relist_work, "claimer")
         assert answered.wait(5)
-        assert x_id in view._items
         listed = record_calls(view._protocol, "list")
         replaced: list = []
         replace = view._replace_follower
@@ -207,10 +206,13 @@ def test_rv19_held_quiet_follower_retries_a_lost_planning_listing(
         failures = record_calls(view, "_failed")
         proxy.hold(match=_locks_get(queue_name))
         relists = view.relists
-        view.relist(5)
+        try:
+            view.relist(5)
+        except Unavailable:
+            pass  # since rv20 a round applies nothing before its listing of locks/
         wait_until(lambda: failures, 6, message="the held listing of locks/ failed")
         proxy.pass_through()
-        wait_until(lambda: view.relists >= relists + 2 and view._is_free(x_id), 5,
+        wait_until(lambda: view.relists > relists and view._is_free(x_id), 5,
                    message="the next round planned and freed X")
         assert _drain(consumer, 5, x_id) == [x_id]
         for _ in y_ids:
