@@ -7,11 +7,12 @@ deadline and fails with a message saying what was awaited.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type, TypeVar
 
 T = TypeVar("T")
 
@@ -69,6 +70,65 @@ def in_background(call: Callable[[], Any], name: str = "background"
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     return thread, outcome
+
+
+def pause_listing(protocol: Any, kind: str, thread_name: str, *, after_reply: bool = True
+                  ) -> Tuple[threading.Event, threading.Event]:
+    """Make ``protocol.list(kind)`` in the thread named ``thread_name`` stop
+    (after etcd's reply, or before the request) until ``resume`` is set:
+    ``(reached, resume)``.  Only to order two threads of a view on purpose."""
+    original = protocol.list
+    reached, resume = threading.Event(), threading.Event()
+
+    def paused(listed_kind: str, *args: Any, **kwargs: Any) -> Any:
+        mine = listed_kind == kind and threading.current_thread().name == thread_name
+        if mine and not after_reply:
+            reached.set()
+            assert resume.wait(20)
+        reply = original(listed_kind, *args, **kwargs)
+        if mine and after_reply:
+            reached.set()
+            assert resume.wait(20)
+        return reply
+
+    protocol.list = paused
+    return reached, resume
+
+
+@contextlib.contextmanager
+def quiet_view_whose_head_is_held(etcd_url: str, proxy_url: str, name: str, lock_ttl: int,
+                                  items: int = 40) -> Iterator[Tuple[Any, ...]]:
+    """Three Queues on ``name``: a producer, ``other`` and a consumer that
+    talks to etcd through the fault proxy (request timeout 1 s).  ``items``
+    items are put; the consumer's view lists them and stays quiet (a backlog),
+    and ``other`` holds the first, so the consumer's first claim misses (a
+    relist of work/ comes soon after).  Yields ``(producer, other, consumer,
+    ids, the consumer's view, other's claim)``."""
+    from etcdq_v2 import Queue
+    from etcdq_v2.transport import connect
+    with Queue(etcd_url, name, lock_ttl=lock_ttl) as producer, \
+            Queue(etcd_url, name, lock_ttl=lock_ttl) as other, \
+            Queue(connect(proxy_url, timeout=1.0), name, lock_ttl=lock_ttl) as consumer:
+        ids = producer.put_many([{"b": n} for n in range(items)])
+        view = consumer._ensure_view()
+        assert not view.watching_locks and set(ids) <= set(view._items)
+        held = other.claim(timeout=0)
+        assert held is not None and held.id == ids[0]
+        yield producer, other, consumer, ids, view, held
+
+
+def claim_until_idle(queue: Any, idle_rounds: int, record: Callable[[str], None]) -> None:
+    """Claim and complete items until ``idle_rounds`` claims in a row (0.25 s
+    each) find none; ``record(id)`` before completing each (a claimer thread)."""
+    idle = 0
+    while idle < idle_rounds:
+        claim = queue.claim(timeout=0.25)
+        if claim is None:
+            idle += 1
+            continue
+        idle = 0
+        record(claim.id)
+        claim.complete()
 
 
 def claims_until(queue: Any, item_id: str, within: float, claim_timeout: float = 0.2

@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from helpers import hands_out, in_background, record_calls, wait_until
+from helpers import hands_out, in_background, pause_listing, record_calls, wait_until
 
 from etcdq_v2 import Queue
 from etcdq_v2 import view as view_module
@@ -322,17 +322,7 @@ def test_rv18_relist_work_delays_listing_dropped_by_a_new_follower(
         assert not view.watching_locks
         x_id = producer.put({"x": 1}, delay=DELAY)
         put_at = time.monotonic()
-        original = view._protocol.list
-        answered, resume = threading.Event(), threading.Event()
-
-        def held_in_claimer(kind, *args, **kwargs):
-            reply = original(kind, *args, **kwargs)
-            if kind == "locks" and threading.current_thread().name == "claimer":
-                answered.set()
-                assert resume.wait(20)
-            return reply
-
-        view._protocol.list = held_in_claimer  # type: ignore[method-assign]
+        answered, resume = pause_listing(view._protocol, "locks", "claimer")
         thread, outcome = in_background(view.relist_work, "claimer")
         assert answered.wait(5)
         assert x_id not in view._delays  # not planned yet (since rv20: nor applied)

@@ -32,7 +32,8 @@ import time
 
 import pytest
 
-from helpers import in_background, record_calls, wait_until
+from helpers import (claim_until_idle, claims_until, in_background, pause_listing,
+                     quiet_view_whose_head_is_held, record_calls, wait_until)
 
 from etcdq_v2 import Queue
 from etcdq_v2.codec import Item
@@ -59,20 +60,6 @@ def _q_item_without_lock(producer: Queue) -> str:
 def _unplanned(view) -> dict:
     """The view's _unplanned (5bc1f41); {} on ce43349, which has none."""
     return getattr(view, "_unplanned", {})
-
-
-def _drain(consumer: Queue, within: float, stop_at: str) -> list:
-    got: list = []
-    start = time.monotonic()
-    while time.monotonic() - start < within:
-        claim = consumer.claim(timeout=0.2)
-        if claim is None:
-            continue
-        got.append(claim.id)
-        claim.complete()
-        if claim.id == stop_at:
-            break
-    return got
 
 
 # -- findings ------------------------------------------------------------------------
@@ -102,15 +89,8 @@ def test_rv19_relist_work_locks_listing_lost_holds_a_free_q_item_behind_later_it
     "planning due" flag, as ``_next_delay`` is), or mark only items whose value
     says "put with a delay" (a distinct field from requeue's "q"), or free
     _unplanned items older than one request deadline at check_locks."""
-    transport = connect(proxy.url, timeout=1.0)
-    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
-            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as other, \
-            Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
-        b_ids = producer.put_many([{"b": n} for n in range(40)])
-        view = consumer._ensure_view()
-        assert not view.watching_locks and set(b_ids) <= set(view._items)
-        held = other.claim(timeout=0)
-        assert held is not None and held.id == b_ids[0]
+    with quiet_view_whose_head_is_held(etcd_url, proxy.url, queue_name, LOCK_TTL) as (
+            producer, other, consumer, b_ids, view, held):
         x_id = _q_item_without_lock(producer)
         y_ids = producer.put_many([{"y": n} for n in range(40)])
         proxy.hold(match=_locks_get(queue_name))
@@ -119,7 +99,7 @@ def test_rv19_relist_work_locks_listing_lost_holds_a_free_q_item_behind_later_it
         proxy.pass_through()
         assert x_id in view._items  # the listing of work/ was applied
         failed_at = time.monotonic()
-        got = _drain(consumer, 15, x_id)
+        got = claims_until(consumer, x_id, 15)
         late = time.monotonic() - failed_at
         held.complete()
         assert x_id in got, got
@@ -157,17 +137,7 @@ def test_rv19_mark_makes_another_thread_relist_everything(
         x_id = _q_item_without_lock(producer)
         wait_until(lambda: time.monotonic() - started > 1.1, 3, message="lock_ttl passed")
         assert not view._locks
-        original = view._protocol.list
-        answered, resume = threading.Event(), threading.Event()
-
-        def paused_in_claimer(kind, *args, **kwargs):
-            reply = original(kind, *args, **kwargs)
-            if kind == "locks" and threading.current_thread().name == "claimer":
-                answered.set()
-                assert resume.wait(20)
-            return reply
-
-        view._protocol.list = paused_in_claimer  # type: ignore[method-assign]
+        answered, resume = pause_listing(view._protocol, "locks", "claimer")
         thread, outcome = in_background(view.relist_work, "claimer")
         assert answered.wait(5)
         listed = record_calls(view._protocol, "list")
@@ -214,7 +184,7 @@ def test_rv19_held_quiet_follower_retries_a_lost_planning_listing(
         proxy.pass_through()
         wait_until(lambda: view.relists > relists and view._is_free(x_id), 5,
                    message="the next round planned and freed X")
-        assert _drain(consumer, 5, x_id) == [x_id]
+        assert claims_until(consumer, x_id, 5) == [x_id]
         for _ in y_ids:
             claim = consumer.claim(timeout=2)
             assert claim is not None and claim.id in y_ids
@@ -261,7 +231,7 @@ def test_rv19_held_older_locks_listing_applied_late_does_not_free_a_delayed_item
         assert x_id in _unplanned(view) and not view._is_free(x_id)
         view._protocol.list = original  # type: ignore[method-assign]
         tried = record_calls(consumer._protocol, "claim")
-        got = _drain(consumer, delay + 4, x_id)
+        got = claims_until(consumer, x_id, delay + 4)
         assert got == [x_id]
         assert time.monotonic() - put_at >= delay - 0.6
         assert tried == [x_id], tried  # never tried before its delay
@@ -307,7 +277,7 @@ def test_rv19_held_q_item_released_between_listings_is_freed_by_delays_listing(
         view.relist_work()
         assert x_id in view._items and not _unplanned(view)
         wait_until(lambda: view._is_free(x_id), 2, message="X free in the view")
-        got = _drain(consumer, 5, x_id)
+        got = claims_until(consumer, x_id, 5)
         assert got[-1] == x_id and len(got) == len(b_ids) + 1
 
 
@@ -324,22 +294,15 @@ def test_rv19_held_unplanned_empty_after_a_drain_with_delayed_items(
         consumers = [Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) for _ in range(3)]
         got, early, lock = [], [], threading.Lock()
 
-        def run(queue: Queue) -> None:
-            idle = 0
-            while idle < 8:
-                claim = queue.claim(timeout=0.25)
-                if claim is None:
-                    idle += 1
-                    continue
-                idle = 0
-                with lock:
-                    got.append(claim.id)
-                    if claim.id in delayed and time.monotonic() - put_at[claim.id] < 0.4:
-                        early.append(claim.id)
-                claim.complete()
+        def record(item_id: str) -> None:
+            with lock:
+                got.append(item_id)
+                if item_id in delayed and time.monotonic() - put_at[item_id] < 0.4:
+                    early.append(item_id)
 
         delayed = {i for n, i in enumerate(put_at) if n % 2}
-        threads = [threading.Thread(target=run, args=(q,)) for q in consumers]
+        threads = [threading.Thread(target=claim_until_idle, args=(q, 8, record))
+                   for q in consumers]
         for thread in threads:
             thread.start()
         for n in range(50, 60):

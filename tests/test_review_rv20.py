@@ -32,7 +32,8 @@ import time
 
 import pytest
 
-from helpers import in_background, record_calls, wait_until
+from helpers import (claim_until_idle, in_background, pause_listing, quiet_view_whose_head_is_held, record_calls,
+                     wait_until)
 
 from etcdq_v2 import Queue
 from etcdq_v2.codec import Item
@@ -144,15 +145,8 @@ def test_rv20_failing_locks_listing_makes_every_claim_fail(
     delay) that fails should not fail the claim: log it, keep the items taken,
     and retry it later (e.g. _next_delay = now + a backoff, RELIST_DUE and up)
     while the claim goes on with the free items the view has."""
-    transport = connect(proxy.url, timeout=1.0)
-    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
-            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as other, \
-            Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
-        b_ids = producer.put_many([{"b": n} for n in range(40)])
-        view = consumer._ensure_view()
-        assert not view.watching_locks and set(b_ids) <= set(view._items)
-        held = other.claim(timeout=0)
-        assert held is not None and held.id == b_ids[0]
+    with quiet_view_whose_head_is_held(etcd_url, proxy.url, queue_name, LOCK_TTL) as (
+            producer, other, consumer, b_ids, view, held):
         x_id = _q_item(producer)
         proxy.hold(match=_locks_get(queue_name))
         try:
@@ -204,17 +198,7 @@ def test_rv20_another_thread_starves_on_unplanned_items_and_rewatches(
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer:
         view = consumer._ensure_view()
         x_ids = [_q_item(producer, n) for n in range(3)]
-        original = view._protocol.list
-        answered, resume = threading.Event(), threading.Event()
-
-        def paused_in_claimer(kind, *args, **kwargs):
-            reply = original(kind, *args, **kwargs)
-            if kind == "locks" and threading.current_thread().name == "claimer":
-                answered.set()
-                assert resume.wait(20)
-            return reply
-
-        view._protocol.list = paused_in_claimer  # type: ignore[method-assign]
+        answered, resume = pause_listing(view._protocol, "locks", "claimer")
         follower = view._follower
         thread, outcome = in_background(view.relist_work, "claimer")
         try:
@@ -245,14 +229,8 @@ def test_rv20_held_a_transient_locks_failure_costs_one_listing_then_none(
     _next_delay from the listing (_plan_delays: not kept at -inf by min());
     the drain that follows lists locks/ no more, and hands X out before the
     items put after it."""
-    transport = connect(proxy.url, timeout=1.0)
-    with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
-            Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as other, \
-            Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
-        b_ids = producer.put_many([{"b": n} for n in range(40)])
-        view = consumer._ensure_view()
-        held = other.claim(timeout=0)
-        assert held is not None and held.id == b_ids[0]
+    with quiet_view_whose_head_is_held(etcd_url, proxy.url, queue_name, LOCK_TTL) as (
+            producer, other, consumer, b_ids, view, held):
         x_id = _q_item(producer)
         y_ids = producer.put_many([{"y": n} for n in range(5)])
         proxy.hold(match=_locks_get(queue_name))
@@ -314,16 +292,8 @@ def test_rv20_held_q_item_claimed_elsewhere_between_the_two_listings(
         b_ids = producer.put_many([{"b": n} for n in range(40)])
         view = consumer._ensure_view()
         x_id = _q_item(producer)
-        original = view._protocol.list
-        listed_work, resume = threading.Event(), threading.Event()
-
-        def paused_in_claimer(kind, *args, **kwargs):
-            if kind == "locks" and threading.current_thread().name == "claimer":
-                listed_work.set()
-                assert resume.wait(20)
-            return original(kind, *args, **kwargs)
-
-        view._protocol.list = paused_in_claimer  # type: ignore[method-assign]
+        listed_work, resume = pause_listing(view._protocol, "locks", "claimer",
+                                            after_reply=False)
         thread, outcome = in_background(view.relist_work, "claimer")
         assert listed_work.wait(5)
         assert not view._is_free(x_id)  # not applied yet (since rv20), or taken
@@ -357,20 +327,12 @@ def test_rv20_held_eight_threads_on_a_flow_of_q_items(
         consumers = [Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) for _ in range(2)]
         got, lock = [], threading.Lock()
 
-        def run(queue: Queue) -> None:
-            idle = 0
-            while idle < 6:
-                claim = queue.claim(timeout=0.25)
-                if claim is None:
-                    idle += 1
-                    continue
-                idle = 0
-                with lock:
-                    got.append(claim.id)
-                claim.complete()
+        def record(item_id: str) -> None:
+            with lock:
+                got.append(item_id)
 
-        threads = [threading.Thread(target=run, args=(consumers[0],)) for _ in range(8)]
-        threads += [threading.Thread(target=run, args=(consumers[1],)) for _ in range(2)]
+        threads = [threading.Thread(target=claim_until_idle, args=(consumers[n // 8], 6, record))
+                   for n in range(10)]  # 8 threads on the first consumer, 2 on the second
         try:
             for thread in threads:
                 thread.start()
