@@ -191,8 +191,9 @@ class QueueView:
         self._given_back: Dict[str, int] = {}
         #: Items that may be delayed (``"q"``), new in a listing of work/ taken at
         #: the index noted, whose delay lock no listing of locks/ from then on has
-        #: planned yet: a listing of work/ that shows one lists locks/ too, until
-        #: one is applied (review rv18: one lost or dropped left it unplanned).
+        #: covered, because it failed: a listing of work/ that shows one lists
+        #: locks/ too, and so does the next claim, until one is applied (review
+        #: rv18: a lost or dropped one left its delay unplanned for good).
         self._unplanned: Dict[str, int] = {}
         self._next_delay = math.inf
         #: A view that started watching without listing locks/: when the lock
@@ -381,9 +382,7 @@ class QueueView:
         """
         with self._cond:
             now, quiet = time.monotonic(), not self.watching_locks
-            # Not for items taken only until their delay is planned: a listing
-            # of delay locks is under way or due for them (review rv19).
-            stale = quiet and any(i not in self._unplanned for i in self._locks) and (
+            stale = quiet and bool(self._locks) and (
                 now - self._locks_listed >= self._protocol.lock_ttl)
             due = quiet and self._next_delay <= now
             confirm = not quiet and self._confirm_at <= now
@@ -671,6 +670,8 @@ class QueueView:
                 self._locked(item_id, lock_index)
         self._plan_delays(locks)
         self._unplanned = {i: at for i, at in self._unplanned.items() if i not in planned}
+        if self._unplanned:  # an older listing: the next claim lists locks/ again (rv21)
+            self._next_delay = -math.inf
         if not delays:  # a delays-only listing leaves the other taken items as they were
             self._locks_listed = time.monotonic()
 
@@ -713,13 +714,25 @@ class QueueView:
             # watching view for old signs.
             list_locks = follower.list_locks or bool(delayed) or (
                 follower.directory is not None and self._noted_before(work))
-        locks_index, locks = self._protocol.list("locks") if list_locks else (0, [])
+            # A quiet view's listing of locks/ made for them only may fail
+            # without failing the round (review rv21), as relist_work's.
+            for_delays = not follower.list_locks and follower.directory is None
+        try:
+            locks_index, locks = self._protocol.list("locks") if list_locks else (0, [])
+        except EtcdqError as exc:
+            if not for_delays:
+                raise
+            log.warning("could not list %s for new delayed items (the next claim lists it): %s",
+                        self._layout.dir("locks"), exc)
+            locks_index, locks, list_locks = 0, [], False
         with self._cond:
             if follower is not self._follower:
                 return {}
             self._take_listing(work_index, work, delayed)
             if list_locks:
                 self._reconcile_locks(locks_index, locks)
+            elif delayed:  # the next claim lists locks/ first (check_locks)
+                self._next_delay = -math.inf
             self._confirm_upto, self._confirm_at = work_index, math.inf
             if follower.directory is not None and not list_locks and self._unconfirmed():
                 self._plan_confirm()
@@ -771,23 +784,31 @@ class QueueView:
             with self._cond:
                 delayed = self._new_delayed(work)
             locks, error = self._list_delay_locks(delayed)
-        finally:
+        except BaseException:
             with self._cond:
-                self._listing = False
-                self._cond.notify_all()  # a starved claim may wait for this listing
+                self._end_listing()
+            raise
         with self._cond:
+            # Ended in the block that applies it: a starved claim that waited
+            # for it sees it applied, or it dropped (review rv21).
+            self._end_listing()
             if follower is not self._follower:
-                return
+                return  # the new follower lists for itself
             self._take_listing(index, work, delayed)
             if locks is not None:  # work/ and locks/ listed in turn: a full listing
                 self._reconcile_locks(*locks)
             elif delayed:
-                # Its items stay taken until a listing of locks/ plans them: the
-                # next claim lists it (check_locks), not a relist after some
-                # miss or a lock TTL later (review rv19).
+                # Offered (a claim finds a delay lock at C1, as before rv18),
+                # but the next claim lists locks/ first (check_locks), not a
+                # relist after some miss or a lock TTL later (review rv19).
                 self._next_delay = -math.inf
         if error is not None:
             raise error
+
+    def _end_listing(self) -> None:
+        """relist_work is over (under the lock): a starved claim may wait for it."""
+        self._listing = False
+        self._cond.notify_all()
 
     def _list_delay_locks(self, delayed: Set[str]
                           ) -> Tuple[Optional[Tuple[int, List[Entry]]], Optional[BaseException]]:
@@ -818,12 +839,8 @@ class QueueView:
                 self._locked(entry.id, entry.index)
         self._items = {e.id: (e.index, _cacheable(e.value)) for e in work}
         self._gone = {i: at for i, at in self._gone.items() if i in self._items}
-        for item_id in delayed:
-            # Taken, at the oldest listing that showed it, until a listing of
-            # locks/ from then on plans its delay lock or shows it gone: a
-            # claim meanwhile would try it before its delay ends (review rv18).
+        for item_id in delayed:  # the oldest listing that showed it
             self._unplanned[item_id] = min(self._unplanned.get(item_id, index), index)
-            self._locked(item_id, self._unplanned[item_id])
         self._unplanned = {i: at for i, at in self._unplanned.items() if i in self._items}
         self._free = [e.id for e in work]
         self._in_free = set(self._free)
