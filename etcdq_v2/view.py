@@ -722,8 +722,7 @@ class QueueView:
         except EtcdqError as exc:
             if not for_delays:
                 raise
-            log.warning("could not list %s for new delayed items (the next claim lists it): %s",
-                        self._layout.dir("locks"), exc)
+            self._delays_unlisted(exc)
             locks_index, locks, list_locks = 0, [], False
         with self._cond:
             if follower is not self._follower:
@@ -783,7 +782,11 @@ class QueueView:
             index, work = self._protocol.list("work")
             with self._cond:
                 delayed = self._new_delayed(work)
-            locks, error = self._list_delay_locks(delayed)
+                # Those noted before are the next claim's to list for (check_locks):
+                # listing for them here too would cost each claim that misses a
+                # timeout while listings of locks/ fail (review rv22).
+                new = delayed - set(self._unplanned)
+            locks = self._list_delay_locks(new)
         except BaseException:
             with self._cond:
                 self._end_listing()
@@ -802,25 +805,28 @@ class QueueView:
                 # but the next claim lists locks/ first (check_locks), not a
                 # relist after some miss or a lock TTL later (review rv19).
                 self._next_delay = -math.inf
-        if error is not None:
-            raise error
 
     def _end_listing(self) -> None:
         """relist_work is over (under the lock): a starved claim may wait for it."""
         self._listing = False
         self._cond.notify_all()
 
-    def _list_delay_locks(self, delayed: Set[str]
-                          ) -> Tuple[Optional[Tuple[int, List[Entry]]], Optional[BaseException]]:
-        """The listing of locks/ relist_work makes for new delayed items (none:
-        no listing), or the error that listing met, to raise once the listing of
-        work/ is applied."""
-        if not delayed:
-            return None, None
+    def _list_delay_locks(self, new: Set[str]) -> Optional[Tuple[int, List[Entry]]]:
+        """The listing of locks/ relist_work makes for new delayed items; None if
+        there are none, or if it failed: logged, and the claim goes on with
+        work/ applied (review rv22: raising failed every claim that missed
+        while listings of locks/ failed)."""
+        if not new:
+            return None
         try:
-            return self._protocol.list("locks"), None
-        except Exception as exc:  # raised by relist_work, once work/ is applied
-            return None, exc
+            return self._protocol.list("locks")
+        except EtcdqError as exc:
+            self._delays_unlisted(exc)
+            return None
+
+    def _delays_unlisted(self, exc: EtcdqError) -> None:
+        log.warning("could not list %s for new delayed items (the next claim lists it): %s",
+                    self._layout.dir("locks"), exc)
 
     def _take_listing(self, index: int, work: List[Entry], delayed: Set[str]) -> None:
         """Apply a listing of work/ taken at ``index`` (under the lock);

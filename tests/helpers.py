@@ -131,6 +131,15 @@ def claim_until_idle(queue: Any, idle_rounds: int, record: Callable[[str], None]
         claim.complete()
 
 
+def claim_and_complete(queue: Any, timeout: float = 0) -> Optional[str]:
+    """One claim; the item's id (completed at once), or None."""
+    claim = queue.claim(timeout=timeout)
+    if claim is None:
+        return None
+    claim.complete()
+    return str(claim.id)
+
+
 def claims_until(queue: Any, item_id: str, within: float, claim_timeout: float = 0.2
                  ) -> List[str]:
     """Claim (and complete) items for up to ``within`` seconds, stopping at
