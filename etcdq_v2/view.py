@@ -800,10 +800,12 @@ class QueueView:
             self._take_listing(index, work, delayed)
             if locks is not None:  # work/ and locks/ listed in turn: a full listing
                 self._reconcile_locks(*locks)
-            elif delayed:
+            elif new:
                 # Offered (a claim finds a delay lock at C1, as before rv18),
                 # but the next claim lists locks/ first (check_locks), not a
                 # relist after some miss or a lock TTL later (review rv19).
+                # Not for those noted before: their retry stays CONFIRM after
+                # its last failure (review rv23).
                 self._next_delay = -math.inf
 
     def _end_listing(self) -> None:
