@@ -131,6 +131,26 @@ def claim_until_idle(queue: Any, idle_rounds: int, record: Callable[[str], None]
         claim.complete()
 
 
+def locks_get(queue_name: str) -> bytes:
+    """The start of a request listing the queue's locks/, for the fault proxy's ``match``."""
+    return rb"GET /v2/keys/etcdq/" + queue_name.encode() + rb"/locks"
+
+
+def q_item(queue: Any, n: int = 1) -> str:
+    """An item that carries "q" and has no lock, as requeue (Q3) or import (I3)
+    write it: free in etcd at once; its id."""
+    from etcdq_v2.codec import Item
+    raw = Item({"x": n}, f"tok-q-{n}", requeued=True).encode()
+    item_id, _ = queue._protocol.post_item(raw, f"tok-q-{n}")
+    return str(item_id)
+
+
+def unplanned(view: Any) -> Dict[str, int]:
+    """The view's new delayed items whose delay no listing of locks/ covered yet
+    ({} before 5bc1f41, which had none)."""
+    return dict(getattr(view, "_unplanned", {}))
+
+
 def claim_and_complete(queue: Any, timeout: float = 0) -> Optional[str]:
     """One claim; the item's id (completed at once), or None."""
     claim = queue.claim(timeout=timeout)

@@ -31,8 +31,9 @@ import threading
 import time
 
 
-from helpers import (claim_and_complete, claim_until_idle, claims_until, in_background, pause_listing,
-                     quiet_view_whose_head_is_held, record_calls, wait_until)
+from helpers import (claim_and_complete, claim_until_idle, claims_until, in_background, locks_get,
+                     pause_listing, quiet_view_whose_head_is_held, record_calls, unplanned,
+                     wait_until)
 
 from etcdq_v2 import Queue
 from etcdq_v2.codec import Item
@@ -43,8 +44,6 @@ from etcdq_v2.transport import connect
 LOCK_TTL = 30
 
 
-def _locks_get(queue_name: str) -> bytes:
-    return rb"GET /v2/keys/etcdq/" + queue_name.encode() + rb"/locks"
 
 
 def _q_item_without_lock(producer: Queue) -> str:
@@ -56,9 +55,6 @@ def _q_item_without_lock(producer: Queue) -> str:
     return x_id
 
 
-def _unplanned(view) -> dict:
-    """The view's _unplanned (5bc1f41); {} on ce43349, which has none."""
-    return getattr(view, "_unplanned", {})
 
 
 # -- findings ------------------------------------------------------------------------
@@ -92,7 +88,7 @@ def test_rv19_relist_work_locks_listing_lost_holds_a_free_q_item_behind_later_it
             producer, other, consumer, b_ids, view, held):
         x_id = _q_item_without_lock(producer)
         y_ids = producer.put_many([{"y": n} for n in range(40)])
-        proxy.hold(match=_locks_get(queue_name))
+        proxy.hold(match=locks_get(queue_name))
         # The miss on B0 -> relist_work; its locks/ GET is lost (since rv22:
         # logged, and the claim goes on).
         first = claim_and_complete(consumer)
@@ -175,7 +171,7 @@ def test_rv19_held_quiet_follower_retries_a_lost_planning_listing(
         x_id = _q_item_without_lock(producer)
         y_ids = producer.put_many([{"y": n} for n in range(3)])
         failures = record_calls(view, "_failed")
-        proxy.hold(match=_locks_get(queue_name))
+        proxy.hold(match=locks_get(queue_name))
         relists = view.relists
         try:
             view.relist(5)
@@ -191,7 +187,7 @@ def test_rv19_held_quiet_follower_retries_a_lost_planning_listing(
             claim = consumer.claim(timeout=2)
             assert claim is not None and claim.id in y_ids
             claim.complete()
-        assert not _unplanned(view)
+        assert not unplanned(view)
 
 
 def test_rv19_held_older_locks_listing_applied_late_does_not_free_a_delayed_item(
@@ -228,11 +224,11 @@ def test_rv19_held_older_locks_listing_applied_late_does_not_free_a_delayed_item
         lost.join(5)
         # Since rv21 X is not marked taken meanwhile: the next claim lists
         # locks/ first (_next_delay), which plans X's delay.
-        assert x_id in _unplanned(view)
+        assert x_id in unplanned(view)
         resume.set()
         thread.join(5)
         assert not thread.is_alive() and "raised" not in outcome, outcome
-        assert x_id in _unplanned(view) and view._next_delay == float("-inf")
+        assert x_id in unplanned(view) and view._next_delay == float("-inf")
         view._protocol.list = original  # type: ignore[method-assign]
         tried = record_calls(consumer._protocol, "claim")
         got = claims_until(consumer, x_id, delay + 4)
@@ -255,7 +251,7 @@ def test_rv19_held_locks_dir_missing_still_frees_q_items(etcd_url: str, queue_na
         claim = consumer.claim(timeout=3)
         assert claim is not None and claim.id == x_id
         claim.complete()
-        assert not _unplanned(consumer._view)
+        assert not unplanned(consumer._view)
 
 
 def test_rv19_held_q_item_released_between_listings_is_freed_by_delays_listing(
@@ -279,7 +275,7 @@ def test_rv19_held_q_item_released_between_listings_is_freed_by_delays_listing(
         third._protocol.release(state, 0)
         assert producer._protocol.read("locks", x_id) is None
         view.relist_work()
-        assert x_id in view._items and not _unplanned(view)
+        assert x_id in view._items and not unplanned(view)
         wait_until(lambda: view._is_free(x_id), 2, message="X free in the view")
         got = claims_until(consumer, x_id, 5)
         assert got[-1] == x_id and len(got) == len(b_ids) + 1
@@ -321,7 +317,7 @@ def test_rv19_held_unplanned_empty_after_a_drain_with_delayed_items(
             assert sorted(got) == sorted(put_at), (len(got), len(set(got)))
             assert not early, early
             for queue in consumers:
-                assert not _unplanned(queue._view)
+                assert not unplanned(queue._view)
                 assert not queue._view._gone
         finally:
             for queue in consumers:

@@ -31,11 +31,11 @@ import threading
 import time
 
 
-from helpers import (claim_and_complete, claim_until_idle, in_background, pause_listing,
-                     quiet_view_whose_head_is_held, record_calls, wait_until)
+from helpers import (claim_and_complete, claim_until_idle, in_background, locks_get,
+                     pause_listing, q_item, quiet_view_whose_head_is_held, record_calls,
+                     unplanned, wait_until)
 
 from etcdq_v2 import Queue
-from etcdq_v2.codec import Item
 from etcdq_v2.errors import Unavailable
 from etcdq_v2.transport import connect
 
@@ -43,21 +43,10 @@ from etcdq_v2.transport import connect
 LOCK_TTL = 30
 
 
-def _locks_get(queue_name: str) -> bytes:
-    return rb"GET /v2/keys/etcdq/" + queue_name.encode() + rb"/locks"
 
 
-def _q_item(queue: Queue, n: int = 1) -> str:
-    """An item that carries "q" and has no lock, as requeue (Q3) or import (I3)
-    write it: free in etcd at once."""
-    raw = Item({"x": n}, f"tok-rv20-{n}", requeued=True).encode()
-    item_id, _ = queue._protocol.post_item(raw, f"tok-rv20-{n}")
-    return item_id
 
 
-def _unplanned(view) -> dict:
-    """The view's _unplanned (5bc1f41 on); {} on ce43349, which has none."""
-    return getattr(view, "_unplanned", {})
 
 
 def _slow_follower_locks(view, seconds: float) -> None:
@@ -106,7 +95,7 @@ def test_rv20_pipeline_stage_hands_out_its_own_later_item_before_a_free_q_item(
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as stage:
         view = stage._ensure_view()
         assert not view.watching_locks
-        x_id = _q_item(producer)
+        x_id = q_item(producer)
         y_id = stage.put({"y": 1})
         assert y_id > x_id
         _slow_follower_locks(view, 0.3)
@@ -146,8 +135,8 @@ def test_rv20_failing_locks_listing_makes_every_claim_fail(
     while the claim goes on with the free items the view has."""
     with quiet_view_whose_head_is_held(etcd_url, proxy.url, queue_name, LOCK_TTL) as (
             producer, other, consumer, b_ids, view, held):
-        x_id = _q_item(producer)
-        proxy.hold(match=_locks_get(queue_name))
+        x_id = q_item(producer)
+        proxy.hold(match=locks_get(queue_name))
         try:
             first = claim_and_complete(consumer)  # miss on B0 -> relist_work; locks/ lost
             assert x_id in view._items
@@ -195,7 +184,7 @@ def test_rv20_another_thread_starves_on_unplanned_items_and_rewatches(
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer:
         view = consumer._ensure_view()
-        x_ids = [_q_item(producer, n) for n in range(3)]
+        x_ids = [q_item(producer, n) for n in range(3)]
         answered, resume = pause_listing(view._protocol, "locks", "claimer")
         follower = view._follower
         thread, outcome = in_background(view.relist_work, "claimer")
@@ -229,12 +218,12 @@ def test_rv20_held_a_transient_locks_failure_costs_one_listing_then_none(
     items put after it."""
     with quiet_view_whose_head_is_held(etcd_url, proxy.url, queue_name, LOCK_TTL) as (
             producer, other, consumer, b_ids, view, held):
-        x_id = _q_item(producer)
+        x_id = q_item(producer)
         y_ids = producer.put_many([{"y": n} for n in range(5)])
-        proxy.hold(match=_locks_get(queue_name))
+        proxy.hold(match=locks_get(queue_name))
         first = claim_and_complete(consumer)  # since rv22 the claim goes on
         proxy.pass_through()
-        assert x_id in _unplanned(view) or first == x_id
+        assert x_id in unplanned(view) or first == x_id
         listed = record_calls(consumer._protocol, "list")
         got = [first] if first else []
         for _ in range(len(b_ids) - 1 + 1 + len(y_ids) - len(got)):
@@ -246,7 +235,7 @@ def test_rv20_held_a_transient_locks_failure_costs_one_listing_then_none(
         assert got.index(x_id) < got.index(y_ids[0]), got
         assert len(got) == len(set(got))
         assert listed.count("locks") == 1, listed
-        assert view._next_delay == float("inf") and not _unplanned(view)
+        assert view._next_delay == float("inf") and not unplanned(view)
 
 
 def test_rv20_held_follower_listing_after_the_failure_resets_next_delay(
@@ -259,13 +248,13 @@ def test_rv20_held_follower_listing_after_the_failure_resets_next_delay(
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
             Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
         view = consumer._ensure_view()
-        x_id = _q_item(producer)
-        proxy.hold(match=_locks_get(queue_name))
+        x_id = q_item(producer)
+        proxy.hold(match=locks_get(queue_name))
         view.relist_work()  # since rv22: logged, not raised
         proxy.pass_through()
-        assert x_id in _unplanned(view)
+        assert x_id in unplanned(view)
         view.relist(5)
-        wait_until(lambda: not _unplanned(view), 5, message="the follower planned X")
+        wait_until(lambda: not unplanned(view), 5, message="the follower planned X")
         assert view._next_delay == float("inf")
         listed = record_calls(consumer._protocol, "list")
         claim = consumer.claim(timeout=2)
@@ -287,7 +276,7 @@ def test_rv20_held_q_item_claimed_elsewhere_between_the_two_listings(
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer:
         b_ids = producer.put_many([{"b": n} for n in range(40)])
         view = consumer._ensure_view()
-        x_id = _q_item(producer)
+        x_id = q_item(producer)
         listed_work, resume = pause_listing(view._protocol, "locks", "claimer",
                                             after_reply=False)
         thread, outcome = in_background(view.relist_work, "claimer")
@@ -299,7 +288,7 @@ def test_rv20_held_q_item_claimed_elsewhere_between_the_two_listings(
         resume.set()
         thread.join(5)
         assert not thread.is_alive() and "raised" not in outcome, outcome
-        assert not _unplanned(view) and not view._is_free(x_id) and x_id not in view._delays
+        assert not unplanned(view) and not view._is_free(x_id) and x_id not in view._delays
         tried = record_calls(consumer._protocol, "claim")
         got = []
         for _ in b_ids:
@@ -319,7 +308,7 @@ def test_rv20_held_eight_threads_on_a_flow_of_q_items(
     while 40 more are put: each item handed out once, and at the end no view
     holds _unplanned items or _next_delay at -inf."""
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer:
-        ids = [_q_item(producer, n) for n in range(120)]
+        ids = [q_item(producer, n) for n in range(120)]
         consumers = [Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) for _ in range(2)]
         got, lock = [], threading.Lock()
 
@@ -333,13 +322,13 @@ def test_rv20_held_eight_threads_on_a_flow_of_q_items(
             for thread in threads:
                 thread.start()
             for n in range(120, 160):
-                ids.append(_q_item(producer, n))
+                ids.append(q_item(producer, n))
                 time.sleep(0.01)
             for thread in threads:
                 thread.join(15)
             assert sorted(got) == sorted(ids), (len(got), len(set(got)))
             for queue in consumers:
-                assert not _unplanned(queue._view)
+                assert not unplanned(queue._view)
                 assert queue._view._next_delay > float("-inf")
         finally:
             for queue in consumers:

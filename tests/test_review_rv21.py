@@ -34,27 +34,18 @@ import threading
 import time
 
 
-from helpers import claim_and_complete, in_background, record_calls, wait_until
+from helpers import (claim_and_complete, in_background, locks_get, q_item, record_calls,
+                     unplanned, wait_until)
 
 from etcdq_v2 import Queue
-from etcdq_v2.codec import Item
 from etcdq_v2.errors import Unavailable
 
 #: Long enough that no once-per-lock-TTL listing of locks/ happens during a test.
 LOCK_TTL = 30
 
 
-def _q_item(queue: Queue, n: int = 1) -> str:
-    """An item that carries "q" and has no lock, as requeue (Q3) or import (I3)
-    write it: free in etcd at once."""
-    raw = Item({"x": n}, f"tok-rv21-{n}", requeued=True).encode()
-    item_id, _ = queue._protocol.post_item(raw, f"tok-rv21-{n}")
-    return item_id
 
 
-def _unplanned(view) -> dict:
-    """The view's _unplanned (5bc1f41 on); {} on ce43349, which has none."""
-    return getattr(view, "_unplanned", {})
 
 
 def _lock_ids(queue: Queue) -> list:
@@ -118,7 +109,7 @@ def test_rv21_older_delays_listing_resets_next_delay_and_strands_unplanned_item(
         b_thread, b_outcome = in_background(view.check_locks, "B")
         try:
             assert b_answered.wait(5)
-            x_id = _q_item(producer)  # after L0: W > L0
+            x_id = q_item(producer)  # after L0: W > L0
             p_ids = [producer.put({"p": n}) for n in range(3)]
             a_thread, a_outcome = in_background(view.relist_work, "A")
             a_thread.join(5)
@@ -128,7 +119,7 @@ def test_rv21_older_delays_listing_resets_next_delay_and_strands_unplanned_item(
             b_resume.set()
             b_thread.join(5)
         view._protocol.list = original  # type: ignore[method-assign]
-        state = (dict(_unplanned(view)), view._next_delay)
+        state = (dict(unplanned(view)), view._next_delay)
         got = []
         for _ in range(2):
             claim = consumer.claim(timeout=3)
@@ -141,8 +132,6 @@ def test_rv21_older_delays_listing_resets_next_delay_and_strands_unplanned_item(
             f"_unplanned, _next_delay = {state}")
 
 
-def _locks_get(queue_name: str) -> bytes:
-    return rb"GET /v2/keys/etcdq/" + queue_name.encode() + rb"/locks"
 
 
 def test_rv21_quiet_follower_round_fails_while_locks_listings_fail(
@@ -180,9 +169,9 @@ def test_rv21_quiet_follower_round_fails_while_locks_listings_fail(
             Queue(transport, queue_name, lock_ttl=LOCK_TTL) as stage:
         view = stage._ensure_view()
         assert not view.watching_locks
-        x_id = _q_item(producer)
+        x_id = q_item(producer)
         y_id = stage.put({"y": 1})
-        proxy.hold(match=_locks_get(queue_name))
+        proxy.hold(match=locks_get(queue_name))
         got, failed = [], []
         try:
             started = time.monotonic()
@@ -234,9 +223,9 @@ def test_rv21_held_full_reconcile_keeps_live_locks_and_given_back_delays(
         wait_until(lambda: b_ids[2] not in _lock_ids(producer), 3, message="B2's lock gone")
         released_at = time.monotonic()
         mine.release(delay=2)
-        x_id = _q_item(producer)
+        x_id = q_item(producer)
         view.relist_work()
-        assert not _unplanned(view) and b_ids[0] in view._locks and b_ids[1] in view._locks
+        assert not unplanned(view) and b_ids[0] in view._locks and b_ids[1] in view._locks
         assert view._is_free(b_ids[2]) and view._is_free(x_id)
         tried = record_calls(consumer._protocol, "claim")
         got = {}
@@ -271,8 +260,8 @@ def test_rv21_held_failed_due_listing_warns_once_per_confirm_and_claims_go_on(
         view = consumer._ensure_view()
         held = other.claim(timeout=0)
         assert held is not None and held.id == b_ids[0]
-        x_id = _q_item(producer)
-        proxy.hold(match=_locks_get(queue_name))
+        x_id = q_item(producer)
+        proxy.hold(match=locks_get(queue_name))
         caplog.set_level(logging.WARNING, logger="etcdq_v2.view")
         got = []
         try:
@@ -280,7 +269,7 @@ def test_rv21_held_failed_due_listing_warns_once_per_confirm_and_claims_go_on(
             first = claim_and_complete(consumer)
             if first is not None:
                 got.append(first)
-            assert x_id in _unplanned(view) and view._next_delay == -math.inf
+            assert x_id in unplanned(view) and view._next_delay == -math.inf
             started = time.monotonic()
             while time.monotonic() - started < 4:
                 claim = consumer.claim(timeout=0)
@@ -304,4 +293,4 @@ def test_rv21_held_failed_due_listing_warns_once_per_confirm_and_claims_go_on(
         assert x_id in after and len(set(got + after)) == len(got + after), after
         assert after.index(x_id) <= len(b_ids) - 1 - len(got), (after.index(x_id), len(got))
         held.complete()
-        assert view._next_delay > -math.inf and not _unplanned(view)
+        assert view._next_delay > -math.inf and not unplanned(view)

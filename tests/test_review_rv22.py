@@ -26,10 +26,9 @@ import time
 
 import pytest
 
-from helpers import record_calls, wait_until
+from helpers import locks_get, q_item, record_calls, unplanned, wait_until
 
 from etcdq_v2 import Queue
-from etcdq_v2.codec import Item
 from etcdq_v2.errors import EtcdqError
 from etcdq_v2.transport import connect
 
@@ -37,21 +36,10 @@ from etcdq_v2.transport import connect
 LOCK_TTL = 30
 
 
-def _q_item(queue: Queue, n: int = 1) -> str:
-    """An item that carries "q" and has no lock, as requeue (Q3) or import (I3)
-    write it: free in etcd at once."""
-    raw = Item({"x": n}, f"tok-rv22-{n}", requeued=True).encode()
-    item_id, _ = queue._protocol.post_item(raw, f"tok-rv22-{n}")
-    return item_id
 
 
-def _unplanned(view) -> dict:
-    """The view's _unplanned (5bc1f41 on); {} on ce43349, which has none."""
-    return getattr(view, "_unplanned", {})
 
 
-def _locks_get(queue_name: str) -> bytes:
-    return rb"GET /v2/keys/etcdq/" + queue_name.encode() + rb"/locks"
 
 
 def _locks_listings(queue: Queue) -> list:
@@ -95,8 +83,8 @@ def test_rv22_every_relist_work_raises_while_an_item_is_unplanned_and_locks_fail
         producer.put_many([{"b": n} for n in range(30)])
         view = consumer._ensure_view()
         assert not view.watching_locks
-        x_id = _q_item(producer)
-        proxy.hold(match=_locks_get(queue_name))
+        x_id = q_item(producer)
+        proxy.hold(match=locks_get(queue_name))
         failed, got, held = [], [], []
         try:
             for _ in range(4):
@@ -117,7 +105,7 @@ def test_rv22_every_relist_work_raises_while_an_item_is_unplanned_and_locks_fail
                 claim.complete()
         assert len(failed) <= 1, (
             f"{len(failed)} of 4 claims raised while only listings of locks/ failed "
-            f"(X={x_id} _unplanned: {x_id in _unplanned(view)}); handed out {got}; "
+            f"(X={x_id} _unplanned: {x_id in unplanned(view)}); handed out {got}; "
             f"first error: {failed[:1]}")
 
 
@@ -160,7 +148,7 @@ def test_rv22_stale_check_fails_every_claim_while_locks_listings_fail(
         first.complete()
         listed = view._locks_listed
         wait_until(lambda: time.monotonic() - listed >= 2.1, 4, message="a lock TTL")
-        proxy.hold(match=_locks_get(queue_name))
+        proxy.hold(match=locks_get(queue_name))
         failed, got = [], []
         try:
             started = time.monotonic()
@@ -197,13 +185,13 @@ def test_rv22_held_unplanned_item_finished_elsewhere_clears_and_retry_stops(
             Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
         producer.put_many([{"b": n} for n in range(30)])
         view = consumer._ensure_view()
-        x_id = _q_item(producer)
-        proxy.hold(match=_locks_get(queue_name))
+        x_id = q_item(producer)
+        proxy.hold(match=locks_get(queue_name))
         try:
             view.relist_work()  # since rv22: logged, not raised
         finally:
             proxy.pass_through()
-        assert x_id in _unplanned(view) and view._next_delay == -math.inf
+        assert x_id in unplanned(view) and view._next_delay == -math.inf
         # other: claims X (its own view lists it) and completes it.
         while True:
             claim = other.claim(timeout=1)
@@ -222,7 +210,7 @@ def test_rv22_held_unplanned_item_finished_elsewhere_clears_and_retry_stops(
             claim.complete()
         assert x_id not in got
         assert calls.count("locks") <= 1, calls
-        assert not _unplanned(view) and view._next_delay > -math.inf
+        assert not unplanned(view) and view._next_delay > -math.inf
 
 
 def test_rv22_held_delayed_item_offered_while_locks_fail_is_not_handed_out_early(
@@ -241,12 +229,12 @@ def test_rv22_held_delayed_item_offered_while_locks_fail_is_not_handed_out_early
         d_id = producer.put({"d": 1}, delay=6)
         put_at = time.monotonic()
         producer.put_many([{"b": n} for n in range(10)])
-        proxy.hold(match=_locks_get(queue_name))
+        proxy.hold(match=locks_get(queue_name))
         got = {}
         passing = False
         try:
             view.relist_work()  # since rv22: logged, not raised
-            assert d_id in _unplanned(view)
+            assert d_id in unplanned(view)
             while time.monotonic() - put_at < 11 and d_id not in got:
                 if not passing and time.monotonic() - put_at >= 4:
                     proxy.pass_through()
@@ -278,13 +266,13 @@ def test_rv22_held_eight_threads_drain_with_unplanned_item(
             Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
         ids = producer.put_many([{"b": n} for n in range(200)])
         view = consumer._ensure_view()
-        x_id = _q_item(producer)
-        proxy.hold(match=_locks_get(queue_name))
+        x_id = q_item(producer)
+        proxy.hold(match=locks_get(queue_name))
         try:
             view.relist_work()  # since rv22: logged, not raised
         finally:
             proxy.pass_through()
-        assert x_id in _unplanned(view)
+        assert x_id in unplanned(view)
         seen, lock = [], threading.Lock()
 
         def drain(queue: Queue) -> None:
@@ -310,4 +298,4 @@ def test_rv22_held_eight_threads_drain_with_unplanned_item(
             thread.join(20)
         assert not any(thread.is_alive() for thread in threads)
         assert sorted(seen) == sorted(ids + [x_id]), (len(seen), len(set(seen)))
-        assert not _unplanned(view) and view._next_delay > -math.inf
+        assert not unplanned(view) and view._next_delay > -math.inf

@@ -16,10 +16,9 @@ import math
 import threading
 import time
 
-from helpers import wait_until
+from helpers import locks_get, q_item, wait_until
 
 from etcdq_v2 import Queue
-from etcdq_v2.codec import Item
 from etcdq_v2.errors import EtcdqError
 from etcdq_v2.transport import connect
 from etcdq_v2.view import CONFIRM
@@ -27,15 +26,8 @@ from etcdq_v2.view import CONFIRM
 LOCK_TTL = 30
 
 
-def _q_item(queue: Queue, n: int = 1) -> str:
-    """An item carrying "q" without a lock (a requeue or import): free at once."""
-    raw = Item({"x": n}, f"tok-rv23-{n}", requeued=True).encode()
-    item_id, _ = queue._protocol.post_item(raw, f"tok-rv23-{n}")
-    return item_id
 
 
-def _locks_get(queue_name: str) -> bytes:
-    return rb"GET /v2/keys/etcdq/" + queue_name.encode() + rb"/locks"
 
 
 def _time_locks_listings(queue: Queue) -> list:
@@ -94,8 +86,8 @@ def test_rv23_relist_work_rearms_check_locks_so_every_claim_waits_for_a_failing_
         producer.put_many([{"b": n} for n in range(30)])
         view = consumer._ensure_view()
         assert not view.watching_locks
-        x_id = _q_item(producer)
-        proxy.hold(match=_locks_get(queue_name))
+        x_id = q_item(producer)
+        proxy.hold(match=locks_get(queue_name))
         held, got, raised = [], [], []
         try:
             try:
@@ -152,7 +144,7 @@ def test_rv23_held_unplanned_delayed_item_skipped_by_relists_not_handed_out_earl
         view = consumer._ensure_view()
         d_id = producer.put({"d": 1}, delay=5)
         put_at = time.monotonic()
-        proxy.hold(match=_locks_get(queue_name))
+        proxy.hold(match=locks_get(queue_name))
         got, held, passing = {}, [], False
         try:
             view.relist_work()
@@ -190,8 +182,8 @@ def test_rv23_held_concurrent_claimers_cover_unplanned_item(
             Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
         ids = producer.put_many([{"b": n} for n in range(120)])
         view = consumer._ensure_view()
-        x_id = _q_item(producer)
-        proxy.hold(match=_locks_get(queue_name))
+        x_id = q_item(producer)
+        proxy.hold(match=locks_get(queue_name))
         seen, lock = [], threading.Lock()
         timer = threading.Timer(1.5, proxy.pass_through)
         timer.start()
