@@ -201,6 +201,7 @@ class QueueView:
         self._confirm_at, self._confirm_upto = math.inf, 0
         self.version = 0
         self._ready = False
+        self._listed_once = False  # a listing was applied: what it knew of locks/ stands
         self._error: Optional[BaseException] = None
         self.relists = 0
         self._idle_timeout = idle_timeout
@@ -714,15 +715,18 @@ class QueueView:
             # watching view for old signs.
             list_locks = follower.list_locks or bool(delayed) or (
                 follower.directory is not None and self._noted_before(work))
-            # A quiet view's listing of locks/ made for them only may fail
-            # without failing the round (review rv21), as relist_work's.
-            for_delays = not follower.list_locks and follower.directory is None
+            # A quiet view's listing of locks/ may fail without failing the
+            # round, as relist_work's, once the view knows locks/ from an
+            # earlier one: made for new delayed items (review rv21), or once
+            # per lock TTL (review rv22).  Not its first: nothing to go on.
+            may_fail = follower.directory is None and (
+                not follower.list_locks or self._listed_once)
         try:
             locks_index, locks = self._protocol.list("locks") if list_locks else (0, [])
         except EtcdqError as exc:
-            if not for_delays:
+            if not may_fail:
                 raise
-            self._delays_unlisted(exc)
+            self._locks_unlisted(exc)
             locks_index, locks, list_locks = 0, [], False
         with self._cond:
             if follower is not self._follower:
@@ -730,12 +734,12 @@ class QueueView:
             self._take_listing(work_index, work, delayed)
             if list_locks:
                 self._reconcile_locks(locks_index, locks)
-            elif delayed:  # the next claim lists locks/ first (check_locks)
-                self._next_delay = -math.inf
+            else:
+                self._unlisted_locks_due(follower, delayed)
             self._confirm_upto, self._confirm_at = work_index, math.inf
             if follower.directory is not None and not list_locks and self._unconfirmed():
                 self._plan_confirm()
-            self._ready, self._error = True, None
+            self._ready, self._error, self._listed_once = True, None, True
         return {"work": work_index, "locks": locks_index}
 
     def _noted_before(self, work: List[Entry]) -> bool:
@@ -823,12 +827,23 @@ class QueueView:
         try:
             return self._protocol.list("locks")
         except EtcdqError as exc:
-            self._delays_unlisted(exc)
+            self._locks_unlisted(exc)
             return None
 
-    def _delays_unlisted(self, exc: EtcdqError) -> None:
-        log.warning("could not list %s for new delayed items (the next claim lists it): %s",
+    def _locks_unlisted(self, exc: EtcdqError) -> None:
+        log.warning("could not list %s (a claim lists it again soon): %s",
                     self._layout.dir("locks"), exc)
+
+    def _unlisted_locks_due(self, follower: "_Follower", delayed: Set[str]) -> None:
+        """A quiet round listed no locks/ (not asked to, or it failed): the
+        next claim lists it for new delayed items (check_locks); a listing
+        once per lock TTL that failed waits for the next lock TTL, instead of
+        a relist, which other claims wait for, at every claim (review rv22).
+        Under the lock."""
+        if delayed:
+            self._next_delay = -math.inf
+        if follower.list_locks:
+            self._locks_listed = time.monotonic()
 
     def _take_listing(self, index: int, work: List[Entry], delayed: Set[str]) -> None:
         """Apply a listing of work/ taken at ``index`` (under the lock);

@@ -12,7 +12,10 @@ fails on the baseline, ce43349.
 
 Fixed since: (1) relist_work no longer raises when its listing of locks/
 fails (logged; the next claim lists it), and lists it only for items new in
-its listing.  Left: (2), pre-existing, a strict xfail.
+its listing.  (2), pre-existing: a quiet round's listing
+of locks/ once per lock TTL that fails no longer fails the round once the
+view has listed before (work/ applied, what it knew of locks/ kept, tried
+again a lock TTL later).
 
 Interleavings are forced with the fault proxy (listings of locks/ held until
 the request times out) or by calling the view's methods in a chosen order; no
@@ -24,7 +27,6 @@ import math
 import threading
 import time
 
-import pytest
 
 from helpers import locks_get, q_item, record_calls, unplanned, wait_until
 
@@ -109,10 +111,6 @@ def test_rv22_every_relist_work_raises_while_an_item_is_unplanned_and_locks_fail
             f"first error: {failed[:1]}")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "left (medium, pre-existing in ce43349): a quiet view's once-per-lock-TTL relist "
-    "(locks=True) whose listing of locks/ keeps failing leaves the view unready, so "
-    "claims fail while only listings of locks/ fail (docs/protocol.md)"))
 def test_rv22_stale_check_fails_every_claim_while_locks_listings_fail(
         etcd_url: str, queue_name: str, proxy) -> None:
     """FINDING (medium: claims fail while etcd serves them; PRE-EXISTING, also
