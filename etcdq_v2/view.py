@@ -201,7 +201,6 @@ class QueueView:
         self._confirm_at, self._confirm_upto = math.inf, 0
         self.version = 0
         self._ready = False
-        self._listed_once = False  # a listing was applied: what it knew of locks/ stands
         self._error: Optional[BaseException] = None
         self.relists = 0
         self._idle_timeout = idle_timeout
@@ -392,7 +391,7 @@ class QueueView:
                 confirm = self._unconfirmed()
             follower, round_ = self._follower, self.relists
         if stale:
-            self.relist(self._protocol.etcd.deadline, locks=True)
+            self.relist_work(full=True)
         elif confirm:
             try:
                 self._list_locks(follower, full=True, round_=round_)
@@ -520,16 +519,15 @@ class QueueView:
         with self._cond:
             self._forget(item_id)
 
-    def relist(self, timeout: float, *, locks: bool = False) -> None:
-        """Subscribe and list again now, and wait (up to ``timeout``) for the listing.
-        ``locks``: a quiet view lists locks/ too (see :meth:`_list`)."""
+    def relist(self, timeout: float) -> None:
+        """Subscribe and list again now, and wait (up to ``timeout``) for the listing."""
         with self._cond:
             if self._closed:
                 return
             under_way = not self._ready  # another thread's relist, or the first listing
             self._ready, self._error = False, None
         if not under_way:
-            self._replace_follower(locks=self.watching_locks, list_locks=locks)
+            self._replace_follower(locks=self.watching_locks)
         self.wait_ready(timeout)
 
     def skip(self, item_id: str, index: int) -> None:
@@ -715,12 +713,11 @@ class QueueView:
             # watching view for old signs.
             list_locks = follower.list_locks or bool(delayed) or (
                 follower.directory is not None and self._noted_before(work))
-            # A quiet view's listing of locks/ may fail without failing the
-            # round, as relist_work's, once the view knows locks/ from an
-            # earlier one: made for new delayed items (review rv21), or once
-            # per lock TTL (review rv22).  Not its first: nothing to go on.
-            may_fail = follower.directory is None and (
-                not follower.list_locks or self._listed_once)
+            # A quiet view's listing of locks/ made for them only may fail
+            # without failing the round, as relist_work's (review rv21).  Not
+            # one the round was asked for: a first listing has nothing to go
+            # on, and a view going quiet must learn its delay locks (rv24).
+            may_fail = follower.directory is None and not follower.list_locks
         try:
             locks_index, locks = self._protocol.list("locks") if list_locks else (0, [])
         except EtcdqError as exc:
@@ -734,12 +731,12 @@ class QueueView:
             self._take_listing(work_index, work, delayed)
             if list_locks:
                 self._reconcile_locks(locks_index, locks)
-            else:
-                self._unlisted_locks_due(follower, delayed)
+            elif delayed:  # the next claim lists locks/ first (check_locks)
+                self._next_delay = -math.inf
             self._confirm_upto, self._confirm_at = work_index, math.inf
             if follower.directory is not None and not list_locks and self._unconfirmed():
                 self._plan_confirm()
-            self._ready, self._error, self._listed_once = True, None, True
+            self._ready, self._error = True, None
         return {"work": work_index, "locks": locks_index}
 
     def _noted_before(self, work: List[Entry]) -> bool:
@@ -765,9 +762,14 @@ class QueueView:
         else:
             self.relist_work()
 
-    def relist_work(self) -> None:
+    def relist_work(self, *, full: bool = False) -> None:
         """A quiet view that missed too often lists work/ again, in the claimer's
         thread; other claimers meanwhile go on with what the view has.
+        ``full``: locks/ too, once per lock TTL (check_locks); if that listing
+        fails, work/ is applied, what the view knew of locks stands, and it is
+        due again CONFIRM later.  Before (review rv22) a new
+        follower made it, and the view was unready, every claim failing,
+        while listings of locks/ failed.
 
         Not locks/: a finished item's lock stays there until it expires (F4 is
         not sent), so locks/ holds about a lock TTL's worth of finished items,
@@ -790,7 +792,7 @@ class QueueView:
                 # listing for them here too would cost each claim that misses a
                 # timeout while listings of locks/ fail (review rv22).
                 new = delayed - set(self._unplanned)
-            locks = self._list_delay_locks(new)
+            locks = self._list_locks_if(bool(new) or full)
         except BaseException:
             with self._cond:
                 self._end_listing()
@@ -804,25 +806,33 @@ class QueueView:
             self._take_listing(index, work, delayed)
             if locks is not None:  # work/ and locks/ listed in turn: a full listing
                 self._reconcile_locks(*locks)
-            elif new:
-                # Offered (a claim finds a delay lock at C1, as before rv18),
-                # but the next claim lists locks/ first (check_locks), not a
-                # relist after some miss or a lock TTL later (review rv19).
-                # Not for those noted before: their retry stays CONFIRM after
-                # its last failure (review rv23).
-                self._next_delay = -math.inf
+            else:
+                self._locks_unlisted_due(new, full)
+
+    def _locks_unlisted_due(self, new: Set[str], full: bool) -> None:
+        """relist_work listed no locks/, or that failed (under the lock).  New
+        delayed items are offered (a claim finds a delay lock at C1, as before
+        rv18), but the next claim lists locks/ first (check_locks), not a
+        relist after some miss or a lock TTL later (review rv19); not for
+        those noted before, whose retry stays CONFIRM after its last failure
+        (review rv23).  A failed listing once per lock TTL is due again
+        CONFIRM later (review rv24: a lock TTL kept items taken that long)."""
+        if new:
+            self._next_delay = -math.inf
+        if full:
+            self._locks_listed = time.monotonic() - self._protocol.lock_ttl + CONFIRM
 
     def _end_listing(self) -> None:
         """relist_work is over (under the lock): a starved claim may wait for it."""
         self._listing = False
         self._cond.notify_all()
 
-    def _list_delay_locks(self, new: Set[str]) -> Optional[Tuple[int, List[Entry]]]:
-        """The listing of locks/ relist_work makes for new delayed items; None if
-        there are none, or if it failed: logged, and the claim goes on with
-        work/ applied (review rv22: raising failed every claim that missed
-        while listings of locks/ failed)."""
-        if not new:
+    def _list_locks_if(self, wanted: bool) -> Optional[Tuple[int, List[Entry]]]:
+        """The listing of locks/ relist_work makes (for new delayed items, or
+        once per lock TTL); None if not ``wanted``, or if it failed: logged,
+        and the claim goes on with work/ applied (review rv22: raising failed
+        every claim that missed while listings of locks/ failed)."""
+        if not wanted:
             return None
         try:
             return self._protocol.list("locks")
@@ -833,17 +843,6 @@ class QueueView:
     def _locks_unlisted(self, exc: EtcdqError) -> None:
         log.warning("could not list %s (a claim lists it again soon): %s",
                     self._layout.dir("locks"), exc)
-
-    def _unlisted_locks_due(self, follower: "_Follower", delayed: Set[str]) -> None:
-        """A quiet round listed no locks/ (not asked to, or it failed): the
-        next claim lists it for new delayed items (check_locks); a listing
-        once per lock TTL that failed waits for the next lock TTL, instead of
-        a relist, which other claims wait for, at every claim (review rv22).
-        Under the lock."""
-        if delayed:
-            self._next_delay = -math.inf
-        if follower.list_locks:
-            self._locks_listed = time.monotonic()
 
     def _take_listing(self, index: int, work: List[Entry], delayed: Set[str]) -> None:
         """Apply a listing of work/ taken at ``index`` (under the lock);
