@@ -183,6 +183,9 @@ class QueueView:
         self._in_free: Set[str] = set()
         self._skip: Dict[str, int] = {}
         self._locks_listed = -math.inf  # time.monotonic() of the last locks/ listing
+        #: After a failed once-per-lock-TTL listing of locks/: seconds until it
+        #: is tried again (CONFIRM, doubling up to a lock TTL); 0 after one that worked.
+        self._locks_retry = 0.0
         #: Known items held by a delay lock (a delayed put, a release delay): id ->
         #: time.monotonic() at which etcd expires the lock; and the earliest of them.
         self._delays: Dict[str, float] = {}
@@ -672,7 +675,7 @@ class QueueView:
         if self._unplanned:  # an older listing: the next claim lists locks/ again (rv21)
             self._next_delay = -math.inf
         if not delays:  # a delays-only listing leaves the other taken items as they were
-            self._locks_listed = time.monotonic()
+            self._locks_listed, self._locks_retry = time.monotonic(), 0.0
 
     def _plan_delays(self, locks: List[Entry]) -> None:
         """Note when etcd expires each listed delay lock of a known item, so that
@@ -816,11 +819,15 @@ class QueueView:
         relist after some miss or a lock TTL later (review rv19); not for
         those noted before, whose retry stays CONFIRM after its last failure
         (review rv23).  A failed listing once per lock TTL is due again
-        CONFIRM later (review rv24: a lock TTL kept items taken that long)."""
+        CONFIRM later (review rv24: a lock TTL kept items taken that long),
+        then twice as long after each failure, up to a lock TTL: each costs
+        its claim a request's deadline (review rv25)."""
         if new:
             self._next_delay = -math.inf
         if full:
-            self._locks_listed = time.monotonic() - self._protocol.lock_ttl + CONFIRM
+            ttl = self._protocol.lock_ttl
+            self._locks_retry = min(ttl, max(CONFIRM, 2 * self._locks_retry))
+            self._locks_listed = time.monotonic() - ttl + self._locks_retry
 
     def _end_listing(self) -> None:
         """relist_work is over (under the lock): a starved claim may wait for it."""

@@ -117,17 +117,24 @@ def quiet_view_whose_head_is_held(etcd_url: str, proxy_url: str, name: str, lock
         yield producer, other, consumer, ids, view, held
 
 
-def claim_until_idle(queue: Any, idle_rounds: int, record: Callable[[str], None]) -> None:
+def claim_until_idle(queue: Any, idle_rounds: int, record: Callable[[str], None], *,
+                     tolerate: Tuple[Type[BaseException], ...] = (), work: float = 0.0) -> None:
     """Claim and complete items until ``idle_rounds`` claims in a row (0.25 s
-    each) find none; ``record(id)`` before completing each (a claimer thread)."""
+    each) find none; ``record(id)`` before completing each (a claimer thread).
+    A claim that raises one of ``tolerate`` is tried again; ``work``: seconds
+    each item takes to run."""
     idle = 0
     while idle < idle_rounds:
-        claim = queue.claim(timeout=0.25)
+        try:
+            claim = queue.claim(timeout=0.25)
+        except tolerate:
+            continue
         if claim is None:
             idle += 1
             continue
         idle = 0
         record(claim.id)
+        time.sleep(work)  # the item's work, not a wait for an outcome
         claim.complete()
 
 
@@ -149,6 +156,21 @@ def unplanned(view: Any) -> Dict[str, int]:
     """The view's new delayed items whose delay no listing of locks/ covered yet
     ({} before 5bc1f41, which had none)."""
     return dict(getattr(view, "_unplanned", {}))
+
+
+def claim_noting(queue: Any, got: List[str], failed: List[BaseException],
+                 timeout: float = 0) -> None:
+    """One claim: its item's id appended to ``got`` (completed at once), or the
+    library error it raised to ``failed``."""
+    from etcdq_v2.errors import EtcdqError
+    try:
+        claim = queue.claim(timeout=timeout)
+    except EtcdqError as exc:
+        failed.append(exc)
+        return
+    if claim is not None:
+        got.append(claim.id)
+        claim.complete()
 
 
 def claim_and_complete(queue: Any, timeout: float = 0) -> Optional[str]:

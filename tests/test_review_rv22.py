@@ -28,7 +28,8 @@ import threading
 import time
 
 
-from helpers import locks_get, q_item, record_calls, unplanned, wait_until
+from helpers import (claim_noting, claim_until_idle, locks_get, q_item, record_calls, unplanned,
+                     wait_until)
 
 from etcdq_v2 import Queue
 from etcdq_v2.errors import EtcdqError
@@ -93,14 +94,7 @@ def test_rv22_every_relist_work_raises_while_an_item_is_unplanned_and_locks_fail
                 claim = other.claim(timeout=0)
                 assert claim is not None
                 held.append(claim)
-                try:
-                    mine = consumer.claim(timeout=0)
-                except EtcdqError as exc:
-                    failed.append(exc)
-                    continue
-                if mine is not None:
-                    got.append(mine.id)
-                    mine.complete()
+                claim_noting(consumer, got, failed, 0)
         finally:
             proxy.pass_through()
             for claim in held:
@@ -151,14 +145,7 @@ def test_rv22_stale_check_fails_every_claim_while_locks_listings_fail(
         try:
             started = time.monotonic()
             while time.monotonic() - started < 6:
-                try:
-                    claim = consumer.claim(timeout=0)
-                except EtcdqError as exc:
-                    failed.append(exc)
-                    continue
-                if claim is not None:
-                    got.append(claim.id)
-                    claim.complete()
+                claim_noting(consumer, got, failed, 0)
         finally:
             proxy.pass_through()
             held.complete()
@@ -273,20 +260,12 @@ def test_rv22_held_eight_threads_drain_with_unplanned_item(
         assert x_id in unplanned(view)
         seen, lock = [], threading.Lock()
 
+        def record(item_id: str) -> None:
+            with lock:
+                seen.append(item_id)
+
         def drain(queue: Queue) -> None:
-            idle = 0
-            while idle < 3:
-                try:
-                    claim = queue.claim(timeout=0.25)
-                except EtcdqError:
-                    continue
-                if claim is None:
-                    idle += 1
-                    continue
-                idle = 0
-                with lock:
-                    seen.append(claim.id)
-                claim.complete()
+            claim_until_idle(queue, 3, record, tolerate=(EtcdqError,))
 
         threads = [threading.Thread(target=drain, args=(consumer,)) for _ in range(8)]
         threads.append(threading.Thread(target=drain, args=(other,)))

@@ -16,7 +16,7 @@ import math
 import threading
 import time
 
-from helpers import locks_get, q_item, wait_until
+from helpers import claim_noting, claim_until_idle, locks_get, q_item, wait_until
 
 from etcdq_v2 import Queue
 from etcdq_v2.errors import EtcdqError
@@ -103,14 +103,7 @@ def test_rv23_relist_work_rearms_check_locks_so_every_claim_waits_for_a_failing_
                 claim = other.claim(timeout=0)
                 assert claim is not None
                 held.append(claim)
-                try:
-                    mine = consumer.claim(timeout=0)
-                except EtcdqError as exc:
-                    raised.append(exc)
-                    continue
-                if mine is not None:
-                    got.append(mine.id)
-                    mine.complete()
+                claim_noting(consumer, got, raised, 0)
             elapsed = time.monotonic() - started
         finally:
             proxy.pass_through()
@@ -188,21 +181,12 @@ def test_rv23_held_concurrent_claimers_cover_unplanned_item(
         timer = threading.Timer(1.5, proxy.pass_through)
         timer.start()
 
+        def record(item_id: str) -> None:
+            with lock:
+                seen.append(item_id)
+
         def drain(queue: Queue) -> None:
-            idle = 0
-            while idle < 3:
-                try:
-                    claim = queue.claim(timeout=0.25)
-                except EtcdqError:
-                    continue
-                if claim is None:
-                    idle += 1
-                    continue
-                idle = 0
-                with lock:
-                    seen.append(claim.id)
-                time.sleep(0.005)
-                claim.complete()
+            claim_until_idle(queue, 3, record, tolerate=(EtcdqError,), work=0.005)
 
         threads = [threading.Thread(target=drain, args=(consumer,)) for _ in range(4)]
         threads.append(threading.Thread(target=drain, args=(other,)))

@@ -1,0 +1,141 @@
+"""Hostile review rv25 of 0dd86d0 (QueueView.check_locks' once-per-lock-TTL
+listing is relist_work(full=True) in the claimer's thread; a failed listing
+of locks/ applies work/ alone and is due again CONFIRM later).
+
+Findings fail on 0dd86d0; held checks are named test_rv25_held_* and pass.
+The finding is fixed since: a failed once-per-lock-TTL listing is retried
+CONFIRM later, then twice as long after each failure, up to a lock TTL (its
+assertion, once the blocked time in 8 s, now checks that the gaps grow).
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from helpers import in_background, locks_get, pause_listing
+
+from etcdq_v2 import Queue
+from etcdq_v2.errors import EtcdqError
+from etcdq_v2.transport import connect
+
+
+def _quiet_with_taken_head(view, consumer, other, producer, n=150):
+    ids = producer.put_many([{"b": k} for k in range(n)])
+    assert not view.watching_locks
+    held = other.claim(timeout=0)
+    assert held is not None and held.id == ids[0]
+    first = consumer.claim(timeout=0)  # misses the head: taken in the view
+    assert first is not None and ids[0] in view._locks
+    first.complete()
+    return ids, held
+
+
+def _locks_calls(protocol, thread_name=None):
+    calls = []
+    original = protocol.list
+
+    def recorded(kind, *args, **kwargs):
+        if kind == "locks" and (thread_name is None
+                                or threading.current_thread().name == thread_name):
+            calls.append(time.monotonic())
+        return original(kind, *args, **kwargs)
+    protocol.list = recorded
+    return calls
+
+
+# -- findings ------------------------------------------------------------------------
+
+def test_rv25_failing_locks_listing_blocks_the_claimer_a_deadline_every_confirm(
+        etcd_url: str, queue_name: str, proxy) -> None:
+    """FINDING (medium: while listings of locks/ fail, e.g. locks/ too large to
+    list within the request timeout, a claimer thread pays a full request
+    deadline, plus a listing of work/, every CONFIRM + deadline; NEW in
+    0dd86d0: on e421f63 it paid one per lock TTL).
+
+    1. Quiet consumer C (proxy, timeout 0.5 s, deadline 1.5 s, lock_ttl 10)
+       with a backlog; its claim missed the head (held by O): _locks is not
+       empty, so the once-per-lock-TTL check applies.  The test backdates
+       _locks_listed by a lock TTL instead of waiting one.
+    2. Every listing of locks/ is held (fails after the deadline).
+    3. C claims one item per ~0.1 s.  The stale check runs relist_work(full)
+       in the claimer's thread: work/ listed, locks/ fails after 1.5 s, and
+       _locks_unlisted_due sets _locks_listed so that it is due again 1 s
+       later.  So every ~2.5 s the claim blocks 1.5 s (60 % of the claimer's
+       time; with default timeouts likewise) and logs a warning.  e421f63
+       set _locks_listed = now after the failure: one blocked claim per TTL.
+
+    Suggested fix: keep "due again soon" but take it off the claim path: run
+    the retry of a failed stale listing in the background (or in the
+    follower thread without resetting _ready), or back it off (CONFIRM,
+    doubling up to the lock TTL) and retry only locks/ (work/ was applied)."""
+    lock_ttl = 10
+    transport = connect(proxy.url, timeout=0.5)
+    with Queue(etcd_url, queue_name, lock_ttl=lock_ttl) as producer, \
+            Queue(etcd_url, queue_name, lock_ttl=lock_ttl) as other, \
+            Queue(transport, queue_name, lock_ttl=lock_ttl) as consumer:
+        view = consumer._ensure_view()
+        ids, held = _quiet_with_taken_head(view, consumer, other, producer)
+        calls = _locks_calls(consumer._protocol if hasattr(consumer, "_protocol")
+                             else view._protocol)
+        proxy.hold(match=locks_get(queue_name))
+        blocked, failed, started = 0.0, 0, time.monotonic()
+        try:
+            view._locks_listed = time.monotonic() - lock_ttl  # a lock TTL ago
+            while time.monotonic() - started < 12.0:
+                t0 = time.monotonic()
+                try:
+                    claim = consumer.claim(timeout=0)
+                except EtcdqError:
+                    claim, failed = None, failed + 1
+                blocked += time.monotonic() - t0
+                if claim is not None:
+                    claim.complete()
+                time.sleep(0.1)
+        finally:
+            proxy.pass_through()
+            held.complete()
+        # Since the fix the retries back off (CONFIRM, doubling up to a lock
+        # TTL): the gaps between failed listings grow.  On 0dd86d0 they were
+        # even, one request deadline plus CONFIRM, for as long as they failed.
+        gaps = [b - a for a, b in zip(calls, calls[1:])]
+        assert len(calls) >= 3 and all(b > a + 0.5 for a, b in zip(gaps, gaps[1:])), (
+            f"claims blocked {blocked:.1f} s of 12 s while locks/ listings failed "
+            f"({len(calls)} listings of locks/, gaps {[round(g, 1) for g in gaps]}, "
+            f"{failed} claims raised); lock TTL {lock_ttl} s")
+
+
+# -- held checks -------------------------------------------------------------------
+
+def test_rv25_held_one_full_relist_at_a_time(etcd_url: str, queue_name: str, proxy) -> None:
+    """Held.  Two claimer threads find the stale check due at once: while A's
+    relist_work(full) is under way (paused after its listing of locks/), B's
+    claim lists nothing and is handed an item at once; A's listing is then
+    applied (the held head stays taken) and the check is not due again."""
+    lock_ttl = 10
+    with Queue(etcd_url, queue_name, lock_ttl=lock_ttl) as producer, \
+            Queue(etcd_url, queue_name, lock_ttl=lock_ttl) as other, \
+            Queue(etcd_url, queue_name, lock_ttl=lock_ttl) as consumer:
+        view = consumer._ensure_view()
+        ids, held = _quiet_with_taken_head(view, consumer, other, producer)
+        reached, resume = pause_listing(view._protocol, "locks", "A")
+        b_calls = _locks_calls(view._protocol, "MainThread")
+        view._locks_listed = time.monotonic() - lock_ttl
+        thread, outcome = in_background(lambda: consumer.claim(timeout=0), name="A")
+        try:
+            assert reached.wait(5)
+            t0 = time.monotonic()
+            claim = consumer.claim(timeout=0)
+            assert claim is not None and claim.id != ids[0]
+            assert time.monotonic() - t0 < 1.0 and not b_calls
+            claim.complete()
+        finally:
+            resume.set()
+        thread.join(5)
+        assert "raised" not in outcome, outcome
+        if outcome.get("returned") is not None:
+            assert outcome["returned"].id != ids[0]
+            outcome["returned"].complete()
+        assert ids[0] in view._locks
+        assert time.monotonic() - view._locks_listed < lock_ttl - 2
+        assert view._ready
+        held.complete()
