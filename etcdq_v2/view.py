@@ -674,8 +674,9 @@ class QueueView:
         self._unplanned = {i: at for i, at in self._unplanned.items() if i not in planned}
         if self._unplanned:  # an older listing: the next claim lists locks/ again (rv21)
             self._next_delay = -math.inf
+        self._locks_retry = 0.0  # listings of locks/ work again (review rv26)
         if not delays:  # a delays-only listing leaves the other taken items as they were
-            self._locks_listed, self._locks_retry = time.monotonic(), 0.0
+            self._locks_listed = time.monotonic()
 
     def _plan_delays(self, locks: List[Entry]) -> None:
         """Note when etcd expires each listed delay lock of a known item, so that
