@@ -74,9 +74,11 @@ def test_rv25_failing_locks_listing_blocks_the_claimer_a_deadline_every_confirm(
             Queue(etcd_url, queue_name, lock_ttl=lock_ttl) as other, \
             Queue(transport, queue_name, lock_ttl=lock_ttl) as consumer:
         view = consumer._ensure_view()
-        ids, held = _quiet_with_taken_head(view, consumer, other, producer)
-        calls = _locks_calls(consumer._protocol if hasattr(consumer, "_protocol")
-                             else view._protocol)
+        # 400 items: 12 s of claims must not bring the backlog under 32, where
+        # the view starts watching and its follower lists locks/ too.
+        ids, held = _quiet_with_taken_head(view, consumer, other, producer, n=400)
+        # The claimer's listings (the stale check), not a follower's.
+        calls = _locks_calls(view._protocol, thread_name=threading.current_thread().name)
         proxy.hold(match=locks_get(queue_name))
         blocked, failed, started = 0.0, 0, time.monotonic()
         try:
