@@ -72,6 +72,23 @@ def in_background(call: Callable[[], Any], name: str = "background"
     return thread, outcome
 
 
+def lose_first_listing(protocol: Any, kind: str, thread_name: str) -> List[str]:
+    """Make the first ``protocol.list(kind)`` in the thread named
+    ``thread_name`` raise Unavailable, as a member that died before answering:
+    the list that records it (empty until then)."""
+    from etcdq_v2.errors import Unavailable
+    original, lost = protocol.list, []
+
+    def losing(listed_kind: str, *args: Any, **kwargs: Any) -> Any:
+        if listed_kind == kind and not lost and threading.current_thread().name == thread_name:
+            lost.append(listed_kind)
+            raise Unavailable("the member died before answering (test)")
+        return original(listed_kind, *args, **kwargs)
+
+    protocol.list = losing
+    return lost
+
+
 def pause_listing(protocol: Any, kind: str, thread_name: str, *, after_reply: bool = True
                   ) -> Tuple[threading.Event, threading.Event]:
     """Make ``protocol.list(kind)`` in the thread named ``thread_name`` stop

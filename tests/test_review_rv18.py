@@ -26,7 +26,8 @@ import time
 
 import pytest
 
-from helpers import hands_out, in_background, pause_listing, record_calls, wait_until
+from helpers import (hands_out, in_background, lose_first_listing, pause_listing, record_calls,
+                     wait_until)
 
 from etcdq_v2 import Queue
 from etcdq_v2 import view as view_module
@@ -276,16 +277,7 @@ def test_rv18_quiet_delays_listing_lost_is_never_retried(etcd_url: str, queue_na
         assert not view.watching_locks
         x_id = producer.put({"x": 1}, delay=DELAY)
         put_at = time.monotonic()
-        original = view._protocol.list
-        lost = []
-
-        def lose_first_locks_listing(kind, *args, **kwargs):
-            if kind == "locks" and not lost and threading.current_thread().name == "etcdq-view":
-                lost.append(kind)
-                raise Unavailable("the member died before answering (test)")
-            return original(kind, *args, **kwargs)
-
-        view._protocol.list = lose_first_locks_listing  # type: ignore[method-assign]
+        lost = lose_first_listing(view._protocol, "locks", "etcdq-view")
         relists = view.relists
         view.relist(5)  # a quiet follower without list_locks (catch_up/behind)
         # Since rv20's fix a round applies nothing before its listing of locks/:
@@ -393,16 +385,7 @@ def test_rv18_quiet_delays_listing_lost_costs_a_miss_per_delayed_item(
         view = consumer._ensure_view()
         ids = producer.put_many([{"n": n} for n in range(20)], delay=DELAY)
         put_at = time.monotonic()
-        original = view._protocol.list
-        lost = []
-
-        def lose_first_locks_listing(kind, *args, **kwargs):
-            if kind == "locks" and not lost and threading.current_thread().name == "etcdq-view":
-                lost.append(kind)
-                raise Unavailable("the member died before answering (test)")
-            return original(kind, *args, **kwargs)
-
-        view._protocol.list = lose_first_locks_listing  # type: ignore[method-assign]
+        lost = lose_first_listing(view._protocol, "locks", "etcdq-view")
         relists = view.relists
         view.relist(5)
         wait_until(lambda: lost and view.relists > relists and set(ids) <= set(view._items), 5,
