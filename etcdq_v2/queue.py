@@ -278,12 +278,16 @@ class Queue:
         work/ again).  A watching view reads the STALE_RACES-th within one claim
         (one GET): a finished item's lock is left to expire (F4 skipped), so a
         view that missed completions loses races for them instead of finding
-        them gone; then it lists again as above."""
+        them gone; then it lists again as above.  Not a quiet view below its
+        miss limit: each claim that widens its window at the start of a drain
+        loses several races, and the read made every second one of 64
+        consumers list its whole backlog again (issue 14)."""
         view.locked_at(item_id, index)
         self._window = min(CLAIM_WINDOW, self._window * 2)
         if view.missed(item_id):  # a quiet view: others' claims are news to it
             view.behind(self.etcd.deadline)
-        elif taken == STALE_RACES and self._protocol.left_work(item_id):
+        elif (view.watching_locks and taken == STALE_RACES
+              and self._protocol.left_work(item_id)):
             self._found_gone(view, item_id, STALE_VIEW)
 
     def _ensure_view(self) -> QueueView:

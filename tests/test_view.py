@@ -138,6 +138,34 @@ def test_a_view_that_fell_behind_lists_again_instead_of_trying_each_stale_item(
                                                     "GET": 1}
 
 
+def test_a_quiet_view_counts_lost_races_as_misses_and_reads_no_item(
+        etcd_url: str, queue_name: str) -> None:
+    """A quiet view lists work/ again once its misses cost what that listing
+    does; a lost race is one miss like any other.  Before, the sixth lost
+    race within one claim also read the item, and an item finished elsewhere
+    made the view list its whole backlog at once: at the start of a drain
+    with 64 consumers (every claim loses races while the windows widen),
+    one relist of the backlog in every second consumer (issue 14)."""
+    with Queue(etcd_url, queue_name) as consumer, Queue(etcd_url, queue_name) as other:
+        other.put_many(range(2000), in_flight=16)
+        view = consumer._ensure_view()  # quiet: 2,000 items, a miss limit of 20
+        stale = set()
+        for _ in range(64):  # finished at the head; their locks linger (F4 skipped)
+            claim = other.claim()
+            assert claim is not None
+            stale.add(claim.id)
+            claim.complete()
+        relists, limit = view.relists, view.miss_limit
+        consumer.etcd.requests.clear()
+        claim = consumer.claim(timeout=5)
+        assert claim is not None and claim.id not in stale
+        # The window starts at the head and doubles after each lost race, so
+        # the first 7 tries (windows 1 to 64) are all among the 64 stale items.
+        assert view.relists == relists and "GET" not in consumer.etcd.requests
+        lost = consumer.etcd.requests["PUT"] - 2  # then C1 and C2 of a free item
+        assert 7 <= lost < limit and not view.watching_locks
+
+
 # -- issue 11 -----------------------------------------------------------------------
 
 
