@@ -1593,6 +1593,22 @@ class Protocol:
         return Entry(item_id, node["modifiedIndex"], node.get("value"),
                      node.get("expiration"), node.get("ttl", 0))
 
+    def read_locks(self, item_ids: Iterable[str]) -> List[Tuple[str, int, Optional[Entry]]]:
+        """Linearizable reads of these items' locks, one GET each: ``(id, the
+        etcd index of the read, the lock or None)``.  For a view that needs a
+        few of them, not the lingering locks of a lock TTL's worth of finished
+        items that a listing of locks/ would bring (QueueView._list)."""
+        found: List[Tuple[str, int, Optional[Entry]]] = []
+        for item_id in item_ids:
+            try:
+                reply = self.etcd.get(self.layout.key("locks", item_id), quorum=True)
+            except KeyMissing as exc:
+                found.append((item_id, exc.index or 0, None))
+                continue
+            locks = list(self.entries([reply.node]))  # a directory there is junk: no lock
+            found.append((item_id, reply.index, locks[0] if locks else None))
+        return found
+
     def _read_node(self, kind: str, item_id: str) -> Optional[Node]:
         """Like :meth:`read`, the whole node: a lock's ``ttl`` (seconds left, rounded up)."""
         try:

@@ -37,9 +37,10 @@ A quiet view lists locks/ only then, at its first listing, and when a new
 item may be delayed: locks/ holds about a lock TTL's worth of finished
 items' locks (F4 is not sent).  Instead, a listing of work/ shows which items
 were claimed since the last one (their new version carries a claim token):
-those are taken.  A view that starts watching everything lists locks/ too if
-it has lock signs from before its previous listing (they may have gone while
-it was quiet; its events only say what changes from then on); newer ones it
+those are taken.  A view that starts watching everything checks lock signs
+from before its previous listing at once (they may have gone while it was
+quiet; its events only say what changes from then on): it reads those few
+locks, or lists locks/ if there are more than FEW_LOCKS; newer ones it
 checks CONFIRM s later if they are still there (most finish sooner).
 
 Where a claim looks (:meth:`QueueView.pick`).  A lone consumer takes the
@@ -143,6 +144,11 @@ RELIST_DUE = 0.2
 #: other lock it noted since its previous listing) for running before it lists
 #: locks/ to check those still there: most finish sooner, and their events tell.
 CONFIRM = 1.0
+#: Old lock signs a view that starts watching checks by reading each lock
+#: (one GET each) rather than listing locks/, which holds a lock TTL's worth
+#: of finished items' locks (F4 is not sent): at the end of a drain, 2,000
+#: of them listed for one or two items still running (issue 14).
+FEW_LOCKS = 4
 #: etcd's ``expiration``: RFC 3339 in UTC, with up to nanoseconds.
 _EXPIRATION = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(\.\d+)?Z")
 
@@ -711,12 +717,14 @@ class QueueView:
         work_index, work = self._protocol.list("work")
         with self._cond:
             delayed = self._new_delayed(work)  # once: it decodes (review rv17)
+            noted = self._noted_before(work) if follower.directory is not None else []
             # Every view lists locks/ for new delayed items, which it would
             # otherwise try each (review rv15), in this round, so that no claim
             # finds them taken before it is applied (review rv20); and a
-            # watching view for old signs.
-            list_locks = follower.list_locks or bool(delayed) or (
-                follower.directory is not None and self._noted_before(work))
+            # watching view for old signs, unless they are few: it reads
+            # their locks instead.
+            list_locks = follower.list_locks or bool(delayed) or len(noted) > FEW_LOCKS
+            read = [] if list_locks else noted
             # A quiet view's listing of locks/ made for them only may fail
             # without failing the round, as relist_work's (review rv21).  Not
             # one the round was asked for: a first listing has nothing to go
@@ -729,6 +737,7 @@ class QueueView:
                 raise
             self._locks_unlisted(exc)
             locks_index, locks, list_locks = 0, [], False
+        reads = self._protocol.read_locks(read) if read else []
         with self._cond:
             if follower is not self._follower:
                 return {}
@@ -737,19 +746,32 @@ class QueueView:
                 self._reconcile_locks(locks_index, locks)
             elif delayed:  # the next claim lists locks/ first (check_locks)
                 self._next_delay = -math.inf
+            self._apply_lock_reads(reads)
             self._confirm_upto, self._confirm_at = work_index, math.inf
             if follower.directory is not None and not list_locks and self._unconfirmed():
                 self._plan_confirm()
             self._ready, self._error = True, None
         return {"work": work_index, "locks": locks_index}
 
-    def _noted_before(self, work: List[Entry]) -> bool:
-        """Whether an item of a listing of work/ is taken on a sign the view had
-        at its previous listing: that lock may have gone while the view was
-        quiet, so a view that starts watching lists locks/ at once.  Newer
-        signs (misses, claims seen in this listing) wait for check_locks."""
+    def _noted_before(self, work: List[Entry]) -> List[str]:
+        """The items of a listing of work/ taken on a sign the view had at its
+        previous listing: that lock may have gone while the view was quiet,
+        so a view that starts watching checks them at once (their locks read,
+        or locks/ listed if there are more than FEW_LOCKS).  Newer signs
+        (misses, claims seen in this listing) wait for check_locks."""
         known = self._known
-        return any(self._locks.get(entry.id, known + 1) <= known for entry in work)
+        return [entry.id for entry in work if self._locks.get(entry.id, known + 1) <= known]
+
+    def _apply_lock_reads(self, reads: List[Tuple[str, int, Optional[Entry]]]) -> None:
+        """Apply reads of single locks (under the lock), each at its etcd index:
+        a lock there is a sign at that index (at or after the follower's
+        listing, so its later changes come as events), a lock gone frees the
+        item as a listing of locks/ without it would."""
+        for item_id, index, lock in reads:
+            if lock is None:
+                self._unlocked(item_id, index)
+            elif item_id in self._items:
+                self._locked(item_id, index)
 
     def _new_delayed(self, work: List[Entry]) -> Set[str]:
         """The items of a listing of work/ that are new to the view and carry
@@ -987,8 +1009,9 @@ class _Follower:
         self._view = view
         self.directory = directory
         #: Whether its listings read locks/.  A watching follower's also do when
-        #: the view has older lock signs (_noted_before): its events say only
-        #: what changes from then on.  The view keeps which items are locked (one
+        #: the view has more than FEW_LOCKS older lock signs (_noted_before;
+        #: fewer, it reads their locks): its events say only what changes from
+        #: then on.  The view keeps which items are locked (one
         #: that forgot tried each of them whenever it started watching: review
         #: rv6), and checks newer signs later (check_locks).
         self.list_locks = list_locks

@@ -124,3 +124,33 @@ def test_an_item_released_before_the_view_started_watching_comes_back_within_con
         assert took <= CONFIRM + 2, f"it came back {took:.1f} s later"
         for done in mine + [claim]:
             done.complete()
+
+
+def test_a_view_that_starts_watching_reads_a_few_old_locks_instead_of_listing_locks(
+        etcd_url: str, queue_name: str) -> None:
+    """The end of a backlog (issue 14, sixth pass): another process ran 39 of
+    a consumer's 40 listed items, whose locks linger in locks/ (F4 skipped),
+    and released the 40th after the consumer's listing had shown its lock.
+    The consumer misses, lists work/ again (the 40th alone, taken on that old
+    sign), finds nothing free and starts watching.  It reads that one lock,
+    finds it gone and claims the item at once.  Before, it listed locks/: 40
+    lingering locks for one item; at the end of a 2,000-item drain, 2,000."""
+    with Queue(etcd_url, queue_name) as consumer, \
+            Queue(etcd_url, queue_name, lock_ttl=60) as other:
+        ids = other.put_many(range(40))
+        held = other.claim()
+        assert held is not None and held.id == ids[0]
+        view = consumer._ensure_view()  # quiet; the first listing shows the held lock
+        assert not view.watching_locks and held.id in view._locks
+        while (claim := other.claim()) is not None:
+            claim.complete()
+        held.release()  # unheard: the consumer's view is quiet
+        lists = record_calls(view._protocol, "list")
+        reads = record_calls(view._protocol, "read_locks")
+        started = time.monotonic()
+        got = consumer.claim(timeout=0)
+        assert got is not None and got.id == held.id, "the released item was not claimed"
+        assert time.monotonic() - started < CONFIRM, "it waited for the CONFIRM check"
+        assert view.watching_locks and "locks" not in lists, lists
+        assert [list(ids) for ids in reads] == [[held.id]], reads
+        got.complete()
