@@ -145,10 +145,13 @@ RELIST_DUE = 0.2
 #: locks/ to check those still there: most finish sooner, and their events tell.
 CONFIRM = 1.0
 #: Old lock signs a view that starts watching checks by reading each lock
-#: (one GET each) rather than listing locks/, which holds a lock TTL's worth
-#: of finished items' locks (F4 is not sent): at the end of a drain, 2,000
-#: of them listed for one or two items still running (issue 14).
-FEW_LOCKS = 4
+#: (one quorum GET each) rather than listing locks/, which holds a lock TTL's
+#: worth of finished items' locks (F4 is not sent): at the end of a drain,
+#: 2,000 of them listed for a few items still running (issue 14).  A quorum
+#: GET cost etcd 140-200 us, a listed lock ~1 us and its client ~2 us
+#: (2026-12-01): 8 reads cost less than listing locks/ once it holds more
+#: than about a thousand locks, and add under 2 ms on loopback.
+FEW_LOCKS = 8
 #: etcd's ``expiration``: RFC 3339 in UTC, with up to nanoseconds.
 _EXPIRATION = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(\.\d+)?Z")
 
