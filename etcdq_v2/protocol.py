@@ -1593,21 +1593,27 @@ class Protocol:
         return Entry(item_id, node["modifiedIndex"], node.get("value"),
                      node.get("expiration"), node.get("ttl", 0))
 
-    def read_locks(self, item_ids: Iterable[str]) -> List[Tuple[str, int, Optional[Entry]]]:
-        """Linearizable reads of these items' locks, one GET each: ``(id, the
-        etcd index of the read, the lock or None)``.  For a view that needs a
-        few of them, not the lingering locks of a lock TTL's worth of finished
-        items that a listing of locks/ would bring (QueueView._list)."""
-        found: List[Tuple[str, int, Optional[Entry]]] = []
-        for item_id in item_ids:
-            try:
-                reply = self.etcd.get(self.layout.key("locks", item_id), quorum=True)
-            except KeyMissing as exc:
-                found.append((item_id, exc.index or 0, None))
-                continue
-            locks = list(self.entries([reply.node]))  # a directory there is junk: no lock
-            found.append((item_id, reply.index, locks[0] if locks else None))
-        return found
+    def read_locks(self, item_ids: Sequence[str], since: Optional[int] = None
+                   ) -> List[Tuple[str, int, Optional[Entry]]]:
+        """These items' locks, read at once (one round trip): ``(id, the etcd
+        index of the read, the lock or None)``.  For a view that needs a few
+        of them, not the lingering locks of a lock TTL's worth of finished
+        items that a listing of locks/ would bring (QueueView._list).
+
+        ``since``: the index at which the caller's stream began.  Reads are
+        served by the member from its own copy (no raft proposal, no WAL
+        fsync: review rv27) and kept if at or after it, since every later
+        change comes as an event; one from a member behind it, or every one
+        without ``since``, is read again through raft (quorum).  Raises the
+        first read's error, if any failed."""
+        keys = [self.layout.key("locks", item_id) for item_id in item_ids]
+        replies = self.etcd.get_all(keys, quorum=since is None)
+        behind = [n for n, reply in enumerate(replies) if _served_before(reply, since or 0)]
+        if behind:
+            again = self.etcd.get_all([keys[n] for n in behind], quorum=True)
+            for n, reply in zip(behind, again):
+                replies[n] = reply
+        return [_lock_read(self, item_id, reply) for item_id, reply in zip(item_ids, replies)]
 
     def _read_node(self, kind: str, item_id: str) -> Optional[Node]:
         """Like :meth:`read`, the whole node: a lock's ``ttl`` (seconds left, rounded up)."""
@@ -1820,3 +1826,22 @@ def lock_states(entries: List[Entry]) -> Dict[str, Lock]:
         except Junk:
             locks[entry.id] = UNREADABLE_LOCK
     return locks
+
+
+def _served_before(reply: Union[Reply, EtcdqError], index: int) -> bool:
+    """Whether a read was served at an etcd index below ``index`` (a missing
+    key's error says at which, too); a failed read was not."""
+    if isinstance(reply, Reply):
+        return reply.index < index
+    return isinstance(reply, KeyMissing) and (reply.index or 0) < index
+
+
+def _lock_read(protocol: Protocol, item_id: str, reply: Union[Reply, EtcdqError]
+               ) -> Tuple[str, int, Optional[Entry]]:
+    """One of :meth:`Protocol.read_locks`'s results; raises a failed read's error."""
+    if isinstance(reply, KeyMissing):
+        return item_id, reply.index or 0, None
+    if isinstance(reply, EtcdqError):
+        raise reply
+    locks = list(protocol.entries([reply.node]))  # a directory there is junk: no lock
+    return item_id, reply.index, locks[0] if locks else None

@@ -29,7 +29,7 @@ from .protocol import (COMPLETED, FAILED, MAX_TTL, Entry, Gone, Protocol, Taken,
                        in_flight_count, item_fields, lock_states, ttl_seconds)
 from .transfer import export_lines, guarded, import_lines
 from .transport import EventStream, Transport, connect
-from .view import QueueView
+from .view import Candidate, QueueView
 
 log = logging.getLogger("etcdq_v2.queue")
 
@@ -245,7 +245,7 @@ class Queue:
                 continue
             except Taken as exc:
                 taken += 1
-                self._lost_race(view, item_id, exc.index, taken)
+                self._lost_race(view, candidate, exc.index, taken)
                 continue
             except Junk as exc:
                 log.warning("skipping item %s of %s: %s", item_id, self.layout.root, exc,
@@ -272,7 +272,8 @@ class Queue:
         if view.missed(item_id) or gone == STALE_VIEW:
             view.behind(self.etcd.deadline)
 
-    def _lost_race(self, view: QueueView, item_id: str, index: int, taken: int) -> None:
+    def _lost_race(self, view: QueueView, candidate: Candidate, index: int, taken: int
+                   ) -> None:
         """Another lock held the item at etcd ``index``: free again once a listing
         lacks it; the window widens.  A quiet view counts a miss (and may list
         work/ again).  A watching view reads the STALE_RACES-th within one claim
@@ -281,8 +282,16 @@ class Queue:
         them gone; then it lists again as above.  Not a quiet view below its
         miss limit: each claim that widens its window at the start of a drain
         loses several races, and the read made every second one of 64
-        consumers list its whole backlog again (issue 14)."""
-        view.locked_at(item_id, index)
+        consumers list its whole backlog again (issue 14).  A lock refused at
+        the index at which the view saw it gone is junk at the lock's key: the
+        item is skipped, as a junk item is (see QueueView.locked_at)."""
+        item_id = candidate[0]
+        if not view.locked_at(item_id, index):
+            log.warning("skipping item %s of %s: locks/%s holds something that is not "
+                        "a lock (a directory?)", item_id, self.layout.root, item_id,
+                        extra=item_fields(self.name, item_id))
+            view.skip(item_id, candidate[1])
+            return
         self._window = min(CLAIM_WINDOW, self._window * 2)
         if view.missed(item_id):  # a quiet view: others' claims are news to it
             view.behind(self.etcd.deadline)

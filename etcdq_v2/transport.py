@@ -329,10 +329,22 @@ class Transport:
         one that fails on the way is redone alone, with the usual retries.
         Each result is the reply or the EtcdqError its delete raised.
         """
+        return self._all("DELETE", deletes)
+
+    def get_all(self, keys: Sequence[str], *, quorum: bool = False
+                ) -> List[Union[Reply, EtcdqError]]:
+        """GETs of ``keys``, sent at once as :meth:`delete_all` sends its deletes:
+        quorum reads in flight together share etcd's raft batch and WAL fsync,
+        and cost one round trip, not one each.  KeyMissing for a key not there."""
+        return self._all("GET", [(key, {"quorum": quorum}) for key in keys])
+
+    def _all(self, method: str, calls: Sequence[Tuple[str, Dict[str, Any]]]
+             ) -> List[Union[Reply, EtcdqError]]:
+        """``method`` on each ``(key, query)``, on parallel connections to one member."""
         member = self._member()
         with self._lock:
-            self.requests["DELETE"] += len(deletes)
-        requests = [("DELETE", _path(key, query), None) for key, query in deletes]
+            self.requests[method] += len(calls)
+        requests = [(method, _path(key, query), None) for key, query in calls]
         answers: Sequence[Union[Response, Exception]]
         started = time.monotonic()
         try:
@@ -341,25 +353,25 @@ class Transport:
         except _Transient as exc:
             answers = [exc] * len(requests)
         seconds = time.monotonic() - started
-        return [self._deleted(member, key, query, answer, seconds)
-                for (key, query), answer in zip(deletes, answers)]
+        return [self._one_of_all(member, method, key, query, answer, seconds)
+                for (key, query), answer in zip(calls, answers)]
 
-    def _deleted(self, member: Member, key: str, query: Dict[str, Any],
-                 answer: Union[Response, Exception], seconds: float
-                 ) -> Union[Reply, EtcdqError]:
-        """One delete_all result: its reply, its error, or the outcome of redoing it.
+    def _one_of_all(self, member: Member, method: str, key: str, query: Dict[str, Any],
+                    answer: Union[Response, Exception], seconds: float
+                    ) -> Union[Reply, EtcdqError]:
+        """One :meth:`_all` result: its reply, its error, or the outcome of redoing it.
 
-        Observers see each delete with the time of the whole batch (they
+        Observers see each request with the time of the whole batch (they
         travelled together).
         """
         try:
-            with self._observed("DELETE", seconds), _translated(member.url):
+            with self._observed(method, seconds), _translated(member.url):
                 if isinstance(answer, Exception):
                     raise answer
                 return self._reply(member, answer, retried=False)
         except _Transient:
             try:
-                return self._call("DELETE", key, query=query)
+                return self._call(method, key, query=query)
             except EtcdqError as exc:
                 return exc
         except EtcdqError as exc:
@@ -384,7 +396,8 @@ class Transport:
             connection, response = member.stream(path, idle_timeout, timeout)
             if response.status != 200:
                 raise self._error(member.url, response.status, response.body)
-        return EventStream(connection, member.url)
+        return EventStream(connection, member.url,
+                           int(response.headers.get("x-etcd-index") or 0))
 
     def listing(self, key: str, *, sorted: bool = False, quorum: bool = False) -> "Listing":
         """A directory's listing, read as it arrives (:meth:`Listing.nodes`).
@@ -565,9 +578,12 @@ def _error_label(exc: BaseException) -> str:
 class EventStream:
     """The events of one streaming watch, until etcd or :meth:`close` ends it."""
 
-    def __init__(self, connection: Connection, endpoint: str) -> None:
+    def __init__(self, connection: Connection, endpoint: str, index: int = 0) -> None:
         self._connection = connection
         self._endpoint = endpoint
+        #: etcd's index when it registered the watch (X-Etcd-Index; 0: not
+        #: given): every event after it comes on this stream.
+        self.index = index
 
     def blocks(self) -> Iterator[bytes]:
         """Events as raw JSON lines, in blocks; ends quietly after ``idle_timeout``."""

@@ -211,6 +211,10 @@ class QueueView:
         #: A view that started watching without listing locks/: when the lock
         #: signs up to its listing's index are checked (see check_locks).
         self._confirm_at, self._confirm_upto = math.inf, 0
+        #: Locks that the round read (_apply_lock_reads): id -> the read's index.
+        #: A sign from such a read needs no check, even at the listing's own
+        #: index: the lock was there after the stream began (review rv27).
+        self._read_signs: Dict[str, int] = {}
         self.version = 0
         self._ready = False
         self._error: Optional[BaseException] = None
@@ -439,14 +443,15 @@ class QueueView:
         R0 or F1, fenced on the item, not the lock), which may have landed after
         its lock expired (review rv14)."""
         upto = self._confirm_upto
-        return any(at <= upto and item_id in self._items for item_id, at in self._locks.items())
+        return any(at <= upto and item_id in self._items and self._read_signs.get(item_id) != at
+                   for item_id, at in self._locks.items())
 
     def taken(self, item_id: str) -> None:
         """A claim attempt of this process on the item is under way: offer it to no other."""
         with self._cond:
             self._trying.setdefault(item_id, -1)
 
-    def locked_at(self, item_id: str, index: int) -> None:
+    def locked_at(self, item_id: str, index: int) -> bool:
         """The attempt ended (:meth:`taken`): the item's lock (ours, or the claim
         that beat us) existed at etcd index ``index`` (0: at some time before).
 
@@ -454,11 +459,20 @@ class QueueView:
         or an event, also one that came while the attempt was under way.  The
         view may never see that lock's events: it watches nothing while it has
         a backlog.
+
+        False if etcd's sign contradicts the view: a lock there at the very
+        index at which the view saw none.  Only something no listing or read
+        of locks/ shows can do that: a directory at the lock's key (junk).
+        The item is then left free, and the caller skips it (review rv27: a
+        claim tried it again and again, past its timeout).
         """
         with self._cond:
             gone = self._trying.pop(item_id, None)
             if gone is None:
-                return  # forgotten meanwhile, or another thread's attempt ended it
+                return True  # forgotten meanwhile, or another thread's attempt ended it
+            if 0 < index == max(gone, self._gone.get(item_id, -1)):
+                self._make_free(item_id)
+                return False
             if index > gone:
                 self._locked(item_id, index)
                 if self.watching_locks and index <= self._confirm_upto:
@@ -468,6 +482,7 @@ class QueueView:
             elif self._locks.get(item_id, -1) <= gone:
                 self._locks.pop(item_id, None)  # gone since: free
             self._make_free(item_id)
+            return True
 
     def untaken(self, item_id: str) -> None:
         """Undo :meth:`taken` after a claim attempt failed before reaching etcd."""
@@ -740,7 +755,7 @@ class QueueView:
                 raise
             self._locks_unlisted(exc)
             locks_index, locks, list_locks = 0, [], False
-        reads = self._protocol.read_locks(read) if read else []
+        reads = self._protocol.read_locks(read, follower.since) if read else []
         with self._cond:
             if follower is not self._follower:
                 return {}
@@ -768,13 +783,17 @@ class QueueView:
     def _apply_lock_reads(self, reads: List[Tuple[str, int, Optional[Entry]]]) -> None:
         """Apply reads of single locks (under the lock), each at its etcd index:
         a lock there is a sign at that index (at or after the follower's
-        listing, so its later changes come as events), a lock gone frees the
-        item as a listing of locks/ without it would."""
+        listing, so its later changes come as events, and no CONFIRM check is
+        needed for it: _read_signs), a lock gone frees the item as a listing
+        of locks/ without it would."""
+        self._read_signs = {}
         for item_id, index, lock in reads:
             if lock is None:
                 self._unlocked(item_id, index)
             elif item_id in self._items:
                 self._locked(item_id, index)
+                if self._locks.get(item_id) == index:
+                    self._read_signs[item_id] = index
 
     def _new_delayed(self, work: List[Entry]) -> Set[str]:
         """The items of a listing of work/ that are new to the view and carry
@@ -1030,6 +1049,12 @@ class _Follower:
 
     def wait_listed(self, timeout: float) -> None:
         self._listed.wait(timeout)
+
+    @property
+    def since(self) -> Optional[int]:
+        """The etcd index at which its stream began (None: no stream, or not said)."""
+        stream = self._stream
+        return stream.index or None if stream is not None else None
 
     def drop_stream(self) -> None:
         """End the current stream as if the connection dropped (tests use it)."""

@@ -288,3 +288,29 @@ def test_an_item_under_an_unreadable_lock_is_running_in_stats_get_items_and_over
     overview = queue.overview()
     assert overview.counts["running"] == 1 and overview.counts["pending"] == 0
     assert [item.id for item in overview.running] == [item_id]
+
+
+def test_a_directory_where_a_lock_belongs_skips_its_item_and_the_claim_goes_on(
+        queue: Queue, caplog) -> None:
+    """A directory at ``locks/<id>``: no listing or read of locks/ shows it, so
+    the view takes the item for free, but its lock create is refused at the
+    very index at which the view saw no lock.  The item is skipped with a
+    warning, as a junk item is, and the claim goes on to the next one; a
+    claim with nothing else left returns within its timeout.  Before (review
+    rv27), a claim tried the item again and again, thousands of refused
+    writes a second, past its timeout, until anything else wrote to etcd."""
+    stuck, after = queue.put("stuck"), queue.put("after")
+    queue.etcd.put(f"{queue.layout.locks}/{stuck}/junk", "makes it a directory")
+    with caplog.at_level(logging.WARNING, logger="etcdq_v2"):
+        claim = queue.claim(timeout=1)
+        assert claim is not None and claim.id == after
+        claim.complete()
+        puts = queue.etcd.requests["PUT"]
+        thread, outcome = in_background(lambda: queue.claim(timeout=0.5))
+        thread.join(3)
+        spun = queue.etcd.requests["PUT"] - puts
+        if thread.is_alive():
+            queue.put("any write ends the loop")  # a newer index for the refusal
+            thread.join(10)
+        assert outcome == {"returned": None} and spun < 5, (outcome, f"{spun} PUTs")
+    assert f"locks/{stuck} holds something that is not a lock" in caplog.text

@@ -135,7 +135,8 @@ def test_rv17_held_check_dropped_by_stream_restarts_is_not_needed_and_no_loop(
                                                  thread, outcome):
         reads: list = []
         read_locks = view._protocol.read_locks
-        view._protocol.read_locks = lambda ids: reads.append(list(ids)) or read_locks(ids)
+        view._protocol.read_locks = lambda ids, *args: (
+            reads.append(list(ids)) or read_locks(ids, *args))
         for _ in range(3):
             relists = view.relists
             view._follower.drop_stream()

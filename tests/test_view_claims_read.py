@@ -153,4 +153,36 @@ def test_a_view_that_starts_watching_reads_a_few_old_locks_instead_of_listing_lo
         assert time.monotonic() - started < CONFIRM, "it waited for the CONFIRM check"
         assert view.watching_locks and "locks" not in lists, lists
         assert [list(ids) for ids in reads] == [[held.id]], reads
+        since = view._follower.since  # the watch's X-Etcd-Index: reads at or after it count
+        assert since is not None and since > 0
         got.complete()
+
+
+def test_reads_of_locks_from_a_member_behind_the_stream_are_read_again_through_raft(
+        etcd_url: str, queue_name: str) -> None:
+    """Protocol.read_locks serves the reads from the member's own copy, and
+    keeps each one at or after the index the stream began at; one behind it
+    (a lagging member) is read again with quorum=true.  A lagging member
+    cannot be made to order here, so an index past etcd's stands for it."""
+    with Queue(etcd_url, queue_name) as queue:
+        held, free = queue.put_many(["held", "free"])
+        claim = queue.claim()
+        assert claim is not None and claim.id == held
+        quorums: List[bool] = []
+        get_all = queue.etcd.get_all
+
+        def record(keys, quorum=False):  # type: ignore[no-untyped-def]
+            quorums.append(quorum)
+            return get_all(keys, quorum=quorum)
+
+        queue.etcd.get_all = record  # type: ignore[method-assign]
+        now = queue.etcd.get(queue.layout.work, quorum=True).index
+        found = queue._protocol.read_locks([held, free], since=now)
+        assert [(i, lock is not None) for i, _, lock in found] == [(held, True), (free, False)]
+        assert all(index >= now for _, index, _ in found) and quorums == [False]
+        quorums.clear()
+        ahead = now + 1000
+        found = queue._protocol.read_locks([held, free], since=ahead)
+        assert [(i, lock is not None) for i, _, lock in found] == [(held, True), (free, False)]
+        assert quorums == [False, True], quorums
+        claim.complete()
