@@ -308,11 +308,15 @@ class Gone(Exception):
 
 
 class Taken(Exception):
-    """Another claim holds the item's lock; it existed at etcd index ``index``. Internal."""
+    """Another claim holds the item's lock; it existed at etcd index ``index``. Internal.
 
-    def __init__(self, index: int) -> None:
+    ``refused``: C1 was refused ("already exists"), and ``index`` is etcd's
+    index then; else C2 found the item claimed since, at ``index``."""
+
+    def __init__(self, index: int, refused: bool = False) -> None:
         super().__init__(index)
         self.index = index
+        self.refused = refused
 
 
 @dataclass
@@ -640,7 +644,7 @@ class Protocol:
             # Our own first PUT may have applied before its reply was lost.
             entry = self.read("locks", item_id) if exc.retried else None
             if entry is None or entry.value != lock.encode():
-                raise Taken(exc.index or 0) from None
+                raise Taken(exc.index or 0, refused=True) from None
             return entry.index
 
     def _take_item(self, item_id: str, held: _Held, index: int,

@@ -245,7 +245,7 @@ class Queue:
                 continue
             except Taken as exc:
                 taken += 1
-                self._lost_race(view, candidate, exc.index, taken)
+                self._lost_race(view, candidate, exc, taken)
                 continue
             except Junk as exc:
                 log.warning("skipping item %s of %s: %s", item_id, self.layout.root, exc,
@@ -272,7 +272,7 @@ class Queue:
         if view.missed(item_id) or gone == STALE_VIEW:
             view.behind(self.etcd.deadline)
 
-    def _lost_race(self, view: QueueView, candidate: Candidate, index: int, taken: int
+    def _lost_race(self, view: QueueView, candidate: Candidate, lost: Taken, taken: int
                    ) -> None:
         """Another lock held the item at etcd ``index``: free again once a listing
         lacks it; the window widens.  A quiet view counts a miss (and may list
@@ -285,8 +285,8 @@ class Queue:
         consumers list its whole backlog again (issue 14).  A lock refused at
         the index at which the view saw it gone is junk at the lock's key: the
         item is skipped, as a junk item is (see QueueView.locked_at)."""
-        item_id = candidate[0]
-        if not view.locked_at(item_id, index):
+        item_id, index = candidate[0], lost.index
+        if not view.locked_at(item_id, index, refused=lost.refused):
             log.warning("skipping item %s of %s: locks/%s holds something that is not "
                         "a lock (a directory?)", item_id, self.layout.root, item_id,
                         extra=item_fields(self.name, item_id))

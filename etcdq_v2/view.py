@@ -451,7 +451,7 @@ class QueueView:
         with self._cond:
             self._trying.setdefault(item_id, -1)
 
-    def locked_at(self, item_id: str, index: int) -> bool:
+    def locked_at(self, item_id: str, index: int, *, refused: bool = False) -> bool:
         """The attempt ended (:meth:`taken`): the item's lock (ours, or the claim
         that beat us) existed at etcd index ``index`` (0: at some time before).
 
@@ -460,17 +460,21 @@ class QueueView:
         view may never see that lock's events: it watches nothing while it has
         a backlog.
 
-        False if etcd's sign contradicts the view: a lock there at the very
-        index at which the view saw none.  Only something no listing or read
-        of locks/ shows can do that: a directory at the lock's key (junk).
-        The item is then left free, and the caller skips it (review rv27: a
-        claim tried it again and again, past its timeout).
+        ``refused``: C1 was refused at ``index`` (etcd's index then).  False
+        if that contradicts the view: refused at the very index at which the
+        view saw no lock.  Only something no listing or read of locks/ shows
+        can do that: a directory at the lock's key (junk).  The item is then
+        left free, and the caller skips it (review rv27: a claim tried it
+        again and again, past its timeout).  Not a C2 that found the item
+        claimed since: its index is the item's, which a listing or read at
+        that same index may rightly show without a lock (a late C2 whose lock
+        had expired).
         """
         with self._cond:
             gone = self._trying.pop(item_id, None)
             if gone is None:
                 return True  # forgotten meanwhile, or another thread's attempt ended it
-            if 0 < index == max(gone, self._gone.get(item_id, -1)):
+            if refused and 0 < index == max(gone, self._gone.get(item_id, -1)):
                 self._make_free(item_id)
                 return False
             if index > gone:

@@ -314,3 +314,19 @@ def test_a_directory_where_a_lock_belongs_skips_its_item_and_the_claim_goes_on(
             thread.join(10)
         assert outcome == {"returned": None} and spun < 5, (outcome, f"{spun} PUTs")
     assert f"locks/{stuck} holds something that is not a lock" in caplog.text
+
+
+def test_only_a_refused_lock_create_at_the_index_the_lock_was_seen_gone_is_junk(
+        queue: Queue) -> None:
+    """The other sign a claim brings back, a C2 that found the item claimed
+    since (at the item's index), may rightly fall at the index at which the
+    view saw no lock: a late C2 whose claimer's lock had expired, listed at
+    that same index.  That item is free, not junk: it is offered again."""
+    item_id = queue.put("x")
+    view = queue._ensure_view()
+    with view._cond:
+        view._gone[item_id] = index = view._items[item_id][0] + 5
+    view.taken(item_id)
+    assert view.locked_at(item_id, index) and view._is_free(item_id)
+    view.taken(item_id)
+    assert not view.locked_at(item_id, index, refused=True)  # the junk case
