@@ -29,7 +29,7 @@ from .protocol import (COMPLETED, FAILED, MAX_TTL, Entry, Gone, Protocol, Taken,
                        in_flight_count, item_fields, lock_states, ttl_seconds)
 from .transfer import export_lines, guarded, import_lines
 from .transport import EventStream, Transport, connect
-from .view import Candidate, QueueView
+from .view import QueueView
 
 log = logging.getLogger("etcdq_v2.queue")
 
@@ -245,7 +245,7 @@ class Queue:
                 continue
             except Taken as exc:
                 taken += 1
-                self._lost_race(view, candidate, exc, taken)
+                self._lost_race(view, item_id, exc, taken)
                 continue
             except Junk as exc:
                 log.warning("skipping item %s of %s: %s", item_id, self.layout.root, exc,
@@ -272,26 +272,17 @@ class Queue:
         if view.missed(item_id) or gone == STALE_VIEW:
             view.behind(self.etcd.deadline)
 
-    def _lost_race(self, view: QueueView, candidate: Candidate, lost: Taken, taken: int
-                   ) -> None:
-        """Another lock held the item at etcd ``index``: free again once a listing
-        lacks it; the window widens.  A quiet view counts a miss (and may list
+    def _lost_race(self, view: QueueView, item_id: str, lost: Taken, taken: int) -> None:
+        """Another lock held the item at etcd index ``lost.index`` (see
+        QueueView.locked_at): free again once a listing lacks it; the window widens.  A quiet view counts a miss (and may list
         work/ again).  A watching view reads the STALE_RACES-th within one claim
         (one GET): a finished item's lock is left to expire (F4 skipped), so a
         view that missed completions loses races for them instead of finding
         them gone; then it lists again as above.  Not a quiet view below its
         miss limit: each claim that widens its window at the start of a drain
         loses several races, and the read made every second one of 64
-        consumers list its whole backlog again (issue 14).  A lock refused at
-        the index at which the view saw it gone is junk at the lock's key: the
-        item is skipped, as a junk item is (see QueueView.locked_at)."""
-        item_id, index = candidate[0], lost.index
-        if not view.locked_at(item_id, index, refused=lost.refused):
-            log.warning("skipping item %s of %s: locks/%s holds something that is not "
-                        "a lock (a directory?)", item_id, self.layout.root, item_id,
-                        extra=item_fields(self.name, item_id))
-            view.skip(item_id, candidate[1])
-            return
+        consumers list its whole backlog again (issue 14)."""
+        view.locked_at(item_id, lost.index, refused=lost.refused)
         self._window = min(CLAIM_WINDOW, self._window * 2)
         if view.missed(item_id):  # a quiet view: others' claims are news to it
             view.behind(self.etcd.deadline)

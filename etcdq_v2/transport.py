@@ -353,6 +353,8 @@ class Transport:
         except _Transient as exc:
             answers = [exc] * len(requests)
         seconds = time.monotonic() - started
+        if any(isinstance(answer, Exception) for answer in answers):
+            self._failed(member)  # those redone go to the next member (review rv28)
         return [self._one_of_all(member, method, key, query, answer, seconds)
                 for (key, query), answer in zip(calls, answers)]
 

@@ -451,7 +451,7 @@ class QueueView:
         with self._cond:
             self._trying.setdefault(item_id, -1)
 
-    def locked_at(self, item_id: str, index: int, *, refused: bool = False) -> bool:
+    def locked_at(self, item_id: str, index: int, *, refused: bool = False) -> None:
         """The attempt ended (:meth:`taken`): the item's lock (ours, or the claim
         that beat us) existed at etcd index ``index`` (0: at some time before).
 
@@ -460,23 +460,25 @@ class QueueView:
         view may never see that lock's events: it watches nothing while it has
         a backlog.
 
-        ``refused``: C1 was refused at ``index`` (etcd's index then).  False
-        if that contradicts the view: refused at the very index at which the
-        view saw no lock.  Only something no listing or read of locks/ shows
-        can do that: a directory at the lock's key (junk).  The item is then
-        left free, and the caller skips it (review rv27: a claim tried it
-        again and again, past its timeout).  Not a C2 that found the item
-        claimed since: its index is the item's, which a listing or read at
-        that same index may rightly show without a lock (a late C2 whose lock
-        had expired).
+        ``refused``: C1 was refused at ``index``, etcd's index then: the key
+        was there at that index, even if the view took the lock for gone at
+        that very index.  Then the refusal wins: something no listing or
+        read of locks/ shows (a directory at the lock's key), or a delay lock
+        past its expiry that etcd had not removed yet, which the view was told
+        was given back (:meth:`returned`).  Before (reviews rv27, rv28) such a
+        refusal freed the item again, and a claim tried it again at once,
+        thousands of times a second, past its timeout; the first fix skipped
+        it, which stranded a delayed item for good.  Not a C2 that found the
+        item claimed since: its index is the item's, which a listing at that
+        index may rightly show without a lock (a late C2 whose lock expired).
         """
         with self._cond:
             gone = self._trying.pop(item_id, None)
             if gone is None:
-                return True  # forgotten meanwhile, or another thread's attempt ended it
+                return  # forgotten meanwhile, or another thread's attempt ended it
             if refused and 0 < index == max(gone, self._gone.get(item_id, -1)):
-                self._make_free(item_id)
-                return False
+                self._gone.pop(item_id, None)
+                gone = -1
             if index > gone:
                 self._locked(item_id, index)
                 if self.watching_locks and index <= self._confirm_upto:
@@ -486,7 +488,6 @@ class QueueView:
             elif self._locks.get(item_id, -1) <= gone:
                 self._locks.pop(item_id, None)  # gone since: free
             self._make_free(item_id)
-            return True
 
     def untaken(self, item_id: str) -> None:
         """Undo :meth:`taken` after a claim attempt failed before reaching etcd."""

@@ -394,10 +394,13 @@ class Member:
 
         The member works on them at once, so their writes can share one raft
         entry batch and one WAL fsync.  A failed request comes back as its
-        NotSent, Lost or TLSFailed exception.
+        NotSent, Lost or TLSFailed exception.  ``timeout`` bounds the wait for
+        all the replies together, not each one's: a member that stopped
+        answering costs the batch one timeout (review rv28: one each).
         """
         started: List[Union[Connection, Exception]] = []
         answers: List[Union[Response, Exception]] = []
+        deadline = time.monotonic() + timeout
         try:
             for method, path, body in requests:
                 started.append(_outcome(self._start, method, path, body, timeout))
@@ -405,6 +408,7 @@ class Member:
                 if isinstance(item, Exception):
                     answers.append(item)
                 else:
+                    item.set_timeout(max(deadline - time.monotonic(), 0.001))
                     answers.append(_outcome(self._finish, item))
         except BaseException:  # the requests still in flight: their replies are unread
             for item in started[len(answers):]:
