@@ -1082,7 +1082,11 @@ class Protocol:
             return 0, exc.index or 0
         if node.get("value") != delayed.encode():
             raise LockLost(f"item {state.id}: another claim holds the lock")
-        return int(node.get("ttl", 0)), node["modifiedIndex"]
+        # Still there: at least a second, even past its expiry (no ttl), which
+        # etcd's sweep (every 0.5 s) is due to remove: reported as given back
+        # at once, a consumer's claim was refused on it, and a quiet view held
+        # the item a lock TTL (review rv29).
+        return max(1, int(node.get("ttl", 0))), node["modifiedIndex"]
 
     def fail(self, state: ClaimState, reason: str) -> Optional[GivenBack]:
         """Dead-letter the item if it used its attempts, else retry it after a backoff.

@@ -481,9 +481,13 @@ class QueueView:
                 gone = -1
             if index > gone:
                 self._locked(item_id, index)
-                if self.watching_locks and index <= self._confirm_upto:
+                if self.watching_locks and index <= self._confirm_upto and not (
+                        refused and index >= (self._follower.since or math.inf)):
                     # A sign from before the watching listing, which did not
                     # see it: that lock may have gone unheard (review rv15).
+                    # Not a refusal at or after the stream began: the lock was
+                    # there then, so its end comes as an event (review rv29: a
+                    # junk lock retried every CONFIRM).
                     self._plan_confirm()
             elif self._locks.get(item_id, -1) <= gone:
                 self._locks.pop(item_id, None)  # gone since: free
@@ -969,8 +973,12 @@ class QueueView:
     def _apply_event(self, action: bytes, key: str, value: bytes, is_dir: bytes, index: int,
                      floors: Dict[str, int]) -> None:
         parsed = self._layout.split(key)
-        if parsed is None or is_dir:
+        if parsed is None or (is_dir and parsed[0] != "locks"):
             return  # not an item
+        if is_dir:  # junk at a lock's key: C1 is refused until it goes (review rv29)
+            if action in _REMOVED:
+                self._unlocked(parsed[1], index)
+            return
         if parsed[0] in _RECORDS:
             self._record(parsed[1])
         elif index <= floors[parsed[0]]:

@@ -394,16 +394,18 @@ class Member:
 
         The member works on them at once, so their writes can share one raft
         entry batch and one WAL fsync.  A failed request comes back as its
-        NotSent, Lost or TLSFailed exception.  ``timeout`` bounds the wait for
-        all the replies together, not each one's: a member that stopped
-        answering costs the batch one timeout (review rv28: one each).
+        NotSent, Lost or TLSFailed exception.  ``timeout`` bounds the whole
+        batch, connecting and waiting for the replies, not each request: a
+        member that stopped answering costs it one timeout (reviews rv28 and
+        rv29: one each).
         """
         started: List[Union[Connection, Exception]] = []
         answers: List[Union[Response, Exception]] = []
         deadline = time.monotonic() + timeout
         try:
             for method, path, body in requests:
-                started.append(_outcome(self._start, method, path, body, timeout))
+                left = max(deadline - time.monotonic(), 0.001)
+                started.append(_outcome(self._start, method, path, body, left))
             for item in started:
                 if isinstance(item, Exception):
                     answers.append(item)

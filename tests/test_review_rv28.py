@@ -130,7 +130,9 @@ def test_rv28_a_delay_lock_past_its_expiry_is_taken_for_junk_and_its_item_strand
                 claim.release(delay=1)
                 if not window["hit"]:
                     continue  # etcd swept before the resend: try again with a new item
-                assert returned and returned[0][1] == 0, returned
+                # Given back at once (0) on 9863fe4; since rv29, our delay lock still
+                # there is given at least a second (1): either way it must come back.
+                assert returned and returned[0][1] in (0, 1), returned
                 got = queue.claim(timeout=4)
             finally:
                 queue.etcd.put = original_put  # type: ignore[method-assign]
