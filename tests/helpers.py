@@ -258,3 +258,44 @@ def record_calls(owner: Any, name: str) -> List[Any]:
 
     setattr(owner, name, recorded)
     return calls
+
+
+def force_unswept_resend(queue: Any, lock_key: str, window: Dict[str, Any]) -> Any:
+    """Wrap ``queue.etcd.put`` so that R1 (the CAS of a claim's lock to a delay
+    lock) applies, its reply is lost, and the resend goes out once etcd says
+    the delay lock expired but has not swept it yet (reviews rv28 to rv30);
+    ``window["hit"]`` tells whether that moment was caught.  Returns the
+    original put, to restore."""
+    from etcdq_v2.errors import KeyMissing
+    original_put = queue.etcd.put
+
+    def put(key: str, value: Optional[str] = None, **kw: Any) -> Any:
+        reply = original_put(key, value, **kw)
+        if key != lock_key or kw.get("prev_value") is None or not kw.get("ttl"):
+            return reply
+
+        def expired_unswept() -> Optional[bool]:
+            try:
+                node = queue.etcd.get(lock_key, quorum=True).node
+            except KeyMissing:
+                return True  # swept first: this attempt missed the window
+            if not node.get("ttl"):
+                window["hit"] = True
+                return True
+            return None
+        wait_until(expired_unswept, 5, interval=0.002)
+        return original_put(key, value, **kw)  # the resend: CompareFailed
+
+    queue.etcd.put = put
+    return original_put
+
+
+def watching_with_a_free_item(queue: Any) -> Tuple[Any, str]:
+    """The queue's consumer finds nothing and starts watching; then a new item
+    comes, free in its view: ``(the view, the item's id)``."""
+    assert queue.claim(timeout=0) is None
+    view = queue._ensure_view()
+    assert view.watching_locks
+    item_id = queue.put("stuck")
+    wait_until(lambda: view._is_free(item_id), 5, message="the put's event")
+    return view, item_id

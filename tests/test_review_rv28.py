@@ -24,7 +24,7 @@ import urllib.request
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
-from helpers import in_background, wait_until
+from helpers import force_unswept_resend, in_background, wait_until
 
 from etcdq_v2 import Queue
 from etcdq_v2.errors import KeyMissing
@@ -98,30 +98,8 @@ def test_rv28_a_delay_lock_past_its_expiry_is_taken_for_junk_and_its_item_strand
         for _ in range(4):
             claim, view = watching_view_holding_one_claim(queue)
             lock_key = queue.layout.key("locks", claim.id)
-            original_put = queue.etcd.put
             window = {"hit": False}
-
-            def put(key: str, value: Optional[str] = None, *, original_put: Any = original_put,
-                    lock_key: str = lock_key, window: Any = window, **kw: Any) -> Any:
-                reply = original_put(key, value, **kw)
-                if key != lock_key or kw.get("prev_value") is None or not kw.get("ttl"):
-                    return reply
-                # R1 applied; its reply is lost.  The resend goes out once etcd
-                # says the delay lock expired but has not swept it yet.
-                def expired_unswept(lock_key: str = lock_key, window: Any = window
-                                    ) -> Optional[bool]:
-                    try:
-                        node = queue.etcd.get(lock_key, quorum=True).node
-                    except KeyMissing:
-                        return True  # swept first: this attempt missed the window
-                    if not node.get("ttl"):
-                        window["hit"] = True
-                        return True
-                    return None
-                wait_until(expired_unswept, 5, interval=0.002)
-                return original_put(key, value, **kw)  # the resend: CompareFailed
-
-            queue.etcd.put = put  # type: ignore[method-assign]
+            original_put = force_unswept_resend(queue, lock_key, window)
             returned: List[Tuple[Any, ...]] = []
             original_returned = view.returned
             view.returned = lambda *a, seen=returned, original=original_returned: (  # type: ignore[method-assign]

@@ -25,7 +25,8 @@ from typing import Any
 from urllib.request import Request, urlopen
 
 import pytest
-from helpers import in_background, wait_until
+from helpers import (force_unswept_resend, in_background, wait_until,
+                     watching_with_a_free_item)
 
 from etcdq_v2 import Queue
 from etcdq_v2 import view as view_module
@@ -51,34 +52,6 @@ def dropping_host(port: int = 0) -> Iterator[str]:
     finally:
         filler.close()
         listener.close()
-
-
-def force_unswept_resend(queue: Queue, lock_key: str, window: Any) -> Any:
-    """Wrap queue.etcd.put so that R1 (the CAS of our lock to a delay lock)
-    applies, its reply is lost, and the resend goes out once etcd says the
-    delay lock expired but has not swept it yet (rv28's ordering).  Returns
-    the original put (to restore)."""
-    original_put = queue.etcd.put
-
-    def put(key: str, value: str | None = None, **kw: Any) -> Any:
-        reply = original_put(key, value, **kw)
-        if key != lock_key or kw.get("prev_value") is None or not kw.get("ttl"):
-            return reply
-
-        def expired_unswept() -> bool | None:
-            try:
-                node = queue.etcd.get(lock_key, quorum=True).node
-            except KeyMissing:
-                return True  # swept first: this attempt missed the window
-            if not node.get("ttl"):
-                window["hit"] = True
-                return True
-            return None
-        wait_until(expired_unswept, 5, interval=0.002)
-        return original_put(key, value, **kw)  # the resend: CompareFailed
-
-    queue.etcd.put = put  # type: ignore[method-assign]
-    return original_put
 
 
 # -- findings -----------------------------------------------------------------------
@@ -211,11 +184,7 @@ def test_rv29_a_junk_directory_removed_leaves_its_item_taken_in_a_watching_view(
     Suggested fix: a directory's delete or expire event under locks/ is a
     sign that the lock is gone at its index."""
     with Queue(etcd_url, queue_name) as queue:
-        assert queue.claim(timeout=0) is None
-        view = queue._ensure_view()
-        assert view.watching_locks
-        stuck = queue.put("stuck")
-        wait_until(lambda: view._is_free(stuck), 5, message="the put's event")
+        view, stuck = watching_with_a_free_item(queue)
         # The junk appears after the view saw the item (another tool).
         junk = f"{queue.layout.locks}/{stuck}"
         queue.etcd.put(f"{junk}/junk", "makes it a directory")

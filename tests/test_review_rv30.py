@@ -24,39 +24,13 @@ from typing import Any
 from urllib.request import Request, urlopen
 
 import pytest
-from helpers import in_background, wait_until
+from helpers import (force_unswept_resend, in_background, wait_until,
+                     watching_with_a_free_item)
 
 from etcdq_v2 import Queue
 from etcdq_v2.codec import Lock, new_token
 from etcdq_v2.errors import KeyMissing
 from etcdq_v2.transport import connect
-
-
-def force_unswept_resend(queue: Queue, lock_key: str, window: dict) -> Any:
-    """Wrap queue.etcd.put: R1 (our lock CASed to a delay lock) applies, its
-    reply is lost, and the resend goes out once etcd says the delay lock
-    expired but has not swept it yet.  Returns the original put."""
-    original_put = queue.etcd.put
-
-    def put(key: str, value: Any = None, **kw: Any) -> Any:
-        reply = original_put(key, value, **kw)
-        if key != lock_key or kw.get("prev_value") is None or not kw.get("ttl"):
-            return reply
-
-        def expired_unswept() -> Any:
-            try:
-                node = queue.etcd.get(lock_key, quorum=True).node
-            except KeyMissing:
-                return True  # swept first: this attempt missed the window
-            if not node.get("ttl"):
-                window["hit"] = True
-                return True
-            return None
-        wait_until(expired_unswept, 5, interval=0.002)
-        return original_put(key, value, **kw)  # the resend: CompareFailed
-
-    queue.etcd.put = put  # type: ignore[method-assign]
-    return original_put
 
 
 def _etcd(url: str, method: str, path: str) -> int:
@@ -188,11 +162,7 @@ def test_rv30_held_an_expiring_junk_directory_frees_its_item_in_a_watching_view(
     waiting gets it, with at most a couple of refused lock creates.
     (9863fe4 ignored every directory event: A stayed taken.)"""
     with Queue(etcd_url, queue_name) as queue:
-        assert queue.claim(timeout=0) is None
-        view = queue._ensure_view()
-        assert view.watching_locks
-        stuck = queue.put("stuck")
-        wait_until(lambda: view._is_free(stuck), 5, message="the put's event")
+        view, stuck = watching_with_a_free_item(queue)
         junk = f"{queue.layout.locks}/{stuck}"
         assert _etcd(etcd_url, "PUT", f"{junk}?dir=true&ttl=2") == 201
         puts = queue.etcd.requests["PUT"]
