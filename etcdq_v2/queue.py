@@ -274,8 +274,9 @@ class Queue:
 
     def _lost_race(self, view: QueueView, item_id: str, lost: Taken, taken: int) -> None:
         """Another lock held the item at etcd index ``lost.index`` (see
-        QueueView.locked_at): free again once a listing lacks it; the window widens.  A quiet view counts a miss (and may list
-        work/ again).  A watching view reads the STALE_RACES-th within one claim
+        QueueView.locked_at): free again once a listing lacks it; the window
+        widens.  A quiet view counts a miss (and may list work/ again).  A
+        watching view reads the STALE_RACES-th within one claim
         (one GET): a finished item's lock is left to expire (F4 skipped), so a
         view that missed completions loses races for them instead of finding
         them gone; then it lists again as above.  Not a quiet view below its

@@ -145,12 +145,12 @@ RELIST_DUE = 0.2
 #: locks/ to check those still there: most finish sooner, and their events tell.
 CONFIRM = 1.0
 #: Old lock signs a view that starts watching checks by reading each lock
-#: (one quorum GET each) rather than listing locks/, which holds a lock TTL's
-#: worth of finished items' locks (F4 is not sent): at the end of a drain,
-#: 2,000 of them listed for a few items still running (issue 14).  A quorum
-#: GET cost etcd 140-200 us, a listed lock ~1 us and its client ~2 us
-#: (2026-12-01): 8 reads cost less than listing locks/ once it holds more
-#: than about a thousand locks, and add under 2 ms on loopback.
+#: (GETs sent at once, see Protocol.read_locks) rather than listing locks/,
+#: which holds a lock TTL's worth of finished items' locks (F4 is not sent):
+#: at the end of a drain, 2,000 of them listed for a few items still running
+#: (issue 14).  A GET cost etcd 140-200 us with quorum, less from the
+#: member's own copy; a listed lock ~1 us and its client ~2 us (2026-12-01):
+#: 8 reads cost less than listing locks/ once it holds about a thousand.
 FEW_LOCKS = 8
 #: etcd's ``expiration``: RFC 3339 in UTC, with up to nanoseconds.
 _EXPIRATION = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(\.\d+)?Z")
@@ -462,15 +462,17 @@ class QueueView:
 
         ``refused``: C1 was refused at ``index``, etcd's index then: the key
         was there at that index, even if the view took the lock for gone at
-        that very index.  Then the refusal wins: something no listing or
-        read of locks/ shows (a directory at the lock's key), or a delay lock
-        past its expiry that etcd had not removed yet, which the view was told
-        was given back (:meth:`returned`).  Before (reviews rv27, rv28) such a
-        refusal freed the item again, and a claim tried it again at once,
-        thousands of times a second, past its timeout; the first fix skipped
-        it, which stranded a delayed item for good.  Not a C2 that found the
-        item claimed since: its index is the item's, which a listing at that
-        index may rightly show without a lock (a late C2 whose lock expired).
+        that very index.  Then the refusal wins, until a newer sign: the key
+        holds something no listing or read of locks/ shows (a directory: its
+        removal is an event, see _apply_event), or the view's sign was its
+        own making (a release that reported a delay lock past its expiry,
+        not yet removed by etcd, as given back at once, before review rv29).
+        Before (reviews rv27, rv28) such a refusal freed the item again, and
+        a claim tried it again at once, thousands of times a second, past
+        its timeout; the first fix skipped it, which stranded a delayed item
+        for good.  Not a C2 that found the item claimed since: its index is
+        the item's, which a listing at that index may rightly show without a
+        lock (a late C2 whose lock expired).
         """
         with self._cond:
             gone = self._trying.pop(item_id, None)
