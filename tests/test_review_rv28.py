@@ -204,8 +204,10 @@ def test_rv28_held_a_streams_index_is_its_registration_index_on_any_member(
     writer = connect(cluster.members[leader].url)
     writer.put("/rv28/watched/before", "x")
     on_follower, on_third = connect(follower), connect(third)
+    # A follower's own copy may not have the write yet: KeyMissing until it has.
     wait_until(lambda: on_follower.get("/rv28/watched/before").index
-               >= writer.get("/rv28/watched/before", quorum=True).index, 5)
+               >= writer.get("/rv28/watched/before", quorum=True).index, 5,
+               ignore=(KeyMissing,))
     before = on_follower.get("/rv28/watched/before").index
     stream = on_follower.stream("/rv28/watched", idle_timeout=5)
     try:
