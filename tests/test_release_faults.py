@@ -21,10 +21,11 @@ from typing import Any, Callable, List, Optional, Tuple
 import pytest
 
 from etcdq_v2 import Claim, LockLost, Queue, Unavailable, connect
+from etcdq_v2.errors import KeyMissing
 from etcdq_v2.codec import Lock
 
 from faultproxy import FaultProxy
-from helpers import claims_until, wait_until
+from helpers import claims_until, in_background, wait_until
 
 #: Items in the queue: many more than view.BACKLOG, so the view stays quiet.
 ITEMS = 100
@@ -304,3 +305,58 @@ def test_r1_resent_then_read_back_after_the_delay_lock_expired_is_not_lost(
             f"the given-back item was not back within {BOUND} s of etcd letting it go "
             f"({len(got)} other items claimed)")
         seen += got
+
+
+def test_r1_resent_while_its_delay_lock_is_expired_but_not_yet_removed_comes_back_on_time(
+        proxy: FaultProxy, etcd_url: str, queue_name: str) -> None:
+    """release(delay=1): R1 applies and its reply is held by the proxy; once
+    etcd shows the delay lock expired but not yet removed (etcd removes
+    expired keys at its next sweep, every 0.5 s), the proxy drops the
+    connection, and the transport resends R1, which finds our delay lock
+    there without a ttl.  That is reported as a second left, not as given
+    back at once: a lone consumer with a backlog tried the item at once, was
+    refused, and held it a lock TTL (review rv29, forced there by a wrapped
+    put; here through the proxy).  Whichever way an attempt goes (the sweep
+    may come before the resend), the item is back within BOUND of its
+    release, its delay being long over."""
+    direct = connect(etcd_url)
+    with Queue(connect(proxy.url, timeout=5), queue_name, lock_ttl=LOCK_TTL) as queue:
+        queue.put_many(range(400), in_flight=16)
+        for _ in range(4):
+            claim = queue.claim(timeout=5)
+            assert claim is not None and queue._view is not None
+            assert not queue._view.watching_locks  # quiet: a backlog
+            lock_key = queue.layout.key("locks", claim.id)
+            proxy.hold("down", match=R1_DELAY_REPLY)
+            thread, outcome = in_background(lambda claim=claim: claim.release(delay=1))
+            try:
+                wait_until(lambda key=lock_key: _expired_unswept(direct, key), 5,
+                           interval=0.002, message="the delay lock to expire")
+            finally:
+                proxy.disconnect(abort=True)  # R1's reply is lost: the transport resends
+                proxy.pass_through()
+            thread.join(10)
+            assert outcome == {"returned": None} and not claim.lost, outcome
+            # Claims go on at once: the view must not try the item while etcd
+            # still holds its lock, nor hold it after etcd removed it.
+            released = time.monotonic()
+            came_back = None
+            while came_back is None and time.monotonic() - released < BOUND:
+                other = queue.claim(timeout=0.2)
+                if other is None:
+                    continue
+                other.complete()
+                if other.id == claim.id:
+                    came_back = time.monotonic()
+                time.sleep(0.02)  # a pace that keeps the backlog for every attempt
+            assert came_back is not None, (
+                f"item {claim.id} not back within {BOUND} s of its release")
+    direct.close()
+
+
+def _expired_unswept(etcd: Any, key: str) -> bool:
+    """The lock is past its expiry (no ttl left) but still there, or already gone."""
+    try:
+        return not etcd.get(key, quorum=True).node.get("ttl")
+    except KeyMissing:
+        return True
