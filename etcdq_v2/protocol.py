@@ -1621,7 +1621,17 @@ class Protocol:
             again = self.etcd.get_all([keys[n] for n in behind], quorum=True)
             for n, reply in zip(behind, again):
                 replies[n] = reply
-        return [_lock_read(self, item_id, reply) for item_id, reply in zip(item_ids, replies)]
+        return [self._lock_read(item_id, reply) for item_id, reply in zip(item_ids, replies)]
+
+    def _lock_read(self, item_id: str, reply: Union[Reply, EtcdqError]
+                   ) -> Tuple[str, int, Optional[Entry]]:
+        """One of :meth:`read_locks`'s results; raises a failed read's error."""
+        if isinstance(reply, KeyMissing):
+            return item_id, reply.index or 0, None
+        if isinstance(reply, EtcdqError):
+            raise reply
+        locks = list(self.entries([reply.node]))  # a directory there is junk: no lock
+        return item_id, reply.index, locks[0] if locks else None
 
     def _read_node(self, kind: str, item_id: str) -> Optional[Node]:
         """Like :meth:`read`, the whole node: a lock's ``ttl`` (seconds left, rounded up)."""
@@ -1842,14 +1852,3 @@ def _served_before(reply: Union[Reply, EtcdqError], index: int) -> bool:
     if isinstance(reply, Reply):
         return reply.index < index
     return isinstance(reply, KeyMissing) and (reply.index or 0) < index
-
-
-def _lock_read(protocol: Protocol, item_id: str, reply: Union[Reply, EtcdqError]
-               ) -> Tuple[str, int, Optional[Entry]]:
-    """One of :meth:`Protocol.read_locks`'s results; raises a failed read's error."""
-    if isinstance(reply, KeyMissing):
-        return item_id, reply.index or 0, None
-    if isinstance(reply, EtcdqError):
-        raise reply
-    locks = list(protocol.entries([reply.node]))  # a directory there is junk: no lock
-    return item_id, reply.index, locks[0] if locks else None

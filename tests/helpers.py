@@ -299,3 +299,17 @@ def watching_with_a_free_item(queue: Any) -> Tuple[Any, str]:
     item_id = queue.put("stuck")
     wait_until(lambda: view._is_free(item_id), 5, message="the put's event")
     return view, item_id
+
+
+def watching_view_holding_one_claim(queue: Any) -> Tuple[Any, Any]:
+    """Put one item, claim it, and let the view start watching (nothing else
+    free): ``(the claim, the view)``, the view's events settled."""
+    item_id = queue.put("x")
+    claim = queue.claim()
+    assert claim is not None and claim.id == item_id
+    assert queue.claim(timeout=0) is None
+    view = queue._ensure_view()
+    assert view.watching_locks
+    index = queue.etcd.put(f"{queue.layout.root}/sentinel", "x").written_index
+    wait_until(lambda: view._known >= index, 5, message="the view's events")
+    return claim, view

@@ -24,13 +24,13 @@ import urllib.request
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
-from helpers import force_unswept_resend, in_background, wait_until
+from helpers import (force_unswept_resend, in_background, wait_until,
+                     watching_view_holding_one_claim)
 
 from etcdq_v2 import Queue
 from etcdq_v2.errors import KeyMissing
 from etcdq_v2.transport import connect
 from etcdq_v2 import view as view_module
-from etcdq_v2.view import QueueView
 
 FEW_LOCKS = getattr(view_module, "FEW_LOCKS", 8)
 
@@ -46,20 +46,6 @@ def v2(url: str, path: str, method: str = "GET", data: Optional[bytes] = None
             return dict(reply.headers), json.loads(reply.read())
     except urllib.error.HTTPError as exc:
         return dict(exc.headers), json.loads(exc.read())
-
-
-def watching_view_holding_one_claim(queue: Queue) -> Tuple[Any, QueueView]:
-    """Put one item, claim it, and let the view start watching (nothing else
-    free): ``(the claim, the view)``, the view's events settled."""
-    item_id = queue.put("x")
-    claim = queue.claim()
-    assert claim is not None and claim.id == item_id
-    assert queue.claim(timeout=0) is None
-    view = queue._ensure_view()
-    assert view.watching_locks
-    index = queue.etcd.put(f"{queue.layout.root}/rv28-sentinel", "x").written_index
-    wait_until(lambda: view._known >= index, 5, message="the view's events")
-    return claim, view
 
 
 # -- findings -----------------------------------------------------------------------

@@ -26,7 +26,7 @@ from urllib.request import Request, urlopen
 
 import pytest
 from helpers import (force_unswept_resend, in_background, wait_until,
-                     watching_with_a_free_item)
+                     watching_view_holding_one_claim, watching_with_a_free_item)
 
 from etcdq_v2 import Queue
 from etcdq_v2 import view as view_module
@@ -261,12 +261,8 @@ def test_rv29_held_a_refusal_that_wins_after_the_stream_restarted_past_the_sweep
 
 def _restart_past_the_sweep(queue: Queue) -> bool:
     """One attempt of the test above; False if etcd swept before the resend."""
-    item_id = queue.put("x")
-    claim = queue.claim()
-    assert claim is not None and claim.id == item_id
-    assert queue.claim(timeout=0) is None
-    view = queue._ensure_view()
-    assert view.watching_locks
+    claim, view = watching_view_holding_one_claim(queue)
+    item_id = claim.id
     lock_key = queue.layout.key("locks", item_id)
     window = {"hit": False}
     original_put = force_unswept_resend(queue, lock_key, window)
