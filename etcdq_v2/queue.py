@@ -36,13 +36,18 @@ log = logging.getLogger("etcdq_v2.queue")
 STATES = ("pending", "running", "completed", "failed")
 
 #: The most free items at the head of the view a claim picks among.  A lone
-#: consumer takes the head (strict FIFO); each lost race doubles its window and
-#: each clean claim narrows it by one, so concurrent consumers spread over the
-#: backlog (QueueView.pick) instead of all racing for the first item.  No real
-#: cap: a view with a backlog does not watch others' claims, which land at the
-#: head, and only a wide spread keeps its misses rare (docs/protocol.md, "The
-#: consumer's view").
+#: consumer takes the head (strict FIFO); each lost race widens its window
+#: WINDOW_GROWTH-fold and each clean claim narrows it by one, so concurrent
+#: consumers spread over the backlog (QueueView.pick) instead of all racing
+#: for the first item.  No real cap: a view with a backlog does not watch
+#: others' claims, which land at the head, and only a wide spread keeps its
+#: misses rare (docs/protocol.md, "The consumer's view").
 CLAIM_WINDOW = 1 << 20
+#: How much a lost race widens the window.  64 consumers starting together on
+#: a backlog all race for the head: doubling, each lost about 8 races before
+#: the windows were wide enough apart (a third of a drain's failed lock
+#: creates); eightfold, about 3 (bench/README.md, issue 14's seventh pass).
+WINDOW_GROWTH = 8
 #: Items found gone in a row, within one claim, that show the view is behind.
 STALE_VIEW = 3
 #: Races lost within one claim after which the item is read (is it finished?).
@@ -284,7 +289,7 @@ class Queue:
         loses several races, and the read made every second one of 64
         consumers list its whole backlog again (issue 14)."""
         view.locked_at(item_id, lost.index, refused=lost.refused)
-        self._window = min(CLAIM_WINDOW, self._window * 2)
+        self._window = min(CLAIM_WINDOW, self._window * WINDOW_GROWTH)
         if view.missed(item_id):  # a quiet view: others' claims are news to it
             view.behind(self.etcd.deadline)
         elif (view.watching_locks and taken == STALE_RACES

@@ -17,6 +17,7 @@ from typing import List
 import pytest
 
 from etcdq_v2 import Queue, connect
+from etcdq_v2 import queue as queue_module
 from etcdq_v2.server import free_port
 from etcdq_v2.view import BACKLOG
 
@@ -138,14 +139,34 @@ def test_a_view_that_fell_behind_lists_again_instead_of_trying_each_stale_item(
                                                     "GET": 1}
 
 
+def test_a_lost_race_widens_the_claim_window_eightfold(etcd_url: str, queue_name: str) -> None:
+    """Consumers that start together on a backlog all race for the head until
+    their windows are wide apart: doubling cost each of 64 consumers about 8
+    lost races (failed lock creates, raft writes all), eightfold about 3
+    (issue 14)."""
+    with Queue(etcd_url, queue_name) as consumer, Queue(etcd_url, queue_name) as other:
+        other.put_many(range(100))
+        view = consumer._ensure_view()
+        order = list(view._free)
+        held = other.claim()  # the head, unseen by the quiet view
+        assert held is not None and held.id == order[0]
+        claim = consumer.claim(timeout=5)
+        assert claim is not None and claim.id in order[1:8]
+        # Widened to 8 by the lost race, narrowed by one by the clean claim.
+        assert consumer._window == 7 and not view.watching_locks
+
+
 def test_a_quiet_view_counts_lost_races_as_misses_and_reads_no_item(
-        etcd_url: str, queue_name: str) -> None:
+        etcd_url: str, queue_name: str, monkeypatch) -> None:
     """A quiet view lists work/ again once its misses cost what that listing
     does; a lost race is one miss like any other.  Before, the sixth lost
     race within one claim also read the item, and an item finished elsewhere
     made the view list its whole backlog at once: at the start of a drain
     with 64 consumers (every claim loses races while the windows widen),
     one relist of the backlog in every second consumer (issue 14)."""
+    # Doubling windows, so that 64 stale items make 7 lost races in one claim
+    # (eightfold, 3): past STALE_RACES, where the read was made.
+    monkeypatch.setattr(queue_module, "WINDOW_GROWTH", 2)
     with Queue(etcd_url, queue_name) as consumer, Queue(etcd_url, queue_name) as other:
         other.put_many(range(2000), in_flight=16)
         view = consumer._ensure_view()  # quiet: 2,000 items, a miss limit of 20
@@ -159,8 +180,8 @@ def test_a_quiet_view_counts_lost_races_as_misses_and_reads_no_item(
         consumer.etcd.requests.clear()
         claim = consumer.claim(timeout=5)
         assert claim is not None and claim.id not in stale
-        # The window starts at the head and doubles after each lost race, so
-        # the first 7 tries (windows 1 to 64) are all among the 64 stale items.
+        # The window starts at the head and (here) doubles after each lost
+        # race, so the first 7 tries (windows 1 to 64) are all among the 64 stale items.
         assert view.relists == relists and "GET" not in consumer.etcd.requests
         lost = consumer.etcd.requests["PUT"] - 2  # then C1 and C2 of a free item
         assert 7 <= lost < limit and not view.watching_locks
