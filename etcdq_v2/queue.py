@@ -37,17 +37,23 @@ STATES = ("pending", "running", "completed", "failed")
 
 #: The most free items at the head of the view a claim picks among.  A lone
 #: consumer takes the head (strict FIFO); each lost race widens its window
-#: WINDOW_GROWTH-fold and each clean claim narrows it by one, so concurrent
-#: consumers spread over the backlog (QueueView.pick) instead of all racing
-#: for the first item.  No real cap: a view with a backlog does not watch
-#: others' claims, which land at the head, and only a wide spread keeps its
-#: misses rare (docs/protocol.md, "The consumer's view").
+#: WINDOW_GROWTH-fold and each clean claim narrows it (by one, or an eighth
+#: once calm: Queue._narrow), so concurrent consumers spread over the backlog
+#: (QueueView.pick) instead of all racing for the first item.  No real cap: a
+#: view with a backlog does not watch others' claims, which land at the head,
+#: and only a wide spread keeps its misses rare (docs/protocol.md, "The
+#: consumer's view").
 CLAIM_WINDOW = 1 << 20
-#: How much a lost race widens the window.  64 consumers starting together on
-#: a backlog all race for the head: doubling, each lost about 8 races before
-#: the windows were wide enough apart (a third of a drain's failed lock
-#: creates); eightfold, about 3 (bench/README.md, issue 14's seventh pass).
+#: How much a lost race widens the window, and (as a fraction) a calm clean
+#: claim narrows it.  64 consumers starting together on a backlog all race for the
+#: head: doubling, each lost about 8 races before the windows were wide
+#: enough apart (a third of a drain's failed lock creates); eightfold, about
+#: 3 (bench/README.md, "Windows that widen eightfold").
 WINDOW_GROWTH = 8
+#: Clean claims in a row after which the window narrows by an eighth per
+#: claim, not by one (Queue._narrow): a consumer left alone is back to a
+#: window of 1 (strict put order) within about 115 claims of its last lost race.
+CALM = 16
 #: Items found gone in a row, within one claim, that show the view is behind.
 STALE_VIEW = 3
 #: Races lost within one claim after which the item is read (is it finished?).
@@ -133,6 +139,7 @@ class Queue:
         self._heartbeat = Heartbeat(self.lock_ttl)
         self._view: Optional[QueueView] = None
         self._window = 1
+        self._calm = 0  # clean claims since the last lost race (see _narrow)
         #: The streams of the wait() calls under way, which close() ends.
         self._waiting: Set[EventStream] = set()
         self._waiting_lock = threading.Lock()
@@ -263,9 +270,24 @@ class Queue:
                 raise
             if state is not None:
                 view.locked_at(item_id, state.index)  # free again if our lock expires
-                self._window = max(1, self._window - 1)
+                self._narrow(view)
                 return Claim(state, self._protocol, self._heartbeat, view)
             view.locked_at(item_id, 0)  # it kept changing under us: after a listing
+
+    def _narrow(self, view: QueueView) -> None:
+        """A clean claim narrows the window by one; after CALM of them in a
+        row (no lost race: the consumer looks alone), by a WINDOW_GROWTH-th,
+        and the view walks from its head once: in put order again, not
+        after a walk to the end from wherever the cursor was.
+        By one only, a consumer left alone kept a window of up to 2**20 for
+        as many claims, out of put order (review rv31); by an eighth at
+        every claim, 64 consumers' windows shrank between their lost races
+        and they lost more of them."""
+        self._calm += 1
+        step = self._window // WINDOW_GROWTH if self._calm >= CALM else 1
+        self._window = max(1, self._window - max(1, step))
+        if self._calm == CALM and self._window > 1:
+            view.walk_from_head()
 
     def _found_gone(self, view: QueueView, item_id: str, gone: int) -> None:
         """A claim found the item gone (or finished): the view drops it.  A miss
@@ -290,6 +312,7 @@ class Queue:
         consumers list its whole backlog again (issue 14)."""
         view.locked_at(item_id, lost.index, refused=lost.refused)
         self._window = min(CLAIM_WINDOW, self._window * WINDOW_GROWTH)
+        self._calm = 0
         if view.missed(item_id):  # a quiet view: others' claims are news to it
             view.behind(self.etcd.deadline)
         elif (view.watching_locks and taken == STALE_RACES

@@ -308,8 +308,10 @@ class QueueView:
         another after each miss (:meth:`missed`): consumers spread over the
         backlog in runs, so they rarely try the same item, and a quiet view's
         stale items (taken by others since its listing) cost one miss per
-        run that reaches them rather than one per item.  Never an item put
-        after what the view knows of work/ (see :meth:`candidates`).
+        run that reaches them rather than one per item.  A walk that reaches
+        the end of the window goes on from the head (:meth:`_walk`), so the
+        oldest items do not wait for a random place to land on them.  Never
+        an item put after what the view knows of work/ (see :meth:`candidates`).
         """
         for _ in range(JUMPS if window > 1 else 0):
             with self._cond:
@@ -329,19 +331,52 @@ class QueueView:
                     return found
 
     def _walk(self, end: int) -> Optional[Candidate]:
-        """The first free item from the cursor on (among the first ``end``)."""
-        if end <= 0:
+        """The first free item from the cursor on (among the first ``end``).
+
+        A walk that reaches the end of the window goes on from the head, not
+        from a random place: the window narrowed past the cursor, or the
+        walk went through the newest items, and what is left behind it is
+        the oldest (review rv31: a consumer left alone claimed out of put
+        order whenever its narrowing window left the cursor outside)."""
+        if end <= 0 or not self._free:
             return None
         if self._cursor is None:
-            self._cursor = self._free[random.randrange(end)]
+            self._cursor = self._free[random.randrange(min(end, len(self._free)))]
         start = bisect.bisect_left(self._free, self._cursor)
-        for item_id in self._free[start:min(end, start + PROBES)]:
+        if start >= end:
+            start = 0
+        stop = min(end, start + PROBES)
+        for position in range(start, min(stop, len(self._free))):
+            item_id = self._free[position]
             if self._is_free(item_id) and self._items[item_id][0] <= self._known:
+                self._drop_taken(start, position)
                 self._cursor = item_id
                 index, raw = self._items[item_id]
                 return item_id, index, raw
-        self._cursor = None  # a run of items not free: jump next time
-        return None
+        dropped = self._drop_taken(start, stop)
+        if stop >= end:  # the window's end: from the head next time
+            self._cursor = self._free[0] if self._free and start > 0 else None
+        elif not dropped:  # free items changed since the view's listing: jump
+            self._cursor = None
+        return None  # else the next walk goes on where this one stopped
+
+    def _drop_taken(self, start: int, stop: int) -> bool:
+        """Forget the listed places in ``self._free[start:stop]`` of items not free
+        (this process's claims, known locks): a walk goes on past them rather
+        than jumping away (review rv31: a consumer left alone jumped over its
+        own claims, out of put order).  Free again, an item is listed anew
+        (_make_free, which every way back to free goes through)."""
+        gone = [i for i in self._free[start:stop] if not self._is_free(i)]
+        if gone:
+            self._free[start:stop] = [i for i in self._free[start:stop] if self._is_free(i)]
+            self._in_free.difference_update(gone)
+        return bool(gone)
+
+    def walk_from_head(self) -> None:
+        """The next walk starts at the head of the view: the consumer looks
+        alone (no lost race in a while: Queue._narrow), and walks in put order."""
+        with self._cond:
+            self._cursor = self._free[0] if self._free else None
 
     def missed(self, item_id: str) -> bool:
         """A claim found the item taken or gone.  True when a quiet view should
