@@ -365,7 +365,8 @@ class QueueView:
         (this process's claims, known locks): a walk goes on past them rather
         than jumping away (review rv31: a consumer left alone jumped over its
         own claims, out of put order).  Free again, an item is listed anew
-        (_make_free, which every way back to free goes through)."""
+        (_make_free, which every way back to free goes through; an orphan's
+        time, by offer_due at every claim round)."""
         gone = [i for i in self._free[start:stop] if not self._is_free(i)]
         if gone:
             self._free[start:stop] = [i for i in self._free[start:stop] if self._is_free(i)]
@@ -430,7 +431,13 @@ class QueueView:
 
         A full listing, because a taken item whose lock went may have been
         finished meanwhile (the view no longer sees records): only work/ tells.
+
+        First, orphans whose F3 is overdue are offered (:meth:`offer_due`):
+        only a claim that waits did that, and an orphan a walk or the head's
+        trim had dropped from the free list stayed out of it for a consumer
+        that never waits (review rv32).
         """
+        self.offer_due()
         with self._cond:
             now, quiet = time.monotonic(), not self.watching_locks
             stale = quiet and bool(self._locks) and (
