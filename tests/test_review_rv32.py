@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import random
 import threading
-import time
-from typing import Any, Dict, List, Set
+from typing import Any, List
 
-import pytest
 
 from etcdq_v2 import Queue
 from tests.helpers import wait_until
