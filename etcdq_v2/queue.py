@@ -52,7 +52,7 @@ CLAIM_WINDOW = 1 << 20
 WINDOW_GROWTH = 8
 #: Clean claims in a row after which the window narrows by an eighth per
 #: claim, not by one (Queue._narrow): a consumer left alone is back to a
-#: window of 1 (strict put order) within about 115 claims of its last lost race.
+#: window of 1 (strict put order) within about 115 claims of its last miss.
 CALM = 16
 #: Items found gone in a row, within one claim, that show the view is behind.
 STALE_VIEW = 3
@@ -276,7 +276,7 @@ class Queue:
 
     def _narrow(self, view: QueueView) -> None:
         """A clean claim narrows the window by one; after CALM of them in a
-        row (no lost race: the consumer looks alone), by a WINDOW_GROWTH-th,
+        row (no miss: the consumer looks alone), by a WINDOW_GROWTH-th,
         and the view walks from its head once: in put order again, not
         after a walk to the end from wherever the cursor was.
         By one only, a consumer left alone kept a window of up to 2**20 for
@@ -296,6 +296,7 @@ class Queue:
         up, and a busy process may be slow to notice.  Either way the view may
         list again rather than try each item it still holds."""
         view.finished(item_id)
+        self._calm = 0  # another consumer took it: not alone (review rv33)
         if view.missed(item_id) or gone == STALE_VIEW:
             view.behind(self.etcd.deadline)
 
