@@ -313,3 +313,8 @@ def watching_view_holding_one_claim(queue: Any) -> Tuple[Any, Any]:
     index = queue.etcd.put(f"{queue.layout.root}/sentinel", "x").written_index
     wait_until(lambda: view._known >= index, 5, message="the view's events")
     return claim, view
+
+
+def work_ids(queue: Any) -> List[str]:
+    """The ids in the queue's work/, sorted (put order), as etcd lists them now."""
+    return sorted(entry.id for entry in queue._protocol.list("work")[1])

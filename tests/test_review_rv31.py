@@ -31,6 +31,8 @@ from typing import Any, Dict, List, Set
 
 import pytest
 
+from helpers import work_ids
+
 from etcdq_v2 import Queue
 from etcdq_v2 import queue as queue_module
 
@@ -45,14 +47,11 @@ def _count_lost_races(queue: Queue, counter: List[int]) -> None:
     queue._lost_race = counting  # type: ignore[method-assign]
 
 
-def _work_ids(queue: Queue) -> List[str]:
-    return sorted(entry.id for entry in queue._protocol.list("work")[1])
-
 
 def _out_of_order_claims(queue: Queue, count: int) -> Dict[str, int]:
     """A lone ``queue`` claims and completes ``count`` items: how many were
     not the oldest item left in work/, and the last such claim's number."""
-    pending = _work_ids(queue)
+    pending = work_ids(queue)
     late, last = 0, -1
     for number in range(count):
         claim = queue.claim(timeout=5)
@@ -157,7 +156,7 @@ def _sustained(etcd_url: str, queue_name: str, seed: int, consumers: int, backlo
                     ages.append(made - put_at[claim.id])
                     claim.complete()
                     put_at[producer.put(made)] = made
-            left = _work_ids(producer)
+            left = work_ids(producer)
             windows = [queue._window for queue in queues]
         finally:
             for queue in queues:
@@ -278,7 +277,7 @@ def test_rv31_held_no_item_is_lost_or_run_twice_by_threaded_consumers(
                 queue.close()
         assert not errors, errors
         assert sorted(claimed) == sorted(ids)  # each exactly once
-        assert _work_ids(producer) == []
+        assert work_ids(producer) == []
         assert producer.stats()["completed"] == 900
 
 

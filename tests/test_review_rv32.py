@@ -26,12 +26,11 @@ import threading
 from typing import Any, List
 
 
+from helpers import work_ids
+
 from etcdq_v2 import Queue
 from tests.helpers import wait_until
 
-
-def _work_ids(queue: Queue) -> List[str]:
-    return sorted(entry.id for entry in queue._protocol.list("work")[1])
 
 
 def _watching_view(queue: Queue) -> Any:
@@ -72,7 +71,7 @@ def test_rv32_an_orphan_dropped_by_a_walk_is_never_offered_to_a_polling_consumer
         other._protocol.etcd.delete_all = f3_lost  # type: ignore[method-assign]
         claim.complete()
         wait_until(lambda: x in view._orphans, 10, message="q's view holds X as an orphan")
-        assert x in _work_ids(q)
+        assert x in work_ids(q)
         q._window = 8  # as after one lost race
         handed: List[str] = []
         for _ in range(5):
@@ -90,7 +89,7 @@ def test_rv32_an_orphan_dropped_by_a_walk_is_never_offered_to_a_polling_consumer
                 continue
             handed.append(got.id)
             got.complete()
-        left = _work_ids(q)
+        left = work_ids(q)
         with view._cond:
             state = {"in_free": x in view._in_free, "is_free": view._is_free(x),
                      "dropped_during_orphan_time": dropped, "work": left}
@@ -127,7 +126,7 @@ def test_rv32_held_an_item_dropped_while_locked_elsewhere_is_offered_once_releas
             if got is not None:
                 handed.append(got.id)
                 got.complete()
-        assert sorted(handed) == sorted(ids) and _work_ids(q) == []
+        assert sorted(handed) == sorted(ids) and work_ids(q) == []
 
 
 def test_rv32_held_threads_sharing_one_view_hand_out_each_item_once(
@@ -162,4 +161,4 @@ def test_rv32_held_threads_sharing_one_view_hand_out_each_item_once(
         for thread in threads:
             thread.join(120)
         assert not any(t.is_alive() for t in threads) and not errors, errors
-        assert sorted(handed) == sorted(ids) and _work_ids(q) == []
+        assert sorted(handed) == sorted(ids) and work_ids(q) == []

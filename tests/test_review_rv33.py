@@ -35,11 +35,8 @@ from typing import Any, Dict, List, Set
 
 from etcdq_v2 import EtcdqError, Queue, Transport, Worker, claim_first, current_task
 from etcdq_v2 import queue as queue_module
-from helpers import wait_until
+from helpers import wait_until, work_ids
 
-
-def _work_ids(queue: Queue) -> List[str]:
-    return sorted(entry.id for entry in queue._protocol.list("work")[1])
 
 
 def _overtaking(order: List[str], left: List[str]) -> int:
@@ -93,7 +90,7 @@ def _threaded_sustained(etcd_url: str, queue_name: str, consumers: int, backlog:
                 queue.close()
         assert not errors, errors
         assert len(order) == len(set(order))
-        left = _work_ids(producer)
+        left = work_ids(producer)
     return {"overtaking": _overtaking(order, left), "claims": len(order)}
 
 
@@ -206,7 +203,7 @@ def test_rv33_held_a_worker_with_concurrency_8_claims_in_put_order_and_runs_each
         assert claimed == ids
         assert sorted(handled) == sorted(ids)
         assert windows == {1}
-        assert _work_ids(producer) == []
+        assert work_ids(producer) == []
 
 
 def test_rv33_held_claim_first_over_two_queues_strands_nothing_with_three_consumers(
@@ -264,7 +261,7 @@ def test_rv33_held_claim_first_over_two_queues_strands_nothing_with_three_consum
                     queue.close()
         assert not errors, errors
         assert sorted(order) == sorted(expected)  # each exactly once
-        assert _work_ids(high_p) == [] and _work_ids(low_p) == []
+        assert work_ids(high_p) == [] and work_ids(low_p) == []
 
 
 def test_rv33_held_offer_due_at_every_round_never_offers_an_orphan_before_f3_is_overdue(
@@ -316,7 +313,7 @@ def test_rv33_held_offer_due_at_every_round_never_offers_an_orphan_before_f3_is_
             got.complete()
         assert x not in handed
         assert sorted(handed) == sorted(ids[1:])
-        assert _work_ids(q) == []
+        assert work_ids(q) == []
 
 
 def test_rv33_held_lost_and_delayed_claim_replies_strand_nothing_and_run_nothing_twice(
@@ -409,5 +406,5 @@ def test_rv33_held_lost_and_delayed_claim_replies_strand_nothing_and_run_nothing
                 queue.close()
         assert not errors, errors
         assert not problems, problems[:5]
-        assert _work_ids(producer) == []
+        assert work_ids(producer) == []
         assert producer.stats()["completed"] == len(expected)
