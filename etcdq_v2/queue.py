@@ -139,7 +139,7 @@ class Queue:
         self._heartbeat = Heartbeat(self.lock_ttl)
         self._view: Optional[QueueView] = None
         self._window = 1
-        self._calm = 0  # clean claims since the last lost race (see _narrow)
+        self._calm = 0  # clean claims since the last miss (see _narrow)
         #: The streams of the wait() calls under way, which close() ends.
         self._waiting: Set[EventStream] = set()
         self._waiting_lock = threading.Lock()

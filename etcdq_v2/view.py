@@ -288,9 +288,7 @@ class QueueView:
                         break
                 elif position == stale:
                     stale += 1
-            for item_id in self._free[:stale]:
-                self._in_free.discard(item_id)
-            del self._free[:stale]
+            self._drop_taken(0, stale)
             backlog = self.watching_locks and len(self._in_free) >= BACKLOG
             # Locks seen as events have no planned expiry: a quiet view, which
             # hears no expire event, must list them (review rv7).
@@ -367,9 +365,12 @@ class QueueView:
         own claims, out of put order).  Free again, an item is listed anew
         (_make_free, which every way back to free goes through; an orphan's
         time, by offer_due at every claim round)."""
-        gone = [i for i in self._free[start:stop] if not self._is_free(i)]
+        kept: List[str] = []
+        gone: List[str] = []
+        for item_id in self._free[start:stop]:
+            (kept if self._is_free(item_id) else gone).append(item_id)
         if gone:
-            self._free[start:stop] = [i for i in self._free[start:stop] if self._is_free(i)]
+            self._free[start:stop] = kept
             self._in_free.difference_update(gone)
         return bool(gone)
 
