@@ -304,7 +304,14 @@ IMPORT_LOCK = "0" * 20
 
 
 class Gone(Exception):
-    """The item a claim tried is no longer in work/, or is finished. Internal."""
+    """The item a claim tried is no longer in work/, or is finished. Internal.
+
+    ``by_us``: this claim took it out (dead-lettered it out of attempts, or
+    finished it for a finisher that stopped): no sign of another consumer."""
+
+    def __init__(self, item_id: str, by_us: bool = False) -> None:
+        super().__init__(item_id)
+        self.by_us = by_us
 
 
 class Taken(Exception):
@@ -689,18 +696,20 @@ class Protocol:
             self.finish_committed(item_id, entry, None)
         except EtcdRejected as exc:
             raise Junk(str(exc)) from None
-        raise Gone(item_id)
+        raise Gone(item_id, by_us=True)
 
     def _checked(self, state: ClaimState, held: _Held) -> ClaimState:
         """C3: hand out the claim unless the item is finished or out of attempts,
         or the lock is no longer ours."""
         before = state.item.attempts - 1
         if (before or state.item.requeued) and self._finished_before(state):
-            raise Gone(state.id)
+            raise Gone(state.id, by_us=True)
         if self.max_attempts and before >= self.max_attempts:
-            with contextlib.suppress(LockLost):  # another claim took it meanwhile
+            try:
                 self._abandon(state, before)
-            raise Gone(state.id)
+            except LockLost:  # another claim took it meanwhile
+                raise Gone(state.id) from None
+            raise Gone(state.id, by_us=True)
         if boot_clock() - held.since > self.lock_ttl / 2:
             self._still_locked(state, held.index)
         return state

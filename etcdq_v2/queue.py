@@ -251,7 +251,10 @@ class Queue:
             item_id, index, raw = candidate
             try:
                 state = self._protocol.claim(item_id, index, raw)
-            except Gone:
+            except Gone as exc:
+                if exc.by_us:  # its own dead letter: no miss (review rv34)
+                    view.finished(item_id)
+                    continue
                 gone += 1
                 self._found_gone(view, item_id, gone)
                 continue
