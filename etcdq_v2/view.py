@@ -195,6 +195,9 @@ class QueueView:
         #: After a failed once-per-lock-TTL listing of locks/: seconds until it
         #: is tried again (CONFIRM, doubling up to a lock TTL); 0 after one that worked.
         self._locks_retry = 0.0
+        #: After a failed listing of work/ in relist_work: no miss lists it again
+        #: before this time.monotonic(), nor the seconds after (the same backoff).
+        self._relist_after, self._work_retry = -math.inf, 0.0
         #: Known items held by a delay lock (a delayed put, a release delay): id ->
         #: time.monotonic() at which etcd expires the lock; and the earliest of them.
         self._delays: Dict[str, float] = {}
@@ -883,22 +886,27 @@ class QueueView:
         known, nor held for want of it (reviews rv18, rv20).
         """
         with self._cond:
-            if self._listing or self.watching_locks or self._closed:
+            if self._listing or self.watching_locks or self._closed or (
+                    not full and time.monotonic() < self._relist_after):
                 return
             self._listing, follower = True, self._follower
         try:
             index, work = self._protocol.list("work")
             with self._cond:
+                self._work_retry = 0.0
                 delayed = self._new_delayed(work)
                 # Those noted before are the next claim's to list for (check_locks):
                 # listing for them here too would cost each claim that misses a
                 # timeout while listings of locks/ fail (review rv22).
                 new = delayed - set(self._unplanned)
             locks = self._list_locks_if(bool(new) or full)
-        except BaseException:
+        except BaseException as exc:
             with self._cond:
                 self._end_listing()
-            raise
+                if not isinstance(exc, EtcdqError):
+                    raise
+                self._work_unlisted(exc, full)
+            return  # the claim goes on with what the view holds
         with self._cond:
             # Ended in the block that applies it: a starved claim that waited
             # for it sees it applied, or it dropped (review rv21).
@@ -927,6 +935,22 @@ class QueueView:
             ttl = self._protocol.lock_ttl
             self._locks_retry = min(ttl, max(CONFIRM, 2 * self._locks_retry))
             self._locks_listed = time.monotonic() - ttl + self._locks_retry
+
+    def _work_unlisted(self, exc: EtcdqError, full: bool) -> None:
+        """relist_work could not list work/ (under the lock).  The claim goes on
+        with what the view holds, and no miss lists again for CONFIRM, then
+        twice as long after each failure, up to a lock TTL; a full listing is
+        due again as a failed listing of locks/ is.  Before, every claim that
+        missed over the limit raised, though the view held free items, and
+        paid a request's deadline each time (a half-answering etcd)."""
+        ttl = self._protocol.lock_ttl
+        self._work_retry = min(ttl, max(CONFIRM, 2 * self._work_retry))
+        self._relist_after = time.monotonic() + self._work_retry
+        if full:
+            self._locks_unlisted_due(set(), True)
+        log.warning("could not list %s (listed again in %g s at the earliest; claims go "
+                    "on with what the view holds): %s",
+                    self._layout.dir("work"), self._work_retry, exc)
 
     def _end_listing(self) -> None:
         """relist_work is over (under the lock): a starved claim may wait for it."""
