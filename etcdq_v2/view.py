@@ -196,7 +196,8 @@ class QueueView:
         #: is tried again (CONFIRM, doubling up to a lock TTL); 0 after one that worked.
         self._locks_retry = 0.0
         #: After a failed listing of work/ in relist_work: no miss lists it again
-        #: before this time.monotonic(), nor the seconds after (the same backoff).
+        #: before this time.monotonic(); and the backoff's seconds (both reset by
+        #: any listing of work/ applied).
         self._relist_after, self._work_retry = -math.inf, 0.0
         #: Known items held by a delay lock (a delayed put, a release delay): id ->
         #: time.monotonic() at which etcd expires the lock; and the earliest of them.
@@ -893,7 +894,6 @@ class QueueView:
         try:
             index, work = self._protocol.list("work")
             with self._cond:
-                self._work_retry = 0.0
                 delayed = self._new_delayed(work)
                 # Those noted before are the next claim's to list for (check_locks):
                 # listing for them here too would cost each claim that misses a
@@ -985,7 +985,12 @@ class QueueView:
         running looked free after a relist and cost a miss each (relist_work
         then listed locks/ to learn which: review rv7).  It is freed as any
         taken item is: by a listing of locks/ without its lock, or an event.
+
+        Listings of work/ answer again: a miss may list at once (review rv35:
+        after one that failed, a full or a follower's listing that worked left
+        the backoff on, up to a lock TTL).
         """
+        self._relist_after, self._work_retry = -math.inf, 0.0
         for entry in work:
             if entry.index != self._items.get(entry.id, (0, None))[0] and _claimed(entry.value):
                 self._locked(entry.id, entry.index)
