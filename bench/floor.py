@@ -178,10 +178,32 @@ def measure_drains(workdir: Path, counts: Sequence[int], items: int, repeats: in
             for queues in sorted({1, consumers}):
                 how = "one shared queue" if queues == 1 else "alone on a queue each"
                 progress(f"floor: {items:,} items, {consumers} consumers, {how}, run {repeat + 1}")
-                with etcd_server(workdir) as server:
-                    target = Target(ETCDQ, server.url, f"floor-{consumers}-{repeat}")
-                    runs.append(drain(target, items, consumers, server.pid, queues=queues))
+                runs.append(_fresh_drain(workdir, f"floor-{consumers}-{repeat}", items,
+                                         consumers, queues=queues))
+        if min(counts) < max(counts):
+            runs.append(_paced_drain(workdir, runs, items, min(counts), max(counts), repeat,
+                                     progress))
     return runs
+
+
+def _fresh_drain(workdir: Path, name: str, items: int, consumers: int, queues: int = 1,
+                 pace: Optional[float] = None) -> DrainRun:
+    with etcd_server(workdir) as server:
+        target = Target(ETCDQ, server.url, name)
+        return drain(target, items, consumers, server.pid, queues=queues, pace=pace)
+
+
+def _paced_drain(workdir: Path, runs: Sequence[DrainRun], items: int, low: int, high: int,
+                 repeat: int, progress: Callable[[str], None]) -> DrainRun:
+    """``low`` consumers on one shared queue, held to the rate that ``high`` reached
+    on it in this repeat (its last such drain): etcd's CPU per item at the same
+    rate.  On this machine etcd commits one raft batch (and a WAL fsync) per
+    round whatever arrives, so an item costs it more when items come slower
+    (bench/README.md, "etcd's CPU follows the rate")."""
+    rate = [run.items_per_s for run in shared(runs) if run.consumers == high][-1]
+    progress(f"floor: {items:,} items, {low} consumers held to {rate:,.0f} items/s, "
+             f"run {repeat + 1}")
+    return _fresh_drain(workdir, f"floor-paced-{low}-{repeat}", items, low, pace=rate)
 
 
 def _list_rounds(start: StartLine, url: str, queue: str, rounds: int) -> int:
@@ -244,8 +266,13 @@ def listings_table(runs: Sequence[ListingRun]) -> str:
 
 
 def shared(runs: Sequence[DrainRun]) -> List[DrainRun]:
-    """Of measure_drains' runs, the drains of one shared queue."""
-    return [run for run in runs if run.queues == 1]
+    """Of measure_drains' runs, the drains of one shared queue, flat out."""
+    return [run for run in runs if run.queues == 1 and run.paced is None]
+
+
+def paced(runs: Sequence[DrainRun]) -> List[DrainRun]:
+    """Of measure_drains' runs, the few consumers held to the many's rate."""
+    return [run for run in runs if run.paced is not None]
 
 
 def alone(runs: Sequence[DrainRun]) -> List[DrainRun]:
@@ -340,12 +367,14 @@ def listing_medians(listings: Sequence[ListingRun], processes: int) -> Optional[
 def comparison(runs: Sequence[FloorRun], drains: Sequence[DrainRun], low: int,
                high: int, alone: Sequence[DrainRun] = (),
                label: str = "etcdq_v2 drains (items)",
-               listings: Sequence[ListingRun] = ()) -> Optional[str]:
+               listings: Sequence[ListingRun] = (),
+               held: Sequence[DrainRun] = ()) -> Optional[str]:
     """The drains' ratios (``high`` against ``low`` processes; ``label`` names
     them) next to the floor's (and the queue's floor's, from ``alone``, if it
-    measured both; with the first listings added, from ``listings``), and
-    the bound on the drain rate at ``high``; None unless both were measured
-    at both counts."""
+    measured both; with the first listings added, from ``listings``; against
+    ``low`` consumers held to ``high``'s rate, from ``held``), and the bound
+    on the drain rate at ``high``; None unless both were measured at both
+    counts."""
     drain_low, drain_high = drain_medians(drains, low), drain_medians(drains, high)
     floor = _factors(_floor_medians(runs, low), _floor_medians(runs, high))
     if drain_low is None or drain_high is None or floor is None:
@@ -353,6 +382,12 @@ def comparison(runs: Sequence[FloorRun], drains: Sequence[DrainRun], low: int,
     growth = _factors(drain_low, drain_high)
     assert growth is not None  # drain_medians never holds a None
     rows = [[label, *(f"{f:.2f}×" for f in growth)]]
+    held_low = drain_medians(held, low)
+    if held_low is not None:
+        same_rate = _factors(held_low, drain_high)
+        assert same_rate is not None
+        rows.append([f"the same, against {low} consumers held to the {high} consumers' rate "
+                     "(items)", *(f"{f:.2f}×" for f in same_rate)])
     alone_low, alone_high = drain_medians(alone, low), drain_medians(alone, high)
     if alone_low is not None and alone_high is not None:
         apart = _factors(alone_low, alone_high)

@@ -149,7 +149,9 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _consume(start: StartLine, target: Target) -> ConsumerReport:
+def _consume(start: StartLine, target: Target, interval: float = 0.0) -> ConsumerReport:
+    """Claim and finish until nothing is free; ``interval``: seconds from one
+    item's slot to the next (a paced drain, see drain), else none."""
     design = open_design(target)
     try:
         started = start()
@@ -163,6 +165,8 @@ def _consume(start: StartLine, target: Target) -> ConsumerReport:
             design.finish()  # processing itself is a no-op: we measure the queue
             done.append(payload)
             done_at.append(time.time())
+            if interval:  # the pace's slot, not a wait for anything
+                time.sleep(max(0.0, started + len(done) * interval - time.time()))
         return ConsumerReport(done, started, dict(design.requests), design.lock_failures,
                               _cpu_seconds() - cpu, done_at)
     finally:
@@ -193,6 +197,8 @@ class DrainRun:
     steady_items_per_s: Optional[float] = None
     #: start line to a consumer's first item finished, the median consumer
     first_item_s: Optional[float] = None
+    #: items/s the consumers were held to, all together (see drain); None: flat out
+    paced: Optional[float] = None
 
     @property
     def etcd_cpu_ms_per_item(self) -> Optional[float]:
@@ -215,14 +221,19 @@ class DrainRun:
 
 
 def drain(target: Target, items: int, consumers: int,
-          server_pid: Optional[int] = None, queues: int = 1) -> DrainRun:
+          server_pid: Optional[int] = None, queues: int = 1,
+          pace: Optional[float] = None) -> DrainRun:
     """Fill ``target``'s (new, empty) queue, then drain it with ``consumers`` processes;
     ``server_pid``: etcd's, to count its CPU during the drain.
 
     ``queues`` > 1 splits the items evenly over that many new queues instead
     (``target``'s name and ``-0``, ``-1``, ...), consumer i draining queue i mod
     ``queues`` only: with one queue per consumer, each consumer is alone on
-    its own (bench/floor.py, "the queue's floor")."""
+    its own (bench/floor.py, "the queue's floor").
+
+    ``pace``: the consumers together finish at most that many items a second
+    (each sleeps until its next slot, ``consumers / pace`` seconds apart):
+    a few consumers held to the rate that many reach (bench/floor.py, "paced")."""
     on_etcd = DESIGNS[target.design].backend == "etcd"
     targets = [replace(target, queue=f"{target.queue}-{n}") for n in range(queues)] \
         if queues > 1 else [target]
@@ -236,7 +247,9 @@ def drain(target: Target, items: int, consumers: int,
         fill(each, n * share, share)
     items = share * queues
     before_drain = counters()
-    with Workers(_consume, [(targets[i % queues],) for i in range(consumers)]) as workers:
+    interval = consumers / pace if pace else 0.0
+    with Workers(_consume, [(targets[i % queues], interval)
+                            for i in range(consumers)]) as workers:
         workers.go()
         # From the release on, as the floor's writes: spawning and importing
         # (seconds for 64 processes) are not the drain's.
@@ -269,7 +282,7 @@ def drain(target: Target, items: int, consumers: int,
         drain_ops=EtcdOps.between(before_drain, after) if before_drain and after else None,
         etcd_cpu_seconds=etcd_cpu, clients_cpu_seconds=sum(r.cpu_seconds for r in reports),
         queues=queues, steady_items_per_s=steady_rate([t for r in reports for t in r.done_at]),
-        first_item_s=_first_item_s(reports))
+        first_item_s=_first_item_s(reports), paced=pace)
 
 
 def steady_rate(finished: List[float], low: float = 0.1, high: float = 0.9) -> Optional[float]:

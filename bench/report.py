@@ -284,11 +284,13 @@ def scale_table(drains: Sequence[DrainRun], counts: Sequence[int]) -> str:
             Spread.of(r.clients_cpu_ms_per_item for r in same).text(2),
             Spread.of(r.drain_ops.failed_writes / r.items for r in same
                       if r.drain_ops is not None).text(2) if same[0].drain_ops else "–",
+            Spread.of(r.drain_ops.fsyncs / r.items for r in same
+                      if r.drain_ops is not None).text(2) if same[0].drain_ops else "–",
             _percent_of_items(same, lambda run: run.run_twice)])
     return markdown_table(["consumer processes", "items/s", f"× {first}",
                            "steady items/s", f"× {first}", "first item, s",
                            "etcd CPU ms/item", f"× {first}", "clients' CPU ms/item",
-                           "failed writes/item", "run twice"], rows)
+                           "failed writes/item", "WAL fsyncs/item", "run twice"], rows)
 
 
 def _spread_or_dash(values: Sequence[Optional[float]], digits: int) -> str:

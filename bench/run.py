@@ -285,6 +285,7 @@ def floor_tables(plan: Plan, results: Results) -> List[Tuple[str, str]]:
                  f"{', '.join(map(str, plan.scale_consumers))} processes",
                  floor.table(results.floor))]
     shared, alone = floor.shared(results.floor_drains), floor.alone(results.floor_drains)
+    held = floor.paced(results.floor_drains)
     if alone:
         sections.append((f"The queue's floor: {plan.drain_items:,} items split over one queue "
                          "per consumer process, each alone on its own",
@@ -292,13 +293,17 @@ def floor_tables(plan: Plan, results: Results) -> List[Tuple[str, str]]:
     if shared:
         sections.append((f"Beside it, one shared queue: {plan.drain_items:,} items, each drain "
                          "on a fresh etcd", report.scale_table(shared, plan.scale_consumers)))
+    if held:
+        sections.append((f"{low} consumers on one shared queue, held to the rate {high} reached "
+                         "(etcd's CPU per item at the same rate)",
+                         report.scale_table(held, [low])))
     if results.floor_listings:
         sections.append((f"The first listings: each process lists a queue of "
                          f"{plan.drain_items:,} items once, all at once, nothing else",
                          floor.listings_table(results.floor_listings)))
     label = "one shared queue, fresh etcds (items)" if shared else "etcdq_v2 drains (items)"
     beside = floor.comparison(results.floor, shared or results.drains, low, high, alone, label,
-                              results.floor_listings)
+                              results.floor_listings, held)
     if beside is not None:
         sections.append((f"The floor next to the drains: {high} processes against {low}",
                          beside))

@@ -111,7 +111,12 @@ def test_floor_section_writes_from_each_process_count_and_renders_its_table(
         assert r.etcd_us_per_write is not None and r.etcd_us_per_write > 0
     assert [(r.consumers, r.queues, r.items) for r in results.floor_drains] == [
         (2, 1, plan.drain_items), (2, 2, plan.drain_items), (4, 1, plan.drain_items),
-        (4, 4, plan.drain_items)]
+        (4, 4, plan.drain_items), (2, 1, plan.drain_items)]
+    # the last: 2 consumers held to the rate the 4 reached on one shared queue
+    assert [r.paced for r in results.floor_drains] == [None] * 4 + [
+        results.floor_drains[2].items_per_s]
+    assert floor.paced(results.floor_drains) == results.floor_drains[4:]
+    assert floor.shared(results.floor_drains) == results.floor_drains[0:3:2]
     for r in results.floor_drains:
         assert (r.missing, r.run_twice, r.claims) == (0, 0, plan.drain_items)
         assert r.steady_items_per_s is not None and r.steady_items_per_s > 0
@@ -124,7 +129,8 @@ def test_floor_section_writes_from_each_process_count_and_renders_its_table(
     listed = [r.etcd_ms_per_item for r in results.floor_listings]
     assert None not in listed and sum(listed) > 0  # type: ignore[arg-type]
     [(title, table), (alone_title, alone_table), (shared_title, shared_table),
-     (listings_title, listings_table), (beside_title, beside)] = run.floor_tables(plan, results)
+     (held_title, held_table), (listings_title, listings_table),
+     (beside_title, beside)] = run.floor_tables(plan, results)
     lines = table.splitlines()
     assert "2, 4 processes" in title and len(lines) == 4
     assert [line.count("|") for line in lines] == [9] * 4
@@ -134,12 +140,16 @@ def test_floor_section_writes_from_each_process_count_and_renders_its_table(
     assert [line.split("|")[1].strip() for line in alone_table.splitlines()[2:]] == ["2", "4"]
     assert "one shared queue" in shared_title
     assert [line.split("|")[1].strip() for line in shared_table.splitlines()[2:]] == ["2", "4"]
+    assert "held to the rate 4 reached" in held_title
+    assert [line.split("|")[1].strip() for line in held_table.splitlines()[2:]] == ["2"]
+    assert "WAL fsyncs/item" in held_table.splitlines()[0]
     assert "first listings" in listings_title
     assert [line.split("|")[1].strip() for line in listings_table.splitlines()[2:]] == ["2", "4"]
     assert "4 processes against 2" in beside_title
     assert "plus one listing of the whole backlog per consumer" in beside
     assert "| one shared queue, fresh etcds (items) |" in beside
     assert "| each consumer alone on its own queue, the queue's floor (items) |" in beside
+    assert "| the same, against 2 consumers held to the 4 consumers' rate (items) |" in beside
 
 
 def test_drain_over_several_queues_splits_the_items_and_gives_each_consumer_one(
@@ -163,6 +173,21 @@ def test_drain_over_several_queues_splits_the_items_and_gives_each_consumer_one(
                 queue.close()
     assert (run.items, run.queues, run.missing, run.run_twice) == (40, 2, 0, 0)
     assert counts == [(0, 0), (0, 20), (0, 20)]
+
+
+def test_a_paced_drain_holds_its_consumers_to_the_rate_asked(tmp_path: Path) -> None:
+    """measure.drain(pace=40) with 2 consumers: each finishes an item per slot,
+    2 / 40 = 0.05 s apart, so the one with the most of the 20 items (10 at
+    least) takes 9 slots after its first: the drain lasts 0.45 s at least (a
+    bound the sleeps set, not a speed), and every item is drained once."""
+    from bench.designs import Target
+    from bench.servers import etcd_server
+
+    with etcd_server(tmp_path) as server:
+        run = measure.drain(Target("etcdq_v2", server.url, "paced"), 20, 2, server.pid,
+                            pace=40)
+    assert (run.items, run.missing, run.run_twice, run.paced) == (20, 0, 0, 40)
+    assert run.seconds >= 9 * 2 / 40, run.seconds
 
 
 def test_steady_rate_leaves_out_the_start_and_the_end_of_a_drain() -> None:
@@ -213,6 +238,12 @@ def test_floor_bound_is_the_rate_scaled_by_the_cpu_per_item_growth() -> None:
     text = floor.comparison(runs, drains, 8, 64, alone, listings=listings)
     assert text is not None  # (0.6 + 0.6) / (0.5 + 0.1) ms per item
     assert "(+0.100 and +0.600 ms per item) | – | 2.00× | – |" in text
+    assert "held to" not in text
+    held = [drain(8, 400, 0.9, 0.6)]
+    text = floor.comparison(runs, drains, 8, 64, held=held)
+    assert text is not None  # 64 flat out against 8 at the same 400 items/s
+    assert "| the same, against 8 consumers held to the 64 consumers' rate (items) | " \
+        "1.00× | 1.11× | 3.33× |" in text
 
 
 def test_etcd_profile_decodes_etcds_own_cpu_profile_of_a_drain() -> None:
