@@ -182,6 +182,9 @@ class QueueView:
         #: Set by candidates(): the index of the oldest free item it held back
         #: because it is newer than _known (0: none).
         self._behind = 0
+        #: Items this process put up to this index are offered though newer than
+        #: _known: catch_up could not list work/ (see _offer_upto).
+        self._own_upto = 0
         #: Items with an outcome record whose removal from work/ (F3) the view has
         #: not seen yet, while their finisher's lock is there: offered to no one.
         self._recorded: Set[str] = set()
@@ -282,7 +285,7 @@ class QueueView:
             for position, item_id in enumerate(self._free):
                 if self._is_free(item_id):
                     index, raw = self._items[item_id]
-                    if index > self._known:
+                    if index > self._offer_upto:
                         # Put by this process after what the view knows of work/:
                         # an item of another producer may come before it.
                         self._behind = index
@@ -318,7 +321,7 @@ class QueueView:
         for _ in range(JUMPS if window > 1 else 0):
             with self._cond:
                 found = self._walk(min(window, bisect.bisect_right(
-                    self._free, _id_at(self._known))))
+                    self._free, _id_at(self._offer_upto))))
                 if found is not None:
                     self.taken(found[0])
                     return found
@@ -350,7 +353,7 @@ class QueueView:
         stop = min(end, start + PROBES)
         for position in range(start, min(stop, len(self._free))):
             item_id = self._free[position]
-            if self._is_free(item_id) and self._items[item_id][0] <= self._known:
+            if self._is_free(item_id) and self._items[item_id][0] <= self._offer_upto:
                 self._drop_taken(start, position)
                 self._cursor = item_id
                 index, raw = self._items[item_id]
@@ -411,8 +414,33 @@ class QueueView:
             if self.watching_locks and self._cond.wait_for(
                     lambda: self._known >= behind or self._closed, timeout):
                 return True
-        self.relist(timeout)
+            quiet = not self.watching_locks
+        if quiet:
+            self._catch_up_quietly(behind, timeout)
+        else:
+            self.relist(timeout)
         return True
+
+    def _catch_up_quietly(self, behind: int, timeout: float) -> None:
+        """A quiet view lists work/ in the claimer's thread and stays ready
+        (relist_work).  If no listing up to ``behind`` came (it failed, or its
+        backoff is on), the items this process put up to ``behind`` are
+        offered without it: put order with other producers' items waits for
+        a listing that works.  Before (review rv36), relist() made the view
+        unready, and while listings of work/ failed every claim of the
+        process failed, though the view held its own item free."""
+        self.relist_work()
+        with self._cond:
+            self._cond.wait_for(lambda: not self._listing or self._closed, timeout)
+            if self._known < behind:
+                self._own_upto = max(self._own_upto, behind)
+
+    @property
+    def _offer_upto(self) -> int:
+        """Items up to this etcd index may be offered (under the lock): what
+        the view knows of work/, or this process's own puts after a failed
+        catch_up."""
+        return max(self._known, self._own_upto)
 
     def starved(self, timeout: float) -> None:
         """A claim found nothing: watch the whole queue directory, and wait for its listing.
@@ -940,14 +968,14 @@ class QueueView:
         """relist_work could not list work/ (under the lock).  The claim goes on
         with what the view holds, and no miss lists again for CONFIRM, then
         twice as long after each failure, up to a lock TTL; a full listing is
-        due again as a failed listing of locks/ is.  Before, every claim that
+        due again after the same time.  Before, every claim that
         missed over the limit raised, though the view held free items, and
         paid a request's deadline each time (a half-answering etcd)."""
         ttl = self._protocol.lock_ttl
         self._work_retry = min(ttl, max(CONFIRM, 2 * self._work_retry))
         self._relist_after = time.monotonic() + self._work_retry
-        if full:
-            self._locks_unlisted_due(set(), True)
+        if full:  # not on _locks_retry, which a due delay's listing of locks/ resets (rv36)
+            self._locks_listed = time.monotonic() - ttl + self._work_retry
         log.warning("could not list %s (listed again in %g s at the earliest; claims go "
                     "on with what the view holds): %s",
                     self._layout.dir("work"), self._work_retry, exc)
@@ -1003,7 +1031,7 @@ class QueueView:
         self._in_free = set(self._free)
         self._recorded.clear()  # one still in work/ now is one a claim must finish
         self._orphans.clear()
-        self._known = index
+        self._known, self._own_upto = index, 0
         self._misses, self._listed_free, self._cursor = 0, len(work), None
         self.relists += 1
         self.version += 1
