@@ -202,6 +202,8 @@ class QueueView:
         #: before this time.monotonic(); and the backoff's seconds (both reset by
         #: any listing of work/ applied).
         self._relist_after, self._work_retry = -math.inf, 0.0
+        #: time.monotonic() of the last failed listing of work/ (catch_up's gate)
+        self._work_failed_at = -math.inf
         #: Known items held by a delay lock (a delayed put, a release delay): id ->
         #: time.monotonic() at which etcd expires the lock; and the earliest of them.
         self._delays: Dict[str, float] = {}
@@ -423,15 +425,17 @@ class QueueView:
 
     def _catch_up_quietly(self, behind: int, timeout: float) -> None:
         """A quiet view lists work/ in the claimer's thread and stays ready
-        (relist_work).  If no listing up to ``behind`` came (it failed, or its
-        backoff is on), the items this process put up to ``behind`` are
-        offered without it: put order with other producers' items waits for
-        a listing that works.  Before (review rv36), relist() made the view
+        (relist_work; while listings fail, at most once a second).  If no
+        listing up to ``behind`` came, the items this process put up to
+        ``behind`` are offered without it: put order with other producers'
+        items waits for a listing that works.  Before (review rv36), relist() made the view
         unready, and while listings of work/ failed every claim of the
         process failed, though the view held its own item free."""
-        self.relist_work()
+        self.relist_work(catching_up=True)
         with self._cond:
             self._cond.wait_for(lambda: not self._listing or self._closed, timeout)
+            if self._closed:  # no claim after close() (review rv37)
+                raise Unavailable(f"could not list {self._layout.root} (the queue was closed)")
             if self._known < behind:
                 self._own_upto = max(self._own_upto, behind)
 
@@ -896,7 +900,7 @@ class QueueView:
         else:
             self.relist_work()
 
-    def relist_work(self, *, full: bool = False) -> None:
+    def relist_work(self, *, full: bool = False, catching_up: bool = False) -> None:
         """A quiet view that missed too often lists work/ again, in the claimer's
         thread; other claimers meanwhile go on with what the view has.
         ``full``: locks/ too, once per lock TTL (check_locks); if that listing
@@ -916,7 +920,7 @@ class QueueView:
         """
         with self._cond:
             if self._listing or self.watching_locks or self._closed or (
-                    not full and time.monotonic() < self._relist_after):
+                    not full and time.monotonic() < self._relist_gate(catching_up)):
                 return
             self._listing, follower = True, self._follower
         try:
@@ -964,6 +968,13 @@ class QueueView:
             self._locks_retry = min(ttl, max(CONFIRM, 2 * self._locks_retry))
             self._locks_listed = time.monotonic() - ttl + self._locks_retry
 
+    def _relist_gate(self, catching_up: bool) -> float:
+        """No listing of work/ before this time.monotonic() (under the lock).
+        A catch-up waits a second (CONFIRM) after the last failure, not the
+        misses' backoff: put order waits for it (review rv37: up to a lock TTL
+        out of order after listings answered again)."""
+        return self._work_failed_at + CONFIRM if catching_up else self._relist_after
+
     def _work_unlisted(self, exc: EtcdqError, full: bool) -> None:
         """relist_work could not list work/ (under the lock).  The claim goes on
         with what the view holds, and no miss lists again for CONFIRM, then
@@ -973,7 +984,8 @@ class QueueView:
         paid a request's deadline each time (a half-answering etcd)."""
         ttl = self._protocol.lock_ttl
         self._work_retry = min(ttl, max(CONFIRM, 2 * self._work_retry))
-        self._relist_after = time.monotonic() + self._work_retry
+        self._work_failed_at = time.monotonic()
+        self._relist_after = self._work_failed_at + self._work_retry
         if full:  # not on _locks_retry, which a due delay's listing of locks/ resets (rv36)
             self._locks_listed = time.monotonic() - ttl + self._work_retry
         log.warning("could not list %s (listed again in %g s at the earliest; claims go "

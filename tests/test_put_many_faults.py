@@ -257,11 +257,16 @@ def test_held_cuts_while_another_consumer_claims_and_completes_the_items(
         thread, outcome = in_background(lambda: producer.put_many(given, in_flight=in_flight))
 
         def consume() -> None:
-            while thread.is_alive() or consumer.stats()["pending"]:
+            # stats() (a GET of the whole queue) only when nothing was free: at
+            # each claim it made the drain quadratic, over a minute on a busy
+            # machine, and the counts below then raced the consumer still running
+            while True:
                 claim = consumer.claim(timeout=0.2)
                 if claim is not None:
                     claim.complete()
                     done.append(claim.payload)
+                elif not thread.is_alive() and not consumer.stats()["pending"]:
+                    return
         worker, worked = in_background(consume, "consumer")
         for cut in range(1, 6):
             wait_until(lambda n=cut * 200: posts(proxy) >= n or not thread.is_alive(), 30,
@@ -270,7 +275,8 @@ def test_held_cuts_while_another_consumer_claims_and_completes_the_items(
             time.sleep(0.05)
             proxy.pass_through()
         thread.join(60)
-        worker.join(60)
+        worker.join(120)
+        assert not thread.is_alive() and not worker.is_alive()
         assert "raised" not in outcome, outcome.get("raised")
         assert "raised" not in worked, worked.get("raised")
         ids: List[str] = outcome["returned"]

@@ -17,6 +17,7 @@ import pytest
 
 from etcdq_v2 import ConfigError, EtcdqError, NotFound, Queue, Unavailable, connect
 from etcdq_v2.codec import Item, Record
+from etcdq_v2.errors import KeyMissing
 from etcdq_v2.protocol import COMPLETED, FAILED, MAX_TTL, TOMBSTONE_TTL
 
 import test_cli
@@ -33,10 +34,10 @@ BOUND = 10.0
 
 def node(queue: Queue, kind: str, item_id: str) -> Optional[Dict[str, Any]]:
     """The etcd node of ``kind/<id>`` (with its ``ttl`` if it has one), or None."""
-    entry = queue._protocol.read(kind, item_id)
-    if entry is None:
+    try:  # one GET: a read, then a GET, raced a lock's expiry in between
+        return queue.etcd.get(queue.layout.key(kind, item_id), quorum=True).node
+    except KeyMissing:
         return None
-    return queue.etcd.get(queue.layout.key(kind, item_id), quorum=True).node
 
 
 def ttl_of(queue: Queue, kind: str, item_id: str) -> Optional[int]:
