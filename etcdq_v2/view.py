@@ -407,7 +407,9 @@ class QueueView:
         item put before them, then True.  False if it held none back.
 
         While the whole directory is watched their own events will come (up to
-        ``timeout``); otherwise, or if they do not, list again.
+        ``timeout``); otherwise, or if they do not, list again.  If that
+        listing fails, or the watching follower's last one did, the items this
+        process put up to there are offered without it (_own_upto).
         """
         with self._cond:
             behind = self._behind
@@ -416,9 +418,12 @@ class QueueView:
             if self.watching_locks and self._cond.wait_for(
                     lambda: self._known >= behind or self._closed, timeout):
                 return True
-            quiet = not self.watching_locks
+            quiet, failing = not self.watching_locks, self._error is not None
         if quiet:
             self._catch_up_quietly(behind, timeout)
+        elif failing:  # the follower cannot list; a new one, unready, would fail claims (rv37)
+            with self._cond:
+                self._own_upto = max(self._own_upto, behind)
         else:
             self.relist(timeout)
         return True

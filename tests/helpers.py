@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -158,6 +159,12 @@ def claim_until_idle(queue: Any, idle_rounds: int, record: Callable[[str], None]
 def locks_get(queue_name: str) -> bytes:
     """The start of a request listing the queue's locks/, for the fault proxy's ``match``."""
     return rb"GET /v2/keys/etcdq/" + queue_name.encode() + rb"/locks"
+
+
+def work_listing(queue_name: str) -> "re.Pattern[bytes]":
+    """A request listing the queue's work/ (not a read of one item in it), for
+    the fault proxy's ``match``."""
+    return re.compile(rb"GET /v2/keys/etcdq/" + re.escape(queue_name.encode()) + rb"/work\?")
 
 
 def q_item(queue: Any, n: int = 1) -> str:

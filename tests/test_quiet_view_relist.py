@@ -8,19 +8,13 @@ on with what the view holds, and the listing is tried again after a backoff
 (CONFIRM, doubling up to a lock TTL), as a failed listing of locks/ is."""
 from __future__ import annotations
 
-import re
 import time
 from typing import List, Set
 
-from helpers import quiet_view_whose_head_is_held, record_calls, wait_until
+from helpers import quiet_view_whose_head_is_held, record_calls, wait_until, work_listing
 
 from etcdq_v2.errors import EtcdqError
 from etcdq_v2.view import CONFIRM
-
-
-def _work_listing(queue_name: str) -> "re.Pattern[bytes]":
-    """A request listing the queue's work/ (not a read of one item in it)."""
-    return re.compile(rb"GET /v2/keys/etcdq/" + re.escape(queue_name.encode()) + rb"/work\?")
 
 
 def test_claims_go_on_while_listings_of_work_fail_and_the_listing_backs_off(
@@ -31,7 +25,7 @@ def test_claims_go_on_while_listings_of_work_fail_and_the_listing_backs_off(
         others: Set[str] = {claim.id for claim in held_by_other}
         assert len(others) == 10
         listed = record_calls(view._protocol, "list")
-        proxy.hold(match=_work_listing(queue_name))
+        proxy.hold(match=work_listing(queue_name))
         got: List[str] = []
         failed: List[BaseException] = []
         try:

@@ -38,7 +38,6 @@ Held (test_rv35_held_*, passing on 017af69):
 """
 from __future__ import annotations
 
-import re
 import threading
 import time
 from typing import Any
@@ -49,17 +48,13 @@ from helpers import (
     quiet_view_whose_head_is_held,
     record_calls,
     wait_until,
+    work_listing,
 )
 
 from etcdq_v2 import Queue
 from etcdq_v2.errors import EtcdqError, Unavailable
 from etcdq_v2.protocol import COMPLETED, Gone
 from etcdq_v2.transport import connect
-
-
-def _work_listing(queue_name: str) -> re.Pattern[bytes]:
-    """A request listing the queue's work/ (not a read of one item in it)."""
-    return re.compile(rb"GET /v2/keys/etcdq/" + re.escape(queue_name.encode()) + rb"/work\?")
 
 
 def _behind_lists(view: Any, listed: list[Any]) -> bool:
@@ -84,7 +79,7 @@ def test_rv35_a_listing_of_work_that_works_does_not_lift_the_relist_backoff(
     with quiet_view_whose_head_is_held(etcd_url, proxy.url, queue_name, lock_ttl=10,
                                        items=40) as (_, _other, _consumer, _ids, view, _held):
         listed = record_calls(view._protocol, "list")
-        proxy.hold(match=_work_listing(queue_name))
+        proxy.hold(match=work_listing(queue_name))
         try:
             for _ in range(3):  # each waits out the backoff of the one before
                 wait_until(lambda: _behind_lists(view, listed), 15,
@@ -194,7 +189,7 @@ def test_rv35_held_a_failed_once_per_ttl_listing_is_due_again_and_frees_a_dead_w
                        message="the dead worker's lock to expire")
             wait_until(lambda: time.monotonic() - view._locks_listed >= 2, 5)
             listed = record_calls(view._protocol, "list")
-            proxy.hold(match=_work_listing(queue_name))
+            proxy.hold(match=work_listing(queue_name))
             got: list[str] = []
             try:
                 claim = consumer.claim(timeout=0)  # its check_locks lists, and fails

@@ -36,23 +36,17 @@ failed listing of work/ raised from the claim):
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from helpers import in_background, pause_listing, record_calls, wait_until
+from helpers import in_background, pause_listing, record_calls, wait_until, work_listing
 
 from etcdq_v2 import Queue
 from etcdq_v2.errors import EtcdqError
 from etcdq_v2.transport import connect
 
 TIMEOUT, DEADLINE = 0.5, 0.6  # the consumer's request timeout and deadline (one try)
-
-
-def _work_listing(queue_name: str) -> re.Pattern[bytes]:
-    """A request listing the queue's work/ (not a read of one item in it)."""
-    return re.compile(rb"GET /v2/keys/etcdq/" + re.escape(queue_name.encode()) + rb"/work\?")
 
 
 @contextlib.contextmanager
@@ -106,7 +100,7 @@ def test_rv36_a_a_delay_listing_of_locks_resets_the_backoff_of_failing_full_list
         claim = consumer.claim(timeout=0)  # misses the head, lists work/ again, claims another
         assert claim is not None and ids[0] in view._locks and claim.id in view._locks
         listed = record_calls(view._protocol, "list")
-        proxy.hold(match=_work_listing(queue_name))
+        proxy.hold(match=work_listing(queue_name))
         try:
             for _ in range(3):  # the once-per-lock-TTL listing, each time it is due again
                 try:
@@ -155,7 +149,7 @@ def test_rv36_b_catch_up_while_listings_of_work_fail_fails_every_claim(
             assert claim is not None
             claim.complete()
         own = stage.put("follow-up")  # after the view's listing: held back (FIFO)
-        proxy.hold(match=_work_listing(queue_name))
+        proxy.hold(match=work_listing(queue_name))
         failed: list[BaseException] = []
         got: list[str] = []
         try:
@@ -193,7 +187,7 @@ def test_rv36_held_no_spin_a_stale_quiet_view_falls_back_to_watching_while_work_
         assert all(c is not None for c in taken)
         listed = record_calls(view._protocol, "list")
         tried = record_calls(consumer._protocol, "claim")
-        proxy.hold(match=_work_listing(queue_name))
+        proxy.hold(match=work_listing(queue_name))
         try:
             started = time.monotonic()
             assert consumer.claim(timeout=0) is None
@@ -228,7 +222,7 @@ def test_rv36_held_a_late_applied_listing_lifts_the_backoff_once_then_the_gate_h
         held = [other.claim(timeout=0) for _ in range(10)]
         assert all(c is not None for c in held)
         listed = record_calls(view._protocol, "list")
-        proxy.hold(match=_work_listing(queue_name))
+        proxy.hold(match=work_listing(queue_name))
         try:
             view.behind(1.0)  # a miss over the limit: its listing fails
             assert listed.count("work") == 1 and view._relist_after > time.monotonic()
@@ -269,7 +263,7 @@ def test_rv36_held_failed_full_then_working_miss_listing_still_frees_a_dead_work
                    message="the dead worker's lock to expire")
         wait_until(lambda: time.monotonic() - view._locks_listed >= 2, 5)
         listed = record_calls(view._protocol, "list")
-        proxy.hold(match=_work_listing(queue_name))
+        proxy.hold(match=work_listing(queue_name))
         try:
             view.check_locks()  # the full listing: fails
             assert listed.count("work") == 1 and ids[0] in view._locks

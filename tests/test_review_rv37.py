@@ -6,8 +6,9 @@ a failed full listing is due again after ``_work_retry``).
 Findings (test_rv37_<letter>_*; mechanism in each docstring).  Fixed since:
 a (a catch-up lists again a second after the last failure, whatever the
 misses' backoff: the test now waits that second, the guarantee the fix
-gives), b (a catch-up on a closed view raises Unavailable).  Left: c (a
-strict xfail; older).
+gives), b (a catch-up on a closed view raises Unavailable), c (a watching
+view whose follower's last listing failed offers its own puts after waiting
+for their events, rather than relisting through a new, unready follower).
 
 a. Low, new: put order is broken while etcd answers listings of work/: the
    backoff of a failed listing (``_relist_after``, up to a lock TTL) keeps
@@ -53,14 +54,12 @@ from __future__ import annotations
 
 import contextlib
 
-import pytest
-import re
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from helpers import in_background, wait_until
+from helpers import in_background, wait_until, work_listing
 
 from etcdq_v2 import Queue
 from etcdq_v2.errors import EtcdqError
@@ -68,11 +67,6 @@ from etcdq_v2.transport import connect
 from etcdq_v2.view import CONFIRM
 
 TIMEOUT, DEADLINE = 0.5, 0.6  # the consumer's request timeout and deadline (one try)
-
-
-def _work_listing(queue_name: str) -> re.Pattern[bytes]:
-    """A request listing the queue's work/ (not a read of one item in it)."""
-    return re.compile(rb"GET /v2/keys/etcdq/" + re.escape(queue_name.encode()) + rb"/work\?")
 
 
 @contextlib.contextmanager
@@ -124,7 +118,7 @@ def test_rv37_a_own_puts_overtake_older_items_after_listings_answer_again(
     default) after each outage.  On a674c4e the catch-up relisted (relist):
     X first."""
     with _drained_stage(etcd_url, proxy.url, queue_name, lock_ttl=10) as (producer, stage, view):
-        proxy.hold(match=_work_listing(queue_name))
+        proxy.hold(match=work_listing(queue_name))
         try:
             for n in range(3):  # each catch-up listing fails; the backoff doubles (1, 2, 4 s)
                 wait_until(lambda: time.monotonic() >= view._relist_after, 10)
@@ -184,7 +178,7 @@ def test_rv37_b_closing_the_queue_during_catch_up_hands_out_an_item_afterwards(
                 listing.set()  # the catch-up's listing (a674c4e: its new follower's)
             return original(kind, *args, **kwargs)
         stage._protocol.list = noting
-        proxy.hold(match=_work_listing(queue_name))
+        proxy.hold(match=work_listing(queue_name))
         listing.clear()
         try:
             claimer, outcome = in_background(lambda: stage.claim(timeout=0), name="claimer")
@@ -209,8 +203,6 @@ def test_rv37_b_closing_the_queue_during_catch_up_hands_out_an_item_afterwards(
         f"it was still held: {outcome}")
 
 
-@pytest.mark.xfail(strict=True, reason="left (low, older): a watching view whose listings "
-                   "fail catches up through relist(), unready until a listing works")
 def test_rv37_c_a_stage_that_ran_dry_while_listings_fail_fails_every_claim(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
     """Low, older (fails on a674c4e too, where the first claim already
@@ -227,7 +219,7 @@ def test_rv37_c_a_stage_that_ran_dry_while_listings_fail_fails_every_claim(
     listings fail; and a delayed own put is not freed either: a watching
     view waits for its expire event.)"""
     with _drained_stage(etcd_url, proxy.url, queue_name, lock_ttl=10) as (_producer, stage, view):
-        proxy.hold(match=_work_listing(queue_name))
+        proxy.hold(match=work_listing(queue_name))
         failed: list[BaseException] = []
         got: list[str] = []
         try:
@@ -288,7 +280,7 @@ def test_rv37_held_threads_sharing_a_view_while_listings_fail_no_spin_no_double(
             calls.append(time.monotonic())
             return original(timeout)
         view.catch_up = counted
-        proxy.hold(match=_work_listing(queue_name))
+        proxy.hold(match=work_listing(queue_name))
         got: list[str] = []
         errors: list[BaseException] = []
         lock = threading.Lock()
@@ -342,7 +334,7 @@ def test_rv37_held_a_delayed_own_put_is_held_by_its_delay_lock(
     as an own put newer than the view's listing, and catch_up (whose
     listing fails) offers it: handed out after its delay, never before."""
     with _stage_with_backlog(etcd_url, proxy.url, queue_name, 20) as (_p, stage, _view, known):
-        proxy.hold(match=_work_listing(queue_name))
+        proxy.hold(match=work_listing(queue_name))
         handed: list[tuple[str, float]] = []
         try:
             put_at = time.monotonic()
@@ -369,7 +361,7 @@ def test_rv37_held_own_upto_is_dropped_by_the_next_listing_that_works(
     from then on put order holds: another producer's X before the stage's P
     (the watching catch_up waits for P's event, which comes after X's)."""
     with _drained_stage(etcd_url, proxy.url, queue_name, lock_ttl=10) as (producer, stage, view):
-        proxy.hold(match=_work_listing(queue_name))
+        proxy.hold(match=work_listing(queue_name))
         try:
             first = stage.put("own")
             claim = stage.claim(timeout=0)
