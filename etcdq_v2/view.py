@@ -204,6 +204,8 @@ class QueueView:
         self._relist_after, self._work_retry = -math.inf, 0.0
         #: time.monotonic() of the last failed listing of work/ (catch_up's gate)
         self._work_failed_at = -math.inf
+        #: The watching follower's last listing of work/ failed (catch_up)
+        self._unlisted = False
         #: Known items held by a delay lock (a delayed put, a release delay): id ->
         #: time.monotonic() at which etcd expires the lock; and the earliest of them.
         self._delays: Dict[str, float] = {}
@@ -408,7 +410,8 @@ class QueueView:
 
         While the whole directory is watched their own events will come (up to
         ``timeout``); otherwise, or if they do not, list again.  If that
-        listing fails, or the watching follower's last one did, the items this
+        listing fails, or the watching follower's last listing of work/ did
+        (not its stream: a follower whose stream broke lists again, rv38), the items this
         process put up to there are offered without it (_own_upto).
         """
         with self._cond:
@@ -418,7 +421,7 @@ class QueueView:
             if self.watching_locks and self._cond.wait_for(
                     lambda: self._known >= behind or self._closed, timeout):
                 return True
-            quiet, failing = not self.watching_locks, self._error is not None
+            quiet, failing = not self.watching_locks, self._unlisted
         if quiet:
             self._catch_up_quietly(behind, timeout)
         elif failing:  # the follower cannot list; a new one, unready, would fail claims (rv37)
@@ -827,7 +830,12 @@ class QueueView:
         applied: one that was replaced meanwhile must not overwrite what its
         successor has.
         """
-        work_index, work = self._protocol.list("work")
+        try:
+            work_index, work = self._protocol.list("work")
+        except EtcdqError:
+            with self._cond:
+                self._unlisted = self._unlisted or follower is self._follower
+            raise
         with self._cond:
             delayed = self._new_delayed(work)  # once: it decodes (review rv17)
             noted = self._noted_before(work) if follower.directory is not None else []
@@ -1035,7 +1043,7 @@ class QueueView:
         after one that failed, a full or a follower's listing that worked left
         the backoff on, up to a lock TTL).
         """
-        self._relist_after, self._work_retry = -math.inf, 0.0
+        self._relist_after, self._work_retry, self._unlisted = -math.inf, 0.0, False
         for entry in work:
             if entry.index != self._items.get(entry.id, (0, None))[0] and _claimed(entry.value):
                 self._locked(entry.id, entry.index)

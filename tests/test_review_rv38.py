@@ -1,0 +1,240 @@
+"""Hostile review rv38 of 25fcb30 and c87d245 (etcdq_v2/view.py: a quiet
+view's catch-up is gated by ``_work_failed_at + CONFIRM``; a *watching*
+view whose follower's last round failed, ``_error`` set, offers its own puts
+through ``_own_upto`` once their events did not come within ``timeout``,
+instead of relist()).
+
+Findings (test_rv38_<letter>_*; mechanism in each docstring):
+
+a. Low, new with c87d245: ``_error`` is stale-set while etcd answers every
+   listing.  A watching stage whose stream is reset (nothing else fails)
+   has ``_error`` set until its follower's next round lists, and that round
+   waits the follower's pause first, which doubles at every error and is
+   reset only when a round ends *without* an error: a stream that breaks a
+   few times (each time re-listed at once, fine) leaves it at 2 s.  A claim
+   of an own put P meanwhile waits ``timeout`` (the deadline) for P's event,
+   finds ``_error`` set and offers P through ``_own_upto``: P is claimed
+   before another producer's older X, though no listing of work/ ever
+   failed (docs/guarantees.md "Order": the exception is "while they fail,
+   and for a second after").  Needs a deadline below the pause plus a
+   round (a request timeout under ~0.7 s; the default deadline of 15 s hides
+   it).  Passes on a674c4e (relist(): a new follower lists, X first).
+b. Low, older (fails on a674c4e too): ``_error`` is None while the follower
+   is stuck.  A watching stage whose stream goes silent without an error (a
+   half-open connection: the fault proxy holds the stream's replies) while
+   listings of work/ fail: its follower reports nothing (a silent stream
+   errs only after idle_timeout, 60 s), so catch_up takes the old path,
+   relist(): a new follower, the view unready, Unavailable, and every
+   later claim raises in _ensure_view until a listing works, though the
+   view holds the own put free.  c87d245 fixes rv37 (c) only for a stream
+   that errs.
+
+Fixed since: a (the watching path offers own puts only when the follower's
+last listing of work/ failed, ``_unlisted``, not on any error).  Left: b (a
+strict xfail; older).
+
+Held (test_rv38_held_*, passing on c87d245; it fails on a674c4e, where the
+catch-up relisted through an unready follower and the claim raised, rv37 c):
+
+- A watching stage whose stream dropped while listings of work/ fail
+  (``_error`` set) offers its own put P through ``_own_upto``; another
+  consumer had claimed P already: the stage's C1 is refused (Taken), it
+  hands out nothing, and P is not stranded: once listings answer and the
+  other consumer released P, the stage claims it (one run each, no double).
+- Not tested, read: the catch-up gate (``_work_failed_at + CONFIRM``) makes
+  no claim wait or spin: a gated relist_work returns at once and the claim
+  goes on with its own puts (``_own_upto``), and ``_listing`` is False then,
+  so _catch_up_quietly's wait_for does not wait.  A watching failing view
+  pays a full ``timeout`` per own put (it waits for the event before it
+  looks at ``_error``): documented ("waits for its own items' events"), and
+  a quiet view pays a deadline per failed catch-up listing too.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from helpers import wait_until
+
+from etcdq_v2 import Queue
+from etcdq_v2.errors import EtcdqError
+from etcdq_v2.transport import connect
+
+TIMEOUT, DEADLINE = 0.5, 0.6  # the stage's request timeout and deadline (one try)
+
+
+@contextlib.contextmanager
+def _watching_stage(etcd_url: str, proxy_url: str, name: str, lock_ttl: int = 10,
+                    items: int = 10) -> Iterator[tuple[Any, Any, Any]]:
+    """A producer (direct) and a pipeline stage (through the proxy, with a
+    Transport the test owns) that worked off ``items`` and then ran dry
+    once: its view watches the whole directory, listed, no error.
+    Yields (producer, stage, view)."""
+    transport = connect(proxy_url, timeout=TIMEOUT, deadline=DEADLINE)
+    try:
+        with Queue(etcd_url, name, lock_ttl=lock_ttl) as producer, \
+                Queue(transport, name, lock_ttl=lock_ttl) as stage:
+            ids = producer.put_many([{"b": n} for n in range(items)])
+            view = stage._ensure_view()
+            for item_id in ids:
+                claim = stage.claim(timeout=0)
+                assert claim is not None and claim.id == item_id
+                claim.complete()
+            assert stage.claim(timeout=0) is None  # dry: starved, watching
+            wait_until(lambda: view.watching_locks and view._ready and view._error is None, 10,
+                       message="the stage's view to watch, listed")
+            yield producer, stage, view
+    finally:
+        transport.close()
+
+
+def _work_listing(queue_name: str) -> re.Pattern[bytes]:
+    """A listing of the queue's work/ (here, not helpers.work_listing: the
+    test runs on a674c4e too, which has none)."""
+    return re.compile(rb"GET /v2/keys/etcdq/" + re.escape(queue_name.encode()) + rb"/work\?")
+
+
+def _claim_one(queue: Any, timeout: float = 0) -> Any | None:
+    try:
+        return queue.claim(timeout=timeout)
+    except EtcdqError:
+        return None
+
+
+def _reset_pulse(proxy: Any) -> None:
+    """RST every open connection through the proxy (the stage's stream), then
+    let new ones through at once."""
+    proxy.reset()
+    proxy.pass_through()
+
+
+# -- findings ---------------------------------------------------------------------
+def test_rv38_a_a_stream_reset_with_etcd_healthy_puts_own_puts_first(
+        etcd_url: str, queue_name: str, proxy: Any) -> None:
+    """Low, new with c87d245 (passes on a674c4e).  A watching stage's stream
+    is reset six times (the fault proxy RSTs its connections and lets new
+    ones through at once); after each of the first five its follower lists
+    again (every listing answers) and ``_error`` is cleared, but
+    _Follower._run's pause, reset only when a round ends without an error,
+    has doubled to 2 s.  After the sixth, ``_error`` is set for those 2 s
+    with nothing failing but the stream.  Another producer puts X, then the
+    stage puts P, and claims: catch_up waits the deadline for P's event (none:
+    the follower is pausing), sees ``_error`` and sets ``_own_upto`` = P: P
+    is claimed before X.  No listing of work/ failed: docs/guarantees.md
+    keeps put order "while etcd answers its listings of work/".  On a674c4e
+    catch_up relisted: a new follower listed at once, X first."""
+    with _watching_stage(etcd_url, proxy.url, queue_name) as (producer, stage, view):
+        for n in range(5):  # each: the stream breaks, the follower lists again
+            relists = view.relists
+            _reset_pulse(proxy)
+            wait_until(lambda r=relists: view.relists > r and view._error is None
+                       and view.watching_locks, 15,
+                       message=f"the follower to list again after reset {n + 1}")
+        _reset_pulse(proxy)
+        wait_until(lambda: view._error is not None, 5, message="the stream's error")
+        broke = time.monotonic()
+        other = producer.put("other")  # put first
+        own = stage.put("follow-up")  # put after it
+        got: list[str] = []
+        for _ in range(8):
+            claim = _claim_one(stage, timeout=2)
+            if claim is None:
+                continue
+            got.append(claim.id)
+            if len(got) == 1:
+                first_at = time.monotonic() - broke
+            claim.complete()
+            if other in got and own in got:
+                break
+        failed = [line for line in proxy.requests if b"/work?" in line]
+    assert other in got and own in got, got
+    assert got.index(other) < got.index(own), (
+        f"with etcd answering every listing (only the stream was reset), the stage "
+        f"claimed its own {own} before {other}, put earlier by another producer, "
+        f"{first_at:.1f} s after the stream broke: _error stayed set through the "
+        f"follower's 2 s pause (listings of work/ sent: {len(failed)})")
+
+
+@pytest.mark.xfail(strict=True, reason="left (low, older): a silent stream reports nothing "
+                   "for idle_timeout, so catch_up relists through a new, unready follower")
+def test_rv38_b_a_silent_stream_while_listings_fail_fails_every_claim(
+        etcd_url: str, queue_name: str, proxy: Any) -> None:
+    """Low, older (fails on a674c4e too).  A watching stage; listings of
+    work/ fail (held), and its stream goes silent without an error (the
+    proxy holds the stream's replies from the event of the stage's own put
+    P on: a half-open connection).  The follower reports nothing
+    (``_error`` None: a silent stream ends only after idle_timeout, 60 s),
+    so catch_up, after waiting for P's event, takes the old path: relist(),
+    the view unready, Unavailable; every later claim raises in
+    _ensure_view until a listing works, though the view holds P free.
+    c87d245 offers own puts only when the follower *reported* an error."""
+    q = re.escape(queue_name.encode())
+    pattern = re.compile(
+        rb"GET /v2/keys/etcdq/" + q + rb"/work\?"  # a listing of work/ (up)
+        # the stream's chunk of a new item's event (down); not a POST's reply,
+        # whose chunk begins with its status line
+        + rb"|\A(?:[0-9a-fA-F]+\r\n)?\{\"action\":\"create\",\"node\":\{\"key\":\"/etcdq/"
+        + q + rb"/work/")
+    with _watching_stage(etcd_url, proxy.url, queue_name) as (_producer, stage, view):
+        proxy.hold(match=pattern)
+        failed: list[BaseException] = []
+        got: list[str] = []
+        try:
+            own = stage.put("follow-up")  # its event is held on the stream
+            wait_until(lambda: b'"action":"create"' in proxy.held("down"), 5,
+                       message="the stream's event of the put to be held")
+            error_before = view._error
+            for _ in range(3):
+                try:
+                    claim = stage.claim(timeout=0)
+                except EtcdqError as exc:
+                    failed.append(exc)
+                    continue
+                if claim is not None:
+                    got.append(claim.id)
+                    claim.complete()
+                    break
+            ready = view._ready
+        finally:
+            proxy.pass_through()
+    assert error_before is None
+    assert not failed and got == [own], (
+        f"while only listings of work/ failed and the stream was silent (no error "
+        f"reported), the stage's claims raised {[type(e).__name__ for e in failed]} "
+        f"(got {got}, view ready: {ready}), its own item {own} free in the view: "
+        f"{failed[:1]}")
+
+
+# -- held ------------------------------------------------------------------------
+def test_rv38_held_an_own_put_offered_blind_that_another_claimed_is_not_stranded(
+        etcd_url: str, queue_name: str, proxy: Any) -> None:
+    """A watching stage whose stream dropped while listings of work/ fail
+    (``_error`` set) puts P; another consumer claims P.  The stage's claim
+    offers P (``_own_upto``), C1 is refused: no claim handed out, P locked
+    in the view.  Listings answer again and the other consumer releases P:
+    the stage claims P within a bound (not stranded), one run each."""
+    with _watching_stage(etcd_url, proxy.url, queue_name) as (_producer, stage, view), \
+            Queue(etcd_url, queue_name, lock_ttl=10) as other:
+        proxy.hold(match=_work_listing(queue_name))
+        try:
+            view._follower.drop_stream()
+            wait_until(lambda: view._error is not None, 10,
+                       message="the follower's listing to fail")
+            own = stage.put("follow-up")
+            theirs = other.claim(timeout=0)
+            assert theirs is not None and theirs.id == own
+            mine = _claim_one(stage)
+            assert mine is None, mine.id
+            assert view._own_upto >= int(own) and own in view._locks
+        finally:
+            proxy.pass_through()
+        theirs.release()
+        again = wait_until(lambda: _claim_one(stage, timeout=0.5), 20,
+                           message="the stage to claim its own put once released")
+        assert again.id == own
+        again.complete()
+        assert _claim_one(other) is None
