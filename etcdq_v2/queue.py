@@ -219,12 +219,16 @@ class Queue:
         view = self._ensure_view()
         looked_again = False
         while True:
-            view.check_locks()  # each round: a waiting claim wakes for its checks too
-            version = view.version
-            claim = self._claim_from(view)
-            if claim is not None:
-                return claim
-            if view.catch_up(self.etcd.deadline):
+            # One deadline for the round's requests (Transport.sharing): a
+            # listing the view went on without spent it, in a frozen etcd.
+            with self.etcd.sharing(self.etcd.deadline):
+                view.check_locks()  # each round: a waiting claim wakes for its checks too
+                version = view.version
+                claim = self._claim_from(view)
+                if claim is not None:
+                    return claim
+                caught_up = view.catch_up(self.etcd.deadline)
+            if caught_up:
                 # The next items are ones this process put: first learn of
                 # every item put before them, by any producer (FIFO).
                 continue

@@ -436,6 +436,23 @@ class Transport:
         finally:
             self._limit.seconds = previous
 
+    @contextmanager
+    def sharing(self, seconds: float) -> Iterator[None]:
+        """Calls made by this thread inside the block share ``seconds`` from
+        now: each gives up when they are spent, after one ``timeout`` at least.
+
+        A claim's round: a listing its view could not make, and went on
+        without, must not leave the claim's next request another whole
+        deadline (a frozen etcd raised Unavailable only after two).
+        """
+        previous = getattr(self._limit, "until", None)
+        until = time.monotonic() + seconds
+        self._limit.until = until if previous is None else min(previous, until)
+        try:
+            yield
+        finally:
+            self._limit.until = previous
+
     def close(self) -> None:
         """Close every pooled connection, whichever thread opened it.
 
@@ -459,6 +476,9 @@ class Transport:
         ``observed=False``: the attempt reports its requests itself."""
         limit = getattr(self._limit, "seconds", None)
         deadline = min(self.deadline, limit) if limit is not None else self.deadline
+        until = getattr(self._limit, "until", None)
+        if until is not None:  # see sharing()
+            deadline = min(deadline, max(until - time.monotonic(), self.timeout))
         give_up = time.monotonic() + deadline
         retried, attempts, last = False, 0, ""
         while True:

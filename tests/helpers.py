@@ -197,6 +197,15 @@ def claim_noting(queue: Any, got: List[str], failed: List[BaseException],
         claim.complete()
 
 
+def claim_one_of(queue: Any, got: List[str], failed: List[BaseException], tries: int) -> None:
+    """Up to ``tries`` claims (claim_noting) until one hands out an item."""
+    for _ in range(tries):
+        before = len(got)
+        claim_noting(queue, got, failed)
+        if len(got) > before:
+            return
+
+
 def claim_and_complete(queue: Any, timeout: float = 0) -> Optional[str]:
     """One claim; the item's id (completed at once), or None."""
     claim = queue.claim(timeout=timeout)

@@ -40,7 +40,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from helpers import in_background, pause_listing, record_calls, wait_until, work_listing
+from helpers import (claim_one_of, in_background, pause_listing, record_calls, wait_until,
+                     work_listing)
 
 from etcdq_v2 import Queue
 from etcdq_v2.errors import EtcdqError
@@ -153,16 +154,7 @@ def test_rv36_b_catch_up_while_listings_of_work_fail_fails_every_claim(
         failed: list[BaseException] = []
         got: list[str] = []
         try:
-            for _ in range(3):
-                try:
-                    claim = stage.claim(timeout=0)
-                except EtcdqError as exc:
-                    failed.append(exc)
-                    continue
-                if claim is not None:
-                    got.append(claim.id)
-                    claim.complete()
-                    break
+            claim_one_of(stage, got, failed, tries=3)
         finally:
             proxy.pass_through()
         assert not failed, (

@@ -59,7 +59,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from helpers import in_background, wait_until, work_listing
+from helpers import claim_one_of, in_background, wait_until, work_listing
 
 from etcdq_v2 import Queue
 from etcdq_v2.errors import EtcdqError
@@ -230,16 +230,7 @@ def test_rv37_c_a_stage_that_ran_dry_while_listings_fail_fails_every_claim(
                 claim.complete()
             _claim_one(stage)  # dry for a moment: starved, watching (its listing fails)
             second = stage.put("follow-up-2")
-            for _ in range(3):
-                try:
-                    claim = stage.claim(timeout=0)
-                except EtcdqError as exc:
-                    failed.append(exc)
-                    continue
-                if claim is not None:
-                    got.append(claim.id)
-                    claim.complete()
-                    break
+            claim_one_of(stage, got, failed, tries=3)
             watching = view.watching_locks
         finally:
             proxy.pass_through()

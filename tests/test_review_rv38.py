@@ -58,7 +58,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import wait_until
+from helpers import claim_one_of, wait_until
 
 from etcdq_v2 import Queue
 from etcdq_v2.errors import EtcdqError
@@ -188,16 +188,7 @@ def test_rv38_b_a_silent_stream_while_listings_fail_fails_every_claim(
             wait_until(lambda: b'"action":"create"' in proxy.held("down"), 5,
                        message="the stream's event of the put to be held")
             error_before = view._error
-            for _ in range(3):
-                try:
-                    claim = stage.claim(timeout=0)
-                except EtcdqError as exc:
-                    failed.append(exc)
-                    continue
-                if claim is not None:
-                    got.append(claim.id)
-                    claim.complete()
-                    break
+            claim_one_of(stage, got, failed, tries=3)
             ready = view._ready
         finally:
             proxy.pass_through()
