@@ -217,18 +217,21 @@ class Queue:
         """The next free item, or None.  ``timeout``: 0 don't wait, None forever."""
         deadline = None if timeout is None else time.monotonic() + timeout
         view = self._ensure_view()
+        # A listing the view went on without spent the call's deadline
+        # (Transport.spending): in a frozen etcd, raise after one.
+        with self.etcd.spending():
+            return self._claim_rounds(view, deadline)
+
+    def _claim_rounds(self, view: QueueView, deadline: Optional[float]) -> Optional[Claim]:
+        """claim()'s rounds until an item, or None at ``deadline`` (monotonic)."""
         looked_again = False
         while True:
-            # One deadline for the round's requests (Transport.sharing): a
-            # listing the view went on without spent it, in a frozen etcd.
-            with self.etcd.sharing(self.etcd.deadline):
-                view.check_locks()  # each round: a waiting claim wakes for its checks too
-                version = view.version
-                claim = self._claim_from(view)
-                if claim is not None:
-                    return claim
-                caught_up = view.catch_up(self.etcd.deadline)
-            if caught_up:
+            view.check_locks()  # each round: a waiting claim wakes for its checks too
+            version = view.version
+            claim = self._claim_from(view)
+            if claim is not None:
+                return claim
+            if view.catch_up(self.etcd.deadline):
                 # The next items are ones this process put: first learn of
                 # every item put before them, by any producer (FIFO).
                 continue

@@ -35,6 +35,7 @@ import os
 import socket
 import string
 import threading
+import math
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -437,21 +438,29 @@ class Transport:
             self._limit.seconds = previous
 
     @contextmanager
-    def sharing(self, seconds: float) -> Iterator[None]:
-        """Calls made by this thread inside the block share ``seconds`` from
-        now: each gives up when they are spent, after one ``timeout`` at least.
+    def spending(self) -> Iterator[None]:
+        """One call of the library's (a claim): inside the block, once
+        :meth:`spent` is called, this thread's later requests try for one
+        ``timeout`` each, not a whole deadline.
 
-        A claim's round: a listing its view could not make, and went on
+        A listing the view could not make within its deadline, and went on
         without, must not leave the claim's next request another whole
-        deadline (a frozen etcd raised Unavailable only after two).
+        deadline (a frozen etcd raised Unavailable only after two).  A
+        request that merely took long, and answered, spends nothing: a lock
+        create stalled by a failover still gets its deadline (review rv39).
         """
         previous = getattr(self._limit, "until", None)
-        until = time.monotonic() + seconds
-        self._limit.until = until if previous is None else min(previous, until)
+        self._limit.until = math.inf
         try:
             yield
         finally:
             self._limit.until = previous
+
+    def spent(self) -> None:
+        """This thread's call spent its deadline on a request it went on
+        without (see :meth:`spending`; outside that block, nothing)."""
+        if getattr(self._limit, "until", None) is not None:
+            self._limit.until = time.monotonic()
 
     def close(self) -> None:
         """Close every pooled connection, whichever thread opened it.
@@ -477,7 +486,7 @@ class Transport:
         limit = getattr(self._limit, "seconds", None)
         deadline = min(self.deadline, limit) if limit is not None else self.deadline
         until = getattr(self._limit, "until", None)
-        if until is not None:  # see sharing()
+        if until is not None and until < math.inf:  # see spending()
             deadline = min(deadline, max(until - time.monotonic(), self.timeout))
         give_up = time.monotonic() + deadline
         retried, attempts, last = False, 0, ""

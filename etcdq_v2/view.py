@@ -999,6 +999,8 @@ class QueueView:
         self._work_retry = min(ttl, max(CONFIRM, 2 * self._work_retry))
         self._work_failed_at = time.monotonic()
         self._relist_after = self._work_failed_at + self._work_retry
+        if isinstance(exc, Unavailable):  # its deadline is spent: one more, not two
+            self._protocol.etcd.spent()
         if full:  # not on _locks_retry, which a due delay's listing of locks/ resets (rv36)
             self._locks_listed = time.monotonic() - ttl + self._work_retry
         log.warning("could not list %s (listed again in %g s at the earliest; claims go "
