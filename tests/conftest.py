@@ -94,6 +94,16 @@ def queue_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def own_etcd(etcd_binary: str, tmp_path: Path) -> Iterator[EtcdServer]:
+    """A member of this test's own, which it may pause (freeze) or stop."""
+    server = EtcdServer(tmp_path / "etcd", binary=etcd_binary).start()
+    yield server
+    if server.is_paused:
+        server.resume()
+    server.stop()
+
+
+@pytest.fixture
 def cluster(etcd_binary: str, tmp_path: Path) -> Iterator[EtcdCluster]:
     """A fresh 3-member loopback cluster for this test, stopped afterwards."""
     members = EtcdCluster(tmp_path / "cluster", 3, binary=etcd_binary)

@@ -11,14 +11,6 @@ from etcdq_v2.server import EtcdServer, free_port
 from helpers import wait_until
 
 
-@pytest.fixture
-def own_etcd(etcd_binary: str, tmp_path):
-    server = EtcdServer(tmp_path / "etcd", binary=etcd_binary).start()
-    yield server
-    server.resume() if server.is_paused else None
-    server.stop()
-
-
 def test_a_frozen_etcd_gives_unavailable_in_bounded_time_then_recovers(
         own_etcd: EtcdServer, queue_name: str) -> None:
     client = connect(own_etcd.url, timeout=0.5, deadline=2)

@@ -24,14 +24,6 @@ from etcdq_v2 import Queue, Unavailable, connect
 from etcdq_v2.server import EtcdServer
 
 
-@pytest.fixture
-def own_etcd(etcd_binary: str, tmp_path):
-    server = EtcdServer(tmp_path / "etcd", binary=etcd_binary).start()
-    yield server
-    server.resume() if server.is_paused else None
-    server.stop()
-
-
 def _lock_put(queue_name: str, item_id: str) -> "re.Pattern[bytes]":
     return re.compile(rb"PUT /v2/keys/etcdq/" + re.escape(queue_name.encode()) + rb"/locks/"
                       + re.escape(item_id.encode()))
