@@ -136,7 +136,7 @@ class Queue:
                                   lock_ttl=self.lock_ttl, max_attempts=max_attempts,
                                   max_payload=max_payload_bytes, backoff=backoff_of,
                                   completed_ttl=self.completed_ttl, failed_ttl=self.failed_ttl)
-        self._heartbeat = Heartbeat(self.lock_ttl)
+        self._heartbeat = Heartbeat(self._protocol)
         self._view: Optional[QueueView] = None
         self._window = 1
         self._calm = 0  # clean claims since the last miss (see _narrow)
