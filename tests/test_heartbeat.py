@@ -120,8 +120,8 @@ def test_a_claim_nothing_refreshes_is_lost_once_its_lock_ttl_has_passed(
     claim says lost before etcd can drop its lock, and not before lock_ttl."""
     with Queue(etcd_url, queue_name, lock_ttl=2) as queue:
         item_id = queue.put("stalled")
+        claimed = time.monotonic()  # before C1 was sent
         claim = queue.claim()
-        claimed = time.monotonic()
         queue._heartbeat.discard(claim)
         gone = threading.Event()
         looks: List[Tuple[float, bool]] = []
@@ -135,4 +135,4 @@ def test_a_claim_nothing_refreshes_is_lost_once_its_lock_ttl_has_passed(
 
         wait_until(look, 10, interval=0.02, message="the lock to expire")
         assert looks[-1][1], "etcd dropped the lock while the claim still said it held it"
-        assert not [at for at, lost in looks if lost and at < 2 - 0.2], "lost too early"
+        assert not [at for at, lost in looks if lost and at < 2 - 0.01], "lost before lock_ttl"
