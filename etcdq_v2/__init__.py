@@ -9,7 +9,7 @@
 from .claim import Claim
 from .errors import (AuthError, ClaimClosed, ConfigError, EtcdqError, EtcdRejected,
                      InvalidArgument, InvalidName, InvalidPayload, LockLost, NotFound,
-                     PayloadTooLarge, Unavailable)
+                     PayloadTooLarge, QueueClosed, Unavailable)
 from .queue import ItemInfo, Queue, claim_first
 from .transport import Transport, connect
 from .worker import Worker, WorkerStats, current_task
@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AuthError", "Claim", "ClaimClosed", "ConfigError", "EtcdRejected", "EtcdqError",
     "InvalidArgument", "InvalidName", "InvalidPayload",
-    "ItemInfo", "LockLost", "NotFound", "PayloadTooLarge", "Queue", "Transport", "Unavailable",
+    "ItemInfo", "LockLost", "NotFound", "PayloadTooLarge", "Queue", "QueueClosed", "Transport",
+    "Unavailable",
     "Worker", "WorkerStats", "claim_first", "connect", "current_task", "__version__",
 ]

@@ -2,10 +2,15 @@
 
 A :class:`Claim` is what :meth:`Queue.claim` hands out.  While it is open, the
 queue's :class:`Heartbeat` thread refreshes its lock every ``lock_ttl / 3``
-seconds with a compare-and-swap refresh (which does not wake watchers).  If a
-refresh finds the lock taken by another claim, or cannot reach etcd before the
-lock would expire, the claim is marked :attr:`Claim.lost` and a warning is
-logged: a handler is never silently running without its lock.
+seconds with a compare-and-swap refresh (which does not wake watchers); the
+refreshes due together are sent at once, so none waits for another.
+
+:attr:`Claim.lost` is a rule, not a timer's verdict: it turns True once
+``lock_ttl`` has passed since the send of the last request that proved the
+lock ours (C1, or a refresh that applied), whatever the heartbeat is doing;
+when a refresh finds the lock taken by another claim; or when the queue is
+closed.  A warning is logged when it turns True: a handler is never silently
+running without its lock.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import logging
 import threading
 import time
 from types import TracebackType
-from typing import Any, Callable, Dict, Optional, Type, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, Type, TypeVar
 from typing import Protocol as TypingProtocol
 
 from .errors import ClaimClosed, LockLost, public_errors
@@ -42,8 +47,32 @@ class Claim:
         self._view = view
         self._mutex = threading.Lock()
         self._outcome: Optional[str] = None
-        self.lost = False
+        self._lost = False
+        self._losing = threading.Lock()  # the warning is logged once
+        #: Why the heartbeat's last refresh got no answer (None: it applied).
+        self._refresh_error: Optional[Exception] = None
         heartbeat.add(self)
+
+    @property
+    def lost(self) -> bool:
+        """True once the lock may no longer be ours, and from then on.
+
+        That is: another claim holds it (a refresh or a commit found so); or
+        ``lock_ttl`` has passed since the send of the last request that proved
+        it ours (C1, or a refresh that applied), so etcd may have expired it,
+        however late the heartbeat, slow or unreachable etcd; or the queue was
+        closed.  A rule read at each access, not a timer's verdict: no thread
+        needs to be on time for it to be right.  Only an open claim turns lost.
+        """
+        if not self._lost and self._outcome is None \
+                and self._protocol.lock_left(self._state.confirmed) <= 0:
+            self._mark_lost(self._expired_why())
+        return self._lost
+
+    def _expired_why(self) -> str:
+        why = f"its lock was not refreshed within lock_ttl ({self._protocol.lock_ttl} s)"
+        error = self._refresh_error
+        return why if error is None else f"{why}; the last refresh got no answer ({error!r})"
 
     @property
     def id(self) -> str:
@@ -179,56 +208,66 @@ class Claim:
 
     @property
     def confirmed_at(self) -> float:
-        """time.monotonic() when the lock was last proved ours (-inf after a failure)."""
+        """boot_clock() when the request that last proved the lock ours was
+        sent (-inf once it was found another's)."""
         return self._state.confirmed
 
     def _confirm(self) -> None:
+        before = self._state.confirmed
         try:
             self._protocol.confirm(self._state)
         except LockLost as exc:
             self._mark_lost(str(exc))
             raise
+        self._answered_in_time(before)
+
+    def _answered_in_time(self, before: float) -> None:
+        """A refresh applied, but if its answer came only after the lock
+        confirmed at ``before`` may have expired, :attr:`lost` was already
+        True meanwhile: it stays so."""
+        if self._protocol.lock_left(before) <= 0:
+            self._mark_lost(f"its lock was refreshed only after lock_ttl "
+                            f"({self._protocol.lock_ttl} s) had passed")
 
     def _mark_lost(self, why: str) -> None:
-        if not self.lost:
-            self.lost = True
-            log.warning("lost the lock of item %s (attempt %d): %s",
-                        self.id, self.attempt, why, extra=self.log_fields)
+        with self._losing:
+            if self._lost:
+                return
+            self._lost = True
+        log.warning("lost the lock of item %s (attempt %d): %s",
+                    self.id, self.attempt, why, extra=self.log_fields)
 
-    def _beat(self, lock_ttl: float, interval: float) -> Optional[float]:
-        """One heartbeat: seconds until the next, or None to forget this claim."""
-        if not self._mutex.acquire(blocking=False):
-            return interval  # complete()/release()/fail() is running: it confirms itself
-        try:
-            if self._outcome is not None:
-                return None
-            left = self.confirmed_at + lock_ttl - time.monotonic()
-            with self._protocol.etcd.time_limit(max(left, 0.5)):
-                self._confirm()
-            return interval
-        except LockLost:
+    def _beaten(self, outcome: Optional[Exception], before: float,
+                interval: float) -> Optional[float]:
+        """After the heartbeat's refresh (``outcome`` None: it applied) of the
+        lock confirmed at ``before``: seconds until the next, or None to
+        forget this claim."""
+        if isinstance(outcome, LockLost):
+            self._mark_lost(str(outcome))
             return None
-        except Exception as exc:  # Unavailable, or anything unforeseen: never fatal
-            return self._beat_failed(exc, lock_ttl, interval)
-        finally:
-            self._mutex.release()
-
-    def _beat_failed(self, exc: Exception, lock_ttl: float, interval: float) -> Optional[float]:
-        """A refresh that did not get an answer: lost once the lock would have expired."""
-        if time.monotonic() - self.confirmed_at >= lock_ttl:
-            self._mark_lost(f"its lock could not be refreshed before it expired ({exc!r})")
+        self._refresh_error = outcome
+        if outcome is None:
+            self._answered_in_time(before)
+            return None if self.lost else interval
+        if self.lost:  # lock_ttl since the last confirmation: no refresh can mend it
             return None
-        log.info("refreshing the lock of item %s failed (%r); trying again", self.id, exc,
+        log.info("refreshing the lock of item %s failed (%r); trying again", self.id, outcome,
                  extra=self.log_fields)
         return min(1.0, interval)  # try again soon, not a third of a TTL later
 
 
 class Heartbeat:
-    """One thread per queue that refreshes the locks of all its open claims."""
+    """One thread per queue that refreshes the locks of all its open claims.
 
-    def __init__(self, lock_ttl: int) -> None:
-        self.lock_ttl = lock_ttl
-        self.interval = max(lock_ttl / 3.0, 0.3)
+    The claims due at once are refreshed at once (Protocol.confirm_all, on
+    parallel connections): however many there are, one waits for no other,
+    and a batch takes at most one request's timeout.
+    """
+
+    def __init__(self, protocol: Protocol) -> None:
+        self._protocol = protocol
+        self.lock_ttl = protocol.lock_ttl
+        self.interval = max(self.lock_ttl / 3.0, 0.3)
         self._due: Dict[Claim, float] = {}
         self._cond = threading.Condition()
         self._closed = False
@@ -239,20 +278,28 @@ class Heartbeat:
         # this claim's (every claim waits the same interval), and waking it
         # for every claim cost a context switch per item.
         with self._cond:
-            self._due[claim] = time.monotonic() + self.interval
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="etcdq-heartbeat",
-                                                daemon=True)
-                self._thread.start()
+            closed = self._closed
+            if not closed:
+                self._due[claim] = time.monotonic() + self.interval
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="etcdq-heartbeat",
+                                                    daemon=True)
+                    self._thread.start()
+        if closed:  # a claim() that was under way when the queue closed
+            claim._mark_lost(_CLOSED)
 
     def discard(self, claim: Claim) -> None:
         with self._cond:
             self._due.pop(claim, None)
 
     def close(self) -> None:
+        """Stop; the open claims are marked lost at once (nothing refreshes them now)."""
         with self._cond:
             self._closed = True
+            claims, self._due = list(self._due), {}
             self._cond.notify()
+        for claim in claims:
+            claim._mark_lost(_CLOSED)
 
     def _run(self) -> None:
         try:
@@ -277,18 +324,42 @@ class Heartbeat:
                     soonest = min(self._due.values(), default=now + self.interval)
                     self._cond.wait(max(soonest - now, 0.01))
                     continue
-            for claim in due:
-                self._beat(claim)
+            self._beat(due)
 
-    def _beat(self, claim: Claim) -> None:
+    def _beat(self, due: List[Claim]) -> None:
+        """Refresh the due claims' locks, all at once; schedule each one's next."""
+        started = time.monotonic()
+        # A claim whose complete()/release()/fail() runs confirms itself.
+        held = {claim for claim in due if claim._mutex.acquire(blocking=False)}
         try:
-            delay = claim._beat(self.lock_ttl, self.interval)
-        except Exception as exc:  # Claim._beat catches its own: this would be a bug
-            log.exception("the heartbeat of item %s failed: %r", claim.id, exc,
-                          extra=claim.log_fields)
-            delay = min(1.0, self.interval)
+            delays = self._refresh([claim for claim in held
+                                    if claim._outcome is None and not claim.lost])
+        finally:
+            for claim in held:
+                claim._mutex.release()
         with self._cond:
-            if delay is None:
-                self._due.pop(claim, None)
-            elif claim in self._due:
-                self._due[claim] = time.monotonic() + delay
+            for claim in due:
+                # Not held: its complete()/release()/fail() runs.  Held and not
+                # refreshed: it ended, or is lost.
+                delay = delays.get(claim) if claim in held else self.interval
+                if delay is None:
+                    self._due.pop(claim, None)
+                elif claim in self._due:
+                    self._due[claim] = started + delay
+
+    def _refresh(self, claims: List[Claim]) -> Dict[Claim, Optional[float]]:
+        """Each claim's seconds until its next refresh (None: forget it)."""
+        if not claims:
+            return {}
+        before = [claim._state.confirmed for claim in claims]
+        outcomes: Sequence[Optional[Exception]]
+        try:
+            outcomes = self._protocol.confirm_all([claim._state for claim in claims])
+        except Exception as exc:  # confirm_all returns its errors: this would be a bug
+            log.exception("the heartbeat's refreshes failed: %r", exc)
+            outcomes = [exc] * len(claims)
+        return {claim: claim._beaten(outcome, confirmed, self.interval)
+                for claim, outcome, confirmed in zip(claims, outcomes, before)}
+
+
+_CLOSED = "its queue was closed: nothing refreshes its lock"

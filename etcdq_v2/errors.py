@@ -11,6 +11,7 @@ urllib3, socket or ssl exception ever reaches the caller::
     ├── ConfigError          (also ValueError)  endpoints, TLS files or certificates, TTLs
     ├── LockLost                                another claim holds the item
     ├── ClaimClosed                             the claim already completed, failed, ...
+    ├── QueueClosed                             claim() on a Queue after its close()
     ├── NotFound             (also LookupError) no such item
     ├── AuthError                               etcd refused the credentials or the access
     ├── Unavailable                             etcd did not answer within the deadline
@@ -67,6 +68,15 @@ class ClaimClosed(EtcdqError):
     def __init__(self, message: str, *, outcome: Optional[str] = None) -> None:
         super().__init__(message)
         self.outcome = outcome
+
+
+class QueueClosed(EtcdqError):
+    """claim() (or claim_first) on a Queue after its close().
+
+    Not transient: a closed Queue runs no heartbeat, so no claim of it could
+    be kept alive; open a new Queue.  A Worker whose Queue is closed stops
+    and raises it from run().
+    """
 
 
 class NotFound(EtcdqError, LookupError):

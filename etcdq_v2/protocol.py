@@ -230,7 +230,10 @@ import(lines)
     of I3 landing after its item finished: ``q``, its first claim removes it.
 
 Refreshes (heartbeats) are CAS refreshes (refresh=true, prevValue=lock): they
-extend the TTL without notifying watchers.
+extend the TTL without notifying watchers.  A queue's due refreshes are sent
+at once (confirm_all), so none waits for another; a claim is lost once
+lock_ttl has passed since the send of its last confirmed refresh (or C1),
+on boot_clock(), whether or not a refresh is under way (lock_left).
 """
 from __future__ import annotations
 
@@ -245,8 +248,8 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Seq
 
 from .codec import (Item, Junk, Lock, Record, check_depth, new_token, tombstone,
                     tombstone_token)
-from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdqError,
-                     EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
+from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdFailure,
+                     EtcdqError, EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
                      Unavailable)
 from .keys import DIRS, Layout, check_item_id, check_prefix, is_queue_name
 from .transport import EventStream, Node, Reply, Transport, UndecodableReply
@@ -334,17 +337,19 @@ class ClaimState:
     lock: Lock
     item: Item
     index: int          # work/<id>'s modifiedIndex after our C2
-    confirmed: float    # time.monotonic() before the request that last proved the lock ours
+    #: boot_clock() when the request that last proved the lock ours was sent
+    #: (C1, C3's refresh, a heartbeat): the lock lives at least lock_ttl from
+    #: then (see Protocol.lock_left).
+    confirmed: float
 
 
 @dataclass(frozen=True)
 class _Held:
     """A claim's lock as C1 left it: the lock, the index C1 created it at, and
-    when C1 was sent (time.monotonic(), and boot_clock() for C3)."""
+    when C1 was sent (boot_clock())."""
 
     lock: Lock
     index: int
-    sent: float
     since: float
 
 
@@ -630,10 +635,10 @@ class Protocol:
         caller skips it).
         """
         lock = Lock(self.node_id, new_token())
-        started, since = time.monotonic(), boot_clock()
+        since = boot_clock()
         locked = self._create_lock(item_id, lock, self.lock_ttl)
         try:
-            state = self._take_item(item_id, _Held(lock, locked, started, since), index, raw)
+            state = self._take_item(item_id, _Held(lock, locked, since), index, raw)
         except BaseException:
             with contextlib.suppress(EtcdqError):  # else the lock simply expires
                 self._drop_lock(item_id, lock)
@@ -663,7 +668,7 @@ class Protocol:
         lock after us: ours expired before our C2 could apply (it was held in
         flight), so the item is theirs, however stale our view looked.
         """
-        lock, locked_at, sent = held.lock, held.index, held.sent
+        lock, locked_at, sent = held.lock, held.index, held.since
         for _ in range(5):
             if raw is None:
                 entry = self.read("work", item_id)
@@ -731,7 +736,7 @@ class Protocol:
         is committed, else Taken (it is live: the view frees it when that lock
         goes).
         """
-        started = time.monotonic()
+        started = boot_clock()
         key = self.layout.key("locks", state.id)
         try:
             reply = self.etcd.put(key, ttl=self.lock_ttl, refresh=True, prev_exist=True,
@@ -806,27 +811,66 @@ class Protocol:
         self.finish(state, FAILED, reason=reason)
 
     # -- heartbeat ---------------------------------------------------------------
+    def lock_left(self, confirmed: float) -> float:
+        """Seconds for which a claim's lock confirmed at ``confirmed``
+        (ClaimState.confirmed) is certainly still alive (<= 0: it may have
+        expired), on boot_clock(): etcd keeps a lock at least lock_ttl after
+        the request that created or refreshed it applied, which is after it
+        was sent; TTLs are whole seconds, rounded up."""
+        return confirmed + self.lock_ttl - boot_clock()
+
     def confirm(self, state: ClaimState) -> None:
-        """The heartbeat and Claim.refresh(): make sure the lock is ours, or raise LockLost."""
-        started = time.monotonic()
+        """Claim.refresh(): make sure the lock is ours, or raise LockLost."""
+        started = boot_clock()
         try:
-            self._refresh_or_retake(state)
+            self.etcd.put(self.layout.key("locks", state.id), ttl=self.lock_ttl, refresh=True,
+                          prev_exist=True, prev_value=state.lock.encode())
+            failure: Optional[EtcdFailure] = None
+        except (CompareFailed, KeyMissing) as exc:
+            failure = exc
+        self._confirmed(state, failure, started)
+
+    def confirm_all(self, states: Sequence[ClaimState]) -> List[Optional[EtcdqError]]:
+        """The heartbeat: confirm() each claim's lock, the refreshes sent at once
+        (Transport.refresh_all) so that none waits for another.  They get one
+        request's timeout, at most the longest time any of these locks is
+        certainly alive for; a lock to re-create (it expired early) gets its
+        own time left.  Each result: None (confirmed, ``state.confirmed`` is
+        the refreshes' send), LockLost, or the error that left it unconfirmed
+        (Unavailable: the heartbeat tries again)."""
+        started = boot_clock()
+        left = max(self.lock_left(state.confirmed) for state in states)
+        replies = self.etcd.refresh_all(
+            [(self.layout.key("locks", state.id), state.lock.encode()) for state in states],
+            ttl=self.lock_ttl, timeout=min(self.etcd.timeout, max(left, 0.05)))
+        outcomes: List[Optional[EtcdqError]] = []
+        for state, reply in zip(states, replies):
+            try:
+                with self.etcd.time_limit(max(self.lock_left(state.confirmed), 0.05)):
+                    self._confirmed(state, reply if isinstance(reply, EtcdqError) else None,
+                                    started)
+                outcomes.append(None)
+            except EtcdqError as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    def _confirmed(self, state: ClaimState, failure: Optional[EtcdqError],
+                   started: float) -> None:
+        """After a refresh of the lock sent at ``started`` that raised
+        ``failure`` (None: it applied): the lock is confirmed ours, re-created
+        if it expired while the item is still ours (KeyMissing), or LockLost;
+        any other failure is raised as it is."""
+        try:
+            if isinstance(failure, CompareFailed):
+                raise LockLost(f"item {state.id}: another claim holds the lock")
+            if isinstance(failure, KeyMissing):
+                self._retake(state, state.lock, self.lock_ttl)
+            elif failure is not None:
+                raise failure
         except LockLost:
             state.confirmed = float("-inf")
             raise
         state.confirmed = started
-
-    def _refresh_or_retake(self, state: ClaimState) -> None:
-        key = self.layout.key("locks", state.id)
-        try:
-            self.etcd.put(key, ttl=self.lock_ttl, refresh=True, prev_exist=True,
-                          prev_value=state.lock.encode())
-            return
-        except CompareFailed:
-            raise LockLost(f"item {state.id}: another claim holds the lock") from None
-        except KeyMissing:
-            pass
-        self._retake(state, state.lock, self.lock_ttl)
 
     def _retake(self, state: ClaimState, lock: Lock, ttl: int) -> int:
         """Re-create our expired lock, if the item is still ours, or raise LockLost;
@@ -1403,7 +1447,7 @@ class Protocol:
         if found is None:
             return None
         entry, item = found
-        state = ClaimState(item_id, lock, item, entry.index, time.monotonic())
+        state = ClaimState(item_id, lock, item, entry.index, boot_clock())
         if item.outcome or ((item.attempts or item.requeued) and self._finished_before(state)):
             return None
         return state

@@ -22,7 +22,8 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Seq
 from .backoff import BackoffOption, make_backoff
 from .claim import Claim, Heartbeat
 from .codec import DEFAULT_MAX_PAYLOAD, Item, Junk, Record, new_token
-from .errors import ConfigError, InvalidArgument, NotFound, Unavailable, public_errors
+from .errors import (ConfigError, InvalidArgument, NotFound, QueueClosed, Unavailable,
+                     public_errors)
 from .keys import Layout, check_item_id
 from .overview import DEAD_LETTERS, QueueOverview, overview
 from .protocol import (COMPLETED, FAILED, MAX_TTL, Entry, Gone, Protocol, Taken, delay_ttl,
@@ -136,7 +137,7 @@ class Queue:
                                   lock_ttl=self.lock_ttl, max_attempts=max_attempts,
                                   max_payload=max_payload_bytes, backoff=backoff_of,
                                   completed_ttl=self.completed_ttl, failed_ttl=self.failed_ttl)
-        self._heartbeat = Heartbeat(self.lock_ttl)
+        self._heartbeat = Heartbeat(self._protocol)
         self._view: Optional[QueueView] = None
         self._window = 1
         self._calm = 0  # clean claims since the last miss (see _narrow)
@@ -214,8 +215,12 @@ class Queue:
     # -- consuming -----------------------------------------------------------------
     @public_errors()
     def claim(self, timeout: Optional[float] = 0) -> Optional[Claim]:
-        """The next free item, or None.  ``timeout``: 0 don't wait, None forever."""
+        """The next free item, or None.  ``timeout``: 0 don't wait, None forever.
+
+        QueueClosed after :meth:`close`, also for a claim waiting then.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._check_open()
         view = self._ensure_view()
         # A listing the view went on without spent the call's deadline
         # (Transport.spending): in a frozen etcd, raise after one.
@@ -226,6 +231,7 @@ class Queue:
         """claim()'s rounds until an item, or None at ``deadline`` (monotonic)."""
         looked_again = False
         while True:
+            self._check_open()  # a close() ends the wait
             view.check_locks()  # each round: a waiting claim wakes for its checks too
             version = view.version
             claim = self._claim_from(view)
@@ -329,6 +335,12 @@ class Queue:
         elif (view.watching_locks and taken == STALE_RACES
               and self._protocol.left_work(item_id)):
             self._found_gone(view, item_id, STALE_VIEW)
+
+    def _check_open(self) -> None:
+        """QueueClosed after close(): its heartbeat is gone, so a claim could not
+        be kept alive (nor would the view it needs be followed)."""
+        if self._closed:
+            raise QueueClosed(f"{self.layout.root} was closed: no claims (open a new Queue)")
 
     def _ensure_view(self) -> QueueView:
         if self._view is None:
@@ -543,7 +555,16 @@ class Queue:
         return import_lines(self._protocol, lines, progress)
 
     def close(self) -> None:
-        """Stop the background threads (open claims stop being refreshed) and end waits."""
+        """Stop the background threads and end waits.
+
+        Nothing refreshes the open claims' locks from now on, so each is
+        marked :attr:`~Claim.lost` at once (a warning each): its handler
+        should stop.  It may still complete(), fail() or release(): the fence
+        decides, as for any lost claim; else its lock expires and the item
+        runs again.  claim() and claim_first() raise QueueClosed from now on,
+        also those waiting now; a claim() under way returns a claim already
+        lost, or raises it.
+        """
         self._closed = True
         with self._waiting_lock:
             waiting = list(self._waiting)
@@ -587,10 +608,13 @@ def claim_first(queues: Sequence[Queue], timeout: Optional[float] = 0) -> Option
     on one Event that every queue's view sets when it changes (its waker).
     The Event is cleared before a round, so a change during the round ends
     the wait at once, and waiting costs no request and no polling.  One queue
-    is claimed from as by its own ``claim(timeout)``.
+    is claimed from as by its own ``claim(timeout)``.  QueueClosed once any
+    of ``queues`` was closed.
     """
     if not queues:
         raise InvalidArgument("claim_first needs at least one queue")
+    for queue in queues:
+        queue._check_open()
     if len(queues) == 1:
         return queues[0].claim(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout

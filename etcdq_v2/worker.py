@@ -64,7 +64,7 @@ from queue import SimpleQueue
 from typing import (TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequence, Set,
                     Tuple, Union)
 
-from .errors import AuthError, ConfigError, EtcdqError, InvalidPayload, LockLost
+from .errors import AuthError, ConfigError, EtcdqError, InvalidPayload, LockLost, QueueClosed
 from .metrics import MetricsServer, WorkerMetrics, check_port
 from .queue import Queue, claim_first
 from .signals import StopSignals
@@ -263,9 +263,10 @@ class Worker:
         running (items waiting out a retry backoff are left for later).
         ``max_items``: claim at most that many items, then finish them and return.
         A failed claim is logged and retried after a pause, whatever the error
-        (etcd unreachable, a reply it refused), except AuthError and
-        ConfigError, which no retry mends: those release the running items and
-        propagate.
+        (etcd unreachable, a reply it refused), except AuthError, ConfigError
+        and QueueClosed (a queue closed under the worker), which no retry
+        mends: those release the running items and propagate.  (A closed
+        queue's running items are lost at once: their handlers are cancelled.)
         """
         _check_positive("max_items", max_items, allow_zero=True)
         log.info("worker %s on %s: concurrency %d", self.queue.node_id,
@@ -298,7 +299,7 @@ class Worker:
                 return
             try:
                 claim = claim_first(self.queues, timeout=self.claim_timeout)
-            except (AuthError, ConfigError) as exc:
+            except (AuthError, ConfigError, QueueClosed) as exc:
                 log.error("cannot claim from %s: %s; stopping", self._names, exc)
                 raise
             except EtcdqError as exc:  # transient, or not ours to judge: keep running
@@ -335,8 +336,9 @@ class Worker:
             self.metrics.claimed(claim.queue)
         with self._changed:
             self._tasks.add(task)
-        if self._stopping.is_set():
-            # A claim that returned after stop() never reaches the handler.
+        if self._stopping.is_set() or claim.lost:
+            # A claim that returned after stop(), or lost already (its queue
+            # was closed meanwhile), never reaches the handler.
             self._abandon_unstarted(task)
             return
         self._free_slot().give(task)

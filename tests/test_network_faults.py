@@ -20,6 +20,7 @@ import pytest
 
 from etcdq_v2 import (Claim, ConfigError, EtcdqError, LockLost, Queue, Unavailable, Worker,
                       connect)
+from etcdq_v2.protocol import boot_clock
 from etcdq_v2.server import EtcdServer
 
 import test_security
@@ -358,7 +359,7 @@ def test_tls_a_short_freeze_leaves_the_heartbeat_running(
         frozen = time.monotonic()
         wait_until(lambda: time.monotonic() - frozen >= 2.5, 5, message="the freeze")
         tls_proxy.pass_through()
-        thawed = time.monotonic()
+        thawed = boot_clock()  # the clock of Claim.confirmed_at
         wait_until(lambda: claim.lost or claim.confirmed_at > thawed, 5,
                    message="the heartbeat to confirm the lock again, or mark it lost")
         if not claim.lost:  # then the lock is ours in etcd

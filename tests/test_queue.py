@@ -8,6 +8,7 @@ import pytest
 
 from etcdq_v2 import ClaimClosed, EtcdqError, InvalidArgument, LockLost, NotFound, Queue
 from etcdq_v2.codec import Lock
+from etcdq_v2.protocol import boot_clock
 
 from helpers import wait_until
 
@@ -134,7 +135,7 @@ def test_a_commit_that_etcd_applies_after_another_claim_is_refused(
         winner = fast.claim(timeout=10)
         assert (winner.id, winner.attempt) == (item_id, 2)
         winner.fail("attempt 2 of 2: dead-lettered")
-        stale._state.confirmed = time.monotonic()  # "the lock is certainly still mine"
+        stale._state.confirmed = boot_clock()  # "the lock is certainly still mine"
         with pytest.raises(LockLost):
             stale.complete("too late")
         assert fast.stats() == {"pending": 0, "running": 0, "completed": 0, "failed": 1}
