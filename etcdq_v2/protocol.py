@@ -353,6 +353,23 @@ class _Held:
     since: float
 
 
+@dataclass(frozen=True)
+class Version:
+    """One version of ``work/<id>``: the index etcd wrote it at and the value it
+    wrote then (``raw``; None: not known here, so a claim reads the item first).
+
+    Made only from one node of one reply (:attr:`Entry.version`), or from one
+    write's own value and the index of that write's reply: never the index of
+    one version with the value of another.  C2 is a CAS on ``index`` of a
+    value built from ``raw``; a pair of two versions would write an older
+    value over a newer one (a commit, another claim) and undo it
+    (docs/protocol.md, "One version").
+    """
+
+    index: int
+    raw: Optional[str] = None
+
+
 @dataclass
 class Entry:
     """One child of a queue directory, as listed: id, modifiedIndex, raw value."""
@@ -368,6 +385,11 @@ class Entry:
     def ttl_left(self) -> Optional[int]:
         """The TTL to write back so the key keeps its expiry; None: it has none."""
         return max(self.ttl, 1) if self.expiration else None
+
+    @property
+    def version(self) -> Version:
+        """This node's index and value: one version, read together."""
+        return Version(self.index, self.value)
 
 
 @dataclass
@@ -450,20 +472,23 @@ class Protocol:
         self.record_ttls = {COMPLETED: completed_ttl, FAILED: failed_ttl}
 
     # -- P: put ------------------------------------------------------------
-    def post_item(self, raw: str, token: str) -> Tuple[str, int]:
-        """P1: (id, modifiedIndex) of the new item; a lost reply is resolved by token.
+    def post_item(self, raw: str, token: str) -> Tuple[str, Optional[Version]]:
+        """P1: the new item's id and its version (the POST's index and value);
+        a lost reply is resolved by token.
 
         When the POST may or may not have applied, the queue is searched for
         its token (quorum listings: they go through raft, so everything the
-        cluster committed before them is in them).  Found: that is the item.
-        Not found: it is not stored now, but the request may still be sitting
+        cluster committed before them is in them).  Found: that is the item,
+        at the version the search read (a claim or a commit may have changed
+        it since the POST: never the POST's value with that index).  Not
+        found: it is not stored now, but the request may still be sitting
         in a frozen member and apply later, so sending it again could store
-        it twice.  Unavailable says so instead; the index is 0 for an item
-        that was already finished.
+        it twice.  Unavailable says so instead; the version is None for an
+        item that was already finished.
         """
         try:
             node = self.etcd.post(self.layout.work, raw).node
-            return node["key"].rsplit("/", 1)[-1], node["modifiedIndex"]
+            return node["key"].rsplit("/", 1)[-1], Version(node["modifiedIndex"], raw)
         except AmbiguousWrite as exc:
             found = self.find_put(token)
             if found is None:
@@ -482,25 +507,27 @@ class Protocol:
             return " (it may also have run, and its record expired)"
         return ""
 
-    def find_put(self, token: str) -> Optional[Tuple[str, int]]:
-        """(id, index) of the item put with ``token``, wherever it is now."""
+    def find_put(self, token: str) -> Optional[Tuple[str, Optional[Version]]]:
+        """The id and version of the item put with ``token``, wherever it is now."""
         return self.find_puts({token}).get(token)
 
-    def find_puts(self, tokens: Set[str]) -> Dict[str, Tuple[str, int]]:
-        """(id, index) of each item put with one of ``tokens`` that is stored now:
-        one pass over the quorum listings, whatever the number of tokens."""
-        found: Dict[str, Tuple[str, int]] = {}
+    def find_puts(self, tokens: Set[str]) -> Dict[str, Tuple[str, Optional[Version]]]:
+        """The id of each item put with one of ``tokens`` that is stored now, and
+        its version in work/ as listed (None: it is finished): one pass over the
+        quorum listings, whatever the number of tokens."""
+        found: Dict[str, Tuple[str, Optional[Version]]] = {}
         for kind in ("work", COMPLETED, FAILED):
             for entry, decoded in self.decoded(kind):
                 if decoded.token in tokens and decoded.token not in found:
-                    found[decoded.token] = (entry.id, entry.index if kind == "work" else 0)
+                    found[decoded.token] = (entry.id, entry.version if kind == "work" else None)
             if len(found) == len(tokens):
                 break
         return found
 
     def post_items(self, items: Sequence[Tuple[str, str]], in_flight: int
-                   ) -> List[Tuple[str, int]]:
-        """P1 for many items at once: (id, index) of each (raw, token), in that order.
+                   ) -> List[Tuple[str, Optional[Version]]]:
+        """P1 for many items at once: the id and version of each (raw, token), in
+        that order (as :meth:`post_item`'s).
 
         The POSTs go out in the order given, ``in_flight`` at a time, each on
         a connection of its own; each is sent only once the one ``in_flight``
@@ -510,7 +537,7 @@ class Protocol:
         looking for their tokens, all in one pass (found: stored; not found:
         Unavailable).  Then the rest follows.
         """
-        placed: List[Tuple[str, int]] = []
+        placed: List[Tuple[str, Optional[Version]]] = []
         while len(placed) < len(items):
             rest = items[len(placed):]
             results = self.etcd.post_many(self.layout.work, [raw for raw, _ in rest],
@@ -522,11 +549,12 @@ class Protocol:
         return placed
 
     def _settled(self, items: Sequence[Tuple[str, str]],
-                 results: List[Union[Reply, EtcdqError, None]]) -> List[Tuple[str, int]]:
+                 results: List[Union[Reply, EtcdqError, None]]
+                 ) -> List[Tuple[str, Optional[Version]]]:
         """The places of one round's items, up to the first that was not sent."""
-        places: List[Optional[Tuple[str, int]]] = []
+        places: List[Optional[Tuple[str, Optional[Version]]]] = []
         doubts: Dict[str, int] = {}  # put token -> position in places
-        for (_, token), result in zip(items, results):
+        for (raw, token), result in zip(items, results):
             if result is None:
                 break
             if isinstance(result, AmbiguousWrite) or (isinstance(result, Reply)
@@ -536,13 +564,13 @@ class Protocol:
             elif isinstance(result, EtcdqError):
                 raise result
             else:  # etcd names an in-order key by the POST's index, in 20 digits
-                places.append((f"{result.index:020d}", result.index))
+                places.append((f"{result.index:020d}", Version(result.index, raw)))
         for token, place in self._find_doubts(doubts, results).items():
             places[doubts[token]] = place
         return [place for place in places if place is not None]
 
     def _find_doubts(self, doubts: Dict[str, int], results: Sequence[object]
-                     ) -> Dict[str, Tuple[str, int]]:
+                     ) -> Dict[str, Tuple[str, Optional[Version]]]:
         """Where the POSTs in doubt are stored; Unavailable if any is not found."""
         if not doubts:
             return {}
@@ -565,8 +593,10 @@ class Protocol:
         return Item(payload, new_token(), requeued=delayed)
 
     # -- D: delayed put ------------------------------------------------------
-    def put_delayed(self, raw: str, token: str, ttl: int) -> Tuple[str, int, int]:
-        """D1, D2: (id, index, lock index) of an item claimable after ``ttl`` seconds.
+    def put_delayed(self, raw: str, token: str, ttl: int
+                    ) -> Tuple[str, Optional[Version], int]:
+        """D1, D2: (id, version, lock index) of an item claimable after ``ttl``
+        seconds; the version is None if a consumer finished it already.
 
         The lock comes first, so the item is never claimable before etcd
         expires it; the item takes the lock's name, which no POST to work/
@@ -595,8 +625,8 @@ class Protocol:
                          self.layout.locks)
                 time.sleep(0.1)  # a member that resets every connection is not hammered
 
-    def _create_delayed(self, item_id: str, raw: str, token: str) -> int:
-        """D2: PUT ``work/<id>`` prevExist=false; its index (0: it already finished).
+    def _create_delayed(self, item_id: str, raw: str, token: str) -> Optional[Version]:
+        """D2: PUT ``work/<id>`` prevExist=false; its version (None: it already finished).
 
         The transport resends a PUT whose reply was lost; "already exists" is
         then read back.  Unanswered until the deadline: Unavailable, but the
@@ -605,7 +635,7 @@ class Protocol:
         key = self.layout.key("work", item_id)
         try:
             try:
-                return self.etcd.put(key, raw, prev_exist=False).written_index
+                return Version(self.etcd.put(key, raw, prev_exist=False).written_index, raw)
             except AlreadyExists:
                 return self._our_delayed(item_id, token)
         except Unavailable as exc:
@@ -613,22 +643,24 @@ class Protocol:
                               "it is, it is stored once, and claimable after its delay"
                               ) from None
 
-    def _our_delayed(self, item_id: str, token: str) -> int:
-        """After D2's "already exists": our item's index, or 0 if a consumer
-        finished it already; EtcdRejected if another writer took the name."""
+    def _our_delayed(self, item_id: str, token: str) -> Optional[Version]:
+        """After D2's "already exists": our item as read now (a claim may have
+        changed it since D2), or None if a consumer finished it already;
+        EtcdRejected if another writer took the name."""
         entry = self.read("work", item_id)
         if entry is not None and _put_token(Item.decode, entry.value) == token:
-            return entry.index
+            return entry.version
         for kind in (COMPLETED, FAILED):
             record = self.read(kind, item_id)
             if record is not None and _put_token(Record.decode, record.value) == token:
-                return 0
+                return None
         raise EtcdRejected(f"{self.layout.key('work', item_id)} holds a value this put did "
                            "not write; the item was not stored", code=AlreadyExists.code)
 
     # -- C: claim ----------------------------------------------------------
-    def claim(self, item_id: str, index: int, raw: Optional[str]) -> Optional[ClaimState]:
-        """Try to claim one item seen at ``index``; None if it kept changing under us.
+    def claim(self, item_id: str, seen: Version) -> Optional[ClaimState]:
+        """Try to claim one item seen at version ``seen``; None if it kept changing
+        under us.
 
         Raises Taken if another claim holds its lock, Gone if the item is no
         longer in work/ or is finished, and Junk if it is not one of ours (the
@@ -638,7 +670,7 @@ class Protocol:
         since = boot_clock()
         locked = self._create_lock(item_id, lock, self.lock_ttl)
         try:
-            state = self._take_item(item_id, _Held(lock, locked, since), index, raw)
+            state = self._take_item(item_id, _Held(lock, locked, since), seen)
         except BaseException:
             with contextlib.suppress(EtcdqError):  # else the lock simply expires
                 self._drop_lock(item_id, lock)
@@ -659,8 +691,7 @@ class Protocol:
                 raise Taken(exc.index or 0, refused=True) from None
             return entry.index
 
-    def _take_item(self, item_id: str, held: _Held, index: int,
-                   raw: Optional[str]) -> Optional[ClaimState]:
+    def _take_item(self, item_id: str, held: _Held, seen: Version) -> Optional[ClaimState]:
         """C2, then C3 on the item as C2 found it (fresh, unlike the view).
 
         ``held`` is our lock, the index C1 created it at, and when C1 was sent.
@@ -669,6 +700,7 @@ class Protocol:
         flight), so the item is theirs, however stale our view looked.
         """
         lock, locked_at, sent = held.lock, held.index, held.since
+        index, raw = seen.index, seen.raw
         for _ in range(5):
             if raw is None:
                 entry = self.read("work", item_id)
@@ -1152,10 +1184,10 @@ class Protocol:
         return self._unlock(state, self.backoff(state.item.attempts))  # no R0: a failure counts
 
     # -- Q: requeue ----------------------------------------------------------
-    def requeue(self, item_id: str) -> Tuple[str, int, str]:
+    def requeue(self, item_id: str) -> Tuple[str, Optional[Version]]:
         """Q0-Q5: move dead letter ``item_id`` back to work/ as a new item.
 
-        Returns the new item's id, index (0 if it was there already) and value.
+        Returns the new item's id and Q3's version (None if it was there already).
         """
         check_item_id(item_id)
         lock = self._lock_dead_letter(item_id)
@@ -1164,9 +1196,9 @@ class Protocol:
             self._remove_dead_item(item_id)
             new_id = f"{index:020d}"  # Q1's own index: no POST can ever take this name
             raw = Item(record.payload, token, requeued=True).encode(stored=True)
-            new_index = self._create_item(new_id, raw)
+            created = self._create_item(new_id, raw)
             self._bury(item_id, new_id, record, index)  # Q4
-            return new_id, new_index, raw
+            return new_id, created
         finally:
             self._drop_lock(item_id, lock)
 
@@ -1181,13 +1213,14 @@ class Protocol:
         while entry is not None and not self._remove_item(entry):
             entry = self.read("work", item_id)
 
-    def _create_item(self, new_id: str, raw: str) -> int:
-        """Q3: create the requeued item; its index, or 0 if an earlier requeue did."""
+    def _create_item(self, new_id: str, raw: str) -> Optional[Version]:
+        """Q3: create the requeued item; its version, or None if an earlier
+        requeue did (what is there now is not known: not offered)."""
         try:
-            return self.etcd.put(self.layout.key("work", new_id), raw,
-                                 prev_exist=False).written_index
+            return Version(self.etcd.put(self.layout.key("work", new_id), raw,
+                                         prev_exist=False).written_index, raw)
         except AlreadyExists:
-            return 0
+            return None
 
     def _bury(self, item_id: str, new_id: str, record: Record, index: int) -> None:
         """Q4: ``failed/<id>`` becomes a tombstone, so that a late F2 finds the key taken.

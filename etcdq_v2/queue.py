@@ -26,8 +26,8 @@ from .errors import (ConfigError, InvalidArgument, NotFound, QueueClosed, Unavai
                      public_errors)
 from .keys import Layout, check_item_id
 from .overview import DEAD_LETTERS, QueueOverview, overview
-from .protocol import (COMPLETED, FAILED, MAX_TTL, Entry, Gone, Protocol, Taken, delay_ttl,
-                       in_flight_count, item_fields, lock_states, ttl_seconds)
+from .protocol import (COMPLETED, FAILED, MAX_TTL, Entry, Gone, Protocol, Taken, Version,
+                       delay_ttl, in_flight_count, item_fields, lock_states, ttl_seconds)
 from .transfer import export_lines, guarded, import_lines
 from .transport import EventStream, Transport, connect
 from .view import QueueView
@@ -191,8 +191,8 @@ class Queue:
         ids = []
         for start in range(0, len(encoded), PUT_CHUNK):
             chunk = encoded[start:start + PUT_CHUNK]
-            for (raw, _), (item_id, index) in zip(chunk, self._protocol.post_items(chunk, lanes)):
-                self._offer(item_id, index, raw)
+            for item_id, seen in self._protocol.post_items(chunk, lanes):
+                self._offer(item_id, seen)
                 ids.append(item_id)
                 if progress is not None:
                     progress()
@@ -202,12 +202,12 @@ class Queue:
                  progress: Optional[Callable[[], Any]]) -> str:
         """P1, or D1-D2 with a delay lock of ``ttl`` seconds: one item, its id."""
         if ttl:
-            item_id, index, locked = self._protocol.put_delayed(raw, token, ttl)
-            if self._view is not None:
-                self._view.delayed(item_id, index, raw, locked, ttl)
+            item_id, seen, locked = self._protocol.put_delayed(raw, token, ttl)
+            if self._view is not None and seen is not None:
+                self._view.delayed(item_id, seen, locked, ttl)
         else:
-            item_id, index = self._protocol.post_item(raw, token)
-            self._offer(item_id, index, raw)
+            item_id, seen = self._protocol.post_item(raw, token)
+            self._offer(item_id, seen)
         if progress is not None:
             progress()
         return item_id
@@ -261,9 +261,9 @@ class Queue:
             candidate = view.pick(self._window)
             if candidate is None:
                 return None
-            item_id, index, raw = candidate
+            item_id, seen = candidate
             try:
-                state = self._protocol.claim(item_id, index, raw)
+                state = self._protocol.claim(item_id, seen)
             except Gone as exc:
                 if exc.by_us:  # its own dead letter: no miss (review rv34)
                     view.finished(item_id)
@@ -278,7 +278,7 @@ class Queue:
             except Junk as exc:
                 log.warning("skipping item %s of %s: %s", item_id, self.layout.root, exc,
                             extra=item_fields(self.name, item_id))
-                view.skip(item_id, index)
+                view.skip(item_id, seen.index)
                 view.untaken(item_id)
                 continue
             except BaseException:
@@ -514,9 +514,8 @@ class Queue:
     @public_errors()
     def requeue(self, item_id: str) -> str:
         """Move dead letter ``item_id`` back to work/ (attempts reset); the new id."""
-        new_id, index, raw = self._protocol.requeue(item_id)
-        if index:  # 0: it was requeued and finished before
-            self._offer(new_id, index, raw)
+        new_id, seen = self._protocol.requeue(item_id)
+        self._offer(new_id, seen)  # None: it was requeued before
         return new_id
 
     @public_errors()
@@ -587,10 +586,12 @@ class Queue:
         return f"<Queue {self.layout.root} node={self.node_id!r}>"
 
     # -- helpers -------------------------------------------------------------------
-    def _offer(self, item_id: str, index: int, raw: str) -> None:
-        """An item this process wrote to work/: claimable here before etcd's event comes."""
-        if self._view is not None:
-            self._view.added(item_id, index, raw)
+    def _offer(self, item_id: str, seen: Optional[Version]) -> None:
+        """An item this process wrote to work/ (or read back after a lost reply),
+        at version ``seen``: claimable here before etcd's event comes.  None:
+        finished, or not known: not offered."""
+        if self._view is not None and seen is not None:
+            self._view.added(item_id, seen)
 
     def _work_and_locks(self) -> "tuple[List[tuple[Entry, Item]], Dict[str, Any]]":
         return list(self._protocol.decoded("work")), lock_states(self._protocol.list("locks")[1])

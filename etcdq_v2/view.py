@@ -104,7 +104,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 from .codec import Item, Junk, Lock
 from .errors import EtcdqError, Unavailable
 from .keys import Layout
-from .protocol import Entry, Protocol
+from .protocol import Entry, Protocol, Version
 from .transport import EventStream
 
 log = logging.getLogger("etcdq_v2.view")
@@ -155,7 +155,9 @@ FEW_LOCKS = 8
 #: etcd's ``expiration``: RFC 3339 in UTC, with up to nanoseconds.
 _EXPIRATION = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(\.\d+)?Z")
 
-Candidate = Tuple[str, int, Optional[str]]
+#: A free item for a claim: its id and the version the view holds (one version:
+#: see :class:`~etcdq_v2.protocol.Version`).
+Candidate = Tuple[str, Version]
 
 
 class QueueView:
@@ -167,6 +169,10 @@ class QueueView:
         self._cond = threading.Condition()
         #: Events set on every change of the view (see add_waker).
         self._wakers: Set[threading.Event] = set()
+        #: Items in work/: id -> the newest version the view knows, (index, value
+        #: or None), of one write or one node read (never mixed: see Version).
+        #: Tuples, not Versions: a listing makes one per item, and a tuple costs
+        #: a fraction of a Version to make.
         self._items: Dict[str, Tuple[int, Optional[str]]] = {}
         #: Locked items: id -> the etcd index of the newest sign that its lock exists.
         self._locks: Dict[str, int] = {}
@@ -282,7 +288,7 @@ class QueueView:
         raise Unavailable(f"could not list {self._layout.root} within {timeout:g} s ({why})")
 
     def candidates(self, limit: int) -> List[Candidate]:
-        """Up to ``limit`` free items from the head: ``(id, index, raw value or None)``."""
+        """Up to ``limit`` free items from the head: ``(id, version)``."""
         found: List[Candidate] = []
         with self._cond:
             stale, self._behind = 0, 0
@@ -294,7 +300,7 @@ class QueueView:
                         # an item of another producer may come before it.
                         self._behind = index
                         break
-                    found.append((item_id, index, raw))
+                    found.append((item_id, Version(index, raw)))
                     if len(found) == limit:
                         break
                 elif position == stale:
@@ -360,8 +366,7 @@ class QueueView:
             if self._is_free(item_id) and self._items[item_id][0] <= self._offer_upto:
                 self._drop_taken(start, position)
                 self._cursor = item_id
-                index, raw = self._items[item_id]
-                return item_id, index, raw
+                return item_id, Version(*self._items[item_id])
         dropped = self._drop_taken(start, stop)
         if stop >= end:  # the window's end: from the head next time
             self._cursor = self._free[0] if self._free and start > 0 else None
@@ -588,15 +593,23 @@ class QueueView:
             if self._trying.pop(item_id, None) is not None:
                 self._make_free(item_id)
 
-    def added(self, item_id: str, index: int, raw: str) -> None:
-        """This process put the item: offer it before etcd's event arrives."""
+    def version_of(self, item_id: str) -> Optional[Version]:
+        """The version of the item a claim would be offered (None: not held)."""
         with self._cond:
-            if self._ready and index > self._items.get(item_id, (0, None))[0]:
-                self._apply_item(item_id, index, raw)
+            held = self._items.get(item_id)
+            return None if held is None else Version(*held)
 
-    def delayed(self, item_id: str, index: int, raw: str, lock_index: int, ttl: int) -> None:
-        """This process put a delayed item: offer it once its delay lock, created
-        at ``lock_index``, expires in about ``ttl`` seconds.
+    def added(self, item_id: str, seen: Version) -> None:
+        """This process wrote the item (a put, a requeue) or read it back after
+        a lost reply, at version ``seen``: offer it before etcd's event arrives."""
+        with self._cond:
+            if self._ready and seen.index > self._items.get(item_id, (0, None))[0]:
+                self._apply_item(item_id, seen.index, seen.raw)
+
+    def delayed(self, item_id: str, seen: Version, lock_index: int, ttl: int) -> None:
+        """This process put a delayed item (D2 wrote it, or read it back, at
+        version ``seen``): offer it once its delay lock, created at
+        ``lock_index``, expires in about ``ttl`` seconds.
 
         A watching view that knows of etcd's writes past that index saw the
         lock come (and maybe go) itself.  A quiet view may have listed the item
@@ -604,14 +617,14 @@ class QueueView:
         notes the lock and when it is due.
         """
         with self._cond:
-            known = index <= self._items.get(item_id, (0, None))[0]
+            known = seen.index <= self._items.get(item_id, (0, None))[0]
             if not self._ready or (known and self.watching_locks):
                 return  # the next listing has it; or it is known (or finished) already
             if lock_index > self._known or not self.watching_locks:
                 self._locked(item_id, lock_index)
             self._plan_delay(item_id, ttl)
             if not known:
-                self._apply_item(item_id, index, raw)
+                self._apply_item(item_id, seen.index, seen.raw)
 
     def returned(self, item_id: str, seconds: int, index: int) -> None:
         """A claim of this process gave the item back (release, or fail with a
@@ -753,6 +766,8 @@ class QueueView:
         self._unplanned.pop(item_id, None)
 
     def _apply_item(self, item_id: str, index: int, value: Optional[str]) -> None:
+        """The item's version ``index`` with ``value``: the value etcd wrote at
+        that index, or None (never another version's: see Version)."""
         self._items[item_id] = (index, _cacheable(value))
         self._make_free(item_id)
 
@@ -1152,7 +1167,7 @@ class QueueView:
                 # events tell, and a commit (F1) may apply after the lock expired.
                 self._items[item_id] = (index, None)
         elif action in _WRITTEN:
-            self._apply_item(item_id, index, _unescape(value))
+            self._apply_item(item_id, index, _unescape(value))  # the event's own node
 
     def _failed(self, exc: BaseException, follower: "_Follower") -> None:
         """The follower's last error, for :meth:`wait_ready` (a replaced one's is moot)."""

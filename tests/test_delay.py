@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, List, Optional
 import pytest
 
 from etcdq_v2 import InvalidArgument, Queue, Unavailable, connect
-from etcdq_v2.protocol import Taken
+from etcdq_v2.protocol import Taken, Version
 from etcdq_v2.view import BACKLOG
 
 from crashes import left_lock
@@ -119,7 +119,7 @@ def test_a_delayed_item_is_claimable_only_after_its_delay(
     # finds the delay lock.
     index = consumer._protocol.read("work", item_id).index
     with pytest.raises(Taken):
-        consumer._protocol.claim(item_id, index, None)
+        consumer._protocol.claim(item_id, Version(index))
     elapsed = first_claim(consumer, item_id, started)
     assert consumer.items("completed")[0].attempts == 1  # the failed C1 counted nothing
     report("claimed by polling claim(timeout=0)", elapsed - DELAY)

@@ -110,4 +110,4 @@ def test_a_lost_put_already_finished_by_a_consumer_is_found_in_completed(
         token = queue._protocol.read("work", item_id).value
         queue.claim().complete()
         from etcdq_v2.codec import Item
-        assert queue._protocol.find_put(Item.decode(token).token) == (item_id, 0)
+        assert queue._protocol.find_put(Item.decode(token).token) == (item_id, None)

@@ -162,7 +162,7 @@ def test_a_stale_listing_never_runs_a_completed_item(etcd_url: str, queue_name: 
         lingering = second._protocol.read("locks", item_id)
         second.etcd.requests.clear()
         with pytest.raises(Taken if lock_ttl <= 60 else Gone):
-            second._protocol.claim(stale.id, stale.index, stale.value)
+            second._protocol.claim(stale.id, stale.version)
         if lock_ttl <= 60:  # C1 only, refused
             assert lingering is not None and dict(second.etcd.requests) == {"PUT": 1}
             assert second._protocol.read("locks", item_id) == lingering  # first's, untouched
@@ -218,5 +218,5 @@ def test_a_stale_listing_of_a_reclaimed_item_rereads_it(etcd_url: str, queue_nam
         queue.put("again")
         stale = queue._protocol.list("work")[1][0]
         queue.claim().release()  # C2 and R0 changed its index
-        state = queue._protocol.claim(stale.id, stale.index, stale.value)
+        state = queue._protocol.claim(stale.id, stale.version)
         assert state is not None and state.item.attempts == 1 and state.index > stale.index

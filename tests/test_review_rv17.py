@@ -26,7 +26,7 @@ def _claimed_by_the_dead(producer: Queue, dead: Queue, payload: object) -> str:
     died: its 1 s lock expires and the item stays in work/ with its token."""
     item_id = producer.put(payload)
     entry = dead._protocol.read("work", item_id)
-    state = dead._protocol.claim(item_id, entry.index, entry.value)  # no heartbeat
+    state = dead._protocol.claim(item_id, entry.version)  # no heartbeat
     assert state is not None
     wait_until(lambda: dead._protocol.read("locks", item_id) is None, 5,
                message="etcd expired the dead claimer's lock")

@@ -210,7 +210,7 @@ def test_rv18_held_failed_check_is_planned_from_its_failure(
         view = consumer._ensure_view()
         y_id = producer.put({"y": 1})
         entry = dead._protocol.read("work", y_id)
-        assert dead._protocol.claim(y_id, entry.index, entry.value) is not None
+        assert dead._protocol.claim(y_id, entry.version) is not None
         wait_until(lambda: dead._protocol.read("locks", y_id) is None, 5,
                    message="etcd expired the dead claimer's lock")
         assert consumer.claim(timeout=0) is None

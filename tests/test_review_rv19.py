@@ -270,7 +270,7 @@ def test_rv19_held_q_item_released_between_listings_is_freed_by_delays_listing(
         view = consumer._ensure_view()
         x_id = _q_item_without_lock(producer)
         entry = third._protocol.read("work", x_id)
-        state = third._protocol.claim(x_id, entry.index, entry.value)
+        state = third._protocol.claim(x_id, entry.version)
         assert state is not None
         third._protocol.release(state, 0)
         assert producer._protocol.read("locks", x_id) is None

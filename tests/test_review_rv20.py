@@ -283,7 +283,7 @@ def test_rv20_held_q_item_claimed_elsewhere_between_the_two_listings(
         assert listed_work.wait(5)
         assert not view._is_free(x_id)  # not applied yet (since rv20), or taken
         entry = other._protocol.read("work", x_id)
-        state = other._protocol.claim(x_id, entry.index, entry.value)
+        state = other._protocol.claim(x_id, entry.version)
         assert state is not None
         resume.set()
         thread.join(5)

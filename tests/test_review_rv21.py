@@ -210,7 +210,7 @@ def test_rv21_held_full_reconcile_keeps_live_locks_and_given_back_delays(
         b1 = mine.id
         b2 = next(i for i in b_ids[1:] if i != b1)
         entry = other._protocol.read("work", b2)
-        state = other._protocol.claim(b2, entry.index, entry.value)
+        state = other._protocol.claim(b2, entry.version)
         assert state is not None
         lock_index = {e.id: e.index for e in producer._protocol.list("locks")[1]}[b2]
         view.taken(b2)  # as _lost_race leaves a miss on B2

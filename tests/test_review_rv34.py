@@ -31,7 +31,7 @@ def _out_of_attempts(etcd_url: str, queue_name: str, ids: List[str]) -> None:
         for item_id in ids:
             entry = protocol.read("work", item_id)
             assert entry is not None
-            state = protocol.claim(item_id, entry.index, entry.value)
+            state = protocol.claim(item_id, entry.version)
             assert state is not None
             crashed.etcd.delete(crashed.layout.key("locks", item_id))
 

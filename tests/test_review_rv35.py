@@ -181,7 +181,7 @@ def test_rv35_held_a_failed_once_per_ttl_listing_is_due_again_and_frees_a_dead_w
         ids = producer.put_many(range(40))
         entry = crashed._protocol.read("work", ids[0])
         assert entry is not None
-        assert crashed._protocol.claim(ids[0], entry.index, entry.value) is not None
+        assert crashed._protocol.claim(ids[0], entry.version) is not None
         with Queue(connect(proxy.url, timeout=1.0), queue_name, lock_ttl=2) as consumer:
             view = consumer._ensure_view()
             assert not view.watching_locks and ids[0] in view._locks
@@ -230,7 +230,7 @@ def test_rv35_held_gone_by_us_for_an_item_another_consumer_finished_strands_noth
         protocol = finisher._protocol
         entry = protocol.read("work", ids[0])
         assert entry is not None
-        state = protocol.claim(ids[0], entry.index, entry.value)
+        state = protocol.claim(ids[0], entry.version)
         assert state is not None
         committed: list[Any] = []
         real_finish_committed = protocol.finish_committed

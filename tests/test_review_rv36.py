@@ -248,7 +248,7 @@ def test_rv36_held_failed_full_then_working_miss_listing_still_frees_a_dead_work
     with _quiet(etcd_url, proxy.url, queue_name, lock_ttl=2) as (_, crashed, consumer, ids, view):
         entry = crashed._protocol.read("work", ids[0])
         assert entry is not None
-        assert crashed._protocol.claim(ids[0], entry.index, entry.value) is not None
+        assert crashed._protocol.claim(ids[0], entry.version) is not None
         view.relist_work()  # lists work/: the claim token says it is taken
         assert ids[0] in view._locks
         wait_until(lambda: crashed._protocol.read("locks", ids[0]) is None, 6,
