@@ -147,7 +147,8 @@ COALESCE = 0.005
 #: restored from a raft snapshot it misses every write the snapshot covered
 #: and stays open (docs/protocol.md, "The consumer's view").  So a watching
 #: view's knowledge is at most ROUND plus one listing old, whatever its member
-#: does; idle, that costs what the 60 s idle end of a stream did already.
+#: does.  A round a minute: a watch, a listing of work/ and up to FEW_LOCKS lock
+#: reads; with nothing running, what a silent stream's 60 s idle end cost already.
 ROUND = 60.0
 #: Seconds before listing locks/ again when a delay lock was listed due but not yet
 #: removed (etcd removes expired keys every 0.5 s).
