@@ -20,12 +20,20 @@ class EtcdCluster:
     """``size`` members on loopback, named m1..mN, data dirs under ``base_dir``.
 
     For fault tests: kill, pause or restart one member and watch the others.
+    ``snapshot_count``: etcd's ``--snapshot-count`` (100,000 by default), the
+    writes after which a member takes a raft snapshot and compacts its log
+    (keeping 5,000 entries, fixed in etcd 3.5): a member that falls further
+    behind than that is caught up by a snapshot, not by the log entries.
     """
 
     def __init__(self, base_dir: PathLike, size: int = 3, *, binary: Optional[str] = None,
-                 cluster_token: str = "etcdq-test") -> None:
+                 cluster_token: str = "etcdq-test",
+                 snapshot_count: Optional[int] = None) -> None:
         if size < 1:
             raise ConfigError(f"cluster size must be at least 1, not {size}")
+        if snapshot_count is not None and snapshot_count < 1:
+            raise ConfigError(f"snapshot_count must be at least 1, not {snapshot_count}")
+        extra = () if snapshot_count is None else ("--snapshot-count", str(snapshot_count))
         base = Path(base_dir)
         binary = binary or find_etcd_binary()
         addresses = [MemberAddress(f"m{i}", f"http://{LOOPBACK}:{free_port()}",
@@ -35,7 +43,7 @@ class EtcdCluster:
         self.members: List[EtcdServer] = [
             EtcdServer(base / a.name, name=a.name, client_port=_port_of(a.url),
                        peer_port=_port_of(a.peer_url), initial_cluster=initial,
-                       cluster_token=cluster_token, binary=binary)
+                       cluster_token=cluster_token, binary=binary, extra_args=extra)
             for a in addresses]
 
     def __repr__(self) -> str:

@@ -228,6 +228,11 @@ class EtcdServer:
         except OSError:
             return ""
 
+    def log_text(self) -> str:
+        """Everything etcd wrote to its log since it was last started (a test
+        looks for what the member did, such as applying a raft snapshot)."""
+        return self._log_since_start()
+
     def log_excerpt(self) -> str:
         """The first and last lines etcd wrote since it was last started.
 
