@@ -209,22 +209,21 @@ def tombstone(new_id: str, token: Optional[str] = None) -> str:
 
 def tombstone_token(raw: Optional[str]) -> Optional[str]:
     """The put token a tombstone keeps; None for anything else (or an older tombstone)."""
-    try:
-        doc = loads(raw)
-    except Junk:
-        return None
-    token = doc.get("t")
-    return token if "requeued_as" in doc and isinstance(token, str) else None
+    return _tombstone_field(raw, "t")
 
 
 def requeued_as(raw: Optional[str]) -> Optional[str]:
     """The new item's id a requeue's tombstone names; None for anything else."""
+    return _tombstone_field(raw, "requeued_as")
+
+
+def _tombstone_field(raw: Optional[str], name: str) -> Optional[str]:
+    """A text field of a tombstone (a value with ``requeued_as``); None if none."""
     try:
         doc = loads(raw)
     except Junk:
         return None
-    new_id = doc.get("requeued_as")
-    return new_id if isinstance(new_id, str) else None
+    return _optional_text(doc, name) if "requeued_as" in doc else None
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,8 @@ from .tasks import Reject, Retry, Tasks, describe
 if TYPE_CHECKING:  # pragma: no cover - only for the annotations
     from .claim import Claim
 
-__all__ = ["CANCEL_WAIT", "Handler", "Task", "Worker", "WorkerStats", "current_task"]
+__all__ = ["CANCEL_WAIT", "Handler", "ReasonOnly", "Task", "Worker", "WorkerStats",
+           "current_task"]
 
 log = logging.getLogger("etcdq_v2.worker")
 
@@ -134,6 +135,12 @@ class Task:
     result: Any = None
     error: Optional[BaseException] = None
     done: threading.Event = field(default_factory=threading.Event)
+
+
+class ReasonOnly(Exception):
+    """A handler's failure whose reason tells it all (a command's exit status and
+    stderr): the worker stores no traceback for it, which would show only the
+    handler's own frames."""
 
 
 class _Outcome(enum.Enum):
@@ -501,8 +508,9 @@ class Worker:
         exception fails the attempt with its traceback (that of the exception
         a Retry or Reject was raised from, if any)."""
         cause = error.__cause__ if isinstance(error, (Retry, Reject)) else error
-        trace = None if cause is None else "".join(tracebacks.format_exception(
-            type(cause), cause, cause.__traceback__))
+        trace = None
+        if cause is not None and not isinstance(cause, ReasonOnly):
+            trace = "".join(tracebacks.format_exception(type(cause), cause, cause.__traceback__))
         if isinstance(error, Retry):
             self._fail(task, error.reason, trace, delay=error.delay)
         elif isinstance(error, Reject):

@@ -120,7 +120,10 @@ def test_etcdq_work_says_attempts_failed_and_dead_lettered(etcd_url: str,
         assert done.returncode == 1
         assert done.stdout.split() == ["completed", "0", "attempts", "failed", "1",
                                        "dead-lettered", "0", "lost", "0", "released", "0"]
-        assert queue.get(retried).state == "pending" and queue.get(retried).attempts == 1
+        info = queue.get(retried)
+        assert (info.state, info.attempts) == ("pending", 1)
+        # A command's reason is its exit status (and stderr): no traceback of etcdq's own.
+        assert (info.reason, info.traceback) == ("CommandFailed: exit status 1", None)
         done = etcdq(etcd_url, "work", queue.name, "--max-items", "1", "--max-attempts", "1",
                      "--", "false")
         assert "attempts failed 0  dead-lettered 1" in done.stdout
