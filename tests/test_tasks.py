@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +26,8 @@ BOUND = 30.0
 
 TASKS = '''
 import os
+import re
+import signal
 from etcdq_v2 import Queue, Retry, Tasks, current_task
 
 tasks = Tasks(Queue(os.environ["ETCDQ_ENDPOINTS"], os.environ["TASKS_QUEUE"]))
@@ -218,3 +222,35 @@ def test_work_names_a_tasks_object_it_cannot_load(app: ModuleType) -> None:
             env=dict(os.environ))
         assert done.returncode == 2, done.stderr
         assert message in done.stderr and "Traceback" not in done.stderr
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "tasks.md"
+
+
+def test_the_docs_producer_and_worker_run_as_written(tmp_path: Path, etcd_url: str,
+                                                     queue_name: str) -> None:
+    """docs/tasks.md's tasks.py and producer.py, on this test's etcd and queue, with
+    its ``etcdq work`` command running beside them."""
+    text = DOCS.read_text(encoding="utf-8")
+    python = re.findall(r"```python\n(.*?)```", text, re.S)
+    shell = re.findall(r"```sh\n(.*?)```", text, re.S)
+    tasks_py, producer_py = python[0], python[1]
+    (tmp_path / "tasks.py").write_text(tasks_py.replace("http://127.0.0.1:2379", etcd_url)
+                                       .replace('"emails"', repr(queue_name)))
+    (tmp_path / "producer.py").write_text(producer_py)
+    command = shell[0].split()
+    assert command[:4] == ["etcdq", "work", "emails", "--tasks"]
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "etcdq_v2", "--endpoints", etcd_url, "work", queue_name,
+         *command[3:]], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        done = subprocess.run([sys.executable, "producer.py"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=90)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1] == "{'sent_to': 'ada@example.com'}"
+    assert worker.returncode == 0, err
+    assert out.split()[:2] == ["completed", "1"]
