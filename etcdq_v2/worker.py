@@ -61,6 +61,7 @@ import threading
 import time
 import traceback as tracebacks
 from dataclasses import dataclass, field, replace
+from types import TracebackType
 from queue import SimpleQueue
 from typing import (TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequence, Set,
                     Tuple, Union)
@@ -69,6 +70,7 @@ from .errors import AuthError, ConfigError, EtcdqError, InvalidPayload, LockLost
 from .metrics import MetricsServer, WorkerMetrics, check_port
 from .queue import Queue, claim_first
 from .signals import StopSignals
+from . import tasks as tasks_module
 from .tasks import Reject, Retry, Tasks, describe
 
 if TYPE_CHECKING:  # pragma: no cover - only for the annotations
@@ -510,7 +512,8 @@ class Worker:
         cause = error.__cause__ if isinstance(error, (Retry, Reject)) else error
         trace = None
         if cause is not None and not isinstance(cause, ReasonOnly):
-            trace = "".join(tracebacks.format_exception(type(cause), cause, cause.__traceback__))
+            trace = "".join(tracebacks.format_exception(type(cause), cause,
+                                                        _handler_frames(cause.__traceback__)))
         if isinstance(error, Retry):
             self._fail(task, error.reason, trace, delay=error.delay)
         elif isinstance(error, Reject):
@@ -627,6 +630,19 @@ class _Slot:
                 self._worker._supervise(task, self)
             except BaseException:  # Worker._finish logged it, settled the task and
                 continue           # freed this slot: serve the next one
+
+
+#: The worker's own modules, whose frames lead into every handler's traceback.
+_RUNNER_FILES = {__file__, tasks_module.__file__}
+
+
+def _handler_frames(tb: Optional[TracebackType]) -> Optional[TracebackType]:
+    """``tb`` from the handler's first frame: the worker's and the task runner's
+    own frames above it say nothing about the failure."""
+    while tb is not None and tb.tb_next is not None \
+            and tb.tb_frame.f_code.co_filename in _RUNNER_FILES:
+        tb = tb.tb_next
+    return tb
 
 
 def _handler(handler: Optional[Handler], tasks: Optional[Tasks]) -> Handler:

@@ -52,6 +52,9 @@ def test_a_failed_attempt_shows_its_error_traceback_and_next_try_while_it_waits(
     assert (info.state, info.attempts) == ("pending", 1)
     assert info.reason == "ValueError: order 7 is not valid"
     assert info.traceback is not None and "in check_the_order" in info.traceback
+    # From the handler's first frame: none of the worker's own.
+    assert info.traceback.splitlines()[1].endswith("in <lambda>")
+    assert "worker.py" not in info.traceback
     assert info.traceback.rstrip().endswith("ValueError: order 7 is not valid")
     assert info.due is not None and before + 20 < info.due < before + 32  # backoff [30]
     assert [i.reason for i in queue.items("pending")] == [info.reason]

@@ -172,6 +172,7 @@ def test_a_failing_task_is_dead_lettered_with_its_traceback(app: ModuleType) -> 
     assert failed.value.traceback is not None
     assert "in divide" in failed.value.traceback and "return a / b" in failed.value.traceback
     assert failed.value.traceback.rstrip().endswith("ZeroDivisionError: division by zero")
+    assert failed.value.traceback.splitlines()[1].endswith("in divide")  # no runner frames
     assert app.tasks.queue.get(item_id).attempts == 1
 
 
