@@ -9,17 +9,18 @@
 from .claim import Claim
 from .errors import (AuthError, ClaimClosed, ConfigError, EtcdqError, EtcdRejected,
                      InvalidArgument, InvalidName, InvalidPayload, LockLost, NotFound,
-                     PayloadTooLarge, QueueClosed, Unavailable)
-from .queue import ItemInfo, Queue, claim_first
+                     PayloadTooLarge, QueueClosed, TaskFailed, Unavailable, WaitTimeout)
+from .queue import Counts, ItemInfo, Queue, claim_first
+from .tasks import Reject, Retry, TaskFunction, Tasks
 from .transport import Transport, connect
 from .worker import Worker, WorkerStats, current_task
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AuthError", "Claim", "ClaimClosed", "ConfigError", "EtcdRejected", "EtcdqError",
+    "AuthError", "Claim", "ClaimClosed", "ConfigError", "Counts", "EtcdRejected", "EtcdqError",
     "InvalidArgument", "InvalidName", "InvalidPayload",
-    "ItemInfo", "LockLost", "NotFound", "PayloadTooLarge", "Queue", "QueueClosed", "Transport",
-    "Unavailable",
+    "ItemInfo", "LockLost", "NotFound", "PayloadTooLarge", "Queue", "QueueClosed", "Reject",
+    "Retry", "TaskFailed", "TaskFunction", "Tasks", "Transport", "Unavailable", "WaitTimeout",
     "Worker", "WorkerStats", "claim_first", "connect", "current_task", "__version__",
 ]

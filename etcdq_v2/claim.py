@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Type, TypeVar
 from typing import Protocol as TypingProtocol
 
 from .errors import ClaimClosed, LockLost, public_errors
-from .protocol import COMPLETED, ClaimState, GivenBack, Protocol, item_fields
+from .protocol import COMPLETED, ClaimState, GivenBack, Protocol, delay_ttl, item_fields
 
 log = logging.getLogger("etcdq_v2.claim")
 T = TypeVar("T")
@@ -133,10 +133,20 @@ class Claim:
         self._returned(self._end("released", lambda: self._protocol.release(self._state, delay)))
 
     @public_errors()
-    def fail(self, reason: str = "") -> None:
-        """This attempt failed: retry after a backoff, or dead-letter at max_attempts."""
+    def fail(self, reason: str = "", *, traceback: Optional[str] = None,
+             delay: Optional[float] = None, retry: bool = True) -> None:
+        """This attempt failed: retry after a backoff, or dead-letter at max_attempts.
+
+        ``traceback`` is stored beside ``reason`` (its end: codec.TRACEBACK_LIMIT
+        characters), in the dead letter or while the item waits for its retry.
+        ``delay``: seconds before the retry instead of the queue's backoff.
+        ``retry=False`` dead-letters the item now, whatever attempts it has left.
+        """
+        if delay is not None:
+            delay_ttl(delay)  # InvalidArgument before any write, as release() does
         def fail() -> Optional[GivenBack]:
-            back_in = self._protocol.fail(self._state, str(reason))
+            back_in = self._protocol.fail(self._state, str(reason), traceback=traceback,
+                                          delay=delay, retry=retry)
             if back_in is None:
                 self._outcome = "dead-lettered"
             return back_in

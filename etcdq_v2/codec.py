@@ -35,6 +35,11 @@ DEFAULT_MAX_PAYLOAD = 1 << 20
 MAX_DEPTH = 100
 #: The record kinds, which are also the outcomes a fenced commit writes into an item.
 OUTCOMES = ("completed", "failed")
+#: The most characters of a handler's traceback that are stored (``"tb"``): its
+#: end, where the exception and the innermost frames are.  A lock carries it
+#: while the item waits for its retry, and every consumer's view of locks/
+#: downloads that lock: a bound keeps a failing queue's listings small.
+TRACEBACK_LIMIT = 4000
 
 
 class Junk(ValueError):
@@ -179,6 +184,19 @@ class Item:
                        outcome if outcome in OUTCOMES else None, bool(doc.get("q")))
 
 
+def bounded_traceback(text: Optional[str]) -> Optional[str]:
+    """``text`` cut to its last TRACEBACK_LIMIT characters, saying how much was cut."""
+    if text is None or len(text) <= TRACEBACK_LIMIT:
+        return text
+    cut = len(text) - TRACEBACK_LIMIT
+    return f"[{cut} characters cut]\n" + text[cut:]
+
+
+def _optional_text(doc: Dict[str, Any], name: str) -> Optional[str]:
+    value = doc.get(name)
+    return value if isinstance(value, str) else None
+
+
 def tombstone(new_id: str, token: Optional[str] = None) -> str:
     """What a requeued dead letter becomes (not a Record: every reader skips it).
     ``token``: the dead letter's put token, which import's I2 reads from it, so
@@ -191,26 +209,45 @@ def tombstone(new_id: str, token: Optional[str] = None) -> str:
 
 def tombstone_token(raw: Optional[str]) -> Optional[str]:
     """The put token a tombstone keeps; None for anything else (or an older tombstone)."""
+    return _tombstone_field(raw, "t")
+
+
+def requeued_as(raw: Optional[str]) -> Optional[str]:
+    """The new item's id a requeue's tombstone names; None for anything else."""
+    return _tombstone_field(raw, "requeued_as")
+
+
+def _tombstone_field(raw: Optional[str], name: str) -> Optional[str]:
+    """A text field of a tombstone (a value with ``requeued_as``); None if none."""
     try:
         doc = loads(raw)
     except Junk:
         return None
-    token = doc.get("t")
-    return token if "requeued_as" in doc and isinstance(token, str) else None
+    return _optional_text(doc, name) if "requeued_as" in doc else None
 
 
 @dataclass(frozen=True)
 class Lock:
-    """The value of ``locks/<id>``: whose claim it is, or a release delay."""
+    """The value of ``locks/<id>``: whose claim it is, or a release delay.
+
+    A delay lock that a failed attempt left (fail()'s backoff) carries that
+    attempt's ``reason`` and ``traceback`` while the item waits for its retry.
+    """
 
     node_id: str
     token: str
     delay: bool = False
+    reason: Optional[str] = None
+    traceback: Optional[str] = None
 
     def encode(self) -> str:
         doc: Dict[str, Any] = {"n": self.node_id, "c": self.token}
         if self.delay:
             doc["d"] = 1
+        if self.reason is not None:
+            doc["why"] = self.reason
+        if self.traceback is not None:
+            doc["tb"] = self.traceback
         return dumps(doc)
 
     @classmethod
@@ -219,7 +256,8 @@ class Lock:
         node_id, token = doc.get("n"), doc.get("c")
         if not isinstance(node_id, str) or not isinstance(token, str):
             raise Junk("not an etcdq_v2 lock")
-        return cls(node_id, token, bool(doc.get("d")))
+        return cls(node_id, token, bool(doc.get("d")), _optional_text(doc, "why"),
+                   _optional_text(doc, "tb"))
 
 
 @dataclass
@@ -239,6 +277,8 @@ class Record:
     #: The item carried ``q`` (requeued, or put with a delay): the record is kept at
     #: least a week, so that a late re-creation of the item finds it (C3).
     requeued: bool = False
+    #: The failed handler's traceback (bounded: TRACEBACK_LIMIT), beside ``reason``.
+    traceback: Optional[str] = None
 
     def encode(self, outcome: Optional[str] = None, *, stored: bool = False) -> str:
         """The record's value; with ``outcome``, the value of its item once committed.
@@ -254,6 +294,8 @@ class Record:
         doc.update(payload_fields(self.payload))
         if self.reason is not None:
             doc["why"] = self.reason
+        if self.traceback is not None:
+            doc["tb"] = self.traceback
         if self.requeue_token:
             doc["rq"] = self.requeue_token
         if self.requeued:
@@ -273,7 +315,8 @@ class Record:
                        float(doc.get("ts", 0.0)), float(doc.get("fin", 0.0)),
                        doc.get("r"), reason if isinstance(reason, str) else None,
                        requeue if isinstance(requeue, str) else None,
-                       token if isinstance(token, str) else None, bool(doc.get("q")))
+                       token if isinstance(token, str) else None, bool(doc.get("q")),
+                       _optional_text(doc, "tb"))
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ import subprocess
 from typing import Any, List, Optional, Sequence, Tuple
 
 from .errors import ConfigError
-from .worker import current_task
+from .worker import ReasonOnly, current_task
 
 #: Seconds between SIGTERM and SIGKILL when a command is stopped.
 KILL_DELAY = 1.0
@@ -26,8 +26,9 @@ STDERR_TAIL = 2000
 _POLL = 0.1
 
 
-class CommandFailed(Exception):
-    """The command exited non-zero, was killed, or could not start."""
+class CommandFailed(ReasonOnly):
+    """The command exited non-zero, was killed, or could not start (the reason
+    carries the end of its stderr; no traceback of ours is stored)."""
 
 
 class CommandHandler:

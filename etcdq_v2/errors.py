@@ -15,7 +15,12 @@ urllib3, socket or ssl exception ever reaches the caller::
     ├── NotFound             (also LookupError) no such item
     ├── AuthError                               etcd refused the credentials or the access
     ├── Unavailable                             etcd did not answer within the deadline
-    └── EtcdRejected                            etcd refused a request for another reason
+    ├── EtcdRejected                            etcd refused a request for another reason
+    ├── TaskFailed                              a task's call was dead-lettered (its reason)
+    └── WaitTimeout          (also TimeoutError) a task's call did not finish in time
+
+(``Retry`` and ``Reject``, which a handler raises to steer its worker, are
+control flow, not errors: they live in tasks.py.)
 
 Where lower-level errors become these:
 
@@ -107,6 +112,22 @@ class EtcdRejected(EtcdqError):
         super().__init__(message)
         self.code = code
         self.index = index
+
+
+class TaskFailed(EtcdqError):
+    """A task's call was dead-lettered: ``reason`` and ``traceback`` are the dead
+    letter's (the traceback's end; None when no Python exception caused it)."""
+
+    def __init__(self, item_id: str, reason: Optional[str],
+                 traceback: Optional[str] = None) -> None:
+        super().__init__(f"item {item_id} was dead-lettered: {reason or 'no reason given'}")
+        self.item_id = item_id
+        self.reason = reason
+        self.traceback = traceback
+
+
+class WaitTimeout(EtcdqError, TimeoutError):
+    """A task's call did not finish within the time given to wait for it."""
 
 
 class EtcdFailure(EtcdqError):

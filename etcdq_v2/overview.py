@@ -51,6 +51,8 @@ class DeadLetter:
     node_id: str
     finished: Optional[float]
     payload: Any
+    #: The end of the failed handler's traceback, if a Python handler raised.
+    traceback: Optional[str] = None
 
 
 @dataclass
@@ -109,7 +111,7 @@ def _dead_letters(records: Dict[str, Record], limit: int) -> List[DeadLetter]:
     newest = sorted(records.items(), key=lambda pair: (pair[1].finished, pair[0]),
                     reverse=True)[:max(limit, 0)]
     return [DeadLetter(item_id, record.reason, record.attempts, record.node_id,
-                       record.finished or None, record.payload)
+                       record.finished or None, record.payload, record.traceback)
             for item_id, record in newest]
 
 

@@ -246,8 +246,8 @@ from dataclasses import dataclass, replace
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple,
                     Union)
 
-from .codec import (Item, Junk, Lock, Record, check_depth, new_token, tombstone,
-                    tombstone_token)
+from .codec import (Item, Junk, Lock, Record, bounded_traceback, check_depth, new_token,
+                    tombstone, tombstone_token)
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdFailure,
                      EtcdqError, EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
                      Unavailable)
@@ -938,13 +938,13 @@ class Protocol:
 
     # -- F: complete, dead-letter --------------------------------------------
     def finish(self, state: ClaimState, kind: str, *, result: Any = None,
-               reason: Optional[str] = None) -> None:
+               reason: Optional[str] = None, traceback: Optional[str] = None) -> None:
         """F1-F4: commit ``kind`` (completed or failed) on the item, record it, remove it.
         Only ``result`` is checked for depth: the payload is the stored one."""
         check_depth(result)
         record = Record(state.item.payload, state.lock.token, self.node_id, state.item.attempts,
                         state.item.created, time.time(), result, reason, token=state.item.token,
-                        requeued=state.item.requeued)
+                        requeued=state.item.requeued, traceback=bounded_traceback(traceback))
         committed = self._commit(state, kind, record.encode(outcome=kind, stored=True))
         if committed is not None:
             self.finish_committed(state.id, committed, state.lock)
@@ -1133,10 +1133,12 @@ class Protocol:
                     return entry.index
         raise LockLost(f"item {state.id}: another claim took it, or it is finished")
 
-    def _unlock(self, state: ClaimState, delay: float = 0) -> GivenBack:
+    def _unlock(self, state: ClaimState, delay: float = 0, reason: Optional[str] = None,
+                traceback: Optional[str] = None) -> GivenBack:
         """R1: the item is claimable again now, or after ``delay`` seconds (etcd's
         clock): returns those seconds as the lock's TTL (0: now), and the etcd
-        index at which R1 applied (or at which our lock was found gone)."""
+        index at which R1 applied (or at which our lock was found gone).  The
+        delay lock carries a failed attempt's ``reason`` and ``traceback``."""
         key, mine = self.layout.key("locks", state.id), state.lock.encode()
         if delay <= 0:
             try:
@@ -1146,7 +1148,9 @@ class Protocol:
                 return 0, exc.index or 0
             except CompareFailed:
                 raise LockLost(f"item {state.id}: another claim holds the lock") from None
-        delayed, ttl = replace(state.lock, delay=True), ttl_seconds(delay)
+        delayed = replace(state.lock, delay=True, reason=reason,
+                          traceback=bounded_traceback(traceback))
+        ttl = ttl_seconds(delay)
         try:
             return ttl, self.etcd.put(key, delayed.encode(), ttl=ttl,
                                       prev_value=mine).written_index
@@ -1173,15 +1177,19 @@ class Protocol:
         # the item a lock TTL (review rv29).
         return max(1, int(node.get("ttl", 0))), node["modifiedIndex"]
 
-    def fail(self, state: ClaimState, reason: str) -> Optional[GivenBack]:
-        """Dead-letter the item if it used its attempts, else retry it after a backoff.
+    def fail(self, state: ClaimState, reason: str, *, traceback: Optional[str] = None,
+             delay: Optional[float] = None, retry: bool = True) -> Optional[GivenBack]:
+        """Dead-letter the item if it used its attempts (or ``retry`` is False), else
+        retry it after ``delay`` seconds (None: the queue's backoff).
 
         Returns None if the item went to failed/, else R1's :data:`GivenBack`.
         """
-        if self.max_attempts and state.item.attempts >= self.max_attempts:
-            self.finish(state, FAILED, reason=reason)
+        if not retry or (self.max_attempts and state.item.attempts >= self.max_attempts):
+            self.finish(state, FAILED, reason=reason, traceback=traceback)
             return None
-        return self._unlock(state, self.backoff(state.item.attempts))  # no R0: a failure counts
+        wait = self.backoff(state.item.attempts) if delay is None else delay
+        # No R0: a failure counts.
+        return self._unlock(state, wait, reason, traceback)
 
     # -- Q: requeue ----------------------------------------------------------
     def requeue(self, item_id: str) -> Tuple[str, Optional[Version]]:

@@ -14,14 +14,15 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from types import TracebackType
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set,
                     Tuple, Type, Union)
 
 from .backoff import BackoffOption, make_backoff
 from .claim import Claim, Heartbeat
-from .codec import DEFAULT_MAX_PAYLOAD, Item, Junk, Record, new_token
+from .codec import DEFAULT_MAX_PAYLOAD, Item, Junk, Lock, Record, new_token, requeued_as
 from .errors import (ConfigError, InvalidArgument, NotFound, QueueClosed, Unavailable,
                      public_errors)
 from .keys import Layout, check_item_id
@@ -85,7 +86,7 @@ def default_node_id() -> str:
 
 @dataclass
 class ItemInfo:
-    """One item as ``ls``/``show`` report it."""
+    """One item as ``ls``/``show``/``get``/``wait`` report it."""
 
     id: str
     state: str
@@ -93,9 +94,32 @@ class ItemInfo:
     attempts: int
     node_id: Optional[str] = None
     result: Any = None
+    #: Why the last attempt failed: a dead letter's reason, or that of the
+    #: failed attempt a pending item waits to retry (until its retry is due).
     reason: Optional[str] = None
     created: Optional[float] = None
     finished: Optional[float] = None
+    #: The end of the failed handler's traceback (codec.TRACEBACK_LIMIT
+    #: characters at most), beside ``reason``; None when no Python handler raised.
+    traceback: Optional[str] = None
+    #: A pending item held back (a delayed put, a retry's backoff): when it can
+    #: next be claimed, epoch seconds on etcd's clock.  None: now.
+    due: Optional[float] = None
+    #: The ids followed to reach this item, the one asked for first: each was a
+    #: dead letter that ``requeue`` put back as the next.  Empty: the id asked for.
+    requeued_from: List[str] = field(default_factory=list)
+
+
+class Counts(Dict[str, int]):
+    """``stats()``: each item counted in one of pending, running, completed and
+    failed (so the counts add up to the queue, as the metrics' gauge does).
+
+    ``delayed`` is a part of pending kept out of the keys: the pending items
+    held back by a delay (a delayed put, a failed attempt's backoff, a
+    release's delay), not yet claimable.
+    """
+
+    delayed: int = 0
 
 
 Client = Union[str, Transport, Any]
@@ -350,8 +374,9 @@ class Queue:
 
     # -- inspecting ----------------------------------------------------------------
     @public_errors()
-    def stats(self, *, quorum: bool = True) -> Dict[str, int]:
-        """Counts of pending, running, completed and failed items (junk not counted).
+    def stats(self, *, quorum: bool = True) -> Counts:
+        """Counts of pending, running, completed and failed items (junk not counted),
+        and ``.delayed``: how many of the pending are held back by a delay.
 
         One GET of the whole queue (see Protocol.snapshot), so the counts are
         of one moment.  ``quorum=False``: read from the member's own copy,
@@ -368,8 +393,10 @@ class Queue:
         for entry, item in work:  # committed (F1), not yet recorded (F2)
             if item.outcome:
                 finished[item.outcome].add(entry.id)
-        return {"pending": len(waiting) - running, "running": running,
-                COMPLETED: len(finished[COMPLETED]), FAILED: len(finished[FAILED])}
+        counts = Counts({"pending": len(waiting) - running, "running": running,
+                         COMPLETED: len(finished[COMPLETED]), FAILED: len(finished[FAILED])})
+        counts.delayed = sum(1 for entry in waiting if _is_delayed(locks, entry.id))
+        return counts
 
     @public_errors()
     def items(self, state: str = "pending", limit: Optional[int] = None) -> List[ItemInfo]:
@@ -386,15 +413,49 @@ class Queue:
                                                        Record.decode(entry.value))
             found = [infos[item_id] for item_id in sorted(infos)]
         else:
-            work, locks = self._work_and_locks()
-            found = [_item_info(entry, item, locks) for entry, item in work if not item.outcome]
+            work, lock_entries = self._work_and_lock_entries()
+            found = [_item_info(entry, item, lock_entries) for entry, item in work
+                     if not item.outcome]
             found = [info for info in found if info.state == state]
         return found[:limit] if limit is not None else found
 
     @public_errors()
     def get(self, item_id: str) -> ItemInfo:
-        """One item, wherever it is; NotFound if it is in none of the directories."""
+        """One item, wherever it is; NotFound if it is in none of the directories.
+
+        A dead letter that was requeued is followed to the item its requeue
+        made (and on, if that one was requeued too): its ``requeued_from``
+        names the ids followed.
+        """
         check_item_id(item_id)
+        followed: List[str] = []
+        while True:
+            try:
+                info = self._get_one(item_id)
+            except NotFound:
+                new_id = self._requeued_as(item_id)
+                if new_id is None:
+                    raise
+                followed.append(item_id)
+                item_id = new_id
+                continue
+            info.requeued_from = followed
+            return info
+
+    def _requeued_as(self, item_id: str) -> Optional[str]:
+        """The id of the item a requeue made of dead letter ``item_id`` (its
+        tombstone says, docs/protocol.md "requeue"); None if it was not requeued.
+        A requeue names the new item by an etcd index of its own, later than
+        the dead letter's: an id that is not greater is not followed (no loop)."""
+        entry = self._protocol.read(FAILED, item_id)
+        new_id = requeued_as(entry.value) if entry is not None else None
+        if new_id is None or len(new_id) != len(item_id) or not new_id.isdigit() \
+                or new_id <= item_id:
+            return None
+        return new_id
+
+    def _get_one(self, item_id: str) -> ItemInfo:
+        """get() of this one id; NotFound if it is in none of the directories."""
         try:
             # Records first: after a crash inside complete() an item can be in
             # work/ and completed/ at once, and completed/ is the truth.  Then
@@ -414,7 +475,7 @@ class Queue:
         except Junk:
             raise NotFound(f"no item {item_id} in queue {self.name}") from None
         lock = self._protocol.read("locks", item_id)
-        return _item_info(entry, item, lock_states([lock] if lock else []))
+        return _item_info(entry, item, {item_id: lock} if lock else {})
 
     @public_errors()
     def overview(self, dead_letters: int = DEAD_LETTERS) -> QueueOverview:
@@ -439,16 +500,29 @@ class Queue:
         item that is neither pending, running nor recorded.  A watch of the
         item wakes it: etcd gets no request while it waits (one stream, opened
         again after a minute without events or when it breaks), and close()
-        ends it with Unavailable.  A cancelled item is a failed one.
+        ends it with Unavailable.  A cancelled item is a failed one.  A dead
+        letter requeued before or while it waits is followed, as by
+        :meth:`get`: the outcome is that of the item its requeue made.
         """
         check_item_id(item_id)
         deadline = _deadline(timeout)
         pause = 0.0
+        followed: List[str] = []
         while True:
             started = time.monotonic()
-            found = self._wait_round(item_id, deadline)
+            try:
+                found = self._wait_round(item_id, deadline)
+            except NotFound:
+                new_id = self._requeued_as(item_id)
+                if new_id is None:
+                    raise
+                followed.append(item_id)  # wait for the item the requeue made
+                item_id = new_id
+                continue
             if found is not None:
-                return _record_info(item_id, found[0], found[1])
+                info = _record_info(item_id, found[0], found[1])
+                info.requeued_from = followed
+                return info
             if self._closed:
                 raise Unavailable(f"the queue was closed while waiting for item {item_id}")
             remaining = _remaining(deadline)
@@ -593,8 +667,9 @@ class Queue:
         if self._view is not None and seen is not None:
             self._view.added(item_id, seen)
 
-    def _work_and_locks(self) -> "tuple[List[tuple[Entry, Item]], Dict[str, Any]]":
-        return list(self._protocol.decoded("work")), lock_states(self._protocol.list("locks")[1])
+    def _work_and_lock_entries(self) -> "tuple[List[tuple[Entry, Item]], Dict[str, Entry]]":
+        locks = {entry.id: entry for entry in self._protocol.list("locks")[1]}
+        return list(self._protocol.decoded("work")), locks
 
 
 @public_errors()
@@ -688,17 +763,48 @@ def _is_running(locks: Dict[str, Any], item_id: str) -> bool:
     return lock is not None and not lock.delay
 
 
-def _item_info(entry: Entry, item: Item, locks: Dict[str, Any]) -> ItemInfo:
+def _is_delayed(locks: Dict[str, Any], item_id: str) -> bool:
+    """Held back by a delay lock (a delayed put, a backoff, a release's delay)."""
+    lock = locks.get(item_id)
+    return lock is not None and lock.delay
+
+
+def _item_info(entry: Entry, item: Item, lock_entries: Dict[str, Entry]) -> ItemInfo:
+    """A pending or running item; a delay lock tells when it is due, and the
+    failed attempt it waits to retry (fail() wrote that into it: R1)."""
+    lock_entry = lock_entries.get(entry.id)
+    locks = lock_states([lock_entry] if lock_entry is not None else [])
     running = _is_running(locks, entry.id)
-    return ItemInfo(entry.id, "running" if running else "pending", item.payload, item.attempts,
+    info = ItemInfo(entry.id, "running" if running else "pending", item.payload, item.attempts,
                     (locks[entry.id].node_id or None) if running else None,
                     created=item.created or None)
+    if lock_entry is not None and _is_delayed(locks, entry.id):
+        delay: Lock = locks[entry.id]
+        info.reason, info.traceback = delay.reason, delay.traceback
+        info.due = _epoch(lock_entry.expiration)
+    return info
+
+
+def _epoch(expiration: Optional[str]) -> Optional[float]:
+    """etcd's RFC 3339 ``expiration`` (nanoseconds, "Z") as epoch seconds; None if
+    it has none or it cannot be read."""
+    if not expiration:
+        return None
+    text = expiration.replace("Z", "+00:00")
+    whole, dot, rest = text.partition(".")
+    if dot:  # fromisoformat (3.8-3.10) takes 6 fraction digits at most
+        digits = "".join(ch for ch in rest if ch.isdigit())
+        text = f"{whole}.{digits[:6].ljust(6, '0')}{rest[len(digits):]}"
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
 
 
 def _record_info(item_id: str, state: str, record: Record) -> ItemInfo:
     return ItemInfo(item_id, state, record.payload, record.attempts, record.node_id,
                     record.result, record.reason, record.created or None,
-                    record.finished or None)
+                    record.finished or None, record.traceback)
 
 
 

@@ -59,7 +59,9 @@ import math
 import signal
 import threading
 import time
+import traceback as tracebacks
 from dataclasses import dataclass, field, replace
+from types import TracebackType
 from queue import SimpleQueue
 from typing import (TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequence, Set,
                     Tuple, Union)
@@ -68,11 +70,14 @@ from .errors import AuthError, ConfigError, EtcdqError, InvalidPayload, LockLost
 from .metrics import MetricsServer, WorkerMetrics, check_port
 from .queue import Queue, claim_first
 from .signals import StopSignals
+from . import tasks as tasks_module
+from .tasks import Reject, Retry, Tasks, describe
 
 if TYPE_CHECKING:  # pragma: no cover - only for the annotations
     from .claim import Claim
 
-__all__ = ["CANCEL_WAIT", "Handler", "Task", "Worker", "WorkerStats", "current_task"]
+__all__ = ["CANCEL_WAIT", "Handler", "ReasonOnly", "Task", "Worker", "WorkerStats",
+           "current_task"]
 
 log = logging.getLogger("etcdq_v2.worker")
 
@@ -96,15 +101,28 @@ class WorkerStats:
 
     #: The handler returned and the completion was recorded.
     completed: int = 0
-    #: The handler raised or overran ``item_timeout``: the queue retries the
-    #: item after a backoff, or dead-letters it per its ``max_attempts``.
-    failed: int = 0
+    #: Attempts that failed (the handler raised or overran ``item_timeout``)
+    #: and whose item the queue retries after a backoff.
+    attempts_failed: int = 0
+    #: Attempts that failed and dead-lettered their item: its attempts were
+    #: used up, or it could never succeed (``Reject``, an unknown task).
+    dead_lettered: int = 0
     #: Nothing could be recorded: another claim holds the lock, or etcd did not
     #: answer.  The item comes back after its lock's TTL if it is not done.
     lost: int = 0
     #: Handed back unfinished at shutdown; claimable again at once, and the
     #: attempt is not counted (a rolling deploy uses up no attempts).
     released: int = 0
+
+    @property
+    def failed(self) -> int:
+        """Every failed attempt: retried ones and those that dead-lettered."""
+        return self.attempts_failed + self.dead_lettered
+
+    def __str__(self) -> str:
+        return (f"completed {self.completed}  attempts failed {self.attempts_failed}  "
+                f"dead-lettered {self.dead_lettered}  lost {self.lost}  "
+                f"released {self.released}")
 
 
 @dataclass(eq=False)
@@ -119,6 +137,12 @@ class Task:
     result: Any = None
     error: Optional[BaseException] = None
     done: threading.Event = field(default_factory=threading.Event)
+
+
+class ReasonOnly(Exception):
+    """A handler's failure whose reason tells it all (a command's exit status and
+    stderr): the worker stores no traceback for it, which would show only the
+    handler's own frames."""
 
 
 class _Outcome(enum.Enum):
@@ -155,7 +179,12 @@ class Worker:
     distinct; ``worker.queue`` is the first, ``worker.queues`` all of them.
     ``concurrency`` handlers run at once, each in its own thread.  The handler's
     return value is the item's result; an exception fails the attempt with
-    ``"ExceptionType: message"`` as the reason.  ``item_timeout`` (seconds)
+    ``"ExceptionType: message"`` as the reason and its traceback stored
+    beside it (``ItemInfo.traceback``); :class:`~etcdq_v2.tasks.Retry` fails
+    it with a retry after its delay, :class:`~etcdq_v2.tasks.Reject`
+    dead-letters the item at once.  ``tasks`` (a :class:`~etcdq_v2.tasks.Tasks`),
+    instead of a handler, runs each item as a call of the task it names.
+    ``item_timeout`` (seconds)
     fails an attempt that runs longer, ``grace_period`` bounds a graceful
     shutdown (see the module docstring), ``claim_timeout`` is how long one
     claim waits for an item and so how quickly the main loop notices a stop.
@@ -168,7 +197,8 @@ class Worker:
     0 takes a free port (``worker.metrics_server.port``).
     """
 
-    def __init__(self, queue: Union[Queue, Sequence[Queue]], handler: Handler, *,
+    def __init__(self, queue: Union[Queue, Sequence[Queue]],
+                 handler: Optional[Handler] = None, *, tasks: Optional[Tasks] = None,
                  concurrency: int = 1,
                  item_timeout: Optional[float] = None, grace_period: Optional[float] = None,
                  claim_timeout: float = 1.0, install_signal_handlers: bool = True,
@@ -179,7 +209,7 @@ class Worker:
         _check_positive("claim_timeout", claim_timeout, allow_zero=True)
         self.queues = _queues(queue)
         self.queue = self.queues[0]
-        self.handler = handler
+        self.handler = _handler(handler, tasks)
         self.concurrency = concurrency
         self.item_timeout = item_timeout
         self.grace_period = grace_period
@@ -304,7 +334,7 @@ class Worker:
                 raise
             except EtcdqError as exc:  # transient, or not ours to judge: keep running
                 log.error("cannot claim from %s: %s; retrying in %g s",
-                          self._names, _describe(exc), _RETRY_DELAY)
+                          self._names, describe(exc), _RETRY_DELAY)
                 self._stopping.wait(_RETRY_DELAY)
                 continue
             if claim is None:
@@ -459,7 +489,7 @@ class Worker:
             elif outcome is _Outcome.TIMED_OUT:
                 self._fail(task, f"timed out after {self.item_timeout:g} s")
             elif task.error is not None:
-                self._fail(task, _describe(task.error))
+                self._failed_by(task, task.error)
             else:
                 self._complete(task)
         except LockLost:
@@ -477,16 +507,37 @@ class Worker:
             return
         self._count(task, "completed", f"completed in {time.monotonic() - task.started:.2f} s")
 
-    def _fail(self, task: Task, reason: str) -> None:
-        task.claim.fail(reason)
-        self._count(task, "failed", f"failed: {reason}")
+    def _failed_by(self, task: Task, error: BaseException) -> None:
+        """The handler raised: Retry and Reject steer the retry; any other
+        exception fails the attempt with its traceback (that of the exception
+        a Retry or Reject was raised from, if any)."""
+        cause = error.__cause__ if isinstance(error, (Retry, Reject)) else error
+        trace = None
+        if cause is not None and not isinstance(cause, ReasonOnly):
+            trace = "".join(tracebacks.format_exception(type(cause), cause,
+                                                        _handler_frames(cause.__traceback__)))
+        if isinstance(error, Retry):
+            self._fail(task, error.reason, trace, delay=error.delay)
+        elif isinstance(error, Reject):
+            self._fail(task, str(error) or "rejected", trace, retry=False)
+        else:
+            self._fail(task, describe(error), trace)
+
+    def _fail(self, task: Task, reason: str, trace: Optional[str] = None, *,
+              delay: Optional[float] = None, retry: bool = True) -> None:
+        task.claim.fail(reason, traceback=trace, delay=delay, retry=retry)
+        if task.claim.outcome == "dead-lettered":
+            self._count(task, "dead_lettered", f"failed and dead-lettered: {reason}")
+        else:
+            self._count(task, "attempts_failed", f"failed (retried later): {reason}")
 
     def _count(self, task: Task, what: str, message: str,
                exc_info: Optional[BaseException] = None) -> None:
         with self._stats_lock:
             setattr(self._stats, what, getattr(self._stats, what) + 1)
-        if self.metrics is not None:
-            self.metrics.settled(task.claim.queue, what, time.monotonic() - task.started)
+        if self.metrics is not None:  # the metric's outcomes: both kinds of failure are "failed"
+            outcome = "failed" if what in ("attempts_failed", "dead_lettered") else what
+            self.metrics.settled(task.claim.queue, outcome, time.monotonic() - task.started)
         level = logging.INFO if what in ("completed", "released") else logging.WARNING
         level = logging.ERROR if exc_info is not None else level
         log.log(level, "item %s (attempt %d) %s", task.claim.id, task.claim.attempt, message,
@@ -583,9 +634,28 @@ class _Slot:
                 continue           # freed this slot: serve the next one
 
 
-def _describe(error: BaseException) -> str:
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+#: The worker's own modules, whose frames lead into every handler's traceback.
+_RUNNER_FILES = {__file__, tasks_module.__file__}
+
+
+def _handler_frames(tb: Optional[TracebackType]) -> Optional[TracebackType]:
+    """``tb`` from the handler's first frame: the worker's and the task runner's
+    own frames above it say nothing about the failure."""
+    while tb is not None and tb.tb_next is not None \
+            and tb.tb_frame.f_code.co_filename in _RUNNER_FILES:
+        tb = tb.tb_next
+    return tb
+
+
+def _handler(handler: Optional[Handler], tasks: Optional[Tasks]) -> Handler:
+    """The worker's handler: the one given, or ``tasks`` running the call an item
+    names (with the attempt, for a task's own retry settings)."""
+    if (handler is None) == (tasks is None):
+        raise ConfigError("give a Worker either a handler or tasks=, not both or neither")
+    if tasks is None:
+        assert handler is not None
+        return handler
+    return lambda payload: tasks.run(payload, current_task().claim.attempt)
 
 
 def _queues(queue: Union[Queue, Sequence[Queue]]) -> Tuple[Queue, ...]:

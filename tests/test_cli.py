@@ -250,13 +250,15 @@ def test_put_in_flight_out_of_range_exits_2_and_writes_nothing(etcdq: Run, queue
     assert queue.stats()["pending"] == 0
 
 
-def test_stats_prints_the_four_counts(etcdq: Run, queue: Queue) -> None:
+def test_stats_prints_the_four_counts_and_the_delayed_within_pending(etcdq: Run,
+                                                                     queue: Queue) -> None:
     queue.put_many([{"n": 1}, {"n": 2}])
+    queue.put({"n": 3}, delay=60)
     claim = take(queue)
     assert json.loads(ok(etcdq("stats", queue.name, "--json"))) == \
-        {"pending": 1, "running": 1, "completed": 0, "failed": 0}
+        {"pending": 2, "running": 1, "completed": 0, "failed": 0, "delayed": 1}
     assert ok(etcdq("stats", queue.name)).split() == \
-        ["pending", "1", "running", "1", "completed", "0", "failed", "0"]
+        ["pending", "2", "(delayed", "1)", "running", "1", "completed", "0", "failed", "0"]
     claim.complete()
 
 
@@ -300,7 +302,7 @@ def test_ls_and_stats_count_no_finished_item_as_running_while_its_lock_lingers(
     pending = json.loads(ok(etcdq("ls", queue.name, "--state", "pending", "--json")))
     assert [item["id"] for item in pending] == [waiting]
     assert json.loads(ok(etcdq("stats", queue.name, "--json"))) == \
-        {"pending": 1, "running": 0, "completed": 1, "failed": 1}
+        {"pending": 1, "running": 0, "completed": 1, "failed": 1, "delayed": 0}
 
 
 def test_show_prints_one_item(etcdq: Run, queue: Queue) -> None:
@@ -564,7 +566,8 @@ def test_work_runs_the_command_once_per_item(etcdq: Run, queue: Queue, tmp_path:
                  "--max-attempts", "1", "--", sys.executable, str(script))
     assert done.returncode == 1, done.stderr  # items failed: etcdq work's exit status 1
     out = done.stdout
-    assert json.loads(out) == {"completed": 5, "failed": 2, "lost": 0, "released": 0}
+    assert json.loads(out) == {"completed": 5, "attempts_failed": 0, "dead_lettered": 2,
+                               "lost": 0, "released": 0}
     results = {info.id: info.result for info in queue.items("completed")}
     assert results.pop(raw_id) == {"raw": b"\x00\xffraw".hex()}
     assert results.pop(ids[1]) == "plain text"

@@ -261,6 +261,38 @@ def test_dead_letters_carry_their_reasons(make_queue: MakeQueue,
     assert all(d["finished"] and abs(d["finished"] - time.time()) < 60 for d in dead)
 
 
+def test_dead_letters_carry_the_traceback_of_their_handler(make_queue: MakeQueue,
+                                                          make_dashboard: MakeDashboard) -> None:
+    mail = make_queue("mail")
+    item_id = mail.put({"to": "ada@example.com"})
+    claim = mail.claim(timeout=BOUND)
+    assert claim is not None
+    claim.fail("ValueError: no such user", traceback="Traceback (most recent call last):\n"
+               '  File "send.py", line 3, in send\nValueError: no such user\n')
+    plain = dead_letter(mail, "x", "no traceback")
+    dead = {d["id"]: d for d in queue_doc(overview(make_dashboard()), "mail")["dead_letters"]}
+    assert dead[item_id]["traceback"].endswith("ValueError: no such user\n")
+    assert dead[plain]["traceback"] is None
+    script = (STATIC / "app.js").read_text()
+    assert "dead.traceback" in script and "pre.textContent = text" in script  # shown as text
+
+
+def test_an_item_looked_up_by_a_requeued_id_is_followed(make_queue: MakeQueue,
+                                                        make_dashboard: MakeDashboard) -> None:
+    jobs = make_queue("jobs")
+    old = dead_letter(jobs, {"n": 1}, "boom")
+    new = jobs.requeue(old)
+    board = make_dashboard()
+    status, _, item = call(f"{board.url}api/item?queue=jobs&id={old}")
+    assert status == 200, item
+    assert (item["id"], item["state"], item["requeued_from"]) == (new, "pending", [old])
+    assert item["payload"] == '{"n": 1}'
+    status, _, answer = call(f"{board.url}api/item?queue=jobs&id={'9' * 20}")
+    assert status == 404 and "no item" in answer["error"]
+    status, _, answer = call(f"{board.url}api/item?queue=jobs")
+    assert status == 400 and "?queue=Q&id=ID" in answer["error"]
+
+
 def test_throughput_counts_records_by_their_finish_time(make_queue: MakeQueue,
                                                         make_dashboard: MakeDashboard) -> None:
     a, b = make_queue("a"), make_queue("b")

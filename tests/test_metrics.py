@@ -335,7 +335,10 @@ def test_a_worker_counts_its_items_by_outcome_and_serves_them(
     assert queue.claim(timeout=0) is None
     done = scrape(url)  # served until close(), after run() too
     assert worker_items(done, queue_name) == {"completed": 2, "failed": 1, "lost": 0,
-                                              "released": 1} == vars(stats)
+                                              "released": 1}
+    # The metric's "failed" is every failed attempt: retried or dead-lettered.
+    assert (stats.completed, stats.attempts_failed, stats.dead_lettered, stats.lost,
+            stats.released) == (2, 0, 1, 0, 1)
     assert value(done, "etcdq_worker_claims_in_flight", queue=queue_name) == 0
     assert value(done, "etcdq_worker_item_duration_seconds_count", queue=queue_name) == 4
     # Every request the worker's transport sent was counted, once (the heartbeat's too).

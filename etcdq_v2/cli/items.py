@@ -195,7 +195,8 @@ def _waited(queue: Queue, item_id: str, timeout: Optional[float],
         return EXIT_TIMEOUT, {"id": item_id, "state": None, "error": "timed out"}
     if not as_json:
         detail = info.result if info.state == "completed" else info.reason
-        print(f"{item_id}  {info.state}  {format_value(detail)}", flush=True)
+        followed = f"  (requeued as {info.id})" if info.requeued_from else ""
+        print(f"{item_id}  {info.state}  {format_value(detail)}{followed}", flush=True)
     return (EXIT_OK if info.state == "completed" else EXIT_FAILURE), dataclasses.asdict(info)
 
 

@@ -6,10 +6,10 @@ import sys
 import time
 from typing import Any, Dict
 
-from ..queue import Queue
+from ..queue import Counts, Queue
 from .exits import EXIT_FAILURE, EXIT_OK, PROG, UsageError
 from .options import add_queue_argument, open_queue, verb
-from .output import Progress, StatusLine, format_counts, print_json
+from .output import Progress, StatusLine, print_json
 
 
 def add_verbs(verbs: Any) -> None:
@@ -22,7 +22,10 @@ def add_verbs(verbs: Any) -> None:
 # --------------------------------------------------------------------------
 
 def _add_stats(verbs: Any) -> None:
-    parser = verb(verbs, "stats", cmd_stats, "count pending, running, completed, failed items")
+    parser = verb(verbs, "stats", cmd_stats, "count pending, running, completed, failed items",
+                  epilog="'delayed' is a part of 'pending': items held back by a delay (a "
+                         "delayed put, a failed attempt's backoff), not yet claimable. "
+                         "'failed' counts dead letters.")
     add_queue_argument(parser)
     parser.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
     parser.add_argument("--interval", type=float, default=1.0, metavar="S",
@@ -38,11 +41,22 @@ def cmd_stats(args: argparse.Namespace) -> int:
         return _watch_stats(queue, args)
 
 
-def _print_stats(counts: Dict[str, int], as_json: bool) -> None:
+def _print_stats(counts: Counts, as_json: bool) -> None:
     if as_json:
-        print_json(counts)
+        print_json(_with_delayed(counts))
     else:
-        print(format_counts(counts))
+        print(format_stats(counts))
+
+
+def _with_delayed(counts: Counts) -> Dict[str, int]:
+    return {**counts, "delayed": counts.delayed}
+
+
+def format_stats(counts: Counts) -> str:
+    """``pending 3 (delayed 1)  running 1  completed 0  failed 0``: delayed within pending."""
+    return "  ".join(f"{name} {count}" + (f" (delayed {counts.delayed})"
+                                          if name == "pending" else "")
+                     for name, count in counts.items())
 
 
 def _watch_stats(queue: Queue, args: argparse.Namespace) -> int:
@@ -52,10 +66,10 @@ def _watch_stats(queue: Queue, args: argparse.Namespace) -> int:
         while True:
             counts = queue.stats()
             if args.json:
-                print_json(counts)
+                print_json(_with_delayed(counts))
                 sys.stdout.flush()
             else:
-                line.update(f"{time.strftime('%H:%M:%S')}  {format_counts(counts)}")
+                line.update(f"{time.strftime('%H:%M:%S')}  {format_stats(counts)}")
             time.sleep(args.interval)
     except KeyboardInterrupt:
         line.close()

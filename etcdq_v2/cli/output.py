@@ -51,17 +51,25 @@ def format_counts(counts: Dict[str, int]) -> str:
     return "  ".join(f"{name} {count}" for name, count in counts.items())
 
 
-_TIME_FIELDS = ("created", "finished")
+_TIME_FIELDS = ("created", "finished", "due")
 
 
 def info_fields(info: ItemInfo) -> List[Tuple[str, str]]:
-    """(name, text) for every field of ``info`` that has a value."""
+    """(name, text) for every field of ``info`` that has a value; a traceback last,
+    its lines indented below its name."""
     shown = []
     for name, value in dataclasses.asdict(info).items():
-        if value is None and name not in ("payload", "result"):
+        if (value is None and name not in ("payload", "result")) or value == [] \
+                or name == "traceback":
             continue
-        text = format_time(value) if name in _TIME_FIELDS else format_value(value)
+        if name == "requeued_from":
+            text = " -> ".join(value + [info.id]) + "  (a requeued dead letter, followed)"
+        else:
+            text = format_time(value) if name in _TIME_FIELDS else format_value(value)
         shown.append((name, text))
+    if info.traceback:
+        shown.append(("traceback", "\n" + "\n".join(
+            "  " + line for line in info.traceback.rstrip("\n").splitlines())))
     return shown
 
 

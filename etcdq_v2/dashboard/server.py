@@ -5,6 +5,8 @@ Routes::
     GET  /                  the page (static/index.html, the CSRF token written in)
     GET  /static/app.js     its script; /static/app.css its style
     GET  /api/overview      every queue: counts, running items, dead letters, throughput
+    GET  /api/item?queue=Q&id=ID  one item as Queue.get finds it (a requeued dead
+                            letter followed to its new item: "requeued_from")
     POST /api/requeue       {"queue": Q, "id": ID}: the dead letter back to work/
     POST /api/purge         {"queue": Q, "kind": "failed"|"completed"}: remove those records
 
@@ -25,8 +27,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Dict, Optional, Tuple, Type
-from urllib.parse import urlsplit
+from typing import Any, Dict, List, Optional, Tuple, Type
+from urllib.parse import parse_qs, urlsplit
 
 from ..errors import (ConfigError, EtcdqError, InvalidArgument, InvalidName,
                       NotFound, Unavailable)
@@ -34,7 +36,7 @@ from ..keys import check_prefix
 from ..queue import Queue
 from ..transport import Transport, connect
 from .guard import Guard, Refused, check_token, is_local, new_token
-from .snapshots import Snapshots
+from .snapshots import Snapshots, item_document
 
 log = logging.getLogger("etcdq_v2.dashboard")
 
@@ -132,7 +134,7 @@ class Dashboard:
         self.close()
 
     # -- the routes (called by the handler) -------------------------------------
-    def get(self, path: str, headers: Any) -> Response:
+    def get(self, path: str, headers: Any, query: str = "") -> Response:
         if path in ("/", "/index.html"):
             return 200, "text/html; charset=utf-8", self._page
         if path in _ASSETS:
@@ -142,6 +144,9 @@ class Dashboard:
             self.guard.check_token(headers)
             status, body = self.snapshots.current()
             return status, _JSON, body
+        if path == "/api/item":
+            self.guard.check_token(headers)
+            return 200, _JSON, self._item(parse_qs(query))
         raise Refused(404, f"no page {path}")
 
     def post(self, path: str, headers: Any, body: bytes) -> Response:
@@ -158,6 +163,14 @@ class Dashboard:
         log.info("dashboard: %s %s", path.rsplit("/", 1)[-1], answer)
         self.snapshots.invalidate()
         return 200, _JSON, json.dumps(answer).encode("utf-8")
+
+    def _item(self, query: Dict[str, List[str]]) -> bytes:
+        """One item, read now (not from the snapshot): InvalidName, NotFound as 400, 404."""
+        name, item_id = (query.get(field, [""])[0] for field in ("queue", "id"))
+        if not name or not item_id:
+            raise InvalidArgument("give the item as ?queue=Q&id=ID")
+        info = self.snapshots.queue(name).get(item_id)
+        return json.dumps(item_document(info)).encode("utf-8")
 
     def _requeue(self, queue: Queue, request: Dict[str, Any]) -> Dict[str, Any]:
         item_id = _field(request, "id")
@@ -180,7 +193,8 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a polling page reuses its connection
 
     def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
-        self._answer(lambda path: self.server.dashboard.get(path, self.headers))
+        self._answer(lambda path: self.server.dashboard.get(
+            path, self.headers, urlsplit(self.path).query))
 
     def do_POST(self) -> None:  # noqa: N802
         self._answer(lambda path: self.server.dashboard.post(path, self.headers, self._body()))

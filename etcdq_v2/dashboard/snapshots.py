@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from ..errors import EtcdqError
 from ..overview import DeadLetter, QueueOverview, RunningItem
 from ..protocol import queue_names
-from ..queue import Queue
+from ..queue import ItemInfo, Queue
 from ..transport import Transport
 
 log = logging.getLogger("etcdq_v2.dashboard")
@@ -162,7 +162,18 @@ class Snapshots:
 
 def _dead_letter(dead: DeadLetter) -> Dict[str, Any]:
     return {"id": dead.id, "reason": dead.reason, "attempts": dead.attempts,
-            "node": dead.node_id, "finished": dead.finished, "payload": _preview(dead.payload)}
+            "node": dead.node_id, "finished": dead.finished, "payload": _preview(dead.payload),
+            "traceback": dead.traceback}
+
+
+def item_document(info: ItemInfo) -> Dict[str, Any]:
+    """``GET /api/item``: one item as Queue.get found it (a requeued dead letter
+    followed: ``requeued_from``), payload and result as previews."""
+    return {"id": info.id, "state": info.state, "attempts": info.attempts,
+            "node": info.node_id, "reason": info.reason, "traceback": info.traceback,
+            "created": info.created, "finished": info.finished, "due": info.due,
+            "requeued_from": info.requeued_from, "payload": _preview(info.payload),
+            "result": None if info.result is None else _preview(info.result)}
 
 
 def _preview(payload: Any) -> str:

@@ -90,6 +90,23 @@
     return td;
   }
 
+  // A traceback under its reason, folded; kept open across polls once opened.
+  const openTracebacks = new Set();
+  function traceback(text, key) {
+    const details = document.createElement("details");
+    details.className = "traceback";
+    const summary = document.createElement("summary");
+    summary.textContent = "traceback";
+    const pre = document.createElement("pre");
+    pre.textContent = text;
+    details.append(summary, pre);
+    details.open = openTracebacks.has(key);
+    details.addEventListener("toggle", () => {
+      if (details.open) openTracebacks.add(key); else openTracebacks.delete(key);
+    });
+    return details;
+  }
+
   function button(label, action, data) {
     const b = document.createElement("button");
     b.type = "button";
@@ -161,7 +178,9 @@
         tr.dataset.item = dead.id;
         tr.appendChild(cell(queue.name));
         tr.appendChild(cell(dead.id, "id"));
-        tr.appendChild(cell(dead.reason, "reason"));
+        const reason = cell(dead.reason, "reason");
+        if (dead.traceback) reason.appendChild(traceback(dead.traceback, queue.name + "/" + dead.id));
+        tr.appendChild(reason);
         tr.appendChild(cell(dead.attempts, "num"));
         tr.appendChild(cell(dead.node, "node"));
         tr.appendChild(cell(dead.finished ? clock(dead.finished) : "", "time"));
@@ -282,6 +301,48 @@
   document.addEventListener("click", (event) => {
     const b = event.target.closest("button[data-action]");
     if (b) onAction(b);
+  });
+
+  // -- one item, looked up by id: a requeued dead letter is followed ------------
+  function renderItem(item) {
+    const out = $("#item-found");
+    out.replaceChildren();
+    if (item.requeued_from && item.requeued_from.length) {
+      const note = document.createElement("p");
+      note.className = "muted";
+      note.textContent = item.requeued_from.join(" \u2192 ") + " \u2192 " + item.id +
+        ": a requeued dead letter, followed to the item its requeue made.";
+      out.appendChild(note);
+    }
+    const list = document.createElement("dl");
+    const times = {created: 1, finished: 1, due: 1};
+    for (const name of ["id", "state", "attempts", "node", "reason", "due", "created",
+                        "finished", "payload", "result"]) {
+      const value = item[name];
+      if (value === null || value === undefined) continue;
+      const dt = document.createElement("dt");
+      dt.textContent = name;
+      const dd = document.createElement("dd");
+      dd.textContent = times[name] ? clock(value) : String(value);
+      list.append(dt, dd);
+    }
+    out.appendChild(list);
+    if (item.traceback) out.appendChild(traceback(item.traceback, "item"));
+  }
+
+  $("#find").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const query = "queue=" + encodeURIComponent($("#find-queue").value.trim()) +
+      "&id=" + encodeURIComponent($("#find-id").value.trim());
+    try {
+      const response = await fetch("api/item?" + query, {headers: headers({})});
+      const answer = await response.json().catch(() => ({}));
+      if (!response.ok) throw new Error(answer.error || "HTTP " + response.status);
+      renderItem(answer);
+    } catch (error) {
+      $("#item-found").replaceChildren();
+      flash("Could not find the item: " + error.message, true);
+    }
   });
 
   $("#login").addEventListener("submit", (event) => {
