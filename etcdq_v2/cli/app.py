@@ -10,7 +10,8 @@ from typing import List, NoReturn, Optional, Sequence
 
 from ..errors import EtcdqError
 from . import completion, dashboard, demo, items, metrics, ops, server, transfer, work
-from .exits import EXIT_CODES, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, PROG, exit_code_for
+from .exits import (EXIT_CODES, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, PROG, error_line,
+                    exit_code_for)
 from .options import add_global_options
 
 #: The modules that hold the verbs, in the order ``--help`` lists them.  Each has
@@ -19,7 +20,7 @@ from .options import add_global_options
 VERB_MODULES = (
     items,       # put, ls, show, wait, cancel
     work,        # work
-    ops,         # stats, requeue, purge
+    ops,         # stats, requeue, purge, drop
     metrics,     # metrics
     dashboard,   # dashboard
     transfer,    # export, import
@@ -72,7 +73,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return int(args.run(args))
     except EtcdqError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return exit_code_for(exc)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
