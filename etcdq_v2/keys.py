@@ -20,6 +20,7 @@ from .errors import InvalidName
 
 _SEGMENT = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _ITEM_ID = re.compile(r"[0-9]{20}")
+_TYPED_ID = re.compile(r"0*([0-9]{1,20})")
 
 DIRS = ("work", "locks", "completed", "failed")
 
@@ -60,6 +61,16 @@ def check_item_id(item_id: object) -> str:
     if not isinstance(item_id, str) or not is_item_id(item_id):
         raise InvalidName(f"invalid item id {item_id!r}: expected 20 digits")
     return item_id
+
+
+def typed_item_id(text: str) -> str:
+    """An item id as a person types it, leading zeros optional ("9" is
+    ``00000000000000000009``): the 20-digit id, else InvalidName."""
+    match = _TYPED_ID.fullmatch(text.strip())
+    if not match:
+        raise InvalidName(f"invalid item id {text!r}: expected up to 20 digits "
+                          "(leading zeros may be left out)")
+    return match.group(1).zfill(20)
 
 
 class Layout:

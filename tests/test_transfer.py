@@ -481,14 +481,14 @@ GOOD = numbered(1)[0].rstrip("\n")
 BAD_LINES = {
     "not JSON": ("{\"state\": ", "not JSON"),
     "not an object": ("[1, 2]", "not a JSON object"),
-    "unknown state": (GOOD.replace('"pending"', '"running"'), "state 'running'"),
-    "no token": (GOOD.replace('"token"', '"tok"'), "token None"),
+    "unknown state": (GOOD.replace('"pending"', '"running"'), 'state "running"'),
+    "no token": (GOOD.replace('"token"', '"tok"'), "token missing"),
     "bad attempts": (GOOD.replace('"attempts": 0', '"attempts": -1'), "attempts -1"),
     "two payloads": (GOOD[:-1] + ', "payload_base64": ""}', "exactly one of payload"),
     "bad base64": (GOOD.replace('"payload": {"n": 0}', '"payload_base64": "%%"'),
                    "not base64"),
     "NaN": (GOOD.replace('{"n": 0}', "NaN"), "JSON"),
-    "record without node": (GOOD.replace('"pending"', '"completed"'), "claim None"),
+    "record without node": (GOOD.replace('"pending"', '"completed"'), "claim missing"),
     "too large": (GOOD.replace('{"n": 0}', json.dumps("x" * (1 << 20))), "too large"),
     "not UTF-8": (b'{"state": "pending", "token": "\xff"}', "utf-8"),
     # json.loads raises RecursionError, float() OverflowError: neither is a ValueError.
