@@ -14,7 +14,7 @@ from .queue import ItemInfo, Queue, claim_first
 from .transport import Transport, connect
 from .worker import Worker, WorkerStats, current_task
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "AuthError", "Claim", "ClaimClosed", "ConfigError", "EtcdRejected", "EtcdqError",

@@ -8,6 +8,7 @@ import re
 import sys
 from typing import List, NoReturn, Optional, Sequence
 
+from .._version import __version__
 from ..errors import EtcdqError
 from . import completion, dashboard, demo, items, metrics, ops, server, transfer, work
 from .exits import (EXIT_CODES, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, PROG, error_line,
@@ -48,21 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``etcdq`` argument parser (global options read the environment now)."""
     parser = _Parser(prog=PROG, description="A reliable distributed work queue on etcd's v2 API.",
                      epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     add_global_options(parser, top=True)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for module in VERB_MODULES:
         module.add_verbs(verbs)
     return parser
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("etcdq_v2")
-    except Exception:  # not installed (run from a checkout): the package says
-        from .. import __version__
-        return __version__
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
