@@ -597,11 +597,12 @@ def test_the_exports_memory_does_not_grow_with_the_queue(etcd_url: str,
 
 
 
-# -- the README's way off v2 --------------------------------------------------------------
+# -- the documented way off v2 (docs/leaving-etcd-v2.md) ----------------------------------
 
 def readme_command(start: str) -> List[str]:
-    """The README's command line that starts with ``start``, split as a shell would."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    """The command line of docs/leaving-etcd-v2.md that starts with ``start``, split as a
+    shell would."""
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "leaving-etcd-v2.md").read_text()
     [line] = [line for line in readme.splitlines() if line.startswith(start)]
     return shlex.split(line.split("  #")[0])
 
