@@ -84,6 +84,8 @@ class Layout:
         self.locks = f"{self.root}/locks"
         self.completed = f"{self.root}/completed"
         self.failed = f"{self.root}/failed"
+        #: How every message names the queue: "queue jobs".
+        self.label = f"queue {self.name}"
 
     def dir(self, kind: str) -> str:
         """The directory of ``kind`` (one of :data:`DIRS`)."""

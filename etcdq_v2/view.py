@@ -279,7 +279,7 @@ class QueueView:
         if _final(error) and isinstance(error, EtcdqError):
             raise error
         why = "the queue was closed" if self._closed else f"last error: {error or 'none'}"
-        raise Unavailable(f"could not list {self._layout.root} within {timeout:g} s ({why})")
+        raise Unavailable(f"could not list {self._layout.label} within {timeout:g} s ({why})")
 
     def candidates(self, limit: int) -> List[Candidate]:
         """Up to ``limit`` free items from the head: ``(id, index, raw value or None)``."""
@@ -443,7 +443,7 @@ class QueueView:
         with self._cond:
             self._cond.wait_for(lambda: not self._listing or self._closed, timeout)
             if self._closed:  # no claim after close() (review rv37)
-                raise Unavailable(f"could not list {self._layout.root} (the queue was closed)")
+                raise Unavailable(f"could not list {self._layout.label} (the queue was closed)")
             if self._known < behind:
                 self._own_upto = max(self._own_upto, behind)
 

@@ -109,10 +109,13 @@ def etcdq(etcd_url: str) -> Run:
     return runner(etcd_url)
 
 
-@pytest.fixture
-def queue(etcd_url: str, queue_name: str) -> Iterator[Queue]:
+def dead_on_failure(etcd_url: str, queue_name: str) -> Iterator[Queue]:
+    """A queue that dead-letters an item at its first failure (the ``queue`` fixture)."""
     with Queue(etcd_url, queue_name, max_attempts=1) as q:
         yield q
+
+
+queue = pytest.fixture(dead_on_failure, name="queue")
 
 
 def ok(done: "subprocess.CompletedProcess[str]") -> str:

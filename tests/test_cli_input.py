@@ -19,21 +19,14 @@ import pytest
 from etcdq_v2 import Queue
 from etcdq_v2.cli import EXIT_FAILURE, EXIT_USAGE, build_parser
 
-from test_cli import Run, assert_user_error, fail_items, ok, runner, take
+from test_cli import Run, assert_user_error, dead_on_failure, fail_items, ok, runner, take
 
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"
 
 
-@pytest.fixture
-def etcdq(etcd_url: str) -> Run:
-    return runner(etcd_url)
-
-
-@pytest.fixture
-def queue(etcd_url: str, queue_name: str) -> Iterator[Queue]:
-    """A queue that dead-letters an item at its first failure."""
-    with Queue(etcd_url, queue_name, max_attempts=1) as q:
-        yield q
+#: test_cli's fixtures: etcdq on the shared etcd, and a queue with max_attempts=1.
+etcdq = pytest.fixture(runner, name="etcdq")
+queue = pytest.fixture(dead_on_failure, name="queue")
 
 
 def pending(queue: Queue) -> List[object]:
@@ -224,3 +217,14 @@ def test_a_bad_import_line_names_a_missing_field_as_missing_and_null_as_null(
     assert_user_error(missing, EXIT_USAGE, "line 1: state missing")
     null = etcdq("import", queue.name, input='{"state": null}\n')
     assert_user_error(null, EXIT_USAGE, "line 1: state null")
+
+
+# -- messages ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("verb", ["show", "requeue", "cancel", "wait"])
+def test_every_verb_names_the_queue_one_way(etcdq: Run, queue: Queue, verb: str) -> None:
+    unknown = "9" * 20
+    done = etcdq(verb, queue.name, unknown)
+    assert done.returncode == 5, done.stderr
+    line = done.stderr.strip().splitlines()[0]
+    assert f"{unknown} in queue {queue.name}" in line and "/etcdq" not in line, line
