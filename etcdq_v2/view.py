@@ -105,7 +105,7 @@ from .codec import Item, Junk, Lock
 from .errors import EtcdqError, Unavailable
 from .keys import Layout
 from .protocol import Entry, Protocol
-from .transport import EventStream
+from .transport import EventStream, Refused
 
 log = logging.getLogger("etcdq_v2.view")
 
@@ -268,7 +268,8 @@ class QueueView:
         While etcd is unavailable the follower tries the next member, so this
         waits up to ``timeout`` and then raises Unavailable with the last
         error; an error that trying again cannot mend (access refused, a
-        bad configuration) is raised at once.
+        bad configuration) is raised at once, and so is Refused (every
+        endpoint refused the connection: nobody listens).
         """
         with self._cond:
             self._cond.wait_for(lambda: self._ready or self._closed or _final(self._error),
@@ -1310,8 +1311,10 @@ def _id_at(index: int) -> str:
 
 
 def _final(error: Optional[BaseException]) -> bool:
-    """An error of the view that trying again will not mend."""
-    return error is not None and not isinstance(error, Unavailable)
+    """An error of the view that trying again will not mend, or not soon: nothing
+    listens at any endpoint (Refused), so a claim need not wait out its deadline."""
+    return error is not None and (not isinstance(error, Unavailable)
+                                  or isinstance(error, Refused))
 
 
 def _unescape(value: bytes) -> str:

@@ -52,6 +52,16 @@ def test_a_call_to_endpoints_that_all_refuse_ends_after_one_retry_round(members:
         transport.close()
 
 
+@pytest.mark.parametrize("timeout", [0, 10, None])
+def test_a_claim_from_endpoints_that_all_refuse_ends_at_once(timeout: object,
+                                                             queue_name: str) -> None:
+    """The claim waits for its view's first listing, which the view's thread makes: a
+    Refused there ends the claim as it ends any call, whatever the claim's timeout."""
+    transport = connect(refusing_url(), timeout=10, deadline=LONG_DEADLINE)
+    with Queue(transport, queue_name) as queue:
+        assert elapsed(lambda: queue.claim(timeout=timeout), Refused) < QUICKLY
+
+
 def test_a_refused_put_is_not_ambiguous_and_stores_nothing(
         proxy: FaultProxy, etcd_url: str, queue_name: str) -> None:
     """A refused connect is NotSent: the put raises Refused (never a write in doubt),
@@ -74,11 +84,12 @@ def test_a_frozen_etcd_still_gets_the_whole_deadline(own_etcd: EtcdServer,
         queue.put("before")
         own_etcd.pause()
         try:
-            started = time.monotonic()
-            with pytest.raises(Unavailable) as raised:
-                queue.stats()
-            assert time.monotonic() - started >= 1.5  # the deadline, less a last pause
-            assert not isinstance(raised.value, Refused)
+            for call in (queue.stats, lambda: queue.claim(timeout=0)):
+                started = time.monotonic()
+                with pytest.raises(Unavailable) as raised:
+                    call()
+                assert time.monotonic() - started >= 1.5  # the deadline, less a last pause
+                assert not isinstance(raised.value, Refused)
         finally:
             own_etcd.resume()
 
