@@ -3,10 +3,14 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 README = Path(__file__).with_name("README.md")
+# The one definition of the version, read without importing the package (its
+# dependencies may not be installed yet).
+VERSION = {}
+exec(Path(__file__).with_name("etcdq_v2").joinpath("_version.py").read_text("utf-8"), VERSION)
 
 setup(
     name="etcdq_v2",
-    version="0.1.0",
+    version=VERSION["__version__"],
     description="A reliable distributed work queue on the etcd v2 HTTP API",
     long_description=README.read_text(encoding="utf-8") if README.exists() else "",
     long_description_content_type="text/markdown",

@@ -15,7 +15,7 @@ from .tasks import Reject, Retry, TaskFunction, Tasks
 from .transport import Transport, connect
 from .worker import Worker, WorkerStats, current_task
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "AuthError", "Claim", "ClaimClosed", "ConfigError", "Counts", "EtcdRejected", "EtcdqError",

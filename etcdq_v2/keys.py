@@ -20,6 +20,7 @@ from .errors import InvalidName
 
 _SEGMENT = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _ITEM_ID = re.compile(r"[0-9]{20}")
+_TYPED_ID = re.compile(r"0*([0-9]{1,20})")
 
 DIRS = ("work", "locks", "completed", "failed")
 
@@ -62,6 +63,16 @@ def check_item_id(item_id: object) -> str:
     return item_id
 
 
+def typed_item_id(text: str) -> str:
+    """An item id as a person types it, leading zeros optional ("9" is
+    ``00000000000000000009``): the 20-digit id, else InvalidName."""
+    match = _TYPED_ID.fullmatch(text.strip())
+    if not match:
+        raise InvalidName(f"invalid item id {text!r}: expected up to 20 digits "
+                          "(leading zeros may be left out)")
+    return match.group(1).zfill(20)
+
+
 class Layout:
     """The keys of one queue.  Pure: no I/O."""
 
@@ -73,6 +84,8 @@ class Layout:
         self.locks = f"{self.root}/locks"
         self.completed = f"{self.root}/completed"
         self.failed = f"{self.root}/failed"
+        #: How every message names the queue: "queue jobs".
+        self.label = f"queue {self.name}"
 
     def dir(self, kind: str) -> str:
         """The directory of ``kind`` (one of :data:`DIRS`)."""

@@ -1285,7 +1285,7 @@ class Protocol:
         while True:
             dead = self.read(FAILED, item_id)
             if dead is None:
-                raise NotFound(f"no dead letter {item_id} in {self.layout.failed}")
+                raise NotFound(f"no dead letter {item_id} in {self.layout.label}")
             try:
                 self._create_lock(item_id, lock, self.lock_ttl)
                 return lock
@@ -1332,7 +1332,7 @@ class Protocol:
         try:
             record = Record.decode(entry.value if entry else None)
         except Junk:
-            raise NotFound(f"no dead letter {item_id} in {self.layout.failed}") from None
+            raise NotFound(f"no dead letter {item_id} in {self.layout.label}") from None
         assert entry is not None  # Record.decode(None) raised Junk above
         if record.requeue_token:
             return (record.requeue_token, entry.index), record
@@ -1517,7 +1517,7 @@ class Protocol:
         try:
             return item.outcome, Record.decode(entry.value)
         except Junk:  # an outcome without a record: not ours, as get() says
-            raise NotFound(f"no item {item_id} in {self.layout.root}") from None
+            raise NotFound(f"no item {item_id} in {self.layout.label}") from None
 
     def _work_item(self, item_id: str) -> Optional[Tuple[Entry, Item]]:
         """``work/<id>`` decoded; None if it left work/ and has a record; NotFound
@@ -1525,12 +1525,12 @@ class Protocol:
         entry = self.read("work", item_id)
         if entry is None:
             if self.record_of(item_id) is None:
-                raise NotFound(f"no item {item_id} in {self.layout.root}")
+                raise NotFound(f"no item {item_id} in {self.layout.label}")
             return None
         try:
             return entry, Item.decode(entry.value)
         except Junk:
-            raise NotFound(f"no item {item_id} in {self.layout.root}") from None
+            raise NotFound(f"no item {item_id} in {self.layout.label}") from None
 
     def outcome_in(self, item_id: str, block: bytes) -> Optional[Tuple[str, Record]]:
         """W3: the outcome a block of ``work/<id>``'s events tells, None: keep waiting.
@@ -1593,7 +1593,7 @@ class Protocol:
                 return sent
             except Taken:
                 if time.monotonic() >= give_up:
-                    raise Unavailable(f"another import into {self.layout.root} is under way "
+                    raise Unavailable(f"another import into {self.layout.label} is under way "
                                       "(its lock stayed); run this one when it ends") from None
                 if not waiting:
                     log.warning("waiting for another import into %s to end (or for the lock "
@@ -1675,7 +1675,7 @@ class Protocol:
             reply = self.etcd.put(self.layout.key("locks", IMPORT_LOCK), ttl=self.lock_ttl,
                                   refresh=True, prev_exist=True, prev_value=state.lock.encode())
         except (CompareFailed, KeyMissing):
-            raise LockLost(f"the import lock of {self.layout.root} expired (the import "
+            raise LockLost(f"the import lock of {self.layout.label} expired (the import "
                            "stalled for longer than lock_ttl): stopped; run the import "
                            "again") from None
         state.refreshed = started

@@ -467,13 +467,13 @@ class Queue:
             if entry is None:
                 record = self._find_record(item_id)
                 if record is None:
-                    raise NotFound(f"no item {item_id} in queue {self.name}")
+                    raise NotFound(f"no item {item_id} in {self.layout.label}")
                 return record
             item = Item.decode(entry.value)
             if item.outcome:  # committed (F1), not yet recorded (F2)
                 return _record_info(item_id, item.outcome, Record.decode(entry.value))
         except Junk:
-            raise NotFound(f"no item {item_id} in queue {self.name}") from None
+            raise NotFound(f"no item {item_id} in {self.layout.label}") from None
         lock = self._protocol.read("locks", item_id)
         return _item_info(entry, item, {item_id: lock} if lock else {})
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import json
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Set, Tuple, TypeVar, Union
@@ -141,13 +142,16 @@ def import_lines(protocol: Protocol, lines: Iterable[Line],
     them.  ``progress`` is called after each line.
     """
     counts = {"pending": 0, COMPLETED: 0, FAILED: 0, "skipped": 0}
+    parsed = (entry for entry in (parse_line(number, line, protocol.max_payload)
+                                  for number, line in enumerate(lines, 1)) if entry is not None)
+    # The first line is parsed before I1 writes anything: a file that is not an
+    # export (or is empty) leaves no trace, not even the queue's directory.
+    first = next(parsed, None)
+    if first is None:
+        return counts
     state = protocol.begin_import()  # I1, I2
     try:
-        for number, line in enumerate(lines, 1):
-            parsed = parse_line(number, line, protocol.max_payload)
-            if parsed is None:
-                continue
-            kind, raw, token, line_state, requeued_as = parsed
+        for kind, raw, token, line_state, requeued_as in itertools.chain([first], parsed):
             if token in state.tokens or requeued_as in state.tokens:
                 counts["skipped"] += 1
             else:
@@ -190,11 +194,11 @@ def _parsed(line: Line, max_payload: int
         raise ValueError("not a JSON object")
     state = doc.get("state")
     if state not in LINE_STATES:
-        raise ValueError(f"state {state!r}: expected one of {', '.join(LINE_STATES)}")
+        raise ValueError(f"{_field(doc, 'state')}: expected one of {', '.join(LINE_STATES)}")
     token = _text(doc, "token")
     attempts, created = doc.get("attempts", 0), _seconds(doc, "created", time.time())
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
-        raise ValueError(f"attempts {attempts!r}: expected a whole number >= 0")
+        raise ValueError(f"{_field(doc, 'attempts')}: expected a whole number >= 0")
     payload = _payload(doc)
     if state == "pending":
         # put's limit, on the item as put stores it: I3's "q" (6 bytes more) does not count,
@@ -221,14 +225,14 @@ def _payload(doc: Dict[str, Any]) -> Any:
 def _text(doc: Dict[str, Any], name: str, *, empty: bool = False) -> str:
     value = doc.get(name)
     if not isinstance(value, str) or not (value or empty):
-        raise ValueError(f"{name} {value!r}: expected a{'' if empty else ' non-empty'} string")
+        raise ValueError(f"{_field(doc, name)}: expected a{'' if empty else ' non-empty'} string")
     return value
 
 
 def _seconds(doc: Dict[str, Any], name: str, default: Optional[float] = None) -> float:
     value = doc.get(name, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"{name} {value!r}: expected a time in seconds since the epoch")
+        raise ValueError(f"{_field(doc, name)}: expected a time in seconds since the epoch")
     return float(value)
 
 
@@ -243,5 +247,12 @@ def _requeue_token(doc: Dict[str, Any]) -> Optional[str]:
 def _reason(doc: Dict[str, Any]) -> Optional[str]:
     reason = doc.get("reason")
     if reason is not None and not isinstance(reason, str):
-        raise ValueError(f"reason {reason!r}: expected a string")
+        raise ValueError(f"{_field(doc, 'reason')}: expected a string")
     return reason
+
+
+def _field(doc: Dict[str, Any], name: str) -> str:
+    """A field of a bad line as the line spells it (JSON: null, not Python's None)."""
+    if name not in doc:
+        return f"{name} missing"
+    return f"{name} {json.dumps(doc[name], ensure_ascii=False)[:80]}"

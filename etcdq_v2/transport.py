@@ -10,7 +10,10 @@ the configuration (:meth:`Transport.from_client`) — and sends requests itself:
 * every request has a ``timeout``; a call retries for at most ``deadline``
   seconds in all, then raises :class:`~etcdq_v2.errors.Unavailable`;
 * a request that never reached a member (connection refused) is retried on
-  the next member, whatever its method;
+  the next member, whatever its method; but once every member refused the
+  connection in two rounds in a row, nothing listens there: the call raises
+  :class:`Refused` (an Unavailable) at once, not at the deadline.  A member
+  that accepts and does not answer (frozen, cut off) still gets the deadline;
 * a request that may have been applied (read timeout, reset, etcd's
   500 "request timed out") is retried only if it is not a POST, and the
   reply is marked ``retried`` so that the protocol reads an "already exists"
@@ -47,6 +50,7 @@ from .errors import (AlreadyExists, AmbiguousWrite, AuthError, CompareFailed, Co
                      EtcdFailure, EtcdqError, KeyMissing, Unavailable)
 from .listing import listed_nodes
 from .wire import Connection, Lost, Member, NotSent, Response, TLSFailed, tls_context
+from .wire import Refused as _RefusedConnect
 
 log = logging.getLogger("etcdq_v2.transport")
 
@@ -63,6 +67,15 @@ Observer = Callable[[str, float, Optional[str]], None]
 class UndecodableReply(Unavailable):
     """etcd's reply came, but its JSON cannot be decoded (not JSON, or nested
     too deep): sending the same request again would get the same reply."""
+
+
+class Refused(Unavailable):
+    """Every endpoint refused the connection, in two rounds in a row: no etcd
+    listens there (not started, or the wrong address); ``endpoints`` names them."""
+
+    def __init__(self, message: str, endpoints: Sequence[str]) -> None:
+        super().__init__(message)
+        self.endpoints = list(endpoints)
 
 
 class Reply:
@@ -101,16 +114,18 @@ class Reply:
 
 
 class _Transient(Exception):
-    """A failure worth another try; ``sent`` tells if the request may have applied.
+    """A failure worth another try; ``sent`` tells if the request may have applied,
+    ``refused`` that the member refused the connection (nothing listens).
 
     ``label`` names it for observers: Timeout, NotSent (never reached etcd),
     Lost (the connection broke after sending), or the one given (ServerError).
     """
 
     def __init__(self, message: str, sent: bool, timed_out: bool = False,
-                 label: Optional[str] = None) -> None:
+                 label: Optional[str] = None, refused: bool = False) -> None:
         super().__init__(message)
         self.sent = sent
+        self.refused = refused
         self.timed_out = timed_out
         self.label = label or ("Timeout" if timed_out else "Lost" if sent else "NotSent")
 
@@ -137,7 +152,8 @@ class _translated:  # noqa: N801  (a context manager, named like contextlib.supp
     """The one place where wire errors become the library's; every path to a
     member runs inside it: requests, parallel deletes, streams.
 
-    * NotSent -> _Transient(sent=False): nothing reached etcd, resend anywhere;
+    * NotSent -> _Transient(sent=False): nothing reached etcd, resend anywhere
+      (``refused`` for wire's Refused: nothing listens);
     * Lost -> _Transient(sent=True): it may have been applied;
     * TLSFailed -> ConfigError: a certificate or a TLS alert, no retry mends it;
     * any other socket, ssl or parsing error (wire.py should have named it) ->
@@ -169,7 +185,7 @@ def _translation(endpoint: str, exc: Exception) -> Exception:
         return ConfigError(f"TLS with {endpoint} failed: {exc} "
                            "(check the CA certificate and the client certificate/key)")
     if isinstance(exc, NotSent):
-        return _Transient(str(exc), sent=False)
+        return _Transient(str(exc), sent=False, refused=isinstance(exc, _RefusedConnect))
     if isinstance(exc, Lost):
         return _Transient(str(exc), sent=True, timed_out=exc.timed_out)
     timed_out = isinstance(exc, (socket.timeout, BlockingIOError))
@@ -503,7 +519,15 @@ class Transport:
                   observed: bool = True) -> T:
         """``attempt(member, timeout, retried)`` until it succeeds, moving to the
         next member after each transient failure, for at most the deadline.
-        ``observed=False``: the attempt reports its requests itself."""
+        ``observed=False``: the attempt reports its requests itself.
+
+        Once a round of attempts over every member failed, each attempt waits
+        first, the pause doubling with each round (up to 1 s).  A round in
+        which every member refused the connection, twice in a row, ends the
+        call (:class:`Refused`): nothing listens there, and waiting out the
+        deadline would only make a user of a mistyped endpoint wait.  Any
+        other failure (a timeout, a reset, a 5xx) starts the count again.
+        """
         limit = getattr(self._limit, "seconds", None)
         deadline = min(self.deadline, limit) if limit is not None else self.deadline
         until = getattr(self._limit, "until", None)
@@ -511,6 +535,7 @@ class Transport:
             deadline = min(deadline, max(until - time.monotonic(), self.timeout))
         give_up = time.monotonic() + deadline
         retried, attempts, last = False, 0, ""
+        refusals: Counter[int] = Counter()  # member -> refused connects in a row
         while True:
             member = self._member()
             remaining = give_up - time.monotonic()
@@ -524,12 +549,27 @@ class Transport:
                     raise AmbiguousWrite(f"POST {key} may or may not have applied ({last})"
                                          ) from None
                 retried = retried or exc.sent
+                self._count_refusal(refusals, member, exc, method, key)
             attempts += 1
-            pause = min(0.05 * 2 ** attempts, 1.0) if attempts >= len(self._members) else 0.0
+            rounds = attempts // len(self._members)
+            pause = min(0.05 * 2 ** rounds, 1.0) if rounds else 0.0
             if time.monotonic() + pause >= give_up:
                 raise Unavailable(f"etcd did not answer {method} {key} within "
                                   f"{deadline:g}s (last error: {last})")
             time.sleep(pause)
+
+    def _count_refusal(self, refusals: "Counter[int]", member: Member, exc: _Transient,
+                       method: str, key: str) -> None:
+        """Count a refused connect to ``member`` (any other failure clears the
+        count); Refused once every member refused twice in a row."""
+        if not exc.refused:
+            refusals.clear()
+            return
+        refusals[id(member)] += 1
+        if len(refusals) == len(self._members) and min(refusals.values()) >= 2:
+            raise Refused(f"no etcd listens at {', '.join(self.endpoints)}: every endpoint "
+                          f"refused the connection, twice ({method} {key})",
+                          self.endpoints) from None
 
     def _observed(self, method: str, seconds: Optional[float] = None) -> "_Observed":
         """Report the request made inside the block to the observers (timed

@@ -109,7 +109,7 @@ from .codec import Item, Junk, Lock
 from .errors import EtcdqError, Unavailable
 from .keys import Layout
 from .protocol import Entry, Protocol, Version
-from .transport import EventStream
+from .transport import EventStream, Refused
 
 log = logging.getLogger("etcdq_v2.view")
 
@@ -287,7 +287,8 @@ class QueueView:
         While etcd is unavailable the follower tries the next member, so this
         waits up to ``timeout`` and then raises Unavailable with the last
         error; an error that trying again cannot mend (access refused, a
-        bad configuration) is raised at once.
+        bad configuration) is raised at once, and so is Refused (every
+        endpoint refused the connection: nobody listens).
         """
         with self._cond:
             self._cond.wait_for(lambda: self._ready or self._closed or _final(self._error),
@@ -298,7 +299,7 @@ class QueueView:
         if _final(error) and isinstance(error, EtcdqError):
             raise error
         why = "the queue was closed" if self._closed else f"last error: {error or 'none'}"
-        raise Unavailable(f"could not list {self._layout.root} within {timeout:g} s ({why})")
+        raise Unavailable(f"could not list {self._layout.label} within {timeout:g} s ({why})")
 
     def candidates(self, limit: int) -> List[Candidate]:
         """Up to ``limit`` free items from the head: ``(id, version)``."""
@@ -461,7 +462,7 @@ class QueueView:
         with self._cond:
             self._cond.wait_for(lambda: not self._listing or self._closed, timeout)
             if self._closed:  # no claim after close() (review rv37)
-                raise Unavailable(f"could not list {self._layout.root} (the queue was closed)")
+                raise Unavailable(f"could not list {self._layout.label} (the queue was closed)")
             if self._known < behind:
                 self._own_upto = max(self._own_upto, behind)
 
@@ -1348,8 +1349,10 @@ def _id_at(index: int) -> str:
 
 
 def _final(error: Optional[BaseException]) -> bool:
-    """An error of the view that trying again will not mend."""
-    return error is not None and not isinstance(error, Unavailable)
+    """An error of the view that trying again will not mend, or not soon: nothing
+    listens at any endpoint (Refused), so a claim need not wait out its deadline."""
+    return error is not None and (not isinstance(error, Unavailable)
+                                  or isinstance(error, Refused))
 
 
 def _unescape(value: bytes) -> str:

@@ -24,6 +24,7 @@ each means for the call:
 
 * :class:`NotSent`: no byte of the request reached the member (connect
   refused, a TLS handshake cut short): safe to resend, whatever the method;
+  :class:`Refused`, its kind for a refused connect, says nothing listens;
 * :class:`Lost`: the request may have been applied, no full reply came;
 * :class:`TLSFailed`: the certificate did not verify, or the peer sent a
   TLS alert (it refused our certificate, or its absence): no retry mends it.
@@ -59,6 +60,11 @@ _HEADER = re.compile(rb"\r\n(content-length|transfer-encoding|connection|x-etcd-
 
 class NotSent(Exception):
     """The request never reached the member (connection refused): safe to resend."""
+
+
+class Refused(NotSent):
+    """The member refused the connection: nothing listens on its port (a timed-out
+    connect or an unanswered probe is a plain NotSent: something may be there)."""
 
 
 class Lost(Exception):
@@ -651,6 +657,8 @@ class Member:
     def _connect(self, timeout: float) -> socket.socket:
         try:
             sock = socket.create_connection((self.host, self.port), timeout=timeout)
+        except ConnectionRefusedError as exc:
+            raise Refused(f"cannot connect: {exc}") from None
         except OSError as exc:
             raise NotSent(f"cannot connect: {exc}") from None
         try:

@@ -316,8 +316,9 @@ class Worker:
 
     @property
     def _names(self) -> str:
-        """The queues for log lines: "queue 'a'" or "queues 'a', 'b'"."""
-        names = ", ".join(repr(queue.name) for queue in self.queues)
+        """The queues for log lines, as every message names them: "queue a" or
+        "queues a, b"."""
+        names = ", ".join(queue.name for queue in self.queues)
         return f"queue{'s' if len(self.queues) > 1 else ''} {names}"
 
     # -- the main loop ---------------------------------------------------------

@@ -732,8 +732,8 @@ def test_cli_cancel_exits_5_for_an_unknown_id_which_wins_over_1(etcd_url: str,
     done = etcdq(etcd_url, "cancel", queue.name, item_id, UNKNOWN)
     assert done.returncode == 5, done.stderr
     assert done.stdout == f"{item_id}  not cancelled: running or finished\n"
-    assert done.stderr.strip() == f"etcdq: error: no item {UNKNOWN} in {queue.layout.root}"
-    bad = etcdq(etcd_url, "cancel", queue.name, "12")
+    assert done.stderr.strip() == f"etcdq: error: no item {UNKNOWN} in queue {queue.name}"
+    bad = etcdq(etcd_url, "cancel", queue.name, "12a")  # "12" is an id without its zeros
     assert bad.returncode == 2 and "invalid item id" in bad.stderr
 
 

@@ -36,8 +36,8 @@ from faultproxy import FaultProxy
 from helpers import is_gone, wait_until
 
 BOUND = 20.0
-VERBS = ("put", "work", "stats", "ls", "show", "wait", "cancel", "requeue", "purge", "metrics",
-         "dashboard", "export", "import", "server", "demo", "completion")
+VERBS = ("put", "work", "stats", "ls", "show", "wait", "cancel", "requeue", "purge", "drop",
+         "metrics", "dashboard", "export", "import", "server", "demo", "completion")
 #: The global options, with their environment variables.
 GLOBAL_OPTIONS = {"--endpoints": "ETCDQ_ENDPOINTS", "--prefix": "ETCDQ_PREFIX",
                   "--ca-cert": "ETCDQ_CA_CERT", "--cert": "ETCDQ_CERT", "--key": "ETCDQ_KEY",
@@ -95,9 +95,8 @@ def run_etcdq(args: Sequence[str], *, env: Optional[Dict[str, str]] = None,
                           env=env if env is not None else dict(os.environ))
 
 
-@pytest.fixture
-def etcdq(etcd_url: str) -> Run:
-    """Run etcdq on the shared etcd, given through ETCDQ_ENDPOINTS as a user would."""
+def runner(etcd_url: str) -> Run:
+    """Run etcdq on ``etcd_url``, given through ETCDQ_ENDPOINTS as a user would."""
     def run(*args: str, **kwargs: Any) -> "subprocess.CompletedProcess[Any]":
         env = {**os.environ, "ETCDQ_ENDPOINTS": etcd_url, **kwargs.pop("env", {})}
         return run_etcdq(args, env=env, **kwargs)
@@ -105,9 +104,18 @@ def etcdq(etcd_url: str) -> Run:
 
 
 @pytest.fixture
-def queue(etcd_url: str, queue_name: str) -> Iterator[Queue]:
+def etcdq(etcd_url: str) -> Run:
+    """Run etcdq on the shared etcd (see :func:`runner`)."""
+    return runner(etcd_url)
+
+
+def dead_on_failure(etcd_url: str, queue_name: str) -> Iterator[Queue]:
+    """A queue that dead-letters an item at its first failure (the ``queue`` fixture)."""
     with Queue(etcd_url, queue_name, max_attempts=1) as q:
         yield q
+
+
+queue = pytest.fixture(dead_on_failure, name="queue")
 
 
 def ok(done: "subprocess.CompletedProcess[str]") -> str:
@@ -246,7 +254,8 @@ def test_put_in_flight_stores_every_line_once_and_prints_the_ids_in_input_order(
 
 
 def test_put_in_flight_out_of_range_exits_2_and_writes_nothing(etcdq: Run, queue: Queue) -> None:
-    assert_user_error(etcdq("put", queue.name, "--in-flight", "65", "1", "2"), 2, "in_flight")
+    assert_user_error(etcdq("put", queue.name, "--in-flight", "65", "1", "2"), 2,
+                      "--in-flight", "at most 64")
     assert queue.stats()["pending"] == 0
 
 
@@ -333,7 +342,7 @@ def test_purge_asks_for_confirmation_unless_yes(etcdq: Run, queue: Queue) -> Non
     take(queue).complete()
     declined = etcdq("purge", queue.name, "--completed", input="n\n")
     prompt, error = declined.stderr.splitlines()
-    assert prompt == f"Remove 1 completed record(s) of queue {queue.name!r}? [y/N] "
+    assert prompt == f"Remove 1 completed record(s) of queue {queue.name}? [y/N] "
     assert (declined.returncode, error) == (1, "etcdq: error: purge not confirmed; nothing removed")
     assert queue.stats()["completed"] == 1
     assert ok(etcdq("purge", queue.name, "--completed", input="y\n")).strip() == \

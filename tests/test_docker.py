@@ -444,7 +444,7 @@ def test_dockerignore_keeps_the_build_inputs_and_drops_the_rest() -> None:
     assert not any(p.startswith("!") for p in patterns), "exceptions are not modelled here"
     # What `pip wheel .` reads: setup.py reads README.md for the description.
     for needed in ("setup.py", "setup.cfg", "pyproject.toml", "README.md",
-                   "etcdq_v2/__init__.py", "etcdq_v2/py.typed"):
+                   "etcdq_v2/__init__.py", "etcdq_v2/_version.py", "etcdq_v2/py.typed"):
         assert not dockerignored(needed, patterns), needed
     for junk in (".git/HEAD", ".tox/py312/bin/python", ".venv/bin/python",
                  "etcdq_v2/__pycache__/cli.cpython-312.pyc", "build/lib/etcdq_v2/cli.py"):

@@ -38,8 +38,8 @@ BUDGET_SECONDS = 110.0  # for the whole module: under two minutes
 # (.ci/run makes .venv in the tree) would also be slow.
 NOT_SOURCE = (".git", ".tox", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__",
               "*.py[cod]", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis")
-VERBS = ("put", "work", "stats", "ls", "show", "wait", "cancel", "requeue", "purge", "metrics",
-         "dashboard", "export", "import", "server", "demo", "completion")
+VERBS = ("put", "work", "stats", "ls", "show", "wait", "cancel", "requeue", "purge", "drop",
+         "metrics", "dashboard", "export", "import", "server", "demo", "completion")
 DASHBOARD_FILES = ("index.html", "app.js", "app.css")
 
 
@@ -112,6 +112,13 @@ def wheel_metadata(wheel: Path) -> Message:
         return Parser().parsestr(archive.read(name).decode("utf-8"))
 
 
+def source_version(root: Path) -> str:
+    """The version etcdq_v2/_version.py defines in the tree at ``root``."""
+    found: dict = {}
+    exec((root / PACKAGE / "_version.py").read_text(encoding="utf-8"), found)
+    return str(found["__version__"])
+
+
 def files_under(root: Path, folder: str) -> Set[str]:
     """Source files below ``root/folder``, relative to ``root``, minus caches."""
     return {p.relative_to(root).as_posix() for p in (root / folder).rglob("*")
@@ -151,6 +158,7 @@ def test_wheel_holds_the_whole_package_and_nothing_else(dists: Dists) -> None:
 def test_wheel_metadata_describes_the_project(dists: Dists) -> None:
     meta = wheel_metadata(dists.wheel)
     assert meta["Name"] == PACKAGE
+    assert meta["Version"] == source_version(dists.source)  # the one definition
     assert "MIT" in (meta.get("License-Expression") or meta.get("License") or "")
     assert meta["Requires-Python"] == ">=3.8"
     # The README is the long description, rendered as Markdown on the index.
@@ -177,7 +185,7 @@ def test_sdist_carries_the_docs_and_tests(dists: Dists) -> None:
     with tarfile.open(dists.sdist) as archive:
         root = archive.getnames()[0].split("/")[0]
         names = {n[len(root) + 1:] for n in archive.getnames()}
-    expected = {"README.md", "setup.py", "pyproject.toml", "tox.ini"}
+    expected = {"README.md", "CHANGELOG.md", "setup.py", "pyproject.toml", "tox.ini"}
     expected |= files_under(dists.source, "docs") | files_under(dists.source, "tests")
     assert any(n.startswith("docs/") for n in expected), "the source tree has no docs/"
     # conftest.py and helpers.py too, so that the unpacked sdist runs its tests.
@@ -200,6 +208,8 @@ def test_installed_command_runs(venv: Path, budget: Budget) -> None:
     usage = budget.run([venv / "bin" / "etcdq", "--help"], cwd=venv)
     assert usage.startswith("usage: etcdq")
     assert all(re.search(rf"\b{verb}\b", usage) for verb in VERBS), usage
+    shown = budget.run([venv / "bin" / "etcdq", "--version"], cwd=venv)
+    assert shown.strip() == f"etcdq {source_version(REPO)}"
 
 
 def test_installed_package_imports_from_the_virtualenv(venv: Path, budget: Budget) -> None:

@@ -481,14 +481,14 @@ GOOD = numbered(1)[0].rstrip("\n")
 BAD_LINES = {
     "not JSON": ("{\"state\": ", "not JSON"),
     "not an object": ("[1, 2]", "not a JSON object"),
-    "unknown state": (GOOD.replace('"pending"', '"running"'), "state 'running'"),
-    "no token": (GOOD.replace('"token"', '"tok"'), "token None"),
+    "unknown state": (GOOD.replace('"pending"', '"running"'), 'state "running"'),
+    "no token": (GOOD.replace('"token"', '"tok"'), "token missing"),
     "bad attempts": (GOOD.replace('"attempts": 0', '"attempts": -1'), "attempts -1"),
     "two payloads": (GOOD[:-1] + ', "payload_base64": ""}', "exactly one of payload"),
     "bad base64": (GOOD.replace('"payload": {"n": 0}', '"payload_base64": "%%"'),
                    "not base64"),
     "NaN": (GOOD.replace('{"n": 0}', "NaN"), "JSON"),
-    "record without node": (GOOD.replace('"pending"', '"completed"'), "claim None"),
+    "record without node": (GOOD.replace('"pending"', '"completed"'), "claim missing"),
     "too large": (GOOD.replace('{"n": 0}', json.dumps("x" * (1 << 20))), "too large"),
     "not UTF-8": (b'{"state": "pending", "token": "\xff"}', "utf-8"),
     # json.loads raises RecursionError, float() OverflowError: neither is a ValueError.
@@ -597,11 +597,12 @@ def test_the_exports_memory_does_not_grow_with_the_queue(etcd_url: str,
 
 
 
-# -- the README's way off v2 --------------------------------------------------------------
+# -- the documented way off v2 (docs/leaving-etcd-v2.md) ----------------------------------
 
 def readme_command(start: str) -> List[str]:
-    """The README's command line that starts with ``start``, split as a shell would."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    """The command line of docs/leaving-etcd-v2.md that starts with ``start``, split as a
+    shell would."""
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "leaving-etcd-v2.md").read_text()
     [line] = [line for line in readme.splitlines() if line.startswith(start)]
     return shlex.split(line.split("  #")[0])
 

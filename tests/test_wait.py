@@ -363,7 +363,7 @@ def test_cli_wait_exits_5_for_an_unknown_id_which_wins(etcd_url: str, queue: Que
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["12"], "invalid item id"), ([UNKNOWN, "--timeout", "-1"], "--timeout"),
+    (["12a"], "invalid item id"), ([UNKNOWN, "--timeout", "-1"], "--timeout"),
     ([], "the following arguments are required")])
 def test_cli_wait_rejects_bad_usage_with_2(etcd_url: str, queue: Queue, args: List[str],
                                            fragment: str) -> None:

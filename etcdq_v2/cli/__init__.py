@@ -24,7 +24,7 @@ options        the global options (and ``ETCDQ_*``), options verbs share, open_q
 output         --json, tables, item fields, counts, status lines, :class:`Progress`
 items          put, ls, show, wait, cancel
 work           work
-ops            stats, requeue, purge
+ops            stats, requeue, purge, drop
 metrics        metrics (a Prometheus exporter; work --metrics-port is in work)
 dashboard      dashboard (the web page of :mod:`etcdq_v2.dashboard`)
 transfer       export, import

@@ -8,9 +8,11 @@ import re
 import sys
 from typing import List, NoReturn, Optional, Sequence
 
+from .._version import __version__
 from ..errors import EtcdqError
 from . import completion, dashboard, demo, items, metrics, ops, server, transfer, work
-from .exits import EXIT_CODES, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, PROG, exit_code_for
+from .exits import (EXIT_CODES, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, PROG, error_line,
+                    exit_code_for)
 from .options import add_global_options
 
 #: The modules that hold the verbs, in the order ``--help`` lists them.  Each has
@@ -19,7 +21,7 @@ from .options import add_global_options
 VERB_MODULES = (
     items,       # put, ls, show, wait, cancel
     work,        # work
-    ops,         # stats, requeue, purge
+    ops,         # stats, requeue, purge, drop
     metrics,     # metrics
     dashboard,   # dashboard
     transfer,    # export, import
@@ -47,21 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``etcdq`` argument parser (global options read the environment now)."""
     parser = _Parser(prog=PROG, description="A reliable distributed work queue on etcd's v2 API.",
                      epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     add_global_options(parser, top=True)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for module in VERB_MODULES:
         module.add_verbs(verbs)
     return parser
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("etcdq_v2")
-    except Exception:  # not installed (run from a checkout): the package says
-        from .. import __version__
-        return __version__
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -72,7 +65,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return int(args.run(args))
     except EtcdqError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return exit_code_for(exc)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

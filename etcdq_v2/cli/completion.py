@@ -25,7 +25,7 @@ def add_verbs(verbs: Any) -> None:
                          "~/.local/share/bash-completion/completions/etcdq ; zsh: etcdq "
                          "completion zsh > \"${fpath[1]}/_etcdq\" (any directory of $fpath). "
                          "Needs the completion extra: pip install 'etcdq_v2[completion]'.")
-    parser.add_argument("shell", choices=SHELLS)
+    parser.add_argument("shell", choices=SHELLS, help="the shell to complete for")
 
 
 def cmd_completion(args: argparse.Namespace) -> int:

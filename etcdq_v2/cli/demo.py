@@ -93,7 +93,7 @@ class _Demo:
     def run(self) -> bool:
         with open_queue(self.args, self.name, lock_ttl=self.lock_ttl) as queue:
             ids = queue.put_many({"n": n} for n in range(self.items))
-            print(f"Queued {len(ids)} items in queue {self.name!r}; starting "
+            print(f"Queued {len(ids)} items in queue {self.name}; starting "
                   f"{self.worker_count} workers:\n  {self._worker_description()}")
             began = time.monotonic()
             try:

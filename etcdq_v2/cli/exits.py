@@ -10,6 +10,7 @@ from typing import List, Sequence, Tuple
 
 from ..errors import (AuthError, ConfigError, EtcdqError, InvalidArgument, InvalidName,
                       InvalidPayload, NotFound, Unavailable)
+from ..transport import Refused
 
 PROG = "etcdq"
 
@@ -58,6 +59,15 @@ def exit_code_for(error: BaseException) -> int:
         if isinstance(error, kind):
             return code
     return EXIT_USAGE if isinstance(error, UsageError) else EXIT_FAILURE
+
+
+def error_line(error: BaseException) -> str:
+    """The one line the CLI prints for ``error``: its message, and for endpoints
+    where nobody listens, how to start a local etcd."""
+    line = f"{PROG}: error: {error}"
+    if isinstance(error, Refused):
+        line += f"; to start a local etcd: {PROG} server (in another terminal)"
+    return line
 
 
 def worst(codes: List[int], order: Sequence[int]) -> int:

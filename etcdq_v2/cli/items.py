@@ -9,15 +9,17 @@ import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..errors import InvalidPayload, NotFound
-from ..keys import check_item_id
+from ..keys import typed_item_id
 from ..protocol import MAX_IN_FLIGHT, MAX_TTL
 from ..queue import Queue
 from .exits import (EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_TIMEOUT, PROG, UsageError,
                     worst)
-from .options import add_failed_ttl, add_queue_argument, open_queue, verb
+from .options import add_failed_ttl, add_queue_argument, number_in, open_queue, verb
 from .output import Progress, format_value, info_fields, print_json, print_table
 
 STATES = ("pending", "running", "completed", "failed")
+#: The help of every ID argument.
+ID_HELP = "an item id, as put and ls print it (leading zeros may be left out)"
 
 
 def add_verbs(verbs: Any) -> None:
@@ -31,15 +33,26 @@ def add_verbs(verbs: Any) -> None:
 
 def _add_put(verbs: Any) -> None:
     parser = verb(verbs, "put", cmd_put, "add items; prints their ids",
-                  intermixed="payloads", after_dashes="payloads")
+                  intermixed="payloads", after_dashes="payloads",
+                  epilog="Payloads are put in this order: the PAYLOAD arguments, then "
+                         "each --file, each --json-file, then --raw's. E.g. etcdq put jobs "
+                         "--file photo.png; etcdq put jobs --json-file job.json; "
+                         "producer | etcdq put jobs --raw")
     add_queue_argument(parser)
     parser.add_argument("payloads", nargs="*", metavar="PAYLOAD",
                         help="parsed as JSON, else taken as a string; '-' reads one "
-                             "payload per line from stdin")
+                             "payload per line from stdin (UTF-8)")
+    parser.add_argument("--file", action="append", default=[], metavar="PATH",
+                        help="a file's bytes as one payload (repeatable)")
+    parser.add_argument("--json-file", action="append", default=[], metavar="PATH",
+                        help="a file's JSON document as one payload (repeatable)")
+    parser.add_argument("--raw", action="store_true",
+                        help="read stdin whole as one bytes payload (any bytes)")
     parser.add_argument("--delay", type=_delay, metavar="S",
                         help="claimable only after S seconds (etcd's clock; rounded up to "
                              "whole seconds)")
-    parser.add_argument("--in-flight", type=int, default=1, metavar="N",
+    parser.add_argument("--in-flight", type=number_in(int, 1, MAX_IN_FLIGHT), default=1,
+                        metavar="N",
                         help="puts awaiting etcd at once (default 1: strictly in order); "
                              f"more, up to {MAX_IN_FLIGHT}, go faster and keep the order to "
                              "within N places")
@@ -58,12 +71,19 @@ def _delay(text: str) -> float:
 
 def parse_payload(text: str) -> Any:
     """JSON if ``text`` is JSON (but not NaN/Infinity, which JSON lacks), else the string."""
-    def refuse(constant: str) -> Any:
-        raise ValueError(constant)
     try:
-        return json.loads(text, parse_constant=refuse)
+        return _strict_json(text)
     except ValueError:
         return text
+
+
+def _strict_json(text: str) -> Any:
+    """json.loads, but NaN and Infinity (not JSON) raise ValueError."""
+    return json.loads(text, parse_constant=_no_constant)
+
+
+def _no_constant(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
 
 
 def _stdin_payloads() -> Iterator[Any]:
@@ -71,19 +91,44 @@ def _stdin_payloads() -> Iterator[Any]:
         try:
             text = line.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError as exc:
-            raise InvalidPayload(f"stdin line {number} is not UTF-8: {exc}") from None
+            raise InvalidPayload(f"stdin line {number} is not UTF-8: {exc} (for bytes: --raw, "
+                                 "or --file PATH)") from None
         if text:
             yield parse_payload(text)
 
 
-def _payloads(arguments: List[str]) -> List[Any]:
+def _payloads(args: argparse.Namespace) -> List[Any]:
+    """Every payload the command line gives, in the order ``put --help`` says."""
+    if args.raw and "-" in args.payloads:
+        raise UsageError("stdin can be read once: give '-' (a payload per line) or --raw "
+                         "(one payload), not both")
     payloads: List[Any] = []
-    for argument in arguments:
+    for argument in args.payloads:
         if argument == "-":
             payloads.extend(_stdin_payloads())
         else:
             payloads.append(parse_payload(argument))
+    payloads.extend(_read(path) for path in args.file)
+    payloads.extend(_json_document(path) for path in args.json_file)
+    if args.raw:
+        payloads.append(sys.stdin.buffer.read())
     return payloads
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _json_document(path: str) -> Any:
+    """The JSON document in the file (UTF-8, no NaN or Infinity), else InvalidPayload."""
+    try:
+        return _strict_json(_read(path).decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError too
+        raise InvalidPayload(f"{path} is not a JSON document: {exc}") from None
 
 
 def cmd_put(args: argparse.Namespace) -> int:
@@ -92,9 +137,10 @@ def cmd_put(args: argparse.Namespace) -> int:
     A long put (``put -`` of a large file) shows its progress on a terminal's stderr.
     """
     with open_queue(args) as queue:
-        payloads = _payloads(args.payloads)
+        payloads = _payloads(args)
         if not payloads:
-            raise UsageError("nothing to put: give payloads, or '-' to read them from stdin")
+            raise UsageError("nothing to put: give payloads, '-' to read them from stdin, "
+                             "--file, --json-file or --raw")
         with Progress("put") as progress:
             ids = queue.put_many(payloads, delay=args.delay, progress=progress.advance,
                                  in_flight=args.in_flight)
@@ -112,8 +158,9 @@ def cmd_put(args: argparse.Namespace) -> int:
 def _add_ls(verbs: Any) -> None:
     parser = verb(verbs, "ls", cmd_ls, "list items, oldest first")
     add_queue_argument(parser)
-    parser.add_argument("--state", choices=STATES, default="pending")
-    parser.add_argument("--limit", type=int, metavar="N", help="at most N items")
+    parser.add_argument("--state", choices=STATES, default="pending",
+                        help="the items in this state (default pending)")
+    parser.add_argument("--limit", type=number_in(int, 1), metavar="N", help="at most N items")
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -130,13 +177,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def _add_show(verbs: Any) -> None:
     parser = verb(verbs, "show", cmd_show, "show one item, wherever it is")
     add_queue_argument(parser)
-    parser.add_argument("id", metavar="ID")
+    parser.add_argument("id", metavar="ID", help=ID_HELP)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     """``etcdq show``."""
     with open_queue(args) as queue:
-        info = queue.get(args.id)
+        info = queue.get(typed_item_id(args.id))
     if args.json:
         print_json(dataclasses.asdict(info))
         return EXIT_OK
@@ -158,17 +205,15 @@ def _add_wait(verbs: Any) -> None:
                          "failed (a cancelled item is failed), 124 the timeout passed "
                          "first, 5 an unknown id (5 wins over 124, 124 over 1).")
     add_queue_argument(parser)
-    parser.add_argument("ids", nargs="+", metavar="ID")
-    parser.add_argument("--timeout", type=float, metavar="S",
+    parser.add_argument("ids", nargs="+", metavar="ID", help=ID_HELP)
+    parser.add_argument("--timeout", type=number_in(float, 0), metavar="S",
                         help="give up after S seconds, for all the ids together "
                              "(default: wait as long as it takes)")
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
     """``etcdq wait``: each id in turn, within one --timeout for them all."""
-    ids = [check_item_id(item_id) for item_id in args.ids]
-    if args.timeout is not None and not args.timeout >= 0:
-        raise UsageError(f"--timeout must be >= 0, not {args.timeout:g}")
+    ids = [typed_item_id(item_id) for item_id in args.ids]
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     results = []
     with open_queue(args) as queue:
@@ -209,13 +254,13 @@ def _add_cancel(verbs: Any) -> None:
                          "the item's lock not held long enough to cancel it (the ids after "
                          "it are not tried). 'etcdq requeue' brings one back.")
     add_queue_argument(parser)
-    parser.add_argument("ids", nargs="+", metavar="ID")
+    parser.add_argument("ids", nargs="+", metavar="ID", help=ID_HELP)
     add_failed_ttl(parser)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     """``etcdq cancel``: prints each id with what became of it."""
-    ids = [check_item_id(item_id) for item_id in args.ids]
+    ids = [typed_item_id(item_id) for item_id in args.ids]
     with open_queue(args, failed_ttl=args.failed_ttl) as queue:
         results = [_cancelled(queue, item_id, args.json) for item_id in ids]
     if args.json:

@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -19,6 +20,27 @@ from ..transport import Transport, connect
 
 DEFAULT_ENDPOINTS = "http://127.0.0.1:2379"
 DEFAULT_PREFIX = "/etcdq"
+
+
+def number_in(kind: Callable[[str], Any], low: float, high: Optional[float] = None, *,
+              above: bool = False) -> Callable[[str], Any]:
+    """An argparse type: a number of ``kind`` from ``low`` (excluded if ``above``)
+    to ``high``; anything else is a usage error that says what is expected."""
+    rule = f"{'above' if above else 'at least'} {low:g}" + \
+        (f" and at most {high:g}" if high is not None else "")
+    noun = "a whole number" if kind is int else "a number"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or (value <= low if above else value < low) \
+                or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {noun} {rule}, not {text!r}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +71,7 @@ _GLOBAL_OPTIONS: Tuple[_GlobalOption, ...] = (
                   "PASSWORD"),
     _GlobalOption(("--request-timeout",), "request_timeout", "ETCDQ_TIMEOUT", 5.0,
                   "seconds per etcd request; a call gives up after 3 times this",
-                  "S", kind=float),
+                  "S", kind=number_in(float, 0, above=True)),
     _GlobalOption(("--json",), "json", None, False,
                   "machine-readable output (put, stats, ls, show, wait, cancel, requeue, "
                   "purge, work, import)",
@@ -191,3 +213,4 @@ def number_or_none(kind: Callable[[str], Any]) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(f"not a number or 'none': {text!r}") from None
     parse.__name__ = kind.__name__  # argparse names it in "invalid ... value"
     return parse
+
