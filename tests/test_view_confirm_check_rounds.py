@@ -228,7 +228,7 @@ def _a_held_check(etcd_url: str, queue_name: str):
 
 def test_check_dropped_across_quiet_relist_and_back_to_watching(
         etcd_url: str, queue_name: str) -> None:
-    """(a) with a change of follower: the check is decided by watching
+    """With a change of follower: the check is decided by watching
     follower W1 at round r; before it applies, the view goes quiet (follower Q
     lists: relists r+1), a quiet relist_work lists work/ again (r+2), and the
     view starts watching again (W2 lists: r+3).  The check is dropped (W1 is
@@ -257,7 +257,7 @@ def test_check_dropped_across_quiet_relist_and_back_to_watching(
 
 def test_check_dropped_by_stream_restarts_is_not_needed_and_no_loop(
         etcd_url: str, queue_name: str) -> None:
-    """(a) with the same follower, and the loop: while the check's
+    """With the same follower, and the loop: while the check's
     listing is held, the stream restarts three times (each round lists work/,
     relists moves on; the first reads Y's lock, its sign being <= _known).
     The held check is then dropped; Y is free already; no confirm is left
@@ -291,7 +291,7 @@ def test_check_dropped_by_stream_restarts_is_not_needed_and_no_loop(
 
 def test_check_answered_before_the_new_round_applies(
         etcd_url: str, queue_name: str) -> None:
-    """(a) the other order: the check's listing (at L) is applied while
+    """The other order: the check's listing (at L) is applied while
     the follower's new round is under way (its stream ended, its listing not
     in yet): relists has not moved, so it is applied; a lock it shows (X's,
     created by a claimer that died before C2) expires after L, before the new
@@ -338,7 +338,7 @@ def test_check_answered_before_the_new_round_applies(
 
 def test_new_delayed_item_decoded_whatever_its_payload(
         etcd_url: str, queue_name: str) -> None:
-    """(b) _maybe_delayed: a delayed put whose payload is itself a dict
+    """_maybe_delayed: a delayed put whose payload is itself a dict
     with a key "q" (decoded: "q" at the top level, so delayed), a junk value
     that contains '"q":' (not decoded: not delayed), and an item claimed
     elsewhere that carries "q" and a claim token (a delayed item now running),
