@@ -37,19 +37,6 @@ _QUEUE_NAME_MAX = 100
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
-    """Under pytest-xdist (``--dist loadgroup``, setup.cfg) a test file runs whole on one
-    worker, as with ``--dist loadfile``: its module fixtures start once, and its tests keep
-    their order.  A test that names its own ``xdist_group`` runs on that group's worker.
-
-    tryfirst: xdist's own hook reads the markers after this one has added them.
-    """
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
-
-
 @pytest.fixture(autouse=True)
 def _side_by_side(request: pytest.FixtureRequest,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
