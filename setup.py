@@ -36,6 +36,8 @@ setup(
             "shtab>=1.7",
             "prometheus_client>=0.18",
             "pytest>=7",
+            # Runs test files side by side, each worker process with its own etcd (setup.cfg).
+            "pytest-xdist>=3",
             "hypothesis>=6",
             # The reference HTTP/1.1 parser that tests/test_wire.py checks wire.py against.
             "h11>=0.14",

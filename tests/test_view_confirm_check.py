@@ -1,6 +1,12 @@
-"""Hostile review rv14 of a035186 (the view reads claims off work/; CONFIRM).
+"""An item the view infers taken from work/ (a claim token read off the item)
+is confirmed by a listing of locks/ CONFIRM later: it is never stranded, nor
+starved behind newer items, whatever the claim's writes or the listing did.
 
-Each test reproduces a finding against a real etcd; they FAIL on a035186.
+The view reads claims off work/ and takes an item so read as taken at that
+sign's index; a sign the listing cannot cover plans a CONFIRM check.  Each test
+forces its interleaving against a real etcd (the first ones tell it as it went
+before the rule); the last ones check that the check is bounded and sends no
+loop of requests.
 """
 from __future__ import annotations
 
@@ -71,7 +77,7 @@ def _assert_handed_out(got, queue: Queue, item_id: str, view: QueueView, when: s
         f"_locks={view._locks}, _confirm_at={view._confirm_at}")
 
 
-def test_rv14_item_claimed_last_before_a_watching_listing_is_stranded(
+def test_item_claimed_last_before_a_watching_listing_is_stranded(
         etcd_url: str, queue_name: str) -> None:
     """_take_listing marks X taken at its C2's index; _unconfirmed() checks only
     signs strictly older than the listing's index (``at < below``).  When C2
@@ -91,7 +97,7 @@ def test_rv14_item_claimed_last_before_a_watching_listing_is_stranded(
         hands_out(consumer, item_id, 3 * LOCK_TTL, other)
 
 
-def test_rv14_stranded_item_starves_while_newer_items_are_claimed(
+def test_stranded_item_starves_while_newer_items_are_claimed(
         etcd_url: str, queue_name: str) -> None:
     """The same strand while the queue is busy: the stream keeps delivering
     events (so it never ends on idle_timeout), the consumer claims every newer
@@ -123,7 +129,7 @@ def test_rv14_stranded_item_starves_while_newer_items_are_claimed(
             f"while {len(got)} newer items were claimed; view._locks={view._locks}")
 
 
-def test_rv14_confirm_lost_when_its_listing_fails(
+def test_confirm_lost_when_its_listing_fails(
         etcd_url: str, queue_name: str, proxy) -> None:
     """check_locks sets _confirm_at = inf before it lists locks/; if that one
     listing fails (a request timed out: Unavailable out of claim(), which a
@@ -156,7 +162,7 @@ def test_rv14_confirm_lost_when_its_listing_fails(
         _assert_handed_out(got, producer, item_id, view, "after etcd was reachable again")
 
 
-def test_rv14_release_after_a_stall_strands_the_item(
+def test_release_after_a_stall_strands_the_item(
         etcd_url: str, queue_name: str) -> None:
     """The same strand with no crash: a worker stalls past its lock's TTL
     (its heartbeat stalled too: a paused VM or process), then releases the
@@ -174,9 +180,8 @@ def test_rv14_release_after_a_stall_strands_the_item(
         _assert_handed_out(got, consumer, item_id, view, "after its release")
 
 
-# -- attacks that held (kept as passing checks of what was covered) -----------------
 
-def test_rv14_held_stream_restart_while_a_confirm_is_pending(
+def test_stream_restart_while_a_confirm_is_pending(
         etcd_url: str, queue_name: str) -> None:
     """A stream that ends while a confirm is pending: the restart's listing
     finds the inferred sign <= _known (_noted_before) and lists locks/ at once."""
@@ -191,7 +196,7 @@ def test_rv14_held_stream_restart_while_a_confirm_is_pending(
         assert got is not None and got.id == item_id
 
 
-def test_rv14_held_quiet_view_frees_an_item_released_elsewhere_within_a_lock_ttl(
+def test_quiet_view_frees_an_item_released_elsewhere_within_a_lock_ttl(
         etcd_url: str, queue_name: str) -> None:
     """A quiet view infers taken an item another process claimed and released
     between its listings; it is offered again at the next full listing, once
@@ -220,7 +225,7 @@ def test_rv14_held_quiet_view_frees_an_item_released_elsewhere_within_a_lock_ttl
         assert not view.watching_locks
 
 
-def test_rv14_held_idle_consumer_with_a_confirm_sends_one_listing_and_spins_not(
+def test_idle_consumer_with_a_confirm_sends_one_listing_and_spins_not(
         etcd_url: str, queue_name: str) -> None:
     """An idle consumer whose view inferred an item taken (held by a live
     claim elsewhere) lists locks/ once, CONFIRM s after it started watching,
@@ -248,7 +253,7 @@ def test_rv14_held_idle_consumer_with_a_confirm_sends_one_listing_and_spins_not(
         held.release()
 
 
-def test_rv14_priority_claim_takes_low_while_high_has_a_stranded_free_item(
+def test_priority_claim_takes_low_while_high_has_a_stranded_free_item(
         etcd_url: str, queue_name: str) -> None:
     """claim_first([high, low]) (a Worker over two queues): high's free item,
     inferred taken at its listing's index, is never offered, and every round
@@ -282,7 +287,7 @@ def test_rv14_priority_claim_takes_low_while_high_has_a_stranded_free_item(
             f"claim_first took {taken} (low's items) meanwhile")
 
 
-def test_rv14_committed_item_of_a_dead_finisher_is_never_finished(
+def test_committed_item_of_a_dead_finisher_is_never_finished(
         etcd_url: str, queue_name: str) -> None:
     """The same with an outcome: a finisher stalls past its lock's TTL, its F1
     lands (the fence holds: nobody claimed since), and it dies before F2/F3.

@@ -1,53 +1,21 @@
-"""Hostile review rv38 of 25fcb30 and c87d245 (etcdq_v2/view.py: a quiet
-view's catch-up is gated by ``_work_failed_at + CONFIRM``; a *watching*
-view whose follower's last round failed, ``_error`` set, offers its own puts
-through ``_own_upto`` once their events did not come within ``timeout``,
-instead of relist()).
+"""A watching stage offers its own puts through ``_own_upto`` only when its
+follower's last listing of work/ failed (``_unlisted``), not after any error:
+a stream reset while etcd answers every listing leaves put order alone (docs/
+guarantees.md, "Order": the exception is "while they fail, and for a second
+after"); an own put offered blind that another consumer claimed is not
+stranded.  A quiet view's catch-up is gated by ``_work_failed_at + CONFIRM``.
 
-Findings (test_rv38_<letter>_*; mechanism in each docstring):
+Left (a strict xfail): a stream that goes silent without an error while
+listings of work/ fail reports nothing for idle_timeout, so catch_up relists
+through a new, unready follower and claims fail meanwhile.
 
-a. Low, new with c87d245: ``_error`` is stale-set while etcd answers every
-   listing.  A watching stage whose stream is reset (nothing else fails)
-   has ``_error`` set until its follower's next round lists, and that round
-   waits the follower's pause first, which doubles at every error and is
-   reset only when a round ends *without* an error: a stream that breaks a
-   few times (each time re-listed at once, fine) leaves it at 2 s.  A claim
-   of an own put P meanwhile waits ``timeout`` (the deadline) for P's event,
-   finds ``_error`` set and offers P through ``_own_upto``: P is claimed
-   before another producer's older X, though no listing of work/ ever
-   failed (docs/guarantees.md "Order": the exception is "while they fail,
-   and for a second after").  Needs a deadline below the pause plus a
-   round (a request timeout under ~0.7 s; the default deadline of 15 s hides
-   it).  Passes on a674c4e (relist(): a new follower lists, X first).
-b. Low, older (fails on a674c4e too): ``_error`` is None while the follower
-   is stuck.  A watching stage whose stream goes silent without an error (a
-   half-open connection: the fault proxy holds the stream's replies) while
-   listings of work/ fail: its follower reports nothing (a silent stream
-   errs only after idle_timeout, 60 s), so catch_up takes the old path,
-   relist(): a new follower, the view unready, Unavailable, and every
-   later claim raises in _ensure_view until a listing works, though the
-   view holds the own put free.  c87d245 fixes rv37 (c) only for a stream
-   that errs.
-
-Fixed since: a (the watching path offers own puts only when the follower's
-last listing of work/ failed, ``_unlisted``, not on any error).  Left: b (a
-strict xfail; older).
-
-Held (test_rv38_held_*, passing on c87d245; it fails on a674c4e, where the
-catch-up relisted through an unready follower and the claim raised, rv37 c):
-
-- A watching stage whose stream dropped while listings of work/ fail
-  (``_error`` set) offers its own put P through ``_own_upto``; another
-  consumer had claimed P already: the stage's C1 is refused (Taken), it
-  hands out nothing, and P is not stranded: once listings answer and the
-  other consumer released P, the stage claims it (one run each, no double).
-- Not tested, read: the catch-up gate (``_work_failed_at + CONFIRM``) makes
-  no claim wait or spin: a gated relist_work returns at once and the claim
-  goes on with its own puts (``_own_upto``), and ``_listing`` is False then,
-  so _catch_up_quietly's wait_for does not wait.  A watching failing view
-  pays a full ``timeout`` per own put (it waits for the event before it
-  looks at ``_error``): documented ("waits for its own items' events"), and
-  a quiet view pays a deadline per failed catch-up listing too.
+Not tested, read: the catch-up gate makes no claim wait or spin: a gated
+relist_work returns at once and the claim goes on with its own puts
+(``_own_upto``), and ``_listing`` is False then, so _catch_up_quietly's
+wait_for does not wait.  A watching failing view pays a full ``timeout`` per
+own put (it waits for the event before it looks at ``_error``): documented
+("waits for its own items' events"), and a quiet view pays a deadline per
+failed catch-up listing too.
 """
 from __future__ import annotations
 
@@ -112,10 +80,9 @@ def _reset_pulse(proxy: Any) -> None:
     proxy.pass_through()
 
 
-# -- findings ---------------------------------------------------------------------
-def test_rv38_a_a_stream_reset_with_etcd_healthy_puts_own_puts_first(
+def test_a_stream_reset_with_etcd_healthy_puts_own_puts_first(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
-    """Low, new with c87d245 (passes on a674c4e).  A watching stage's stream
+    """A watching stage's stream
     is reset six times (the fault proxy RSTs its connections and lets new
     ones through at once); after each of the first five its follower lists
     again (every listing answers) and ``_error`` is cleared, but
@@ -161,9 +128,9 @@ def test_rv38_a_a_stream_reset_with_etcd_healthy_puts_own_puts_first(
 
 @pytest.mark.xfail(strict=True, reason="left (low, older): a silent stream reports nothing "
                    "for idle_timeout, so catch_up relists through a new, unready follower")
-def test_rv38_b_a_silent_stream_while_listings_fail_fails_every_claim(
+def test_a_silent_stream_while_listings_fail_fails_every_claim(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
-    """Low, older (fails on a674c4e too).  A watching stage; listings of
+    """A watching stage; listings of
     work/ fail (held), and its stream goes silent without an error (the
     proxy holds the stream's replies from the event of the stage's own put
     P on: a half-open connection).  The follower reports nothing
@@ -201,7 +168,7 @@ def test_rv38_b_a_silent_stream_while_listings_fail_fails_every_claim(
 
 
 # -- held ------------------------------------------------------------------------
-def test_rv38_held_an_own_put_offered_blind_that_another_claimed_is_not_stranded(
+def test_an_own_put_offered_blind_that_another_claimed_is_not_stranded(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
     """A watching stage whose stream dropped while listings of work/ fail
     (``_error`` set) puts P; another consumer claims P.  The stage's claim

@@ -1,54 +1,25 @@
-"""Hostile review rv37 of 4eab8b4 (QueueView._catch_up_quietly: a quiet view
-catches up with relist_work, staying ready, and offers its own puts up to the
-held-back index, ``_own_upto``, when that listing fails or its backoff is on;
-a failed full listing is due again after ``_work_retry``).
+"""A quiet view catches up with relist_work, staying ready, and offers its own
+puts up to the held-back index, ``_own_upto``, when that listing fails or its
+backoff is on (QueueView._catch_up_quietly); a failed full listing is due
+again after ``_work_retry``:
 
-Findings (test_rv37_<letter>_*; mechanism in each docstring).  Fixed since:
-a (a catch-up lists again a second after the last failure, whatever the
-misses' backoff: the test now waits that second, the guarantee the fix
-gives), b (a catch-up on a closed view raises Unavailable), c (a watching
-view whose follower's last listing failed offers its own puts after waiting
-for their events, rather than relisting through a new, unready follower).
+- put order: a catch-up lists again a second after the last failure, whatever
+  the misses' backoff, so own puts do not overtake older items once listings
+  answer (docs/guarantees.md, "Order");
+- a catch-up on a closed view raises Unavailable: no item is handed out on a
+  closed queue;
+- a watching view whose follower's last listing failed offers its own puts
+  after waiting for their events, rather than relisting through a new,
+  unready follower;
+- threads sharing a view while listings fail hand out each item once and do
+  not spin; a delayed own put is held by its delay lock; and ``_own_upto`` is
+  dropped by the next listing that works.
 
-a. Low, new: put order is broken while etcd answers listings of work/: the
-   backoff of a failed listing (``_relist_after``, up to a lock TTL) keeps
-   catch_up from listing after listings answer again, and own puts go before
-   other producers' older items meanwhile.  docs/guarantees.md promises order
-   "while etcd answers its listings of work/" (protocol.md says "or its
-   backoff is on": the two disagree).  Passes on a674c4e.
-b. Low, new: closing the queue while a claim catches up (its listing under
-   way) no longer ends the claim: _catch_up_quietly returns, catch_up says
-   True, and the claim goes on to claim an own put on the closed queue (with
-   a Transport the caller owns, it works): a Claim whose heartbeat is closed,
-   so its lock expires under the handler and the item is handed out again
-   while it runs.  On a674c4e the claim raised Unavailable ("the queue was
-   closed").
-c. Low, older (fails on a674c4e too): the fix holds for a quiet view only.
-   A stage whose claim once finds nothing while listings of work/ fail
-   starves and watches; the watching follower cannot list (no event is ever
-   applied), so its next own put goes catch_up's watching path: a deadline
-   waiting for the put's event, then relist(), unready, Unavailable, and
-   every later claim raises until a listing works, though the view holds
-   the item free (also with a stream that drops while listings fail).
-
-Held (test_rv37_held_*, passing on 4eab8b4; they fail on a674c4e, where a
-catch-up while listings fail raises, rv36 b):
-
-- Four threads sharing one Queue/view (40 known items, 12 own puts) while
-  listings of work/ fail: every item handed out once, no claim raises,
-  catch_up calls bounded, CPU far below wall time (no spin waiting for
-  another thread's listing).
-- A delayed own put is never offered through ``_own_upto`` before its delay
-  lock expires (the lock noted by QueueView.delayed keeps it taken), and is
-  handed out after it (the due listing of locks/ works) without a listing
-  of work/.
-- ``_own_upto`` is dropped by the next listing that works (a watching
-  follower's), and put order holds again.
-- Not tested, read: ``_own_upto`` cannot offer another producer's item the
-  view knows: a quiet view learns items above ``_known`` only from this
-  process's puts (added, delayed), and every listing sets ``_known`` and
-  resets ``_own_upto``; a stale listing (taken before an own put, applied
-  after) drops that put from the view rather than offering others' items.
+Not tested, read: ``_own_upto`` cannot offer another producer's item the view
+knows: a quiet view learns items above ``_known`` only from this process's
+puts (added, delayed), and every listing sets ``_known`` and resets
+``_own_upto``; a stale listing (taken before an own put, applied after) drops
+that put from the view rather than offering others' items.
 """
 from __future__ import annotations
 
@@ -100,10 +71,9 @@ def _claim_one(queue: Any, timeout: float = 0) -> Any | None:
         return None
 
 
-# -- findings ---------------------------------------------------------------------
-def test_rv37_a_own_puts_overtake_older_items_after_listings_answer_again(
+def test_own_puts_overtake_older_items_after_listings_answer_again(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
-    """Low, new with 4eab8b4.  A pipeline stage (a lone consumer that puts
+    """A pipeline stage (a lone consumer that puts
     follow-ups through the same Queue) whose catch-up listings of work/ fail
     three times in a row (an outage: the backoff grows to 4 s) offers its own
     puts without them, as the new sentence of docs/guarantees.md allows.
@@ -123,7 +93,7 @@ def test_rv37_a_own_puts_overtake_older_items_after_listings_answer_again(
             for n in range(3):  # each catch-up listing fails; the backoff doubles (1, 2, 4 s)
                 wait_until(lambda: time.monotonic() >= view._relist_after, 10)
                 stage.put(f"own-{n}")
-                claim = _claim_one(stage)  # a674c4e: Unavailable (rv36 b)
+                claim = _claim_one(stage)  # a674c4e: Unavailable
                 if claim is not None:
                     claim.complete()
         finally:
@@ -155,9 +125,9 @@ def test_rv37_a_own_puts_overtake_older_items_after_listings_answer_again(
         f"of the failed listings had {backoff_left:.1f} s left (order: {got})")
 
 
-def test_rv37_b_closing_the_queue_during_catch_up_hands_out_an_item_afterwards(
+def test_closing_the_queue_during_catch_up_hands_out_an_item_afterwards(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
-    """Low, new with 4eab8b4.  A claim catches up (its only free item is an
+    """A claim catches up (its only free item is an
     own put newer than the view's listing) and its listing of work/ is under
     way (held: it fails after the deadline) when another thread closes the
     queue.  _catch_up_quietly returns once the listing ends, sets
@@ -203,10 +173,9 @@ def test_rv37_b_closing_the_queue_during_catch_up_hands_out_an_item_afterwards(
         f"it was still held: {outcome}")
 
 
-def test_rv37_c_a_stage_that_ran_dry_while_listings_fail_fails_every_claim(
+def test_a_stage_that_ran_dry_while_listings_fail_fails_every_claim(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
-    """Low, older (fails on a674c4e too, where the first claim already
-    failed: rv36 b).  4eab8b4 lets a *quiet* view offer its own puts while
+    """4eab8b4 lets a *quiet* view offer its own puts while
     listings of work/ fail; but a stage whose claim finds nothing (the queue
     ran dry for a moment: its follow-up not put yet) starves and starts
     watching, and the watching follower's listing fails: no event is ever
@@ -253,7 +222,7 @@ def _stage_with_backlog(etcd_url: str, proxy_url: str, name: str, backlog: int,
         yield producer, stage, view, ids
 
 
-def test_rv37_held_threads_sharing_a_view_while_listings_fail_no_spin_no_double(
+def test_threads_sharing_a_view_while_listings_fail_no_spin_no_double(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
     """Four threads claim (timeout 0) from one stage (one Queue, one quiet
     view holding 40 known items) while listings of work/ fail; the stage
@@ -315,7 +284,7 @@ def test_rv37_held_threads_sharing_a_view_while_listings_fail_no_spin_no_double(
     assert sum(cpu) < 0.5 * wall * 4, (cpu, wall)
 
 
-def test_rv37_held_a_delayed_own_put_is_held_by_its_delay_lock(
+def test_a_delayed_own_put_is_held_by_its_delay_lock(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
     """While listings of work/ fail, a quiet stage (20 known items, claimed
     one every 0.15 s, so it never runs dry) puts a delayed item D (delay 2
@@ -345,7 +314,7 @@ def test_rv37_held_a_delayed_own_put_is_held_by_its_delay_lock(
     assert {i for i, _ in handed} - {delayed} <= set(known), handed
 
 
-def test_rv37_held_own_upto_is_dropped_by_the_next_listing_that_works(
+def test_own_upto_is_dropped_by_the_next_listing_that_works(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
     """After a failed catch-up set ``_own_upto``, the queue runs dry and the
     view starts watching: its listing (which works) resets ``_own_upto``, and

@@ -1,9 +1,13 @@
-"""Hostile review rv15 of 548eb40..bd0c15e (claims read off work/; CONFIRM; MISS_COST).
+"""A view that starts watching (claims read off work/, CONFIRM checks):
 
-The four test_rv15_* tests (three findings: the strand has two paths) FAIL on
-bd0c15e; all but the own-item one pass on 548eb40 (that one fails there too:
-548eb40 listed locks/ whenever a view started watching);
-the two test_rv15_held_* tests are attacks that held (bounds checked).
+- a lost race whose reply is applied after the watching listing, or after a
+  stream restart, strands nothing;
+- every new delayed item is planned, not tried before its delay;
+- a consumer's own running claims cost no listing of locks/;
+- an item released elsewhere comes back to a quiet view within a lock TTL, and
+  a pending CONFIRM check costs one listing, no loop.
+
+Each test forces its interleaving against a real etcd.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ def _dead_claimer_c1_only(actor: Queue, item_id: str, ttl: int = 1) -> int:
     return actor._protocol._create_lock(item_id, Lock(actor.node_id, new_token()), ttl)
 
 
-def test_rv15_lost_race_reply_applied_after_the_watching_listing_strands_the_item(
+def test_lost_race_reply_applied_after_the_watching_listing_strands_the_item(
         etcd_url: str, queue_name: str, proxy) -> None:
     """Two threads claim from one Queue (several threads on one Queue).
 
@@ -78,7 +82,7 @@ def test_rv15_lost_race_reply_applied_after_the_watching_listing_strands_the_ite
             got.complete()
 
 
-def test_rv15_a_view_that_starts_watching_tries_every_new_delayed_item(
+def test_a_view_that_starts_watching_tries_every_new_delayed_item(
         etcd_url: str, queue_name: str) -> None:
     """Another process puts 40 items with a delay (D1: delay lock, D2: the item
     with "q", no claim token) after the consumer's last listing.  The consumer
@@ -87,8 +91,7 @@ def test_rv15_a_view_that_starts_watching_tries_every_new_delayed_item(
     only by a quiet follower, so every delayed item looks free: the claim
     tries each one, a failed C1 (lock create) apiece, 40 failed writes, and
     every consumer does so each time it starts watching with delayed items
-    new to it (rv6's "tried every item held elsewhere", back for delayed
-    puts).  Before a035186 a watching follower listed locks/ and tried none."""
+    new to it.  A watching follower that lists locks/ tries none."""
     with Queue(etcd_url, queue_name) as consumer, Queue(etcd_url, queue_name) as producer:
         view = consumer._ensure_view()  # quiet, empty
         producer.put_many(range(40), delay=30)
@@ -111,7 +114,7 @@ def test_rv15_a_view_that_starts_watching_tries_every_new_delayed_item(
     "left (low, cost only): a view cannot tell its own live claims from claims "
     "whose lock expired unheard while it was quiet, so it confirms them too; "
     "548eb40 listed locks/ at every start of watching (docs/protocol.md)"))
-def test_rv15_a_consumer_running_its_own_item_lists_locks_at_every_start_of_watching(
+def test_a_consumer_running_its_own_item_lists_locks_at_every_start_of_watching(
         etcd_url: str, queue_name: str) -> None:
     """Low (cost, not correctness).  The CONFIRM check counts the consumer's own
     running claims as unconfirmed signs: its own lock (locked_at after C2) is
@@ -152,9 +155,9 @@ def test_rv15_a_consumer_running_its_own_item_lists_locks_at_every_start_of_watc
             f"live claim {mine.id}: listings {lists}")
 
 
-def test_rv15_held_an_item_released_elsewhere_comes_back_to_a_quiet_view_within_a_lock_ttl(
+def test_an_item_released_elsewhere_comes_back_to_a_quiet_view_within_a_lock_ttl(
         etcd_url: str, queue_name: str) -> None:
-    """Held (bound check, documented): another process claims the head of a
+    """another process claims the head of a
     quiet consumer's backlog and releases it (R0 keeps its claim token, R1
     deletes the lock).  The consumer's next relist of work/ reads the R0
     version as a claim and takes the item for running; it comes back at the
@@ -189,9 +192,9 @@ def test_rv15_held_an_item_released_elsewhere_comes_back_to_a_quiet_view_within_
         assert took <= ttl + 1, f"back after {took:.1f} s, {len(got)} newer items first"
 
 
-def test_rv15_held_claim_first_waiting_on_a_pending_confirm_sends_one_listing(
+def test_claim_first_waiting_on_a_pending_confirm_sends_one_listing(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """Held: claim_first over two queues whose first view plans a CONFIRM check
+    """claim_first over two queues whose first view plans a CONFIRM check
     (an item claimed elsewhere, read off work/ when it starts watching) wakes
     once for it, lists locks/ once, and then sends nothing while it waits:
     no loop of requests, no spin (until_due with _confirm_at reset)."""
@@ -216,7 +219,7 @@ def test_rv15_held_claim_first_waiting_on_a_pending_confirm_sends_one_listing(
         assert cpu < 1.0, f"{cpu:.2f} s of CPU in a 4 s wait"
 
 
-def test_rv15_lost_race_reply_applied_after_a_stream_restart_strands_the_item(
+def test_lost_race_reply_applied_after_a_stream_restart_strands_the_item(
         etcd_url: str, queue_name: str, proxy) -> None:
     """The same strand through a watching view's own stream restart (a dropped
     connection, etcd ending the stream: drop_stream() here), one claiming thread.

@@ -1,13 +1,13 @@
-"""Hostile review rv23 of f840d91 (QueueView.relist_work: a failed listing of
-locks/ is logged, work/ applied alone, the items _unplanned and _next_delay
--inf, instead of raising; it lists locks/ only for delayed items new in its
-listing, those already _unplanned being left to check_locks, whose failed
-listing is retried CONFIRM later).
+"""A claimer's relist_work whose listing of locks/ fails logs it, applies
+work/ alone and notes the items _unplanned; it lists locks/ only for delayed
+items new in its listing, those already _unplanned being left to check_locks,
+whose failed listing is retried CONFIRM later: so claims do not each wait a
+request timeout while listings of locks/ fail, and an _unplanned delayed item
+is never handed out early.
 
-Findings are tests that fail on f840d91; checks that held are named
-test_rv23_held_* and pass.  Interleavings are forced with the fault proxy
-(listings of locks/ held until the request times out); no method of the view
-is changed, protocol.list is only wrapped to time it.
+Interleavings are forced with the fault proxy (listings of locks/ held until
+the request times out); no method of the view is changed, protocol.list is
+only wrapped to time it.
 """
 from __future__ import annotations
 
@@ -51,12 +51,10 @@ def _time_locks_listings(queue: Queue) -> list:
     return times
 
 
-# -- findings ------------------------------------------------------------------------
 
-def test_rv23_relist_work_rearms_check_locks_so_every_claim_waits_for_a_failing_locks_listing(
+def test_relist_work_rearms_check_locks_so_every_claim_waits_for_a_failing_locks_listing(
         etcd_url: str, queue_name: str, proxy, caplog) -> None:
-    """FINDING (medium: every claim waits a request timeout and logs a warning
-    while listings of locks/ fail; NEW in f840d91's (b) together with
+    """together with
     relist_work's `elif delayed: _next_delay = -inf`; passes on ce43349).
 
     1. Consumer C (quiet view through the proxy, request timeout 0.5 s) has
@@ -120,11 +118,10 @@ def test_rv23_relist_work_rearms_check_locks_so_every_claim_waits_for_a_failing_
             f"{[round(g, 2) for g in gaps]} (retry documented CONFIRM={CONFIRM} s later)")
 
 
-# -- held checks -------------------------------------------------------------------
 
-def test_rv23_held_unplanned_delayed_item_skipped_by_relists_not_handed_out_early(
+def test_unplanned_delayed_item_skipped_by_relists_not_handed_out_early(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """Held.  D (delay 5 s, another producer's) is _unplanned after C's
+    """D (delay 5 s, another producer's) is _unplanned after C's
     relist_work failed to list locks/; further relists (misses on a head O
     holds) skip it (b), listings of locks/ fail for 2 s more.  D is tried at
     most by a failed C1, never handed out before its delay ends, handed out
@@ -163,9 +160,9 @@ def test_rv23_held_unplanned_delayed_item_skipped_by_relists_not_handed_out_earl
         assert not view._unplanned
 
 
-def test_rv23_held_concurrent_claimers_cover_unplanned_item(
+def test_concurrent_claimers_cover_unplanned_item(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """Held.  Four claimer threads of C, locks/ failing for the first 1.5 s:
+    """Four claimer threads of C, locks/ failing for the first 1.5 s:
     X ("q", free) is noted _unplanned by some relist_work and skipped by
     later ones; once locks/ is served, a listing covers it (_unplanned
     empty, _next_delay finite) and every item is handed out exactly once."""

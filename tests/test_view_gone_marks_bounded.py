@@ -1,14 +1,14 @@
-"""Regression tests from hostile review rv12 of QueueView._gone.
+"""The view's memory of gone locks (QueueView._gone) holds entries only for
+items the view holds: it does not grow with the items other consumers process.
 
-As found, before the fix: a watching view added an entry to ``_gone`` for
+As it went before the rule: a watching view added an entry to ``_gone`` for
 the lock of every item it heard of being unlocked, including items already
 forgotten (finished by anyone: F3's delete or the record event ran _forget
 first, then the finisher's lock expires -- F4 is skipped while lock_ttl <=
 60 s -- or is deleted by F4 after F3's event).  ``_gone`` was pruned only by
 a listing of work/ (_take_listing), which a watching view makes only when
 its stream ends, so it grew by one entry per item processed by ANY consumer
-of the queue for as long as the queue stayed busy.  Now only items the view
-holds get an entry.
+of the queue for as long as the queue stayed busy.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _leaked(consumer: Queue) -> int:
         return len([i for i in view._gone if i not in view._items])
 
 
-def test_rv12_watching_view_gone_grows_with_every_item_processed(
+def test_watching_view_gone_grows_with_every_item_processed(
         etcd_url: str, queue_name: str) -> None:
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer, \
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer:
@@ -62,7 +62,7 @@ def test_rv12_watching_view_gone_grows_with_every_item_processed(
             "after 30 and 60 items processed (never pruned while its stream is busy)")
 
 
-def test_rv12_an_idle_watching_view_leaks_for_items_other_consumers_process(
+def test_an_idle_watching_view_leaks_for_items_other_consumers_process(
         etcd_url: str, queue_name: str) -> None:
     """The same leak in a process that claims nothing meanwhile: its view,
     left watching after a claim found nothing, hears every other consumer's

@@ -1,21 +1,9 @@
-"""Hostile review rv22 of 4e52018/da17386 (QueueView: a listing of work/ that
-shows a new "q" item, or one still _unplanned, is applied with a listing of
-locks/ taken after it in one block, a full reconcile; if that listing of
-locks/ fails, a quiet follower's round / relist_work applies work/ alone,
-notes the items _unplanned (offered), sets _next_delay = -inf so the next
-claim lists locks/ first; relist_work then raises; check_locks' failed
-delays-only listing is logged and retried CONFIRM later).
-
-Findings are tests that fail on main; checks that held are named
-test_rv22_held_* and pass.  Each finding's docstring says whether it also
-fails on the baseline, ce43349.
-
-Fixed since: (1) relist_work no longer raises when its listing of locks/
-fails (logged; the next claim lists it), and lists it only for items new in
-its listing.  (2), pre-existing: a quiet round's listing
-of locks/ once per lock TTL that fails no longer fails the round once the
-view has listed before (work/ applied, what it knew of locks/ kept, tried
-again a lock TTL later).
+"""Claims go on while listings of locks/ fail and the rest of etcd answers: a
+relist_work whose listing of locks/ fails is logged, applies work/, and lists
+locks/ only for items new in its listing; a quiet view's once-per-lock-TTL
+listing that fails keeps what the view knew of locks and is tried again; an
+item noted _unplanned meanwhile is offered but never handed out before its
+delay, and cleared once a listing works.
 
 Interleavings are forced with the fault proxy (listings of locks/ held until
 the request times out) or by calling the view's methods in a chosen order; no
@@ -50,14 +38,10 @@ def _locks_listings(queue: Queue) -> list:
     return record_calls(queue._protocol, "list")
 
 
-# -- findings ------------------------------------------------------------------------
 
-def test_rv22_every_relist_work_raises_while_an_item_is_unplanned_and_locks_fail(
+def test_every_relist_work_raises_while_an_item_is_unplanned_and_locks_fail(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """FINDING (medium: claims fail while etcd serves them; NEW in 4e52018
-    (the _unplanned line, 5bc1f41 on), passes on ce43349).
-
-    1. A consumer C (quiet view, through the fault proxy, request timeout
+    """1. A consumer C (quiet view, through the fault proxy, request timeout
        0.5 s) has a backlog B0..B29; another process puts X ("q", no lock: a
        requeue or import, free in etcd).  Listings of locks/ start to fail
        (held: a locks/ grown with a lock TTL's worth of finished items'
@@ -105,12 +89,9 @@ def test_rv22_every_relist_work_raises_while_an_item_is_unplanned_and_locks_fail
             f"first error: {failed[:1]}")
 
 
-def test_rv22_stale_check_fails_every_claim_while_locks_listings_fail(
+def test_stale_check_fails_every_claim_while_locks_listings_fail(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """FINDING (medium: claims fail while etcd serves them; PRE-EXISTING, also
-    fails on ce43349; the path rv20/rv21 did not cover).
-
-    1. A consumer C (quiet view through the fault proxy, request timeout
+    """1. A consumer C (quiet view through the fault proxy, request timeout
        0.5 s, lock_ttl 2) has a backlog; another consumer O holds B0, so C's
        first claim misses it: B0 taken in C's view (_locks), C claims B1.
     2. Listings of locks/ start to fail; everything else is served.
@@ -123,7 +104,7 @@ def test_rv22_stale_check_fails_every_claim_while_locks_listings_fail(
        anything while listings of locks/ fail, though B2.. are free and
        work/ is served.
 
-    Suggested fix: as for the due listing (rv20) and the quiet round (rv21):
+    The rule, as for the due listing and the quiet round:
     the stale check's listing of locks/ failing must not fail claims: keep
     the old state, apply work/ if listed, log, and retry lock-TTL/CONFIRM
     later (e.g. a stale relist in the background, not resetting _ready)."""
@@ -155,11 +136,10 @@ def test_rv22_stale_check_fails_every_claim_while_locks_listings_fail(
             f"({len(failed)} claims raised: {failed[:1]}); {len(ids) - 2} free in etcd")
 
 
-# -- held checks -------------------------------------------------------------------
 
-def test_rv22_held_unplanned_item_finished_elsewhere_clears_and_retry_stops(
+def test_unplanned_item_finished_elsewhere_clears_and_retry_stops(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """Held.  X ("q") is _unplanned after relist_work's listing of locks/
+    """X ("q") is _unplanned after relist_work's listing of locks/
     failed; another consumer claims and completes X (C's quiet view never
     hears).  Once listings of locks/ work again, one listing (the next
     claim's check_locks) clears _unplanned and _next_delay is finite; the
@@ -174,7 +154,7 @@ def test_rv22_held_unplanned_item_finished_elsewhere_clears_and_retry_stops(
         x_id = q_item(producer)
         proxy.hold(match=locks_get(queue_name))
         try:
-            view.relist_work()  # since rv22: logged, not raised
+            view.relist_work()  # logged, not raised
         finally:
             proxy.pass_through()
         assert x_id in unplanned(view) and view._next_delay == -math.inf
@@ -199,15 +179,15 @@ def test_rv22_held_unplanned_item_finished_elsewhere_clears_and_retry_stops(
         assert not unplanned(view) and view._next_delay > -math.inf
 
 
-def test_rv22_held_delayed_item_offered_while_locks_fail_is_not_handed_out_early(
+def test_delayed_item_offered_while_locks_fail_is_not_handed_out_early(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """Held.  D (delay 6 s, put by another producer) is new to C's quiet view
+    """D (delay 6 s, put by another producer) is new to C's quiet view
     while listings of locks/ fail (for 4 s): it is offered (_unplanned), tried
     at most by a failed C1, and never handed out before its delay lock
     expires; the backlog after it is handed out before D; D is handed out
     soon after its delay ends, each item once.  (While listings of locks/
     fail, the lone consumer hands out its first item only ~3 s later: see
-    the first finding.)"""
+    the first test.)"""
     transport = connect(proxy.url, timeout=0.5)
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
             Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
@@ -219,7 +199,7 @@ def test_rv22_held_delayed_item_offered_while_locks_fail_is_not_handed_out_early
         got = {}
         passing = False
         try:
-            view.relist_work()  # since rv22: logged, not raised
+            view.relist_work()  # logged, not raised
             assert d_id in unplanned(view)
             while time.monotonic() - put_at < 11 and d_id not in got:
                 if not passing and time.monotonic() - put_at >= 4:
@@ -239,9 +219,9 @@ def test_rv22_held_delayed_item_offered_while_locks_fail_is_not_handed_out_early
         assert len(got) >= 4, got
 
 
-def test_rv22_held_eight_threads_drain_with_unplanned_item(
+def test_eight_threads_drain_with_unplanned_item(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """Held.  Eight claimer threads of one consumer (as a Worker with
+    """Eight claimer threads of one consumer (as a Worker with
     concurrency 8) and another consumer drain 200 items and X ("q", free),
     which C's view holds _unplanned after a failed listing of locks/ (the
     proxy passes everything once the drain starts): each item is handed out
@@ -255,7 +235,7 @@ def test_rv22_held_eight_threads_drain_with_unplanned_item(
         x_id = q_item(producer)
         proxy.hold(match=locks_get(queue_name))
         try:
-            view.relist_work()  # since rv22: logged, not raised
+            view.relist_work()  # logged, not raised
         finally:
             proxy.pass_through()
         assert x_id in unplanned(view)

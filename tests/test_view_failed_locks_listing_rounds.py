@@ -1,17 +1,9 @@
-"""Hostile review rv24 of e421f63 (QueueView._list: a quiet follower's round
-whose listing of locks/ fails applies work/ alone once the view has listed
-before (_listed_once), keeps what it knew of locks, and, if the round was
-asked to list locks/ (follower.list_locks), sets _locks_listed = now: the
-once-per-lock-TTL listing is due a lock TTL later).
-
-Findings are tests that fail on e421f63; checks that held are named
-test_rv24_held_* and pass.  Each finding's docstring says whether it also
-fails on the parent, 107f2b0.
-
-Both findings are fixed since: a quiet round asked to list locks/ (a view
-going quiet, a first listing) fails and retries again, and the listing once
-per lock TTL is made by relist_work(full=True) in the claimer's thread (no
-new follower, the view stays ready), due again CONFIRM after a failure.
+"""A quiet round asked to list locks/ (a view going quiet, a first listing)
+whose listing of locks/ fails, fails and is tried again: it has nothing else
+to go on.  The listing once per lock TTL is made by relist_work(full=True) in
+the claimer's thread (no new follower, the view stays ready), due again
+CONFIRM after a failure.  So a failed listing keeps neither a delayed item of
+a view going quiet nor a released item taken for a further lock TTL.
 
 Interleavings are forced with the fault proxy (listings of locks/ held until
 the request times out); no method of the view is changed.
@@ -47,19 +39,15 @@ def _claim_slowly_until(consumer: Queue, wanted: str, seconds: float, got: dict,
         time.sleep(0.1)
 
 
-# -- findings ------------------------------------------------------------------------
 
-def test_rv24_going_quiet_with_failed_locks_listing_keeps_delayed_item_taken_a_lock_ttl(
+def test_going_quiet_with_failed_locks_listing_keeps_delayed_item_taken_a_lock_ttl(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """FINDING (medium: a delayed item offered a lock TTL late, per failed
-    listing; NEW in e421f63, passes on 107f2b0).
-
-    1. Consumer C (through the fault proxy, request timeout 0.5 s, lock_ttl
+    """1. Consumer C (through the fault proxy, request timeout 0.5 s, lock_ttl
        12) finds nothing: its view watches the whole directory.
     2. Another producer puts D with delay 3 s: C's events show D's delay lock
        (create) and D: D is in _locks, with no planned expiry (_delays: events
        carry none).  Then 200 items are put: C's next claim finds a backlog,
-       and candidates() goes quiet with list_locks=True (known locks, rv7:
+       and candidates() goes quiet with list_locks=True (known locks,
        to learn when D's delay lock expires).
     3. That round's listing of locks/ fails once (held until it times out).
        Since e421f63 (_listed_once: the view listed at its start) the round
@@ -107,14 +95,9 @@ def test_rv24_going_quiet_with_failed_locks_listing_keeps_delayed_item_taken_a_l
             f"{view._next_delay - time.monotonic():.1f}, lock TTL {lock_ttl} s")
 
 
-def test_rv24_failed_stale_listing_keeps_released_item_taken_another_lock_ttl(
+def test_failed_stale_listing_keeps_released_item_taken_another_lock_ttl(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """FINDING (medium: a free item not offered for a further lock TTL per
-    failed listing of locks/; NEW in e421f63 for a transient failure, the
-    trade the commit made; passes on 107f2b0, where claims raised during
-    the failure instead).
-
-    1. Quiet consumer C (proxy, timeout 0.5 s, deadline 1.5 s, lock_ttl 4)
+    """1. Quiet consumer C (proxy, timeout 0.5 s, deadline 1.5 s, lock_ttl 4)
        with a backlog; O holds the head B0, C's claim misses it: B0 is taken
        in C's view.  O releases B0 (R: free in etcd; C hears nothing).
     2. A lock TTL after C's last listing of locks/, check_locks' stale
@@ -125,7 +108,7 @@ def test_rv24_failed_stale_listing_keeps_released_item_taken_another_lock_ttl(
        B0, free in etcd, is offered ~4 s (a lock TTL; 30 s by default) after
        the failure, although every listing after the failure would work.
        On 107f2b0 the round was retried 0.1-2 s later and B0 was offered as
-       soon as etcd answered (claims raised during the failure: rv22).
+       soon as etcd answered (claims raised during the failure).
 
     Suggested fix: a failed stale listing should be due again soon, not a
     lock TTL later: e.g. _locks_listed = now - lock_ttl + CONFIRM (the
@@ -166,11 +149,10 @@ def test_rv24_failed_stale_listing_keeps_released_item_taken_another_lock_ttl(
             f"lock TTL {lock_ttl} s")
 
 
-# -- held checks -------------------------------------------------------------------
 
-def test_rv24_held_first_listing_without_locks_fails_the_round(
+def test_first_listing_without_locks_fails_the_round(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """Held (4).  A new view whose first listing of locks/ fails is not made
+    """A new view whose first listing of locks/ fails is not made
     ready by work/ alone (_listed_once False): its first claim raises, hands
     out nothing (the head is held elsewhere); once locks/ answers, claims
     hand out the free items, never the held one."""

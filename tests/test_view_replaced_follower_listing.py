@@ -1,8 +1,9 @@
-"""Hostile review rv9 of 973295f (view), 9880e3b and 86a6a25 (put_many's wire).
+"""A listing of locks/ is applied only if the follower current when it was
+decided is still the view's: a listing a replaced follower took never marks an
+item locked again after the new follower heard its lock go.
 
-Each test reproduces, against a real etcd, an interleaving found in review;
-the docstring tells it as found, before the fix (a listing of locks/ is now
-applied only if the follower current when it was decided is still the view's).
+The test forces, against a real etcd, the interleaving its docstring tells
+(as it went before the rule).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def test_a_claimers_locks_listing_applied_after_the_switch_to_watching_strands_a
         etcd_url: str, queue_name: str) -> None:
     """As found, relist_work (973295f) listed locks/ in full when most missed
     items were still in work/ (the "held" path, gone since the view reads claims
-    off work/, issue 14): it read the view's follower only in _list_locks, after
+    off work/): it read the view's follower only in _list_locks, after
     _take_listing let go of the view's lock, so the guard `follower is
     self._follower` accepted a follower that took over in between.  A claimer's
     check_locks still calls _list_locks with the follower it saw (a delay lock

@@ -1,14 +1,13 @@
-"""Review rv39: a claim round's requests share one deadline (Transport.sharing, 849e56b).
+"""A claim's requests share one deadline within one claim() call
+(Transport.spending): only a listing the view could not make within its
+deadline, and went on without (QueueView._work_unlisted, Unavailable), leaves
+the later requests one timeout each; a request that merely took long, and
+answered, spends nothing.  So a frozen etcd's claim takes one deadline, not
+two, a stalled C1 after a slow listing gets its full deadline, and the budget
+neither outlives a raising claim nor reaches other threads.
 
-Attacks against a real etcd (own_etcd paused for a frozen etcd; the fault
-proxy holding chosen requests for a stall).  Findings fail on 849e56b;
-held attacks are named test_rv39_held_*.
-
-Both findings fixed since: the budget is no longer per round.  Within one
-claim() call (Transport.spending), only a listing the view could not make
-within its deadline, and went on without (QueueView._work_unlisted,
-Unavailable), leaves the later requests one timeout each; a request that
-merely took long, and answered, spends nothing.
+Against a real etcd: own_etcd paused for a frozen etcd; the fault proxy
+holding chosen requests for a stall.
 """
 from __future__ import annotations
 
@@ -29,11 +28,9 @@ def _lock_put(queue_name: str, item_id: str) -> "re.Pattern[bytes]":
                       + re.escape(item_id.encode()))
 
 
-def test_rv39_a_a_catch_up_round_restarts_the_budget_frozen_claim_takes_two_deadlines(
+def test_a_catch_up_round_restarts_the_budget_frozen_claim_takes_two_deadlines(
         own_etcd: EtcdServer, queue_name: str) -> None:
-    """Severity: medium.  Older (same on 50e6387); the fix of 849e56b misses it.
-
-    Mechanism: Queue.claim opens a new ``sharing`` block each round.  A quiet
+    """Queue.claim opens a new ``sharing`` block each round.  A quiet
     view holding back this process's own put (index past what it listed)
     makes catch_up() list work/ inside round 1; in a frozen etcd that listing
     spends the whole deadline and is swallowed (_catch_up_quietly offers the
@@ -61,11 +58,9 @@ def test_rv39_a_a_catch_up_round_restarts_the_budget_frozen_claim_takes_two_dead
             "listing spent round 1's deadline and round 2 got a new one")
 
 
-def test_rv39_b_a_stalled_c1_after_a_slow_listing_raises_and_leaves_the_lock(
+def test_a_stalled_c1_after_a_slow_listing_raises_and_leaves_the_lock(
         etcd_url: str, proxy: Any, queue_name: str) -> None:
-    """Severity: medium.  New in 849e56b (passes on 50e6387).
-
-    Mechanism: the round's budget is spent by a listing that succeeded within
+    """The round's budget is spent by a listing that succeeded within
     its own deadline (a stalled quorum read, retried: a failover); the
     round's C1 then gets max(left, timeout) = one timeout, not the deadline.
     C1 stalls longer than one timeout but well within the deadline (a write
@@ -84,7 +79,7 @@ def test_rv39_b_a_stalled_c1_after_a_slow_listing_raises_and_leaves_the_lock(
         wait_until(lambda: time.monotonic() - view._locks_listed >= queue._protocol.lock_ttl,
                    5, message="the quiet view's once-per-TTL listing to be due")
         proxy.hold("up", match=work_listing(queue_name))
-        thread, outcome = in_background(lambda: queue.claim(timeout=0), "rv39-claim")
+        thread, outcome = in_background(lambda: queue.claim(timeout=0), "budget-claim")
         try:
             wait_until(lambda: b"/work?" in proxy.held("up"), 5,
                        message="the round's listing of work/ to be held")
@@ -110,9 +105,9 @@ def test_rv39_b_a_stalled_c1_after_a_slow_listing_raises_and_leaves_the_lock(
             held.complete()
 
 
-def test_rv39_held_the_budget_neither_outlives_a_raising_claim_nor_reaches_other_threads(
+def test_the_budget_neither_outlives_a_raising_claim_nor_reaches_other_threads(
         etcd_url: str, proxy: Any, queue_name: str) -> None:
-    """Held: a claim that raises (connections reset) leaves no ``until`` behind
+    """A claim that raises (connections reset) leaves no ``until`` behind
     in its thread; a ``spending`` block of one thread does not shorten another
     thread's calls; nested inside the heartbeat's time_limit it restores both."""
     client = connect(proxy.url, timeout=0.3, deadline=0.9)

@@ -1,25 +1,11 @@
-"""Hostile review rv19 of 5bc1f41 (QueueView._unplanned: a new item that may
-be delayed, ``"q"``, is taken at the index of the first listing of work/ that
-showed it until a listing of locks/ from then on is applied; the delays-only
-reconcile frees such items too).
-
-Findings are tests that fail on 5bc1f41; checks that held are named
-test_rv19_held_* and pass.  Each finding's docstring says whether it also
-fails on the parent, ce43349.
-
-Findings: (1) medium, new: a free item with "q" (no lock) shown by a quiet
-view's relist_work whose listing of locks/ is lost is held taken behind items
-put after it, until the drain ends or lock_ttl; (2) low, new: the mark makes
-another claimer thread's check_locks relist everything (stale test sees
-_locks non-empty).  Cost in normal drains (4 consumers, 300-400 items, plain /
-delayed / "q" without lock / delayed put during the drain; /tmp/rv19/drain.py,
-3 runs each): listings of locks/ and work/ per drain within run-to-run noise
-of ce43349 (e.g. delayed 7-17 vs 7-13 locks/, "q" items 0-2 vs 1-2).
-
-Both findings are fixed (both fail on 5bc1f41, pass since): a relist_work
-whose listing of locks/ fails makes the next claim list locks/ for the
-delays (QueueView.check_locks, ``_next_delay``); and items taken only until
-their delay is planned do not make a quiet view's taken items stale.
+"""Items taken only until their delay is planned (QueueView._unplanned: a new
+item that may be delayed, ``"q"``, taken at the index of the first listing of
+work/ that showed it until a listing of locks/ from then on is applied): a
+relist_work whose listing of locks/ is lost makes the next claim list locks/
+for the delays (QueueView.check_locks, ``_next_delay``), so a free "q" item is
+not held behind items put after it; such items do not make a quiet view's
+taken items stale; and no view keeps an _unplanned or _gone entry after a
+drain.
 
 Interleavings are forced with the fault proxy (network) or by wrapping
 ``protocol.list`` in one thread (a pause after the reply, to order two
@@ -57,14 +43,10 @@ def _q_item_without_lock(producer: Queue) -> str:
 
 
 
-# -- findings ------------------------------------------------------------------------
 
-def test_rv19_relist_work_locks_listing_lost_holds_a_free_q_item_behind_later_items(
+def test_relist_work_locks_listing_lost_holds_a_free_q_item_behind_later_items(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """FINDING (medium: a free item offered late, out of order; NEW in 5bc1f41,
-    passes on ce43349).
-
-    1. A lone consumer's quiet view lists B0..B39.  Another consumer holds B0.
+    """1. A lone consumer's quiet view lists B0..B39.  Another consumer holds B0.
     2. X is put with a delay of 1 s; its delay ends (X carries "q", no lock: free
        in etcd; a requeued dead letter or an imported item is the same).  Then
        Y0..Y39 are put.
@@ -89,8 +71,8 @@ def test_rv19_relist_work_locks_listing_lost_holds_a_free_q_item_behind_later_it
         x_id = _q_item_without_lock(producer)
         y_ids = producer.put_many([{"y": n} for n in range(40)])
         proxy.hold(match=locks_get(queue_name))
-        # The miss on B0 -> relist_work; its locks/ GET is lost (since rv22:
-        # logged, and the claim goes on).
+        # The miss on B0 -> relist_work; its locks/ GET is lost (logged,
+        # and the claim goes on).
         first = claim_and_complete(consumer)
         proxy.pass_through()
         assert x_id in view._items  # the listing of work/ was applied
@@ -107,11 +89,9 @@ def test_rv19_relist_work_locks_listing_lost_holds_a_free_q_item_behind_later_it
             f"on its _unplanned mark")
 
 
-def test_rv19_mark_makes_another_thread_relist_everything(
+def test_mark_makes_another_thread_relist_everything(
         etcd_url: str, queue_name: str) -> None:
-    """FINDING (low: cost; NEW in 5bc1f41, passes on ce43349).
-
-    A quiet view knows no taken item (nothing in _locks), so its last full
+    """A quiet view knows no taken item (nothing in _locks), so its last full
     listing of locks/ may be older than lock_ttl.  A claimer thread's
     relist_work shows X, an item with "q" and no lock (an expired delayed
     put; in a queue fed by requeue or import every item carries "q"):
@@ -156,11 +136,10 @@ def test_rv19_mark_makes_another_thread_relist_everything(
             f"planned X: follower replaced {len(replaced)}x, listings {listed}")
 
 
-# -- held checks -------------------------------------------------------------------
 
-def test_rv19_held_quiet_follower_retries_a_lost_planning_listing(
+def test_quiet_follower_retries_a_lost_planning_listing(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """Held.  The same lost listing of locks/, in a quiet follower's _list (a
+    """The same lost listing of locks/, in a quiet follower's _list (a
     relist, as catch_up or behind make): the follower's round fails and the
     next round lists work/ and, X being _unplanned, locks/ again, so X is
     handed out within a second or two of the fault ending, in put order."""
@@ -176,9 +155,9 @@ def test_rv19_held_quiet_follower_retries_a_lost_planning_listing(
         try:
             view.relist(5)
         except Unavailable:
-            pass  # since rv20 a round applies nothing before its listing of locks/
+            pass  # a round applies nothing before its listing of locks/
         wait_until(lambda: failures or x_id in view._items, 6,
-                   message="the held listing of locks/ failed")  # since rv21: applied
+                   message="the held listing of locks/ failed")  # applied
         proxy.pass_through()
         wait_until(lambda: view.relists > relists and view._is_free(x_id), 5,
                    message="the next round planned and freed X")
@@ -190,9 +169,9 @@ def test_rv19_held_quiet_follower_retries_a_lost_planning_listing(
         assert not unplanned(view)
 
 
-def test_rv19_held_older_locks_listing_applied_late_does_not_free_a_delayed_item(
+def test_older_locks_listing_applied_late_does_not_free_a_delayed_item(
         etcd_url: str, queue_name: str) -> None:
-    """Held.  A listing of locks/ (L0) is taken before X, a delayed put of
+    """A listing of locks/ (L0) is taken before X, a delayed put of
     another process, exists and is applied after a relist_work whose listing of
     work/ (W > L0) shows X and whose own listing of locks/ is lost: L0 lacks
     X's delay lock but is older than W, so X stays unplanned and the next
@@ -222,7 +201,7 @@ def test_rv19_held_older_locks_listing_applied_late_does_not_free_a_delayed_item
         put_at = time.monotonic()
         lost, _ = in_background(view.relist_work, "claimer")
         lost.join(5)
-        # Since rv21 X is not marked taken meanwhile: the next claim lists
+        # X is not marked taken meanwhile: the next claim lists
         # locks/ first (_next_delay), which plans X's delay.
         assert x_id in unplanned(view)
         resume.set()
@@ -237,8 +216,8 @@ def test_rv19_held_older_locks_listing_applied_late_does_not_free_a_delayed_item
         assert tried == [x_id], tried  # never tried before its delay
 
 
-def test_rv19_held_locks_dir_missing_still_frees_q_items(etcd_url: str, queue_name: str) -> None:
-    """Held.  A queue whose locks/ does not exist (never created) and whose
+def test_locks_dir_missing_still_frees_q_items(etcd_url: str, queue_name: str) -> None:
+    """A queue whose locks/ does not exist (never created) and whose
     work/ holds an item with "q": the listing of locks/ is "key not found",
     whose error index (etcd's current one) is >= the listing of work/, so the
     item is planned (freed) and handed out, not held for good at index 0."""
@@ -246,17 +225,17 @@ def test_rv19_held_locks_dir_missing_still_frees_q_items(etcd_url: str, queue_na
         protocol = consumer._protocol
         index, locks = protocol.list("locks")
         assert locks == [] and index > 0
-        raw = Item({"x": 1}, "tok-rv19", requeued=True).encode()
-        x_id, _ = protocol.post_item(raw, "tok-rv19")
+        raw = Item({"x": 1}, "tok-q-item", requeued=True).encode()
+        x_id, _ = protocol.post_item(raw, "tok-q-item")
         claim = consumer.claim(timeout=3)
         assert claim is not None and claim.id == x_id
         claim.complete()
         assert not unplanned(consumer._view)
 
 
-def test_rv19_held_q_item_released_between_listings_is_freed_by_delays_listing(
+def test_q_item_released_between_listings_is_freed_by_delays_listing(
         etcd_url: str, queue_name: str) -> None:
-    """Held (5bc1f41 improves on ce43349 here).  X, a delayed put of another
+    """X, a delayed put of another
     process whose delay ended, was claimed by a third consumer and released
     (R0: its claim token stays in X; R1 deletes the lock) before the quiet
     view's relist_work lists it: X is new with "q" and a claim token.  The
@@ -281,9 +260,9 @@ def test_rv19_held_q_item_released_between_listings_is_freed_by_delays_listing(
         assert got[-1] == x_id and len(got) == len(b_ids) + 1
 
 
-def test_rv19_held_unplanned_empty_after_a_drain_with_delayed_items(
+def test_unplanned_empty_after_a_drain_with_delayed_items(
         etcd_url: str, queue_name: str) -> None:
-    """Held (memory).  Three consumers drain 60 items, half of them delayed
+    """Three consumers drain 60 items, half of them delayed
     puts (1 s) and 10 of them put while the drain runs: each item once, none
     before its delay, and every view's _unplanned and _gone are empty at the
     end (the W marks are all planned and cleared)."""

@@ -1,26 +1,10 @@
-"""Hostile review rv36 of 017af69 (QueueView.relist_work: a failed listing of
-work/ no longer raises; misses back off before listing again) and a674c4e (any
-listing of work/ the view applies lifts that backoff).
+"""While listings of work/ fail and the rest of etcd answers, a quiet view's
+claims go on: a failed full listing is due again after the backoff of failed
+listings of work/ (``_work_retry``), which a listing of locks/ does not reset;
+a quiet view catches up with relist_work, staying ready, and offers its own
+puts if that listing fails (QueueView._catch_up_quietly).
 
-Findings (test_rv36_<letter>_*, failing on a674c4e; mechanism in each docstring):
-
-a. Low, new with 017af69: a failed listing of work/ in the once-per-lock-TTL
-   (full) listing backs off on ``_locks_retry``, which any listing of locks/
-   that works resets (a delay listing, check_locks' ``due`` path): while work/
-   listings fail and locks/ answers, the full listing is retried about every
-   CONFIRM, each costing a claim a deadline, not doubling up to a lock TTL
-   (its warning even says "listed again in 8 s" when it is due in 1 s).
-b. Low, older (df428a7 too): catch_up's relist() while listings of work/ fail
-   makes the view unready; every claim of the process raises Unavailable
-   until a listing works, though the view holds a free item (own put).
-
-Both fixed since: (a) the full listing is due again after the backoff of
-failed listings of work/ (``_work_retry``); (b) a quiet view catches up with
-relist_work, staying ready, and offers its own puts if that listing fails
-(QueueView._catch_up_quietly).
-
-Held (test_rv36_held_*, passing on a674c4e; failing on df428a7, where a
-failed listing of work/ raised from the claim):
+Also checked:
 
 - No spin: a quiet view all of whose free items are stale, while listings of
   work/ fail, tries each item once, lists work/ once or twice (the gate),
@@ -74,14 +58,13 @@ def _checks_until(view: Any, done: Any, within: float) -> None:
     wait_until(step, within, interval=0.02, message="check_locks to do it")
 
 
-# -- findings ---------------------------------------------------------------------
-def test_rv36_a_a_delay_listing_of_locks_resets_the_backoff_of_failing_full_listings(
+def test_a_delay_listing_of_locks_resets_the_backoff_of_failing_full_listings(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
-    """Low, new with 017af69.  A failed listing of work/ in the
+    """A failed listing of work/ in the
     once-per-lock-TTL (full) listing is made due again through
     ``_locks_unlisted_due``, i.e. on ``_locks_retry``, the backoff of failed
     listings of *locks/*.  Any listing of locks/ that works resets
-    ``_locks_retry`` to 0 (``_reconcile_locks``, review rv26), including the
+    ``_locks_retry`` to 0 (``_reconcile_locks``, tests/test_view_locks_listing_backoff.py), including the
     delays-only listing check_locks makes whenever a delay lock of a known
     item is due (a worker that releases with a delay, a delayed put).  So
     while listings of work/ keep failing (the half-answering etcd the change
@@ -133,9 +116,9 @@ def test_rv36_a_a_delay_listing_of_locks_resets_the_backoff_of_failing_full_list
             f"within 3 s: a delay listing of locks/ reset its backoff (_locks_retry)")
 
 
-def test_rv36_b_catch_up_while_listings_of_work_fail_fails_every_claim(
+def test_catch_up_while_listings_of_work_fail_fails_every_claim(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
-    """Low, older (fails on df428a7 too).  017af69 made a failed listing of
+    """017af69 made a failed listing of
     work/ in relist_work let the claim go on with what the view holds; the
     other way a quiet view lists work/ from a claim, catch_up (a pipeline
     stage whose only free items are ones it put after its listing), still
@@ -164,7 +147,7 @@ def test_rv36_b_catch_up_while_listings_of_work_fail_fails_every_claim(
 
 
 # -- held ------------------------------------------------------------------------
-def test_rv36_held_no_spin_a_stale_quiet_view_falls_back_to_watching_while_work_fails(
+def test_no_spin_a_stale_quiet_view_falls_back_to_watching_while_work_fails(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
     """Every item the consumer's quiet view holds free is taken by another
     consumer; listings of work/ fail (held).  A claim misses (the first miss
@@ -198,7 +181,7 @@ def test_rv36_held_no_spin_a_stale_quiet_view_falls_back_to_watching_while_work_
             c.complete()
 
 
-def test_rv36_held_a_late_applied_listing_lifts_the_backoff_once_then_the_gate_holds(
+def test_a_late_applied_listing_lifts_the_backoff_once_then_the_gate_holds(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
     """A new quiet follower's listing of work/ is answered before a claim's
     relist of work/ fails, and applied after it (paused in between): it lifts
@@ -237,7 +220,7 @@ def test_rv36_held_a_late_applied_listing_lifts_the_backoff_once_then_the_gate_h
             c.complete()
 
 
-def test_rv36_held_failed_full_then_working_miss_listing_still_frees_a_dead_workers_item(
+def test_failed_full_then_working_miss_listing_still_frees_a_dead_workers_item(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
     """A worker claimed the first item and died.  The consumer's quiet view
     holds it taken; its lock expires.  The once-per-lock-TTL listing fails

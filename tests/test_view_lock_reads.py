@@ -1,12 +1,13 @@
-"""Hostile review rv27 of e3bb556..982fa3f (issue 14, sixth pass):
+"""A view that starts watching reads the locks of up to FEW_LOCKS items taken on
+old signs (Protocol.read_locks, applied at the read's etcd index X) instead of
+listing locks/: a read and the lock events around it are applied in index
+order, so a lock taken again before the read stays taken, a lock gone at the
+read frees its item, a replaced follower's read is dropped, an own release
+between the read and its apply wins, a failed read fails the round and the
+next one frees the item, and more than FEW_LOCKS old signs list locks/ once
+instead.  The reads' cost (round trips, raft proposals) and a directory
+where a lock goes are checked too.
 
-1. Queue._lost_race: a quiet view below its miss limit no longer reads the
-   item at the STALE_RACES-th lost race of one claim;
-2. QueueView._list: a view that starts watching reads the locks of up to
-   FEW_LOCKS items taken on old signs (Protocol.read_locks, one quorum GET
-   each, applied at the read's etcd index X) instead of listing locks/.
-
-Findings fail on 982fa3f; held checks are named test_rv27_held_* and pass.
 Protocol methods are wrapped only to put an etcd write between a follower's
 listing of work/ and its reads (a thread ordering the proxy cannot force).
 """
@@ -26,7 +27,7 @@ from etcdq_v2.transport import connect
 from etcdq_v2 import view as view_module
 from etcdq_v2.view import CONFIRM, QueueView
 
-FEW_LOCKS = getattr(view_module, "FEW_LOCKS", 8)  # so that e3bb556 runs the findings too
+FEW_LOCKS = getattr(view_module, "FEW_LOCKS", 8)  # so that a tree without it runs these too
 
 
 @contextlib.contextmanager
@@ -75,20 +76,19 @@ def before_reads(view: QueueView, action: Callable[[List[str]], None], *,
     return indexes
 
 
-# -- findings -----------------------------------------------------------------------
 
 
-def test_rv27_a_lock_read_at_the_listings_own_index_is_listed_for_anyway(
+def test_a_lock_read_at_the_listings_own_index_is_listed_for_anyway(
         etcd_url: str, queue_name: str) -> None:
-    """FINDING (low, cost; new with 55918e3).  The read's index X is the sign;
+    """The read's index X is the sign;
     _unconfirmed() takes a sign at or below the listing's index (_confirm_upto
     = the work/ listing's index W) for unconfirmed, as it must for a sign read
-    off work/ (review rv14).  When nothing is written between the listing of
+    off work/ (tests/test_view_confirm_check.py).  When nothing is written between the listing of
     work/ and the read (an idle queue: the end of a backlog, one item still
     running), X == W: the lock the view has just read is "unconfirmed", a
     CONFIRM check is planned, and the waiting claim lists locks/ a second
     later, with every lingering lock the read was meant to spare.  So the
-    listing issue 14's sixth pass removes comes anyway, one CONFIRM late, on
+    listing the reads replace comes anyway, one CONFIRM late, on
     top of the read.  Suggested fix: keep read signs out of _unconfirmed
     (e.g. plan the check before applying the reads, or compare reads with
     ``> W`` semantics: a read is a sighting of the lock at X, not a hint)."""
@@ -117,7 +117,7 @@ def test_rv27_a_lock_read_at_the_listings_own_index_is_listed_for_anyway(
 def sentinel(queue: Queue) -> int:
     """A write in the queue's directory that is no item: its etcd index.  Once a
     watching view's newest event is at or past it, every older event is applied."""
-    return queue.etcd.put(f"{queue.layout.root}/rv27-sentinel", "x").written_index
+    return queue.etcd.put(f"{queue.layout.root}/read-sentinel", "x").written_index
 
 
 def settled(view: QueueView, queue: Queue) -> None:
@@ -125,9 +125,9 @@ def settled(view: QueueView, queue: Queue) -> None:
     wait_until(lambda: view._known >= index, 5, message="the view's events up to the sentinel")
 
 
-def test_rv27_held_a_lock_taken_again_before_the_read_stays_taken_after_older_events(
+def test_a_lock_taken_again_before_the_read_stays_taken_after_older_events(
         etcd_url: str, queue_name: str) -> None:
-    """Held.  Between the follower's listing of work/ (W) and its read (X), the
+    """Between the follower's listing of work/ (W) and its read (X), the
     old lock goes (R1 at D) and a third process takes the item (C1 at C):
     W < D < C < X.  The read sees the new lock at X; the events of D and C
     come after the read is applied, and D <= X frees nothing.  The item
@@ -154,9 +154,9 @@ def test_rv27_held_a_lock_taken_again_before_the_read_stays_taken_after_older_ev
         got.complete()
 
 
-def test_rv27_held_a_lock_gone_at_the_read_ignores_older_lock_events(
+def test_a_lock_gone_at_the_read_ignores_older_lock_events(
         etcd_url: str, queue_name: str) -> None:
-    """Held.  Between the listing (W) and the read (X): the old lock goes, a
+    """Between the listing (W) and the read (X): the old lock goes, a
     third process takes the item and releases it (W < D1 < C2 < D2 < X).  The
     read finds no lock at X and frees the item; the create event at C2,
     applied after it, is older than the read's index and does not take it
@@ -179,9 +179,9 @@ def test_rv27_held_a_lock_gone_at_the_read_ignores_older_lock_events(
         got.complete()
 
 
-def test_rv27_held_a_follower_replaced_during_its_reads_applies_nothing(
+def test_a_follower_replaced_during_its_reads_applies_nothing(
         etcd_url: str, queue_name: str) -> None:
-    """Held.  The follower reads the old lock (still there at X1); before it
+    """The follower reads the old lock (still there at X1); before it
     applies the read, the lock goes and the view is listed anew (relist: a
     new follower, which reads no lock at X2 > X1 and frees the item).  The
     old follower's stale read is dropped, not applied over the new one."""
@@ -203,9 +203,9 @@ def test_rv27_held_a_follower_replaced_during_its_reads_applies_nothing(
         got.complete()
 
 
-def test_rv27_held_own_release_between_the_read_and_its_apply_wins(
+def test_own_release_between_the_read_and_its_apply_wins(
         etcd_url: str, queue_name: str) -> None:
-    """Held.  The consumer runs an item itself; its view relists (its own
+    """The consumer runs an item itself; its view relists (its own
     claim's sign now older than the listing) and starts watching, so the
     follower reads that lock: there at X.  Before the read is applied, this
     process releases the item (R1 at R > X, returned() frees it).  The read
@@ -232,9 +232,9 @@ def test_rv27_held_own_release_between_the_read_and_its_apply_wins(
         got.complete()
 
 
-def test_rv27_held_a_read_that_fails_fails_the_round_and_the_next_frees_the_item(
+def test_a_read_that_fails_fails_the_round_and_the_next_frees_the_item(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
-    """Held.  The read of the one old lock is held by the network (its
+    """The read of the one old lock is held by the network (its
     request timeout 0.5 s, deadline 1.5 s): the round fails and is tried
     again.  The lock was released meanwhile: once the network passes
     again, the next round's read frees the item and a waiting claim gets it
@@ -262,9 +262,9 @@ def test_rv27_held_a_read_that_fails_fails_the_round_and_the_next_frees_the_item
         got.complete()
 
 
-def test_rv27_held_a_quiet_view_of_a_stale_backlog_still_finds_the_free_item(
+def test_a_quiet_view_of_a_stale_backlog_still_finds_the_free_item(
         etcd_url: str, queue_name: str) -> None:
-    """Held (4bfc8d9).  A quiet view lists 300 items; another process runs the
+    """A quiet view lists 300 items; another process runs the
     first 299 (their locks linger, F4 skipped) and puts a new one.  Without
     the read at the sixth lost race, the claim loses races until the miss
     limit (3) and lists work/ again: it still gets a free item in that one
@@ -290,9 +290,9 @@ def test_rv27_held_a_quiet_view_of_a_stale_backlog_still_finds_the_free_item(
         got.complete()
 
 
-def test_rv27_reads_one_after_another_cost_a_round_trip_each(
+def test_reads_one_after_another_cost_a_round_trip_each(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
-    """FINDING (low, latency; new with 55918e3).  Protocol.read_locks sends its
+    """Protocol.read_locks sends its
     GETs one after another, each waiting for the last reply; the follower's
     round (and a claim that found nothing, which waits for it in starved())
     takes up to FEW_LOCKS more round trips, where the listing of locks/ it
@@ -317,10 +317,9 @@ def test_rv27_reads_one_after_another_cost_a_round_trip_each(
         assert took < 0.6, f"the round that started watching took {took:.2f} s (R = 0.1 s)"
 
 
-def test_rv27_a_directory_where_a_lock_goes_spins_a_claim_past_its_timeout(
+def test_a_directory_where_a_lock_goes_spins_a_claim_past_its_timeout(
         etcd_url: str, queue_name: str) -> None:
-    """FINDING (medium; older: e3bb556 does the same, through its listing of
-    locks/; 982fa3f's read inherits it).  Junk: ``locks/<id>`` of a pending
+    """Junk: ``locks/<id>`` of a pending
     item is a directory.  A listing of locks/ skips it and a read of the lock
     returns no lock (entries() skips directories), so the view notes the lock
     gone at X (_gone) and frees the item; C1 meets the directory: etcd 105
@@ -367,9 +366,9 @@ def proposals(etcd_url: str) -> Tuple[float, float]:
             found["etcd_disk_wal_fsync_duration_seconds_count"])
 
 
-def test_rv27_each_read_is_a_raft_proposal_and_a_wal_fsync(
+def test_each_read_is_a_raft_proposal_and_a_wal_fsync(
         etcd_url: str, queue_name: str) -> None:
-    """FINDING (low, cost; new with 55918e3).  etcd serves a v2 ``quorum=true``
+    """etcd serves a v2 ``quorum=true``
     GET as a raft proposal (QGET): it is appended to every member's WAL and
     fsynced, like a write (live, 3.5: 100 quorum GETs of one key, 100
     proposals and 100 fsyncs; plain GETs none).  FEW_LOCKS was set from a
@@ -394,9 +393,9 @@ def test_rv27_each_read_is_a_raft_proposal_and_a_wal_fsync(
                            f"({fsyncs:g} WAL fsyncs) for {len(held)} old signs")
 
 
-def test_rv27_held_a_delay_lock_read_by_a_view_that_starts_watching_frees_at_its_expiry(
+def test_a_delay_lock_read_by_a_view_that_starts_watching_frees_at_its_expiry(
         etcd_url: str, queue_name: str) -> None:
-    """Held.  The old sign's lock became a delay lock unheard (other released
+    """The old sign's lock became a delay lock unheard (other released
     the item with a 2 s delay after the consumer's listing).  The read finds
     it there and takes the item as taken at X; etcd's expire event (after X)
     frees it: a waiting claim gets it about when the delay ends, not a lock
@@ -413,9 +412,9 @@ def test_rv27_held_a_delay_lock_read_by_a_view_that_starts_watching_frees_at_its
         got.complete()
 
 
-def test_rv27_held_more_than_few_old_signs_list_locks_and_read_none(
+def test_more_than_few_old_signs_list_locks_and_read_none(
         etcd_url: str, queue_name: str) -> None:
-    """Held.  FEW_LOCKS + 1 old signs, their locks released unheard: the view
+    """FEW_LOCKS + 1 old signs, their locks released unheard: the view
     that starts watching lists locks/ once (no reads) and frees them all."""
     with end_of_backlog(etcd_url, etcd_url, queue_name, held=FEW_LOCKS + 1) as (
             consumer, other, view, held):

@@ -1,25 +1,9 @@
-"""Hostile review rv35 of c18b021 (Gone.by_us: an item a claim itself takes out
-of work/ is no miss) and 017af69 (QueueView.relist_work: a failed listing of
-work/ no longer raises; misses do not list again before ``_relist_after``).
+"""Misses back off before listing work/ again after a failed listing
+(``_relist_after``), and any listing of work/ the view applies lifts that
+backoff (QueueView._take_listing), the once-per-lock-TTL full listing
+included: a view whose listings answer again is not left stale.
 
-Finding (test_rv35_*, failing on 017af69):
-
-1. A listing of work/ that works does not lift the backoff of a failed one.
-   ``_work_unlisted`` sets ``_relist_after`` (now + ``_work_retry``, up to a
-   lock TTL); a listing that works resets ``_work_retry`` only, never
-   ``_relist_after``.  The once-per-lock-TTL listing (check_locks, full=True)
-   ignores the gate, so after listings of work/ answer again and that full
-   listing worked, the next misses over the limit still list nothing for up
-   to a lock TTL: the view goes stale again and its claims pay a miss per
-   stale item meanwhile.  (Likewise a new follower's listing, when the view
-   watched and went quiet again, touches neither.)  Low (a cost, not a loss:
-   etcd's fences hold, the view starves to a watch at worst), new with
-   017af69 (passes on df428a7, which has no backoff).  Measured: right
-   after the full listing worked, ``_work_retry`` 0.0 but the gate still
-   4.0 s away; the miss listed nothing.  Fixed since: any listing of work/
-   the view applies (QueueView._take_listing) lifts the backoff.
-
-Held (test_rv35_held_*, passing on 017af69):
+Also checked:
 
 - KeyboardInterrupt (any BaseException not etcd's) in a relist of work/ is
   raised, ends the listing (``_listing`` cleared) and sets no backoff.
@@ -67,7 +51,7 @@ def _behind_lists(view: Any, listed: list[Any]) -> bool:
     return listed.count("work") > before
 
 
-def test_rv35_a_listing_of_work_that_works_does_not_lift_the_relist_backoff(
+def test_a_listing_of_work_that_works_does_not_lift_the_relist_backoff(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
     """Three misses over the limit whose listings of work/ fail (held by the
     proxy; each costs the request's deadline, 3 s): the backoff grows to 4 s.  Listings
@@ -97,7 +81,7 @@ def test_rv35_a_listing_of_work_that_works_does_not_lift_the_relist_backoff(
             f"{getattr(view, '_work_retry', None)})")
 
 
-def test_rv35_held_a_keyboard_interrupt_in_a_relist_ends_it_and_sets_no_backoff(
+def test_a_keyboard_interrupt_in_a_relist_ends_it_and_sets_no_backoff(
         etcd_url: str, queue_name: str) -> None:
     """A relist of work/ interrupted by KeyboardInterrupt raises it, clears
     ``_listing`` (no starved claim waits for it), and the next miss lists."""
@@ -124,7 +108,7 @@ def test_rv35_held_a_keyboard_interrupt_in_a_relist_ends_it_and_sets_no_backoff(
         assert listed.count("work") == 1 and view.relists == relists + 1
 
 
-def test_rv35_held_a_starved_claim_waiting_for_a_failing_relist_goes_on_to_watch(
+def test_a_starved_claim_waiting_for_a_failing_relist_goes_on_to_watch(
         etcd_url: str, queue_name: str) -> None:
     """The consumer's quiet view knows no free item; another producer's item
     is in etcd.  Another thread's relist of work/ is under way (its listing
@@ -169,7 +153,7 @@ def test_rv35_held_a_starved_claim_waiting_for_a_failing_relist_goes_on_to_watch
         got.complete()
 
 
-def test_rv35_held_a_failed_once_per_ttl_listing_is_due_again_and_frees_a_dead_workers_item(
+def test_a_failed_once_per_ttl_listing_is_due_again_and_frees_a_dead_workers_item(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
     """A worker claimed the first item and died (no heartbeat): the consumer's
     quiet view holds it taken.  Its lock expires; the once-per-lock-TTL
@@ -214,7 +198,7 @@ def test_rv35_held_a_failed_once_per_ttl_listing_is_due_again_and_frees_a_dead_w
             assert len(got) == len(set(got))
 
 
-def test_rv35_held_gone_by_us_for_an_item_another_consumer_finished_strands_nothing(
+def test_gone_by_us_for_an_item_another_consumer_finished_strands_nothing(
         etcd_url: str, queue_name: str) -> None:
     """A finisher commits the first item (F1) and stalls; the consumer's quiet
     view lists it (taken: F1's value carries the claim), and once the

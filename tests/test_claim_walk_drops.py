@@ -1,23 +1,14 @@
-"""Hostile review rv32 of c782369: a walk of the claim window drops the items
-it finds not free from the view's sorted free list (QueueView._drop_taken),
-trusting that every way back to free goes through QueueView._make_free.
+"""A walk of the claim window drops the items it finds not free from the view's
+sorted free list (QueueView._drop_taken), and every way back to free puts them
+back: an orphan (an item whose outcome record F2 and lock delete F4 the view
+saw, but not F3) dropped by a walk is offered again to a consumer that polls
+with ``claim()`` (timeout 0), as to one that waits; an item dropped while
+locked elsewhere is offered once released; and threads sharing one view hand
+out each item once.
 
-Findings (test_rv32_*, failing on c782369):
-
-1. an orphan (an item whose outcome record F2 and lock delete F4 the view
-   saw, but not F3) is not free for a request's deadline (``_orphans``); a
-   walk in that time drops it.  Its way back to free is time: only
-   ``offer_due`` re-inserts it, and only a claim that *waits* calls that
-   (wait_for_change, _wait_any).  A consumer that polls with ``claim()``
-   (timeout 0, the default) never does: the item stays in work/ (pending in
-   stats, F3 owed) and is never handed out again by that view, while a
-   claim would finish it.  Also fails on 832b51a (older): there the walk
-   dropped nothing, but candidates() trimmed the orphan with the head's
-   prefix of taken items (the jumps landed on completed items still
-   listed, and fell back to it).  c782369 widens it: a walk now drops an
-   orphan anywhere in the window, not only at the head.
-
-Attacks that held: test_rv32_held_*.
+The first test tells, as it went before the rule, the orphan a polling
+consumer never got back: its way back to free was time, through
+``offer_due``, which only a claim that waits called.
 """
 from __future__ import annotations
 
@@ -41,10 +32,9 @@ def _watching_view(queue: Queue) -> Any:
     return view
 
 
-def test_rv32_an_orphan_dropped_by_a_walk_is_never_offered_to_a_polling_consumer(
+def test_an_orphan_dropped_by_a_walk_is_never_offered_to_a_polling_consumer(
         etcd_url: str, queue_name: str) -> None:
-    """Finding 1 (medium, older: fails on 832b51a too, see the module
-    docstring).  A finisher (another process, lock TTL > LINGER_MAX so
+    """A finisher (another process, lock TTL > LINGER_MAX so
     F4 is sent) completes the head item X but its F3 never applies: the
     watching view of consumer ``q`` sees F1, F2, then F4: X is an orphan,
     not offered for a deadline, then to be finished by a claim.  ``q`` has
@@ -97,9 +87,9 @@ def test_rv32_an_orphan_dropped_by_a_walk_is_never_offered_to_a_polling_consumer
         assert sorted(handed) == sorted(ids[1:])
 
 
-def test_rv32_held_an_item_dropped_while_locked_elsewhere_is_offered_once_released(
+def test_an_item_dropped_while_locked_elsewhere_is_offered_once_released(
         etcd_url: str, queue_name: str) -> None:
-    """Held: another consumer holds item 2 while ``q`` (watching, window 8)
+    """another consumer holds item 2 while ``q`` (watching, window 8)
     walks past it and drops it; the release's lock delete comes as an event
     (_unlocked -> _make_free): ``q`` gets it back with claim(timeout=0)."""
     random.seed(3)
@@ -129,9 +119,9 @@ def test_rv32_held_an_item_dropped_while_locked_elsewhere_is_offered_once_releas
         assert sorted(handed) == sorted(ids) and work_ids(q) == []
 
 
-def test_rv32_held_threads_sharing_one_view_hand_out_each_item_once(
+def test_threads_sharing_one_view_hand_out_each_item_once(
         etcd_url: str, queue_name: str) -> None:
-    """Held: 8 threads claim from one Queue (one view, one window, drops by
+    """8 threads claim from one Queue (one view, one window, drops by
     any thread while others' attempts are under way: _trying) with a
     window widened to 64; 120 items, each handed out exactly once, work/
     empty, no claim stuck."""

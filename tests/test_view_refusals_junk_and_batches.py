@@ -1,19 +1,20 @@
-"""Hostile review rv29 of 433da8a..9863fe4 (review rv28's fixes):
+"""A refused C1 at exactly the index at which the view took the item's lock for
+gone wins over that sign: the item is taken at etcd's index (as under a lock)
+until a newer sign says the lock is gone, in a quiet view as in a watching
+one, and is checked when the stream restarted past the sweep; a junk
+directory at a lock's key neither leaves its item taken for good nor makes an
+idle view retry it in a loop.  A batch of requests (Member.request_all) is
+read against one deadline: a host that drops packets costs one connect
+timeout for the batch, a member that accepts and never answers one timeout,
+and a batched delete whose reply was lost is redone on the next member and
+done once.
 
-1. QueueView.locked_at(refused=True): a C1 refused at exactly the index at
-   which the view took the item's lock for gone wins over that sign: the
-   item is taken at etcd's index (as under a lock) until a newer sign says
-   the lock is gone;
-2. Member.request_all reads a batch's replies against one deadline, and
-   Transport._all marks the member failed when a request of the batch
-   failed on the wire, so those redone go to the next member.
-
-Findings fail on 9863fe4; held checks are named test_rv29_held_* and pass.
 Methods are wrapped only to force an ordering the fault proxy cannot: a
 reply lost and its request resent in the moment after a delay lock expired
-and before etcd swept it (as in rv28's test).  A member whose host drops
-packets (a partition: SYNs unanswered) is a listening socket whose accept
-queue is full, which is what the kernel does with a SYN then: drop it.
+and before etcd swept it (as in tests/test_view_refused_lock_create.py).  A
+member whose host drops packets (a partition: SYNs unanswered) is a
+listening socket whose accept queue is full, which is what the kernel does
+with a SYN then: drop it.
 """
 from __future__ import annotations
 
@@ -54,15 +55,13 @@ def dropping_host(port: int = 0) -> Iterator[str]:
         listener.close()
 
 
-# -- findings -----------------------------------------------------------------------
 
 
-def test_rv29_a_quiet_view_holds_a_delayed_item_refused_at_its_gone_sign_for_a_lock_ttl(
+def test_a_quiet_view_holds_a_delayed_item_refused_at_its_gone_sign_for_a_lock_ttl(
         etcd_url: str, queue_name: str) -> None:
-    """FINDING (medium; older: fails on 982fa3f and 433da8a too, and 9863fe4's
-    override does not mend it; rv28's test covered a watching view only).  rv28's
-    interleaving, in a QUIET view (the view of any consumer with a backlog:
-    it watches nothing, and rv28's test only covered a watching one).  A
+    """The
+    interleaving of tests/test_view_refused_lock_create.py's first test, in a
+    QUIET view (the view of any consumer with a backlog: it watches nothing).  A
     lone consumer holds the head item A of a backlog and calls
     release(delay=1); R1 applies at m, its reply is lost and the resend
     lands after the delay lock's expiry, before etcd's sweep:
@@ -80,8 +79,7 @@ def test_rv29_a_quiet_view_holds_a_delayed_item_refused_at_its_gone_sign_for_a_l
     refusal at m freed A (burst of refused C1s) but the claim's widened
     window took the next item, whose writes made the next refusal of A
     newer than m: taken, the same hold (as on every version whenever
-    anything is written between R1 and the next C1).  Suggested fix (as rv28
-    suggested): _delay_lock_back returns at least 1 s for our delay lock
+    anything is written between R1 and the next C1).  The rule: _delay_lock_back returns at least 1 s for our delay lock
     still there (the sweep is due), so the view plans the delay and a quiet
     one lists locks/ when it is due (RELIST_DUE)."""
     with Queue(etcd_url, queue_name, lock_ttl=30) as queue:
@@ -135,10 +133,9 @@ def test_rv29_a_quiet_view_holds_a_delayed_item_refused_at_its_gone_sign_for_a_l
         pytest.skip("etcd swept the delay lock before every resend (timing)")
 
 
-def test_rv29_a_batch_to_a_host_that_drops_packets_waits_a_connect_timeout_per_request(
+def test_a_batch_to_a_host_that_drops_packets_waits_a_connect_timeout_per_request(
         etcd_url: str, queue_name: str) -> None:
-    """FINDING (medium, latency past a lock TTL; older: rv28's finding mended
-    for replies only).  request_all bounds the wait for the REPLIES of a
+    """request_all bounds the wait for the REPLIES of a
     batch by one deadline, but each request's _start still opens its
     connection with the full request timeout T: a member whose host drops
     packets (a partition, a host powered off: SYNs unanswered; for TLS, a
@@ -167,9 +164,9 @@ def test_rv29_a_batch_to_a_host_that_drops_packets_waits_a_connect_timeout_per_r
         f"packets (T = 0.5 s): one connect timeout per request before the next member")
 
 
-def test_rv29_a_junk_directory_removed_leaves_its_item_taken_in_a_watching_view(
+def test_a_junk_directory_removed_leaves_its_item_taken_in_a_watching_view(
         etcd_url: str, queue_name: str) -> None:
-    """FINDING (low; older: 982fa3f and 433da8a do the same).  A directory
+    """A directory
     appears at locks/<A> (junk another tool left) after a watching view saw
     A free: the claim's C1 is refused at an index past every sign of the
     view, so A is taken there, on any version, and only a newer sign frees
@@ -203,10 +200,9 @@ def test_rv29_a_junk_directory_removed_leaves_its_item_taken_in_a_watching_view(
         got.complete()
 
 
-def test_rv29_an_idle_watching_view_retries_a_junk_lock_every_confirm_interval(
+def test_an_idle_watching_view_retries_a_junk_lock_every_confirm_interval(
         etcd_url: str, queue_name: str) -> None:
-    """FINDING (low, cost; new with 9863fe4: 433da8a skipped the item, 982fa3f
-    hot-looped).  A directory at locks/<A> before the view starts watching
+    """A directory at locks/<A> before the view starts watching
     (tests/test_junk.py's setup).  The view starts watching with A taken on
     an old sign: it reads locks/<A> (a directory: no lock) at R, and frees
     A.  The waiting claim's C1 is refused at R (nothing written since), and
@@ -241,9 +237,9 @@ def test_rv29_an_idle_watching_view_retries_a_junk_lock_every_confirm_interval(
 # -- held ---------------------------------------------------------------------------
 
 
-def test_rv29_held_a_refusal_that_wins_after_the_stream_restarted_past_the_sweep_is_checked(
+def test_a_refusal_that_wins_after_the_stream_restarted_past_the_sweep_is_checked(
         etcd_url: str, queue_name: str) -> None:
-    """Held.  rv28's interleaving in a watching view, with the stream lost at
+    """The same interleaving in a watching view, with the stream lost at
     the worst moment: release(delay=1), R1's reply lost, resent after the
     delay lock's expiry and before etcd's sweep, so returned(A, 0, m); the
     next claim's C1 is refused at m; before locked_at runs, the view's
@@ -308,7 +304,7 @@ def _restart_past_the_sweep(queue: Queue) -> bool:
     finally:
         queue._protocol._create_lock = original_lock  # type: ignore[method-assign]
         queue.etcd.stream = original_stream  # type: ignore[method-assign]
-    # Since rv29's fix the release reports our delay lock, still there, as a
+    # The release reports our delay lock, still there, as a
     # 1 s delay: the view waits for it and no C1 is refused (forced stays
     # empty); on 9863fe4 one was, and the override took over.  Either way:
     assert got is not None and got.id == item_id, (forced, view._locks.get(item_id))
@@ -316,10 +312,9 @@ def _restart_past_the_sweep(queue: Queue) -> bool:
     return True
 
 
-def test_rv29_held_a_batch_to_a_member_that_accepts_and_never_answers_costs_one_timeout(
+def test_a_batch_to_a_member_that_accepts_and_never_answers_costs_one_timeout(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
-    """Held (the change's claim, for a member whose host still accepts
-    connections: a frozen etcd, a black-holing middlebox).  get_all of
+    """get_all of
     FEW_LOCKS keys on a transport whose member stopped answering, with
     pooled and new connections: one timeout (0.5 s) for the batch, then
     every read is redone on the next member, which answers."""
@@ -339,9 +334,9 @@ def test_rv29_held_a_batch_to_a_member_that_accepts_and_never_answers_costs_one_
     assert took < 1.5, f"{took:.1f} s"
 
 
-def test_rv29_held_a_completion_whose_batched_delete_lost_its_reply_is_done_once(
+def test_a_completion_whose_batched_delete_lost_its_reply_is_done_once(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
-    """Held.  F3 goes out in delete_all's batch; the member applies it and
+    """F3 goes out in delete_all's batch; the member applies it and
     the reply is lost (the connection is cut after the request went up):
     the batch marks the member failed, the delete is redone on the next
     member and finds the item gone (KeyMissing: done).  complete() returns,

@@ -1,28 +1,9 @@
-"""Hostile review rv21 of 75ba109 (QueueView: work/ and locks/ listed in turn
-and applied together with a full reconcile when a new item may be delayed;
-relist_work's failure path: work/ applied with the items _unplanned,
-_next_delay = -inf, raise; a failed delays-only listing no longer raises;
-starved() waits for a relist_work under way).
-
-Findings are tests that fail on 75ba109; checks that held are named
-test_rv21_held_* and pass.  Each finding's docstring says whether it also
-fails on the baseline, ce43349.
-
-Findings: (1) high (strand, put order), new since b906cad's -inf retry, in
-75ba109: an older delays-only listing of locks/ applied after relist_work's
-failure path resets _next_delay from -inf to inf, leaving X _unplanned and
-taken with no listing of locks/ due (the stale test skips _unplanned items):
-X waits until the view runs dry; (2) medium, new in 75ba109: a quiet
-follower's round that must list locks/ for a new "q" item applies nothing
-while that listing fails, so catch_up/relist claims raise Unavailable while
-work/ is served (ce43349 applied work/ first).  Not a test: starved() can
-wake between relist_work's finally (_listing=False) and its apply block, see
-the version unchanged and switch to watching, dropping the listing (0/60 runs
-at the default switch interval, 1/60 at 1 us: /tmp/rv21/starve.py).  Cost
-(/tmp/rv21/cost.py, 2 consumers x 4 threads, 400 items, 3 runs each): listings
-of work/ and locks/ and their entries within run-to-run noise of ce43349.
-Held checks: test_rv21_held_* (they exercise 75ba109 behaviour; the second
-fails on ce43349, where rv20's finding (2) is not fixed).
+"""A listing of work/ that shows a new item that may be delayed is applied with
+a listing of locks/ taken after it, in one block (a full reconcile): an
+older delays-only listing applied later strands no _unplanned item; a quiet
+follower's round whose listing of locks/ fails still applies work/, so claims
+go on; a full reconcile keeps live locks and the delays of items given back;
+and a failed due listing warns once per CONFIRM while claims go on.
 
 Interleavings are forced by wrapping ``protocol.list`` in one thread (a pause
 after the reply, or a failure); no method of the view is changed.
@@ -52,15 +33,10 @@ def _lock_ids(queue: Queue) -> list:
     return [entry.id for entry in queue._protocol.list("locks")[1]]
 
 
-# -- findings ------------------------------------------------------------------------
 
-def test_rv21_older_delays_listing_resets_next_delay_and_strands_unplanned_item(
+def test_older_delays_listing_resets_next_delay_and_strands_unplanned_item(
         etcd_url: str, queue_name: str) -> None:
-    """FINDING (high: a free item stranded for as long as the view has other
-    free items, and a lone consumer's put order broken; NEW in 75ba109 (b906cad
-    line), passes on ce43349).
-
-    1. A lone consumer C (quiet view) put D with delay=1: its delay is planned
+    """1. A lone consumer C (quiet view) put D with delay=1: its delay is planned
        (_delays[D]).
     2. D's delay lock expires.  Claimer thread B's check_locks finds it due
        and lists locks/ (delays only) at index L0; its reply is slow.
@@ -98,7 +74,7 @@ def test_rv21_older_delays_listing_resets_next_delay_and_strands_unplanned_item(
         def forced(kind, *args, **kwargs):
             name = threading.current_thread().name
             if kind == "locks" and name == "A":
-                raise Unavailable("rv21: listing of locks/ lost")
+                raise Unavailable("listing of locks/ lost")
             reply = original(kind, *args, **kwargs)
             if kind == "locks" and name == "B":
                 b_answered.set()
@@ -134,12 +110,9 @@ def test_rv21_older_delays_listing_resets_next_delay_and_strands_unplanned_item(
 
 
 
-def test_rv21_quiet_follower_round_fails_while_locks_listings_fail(
+def test_quiet_follower_round_fails_while_locks_listings_fail(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """FINDING (medium: claims fail while etcd serves them; NEW in 75ba109,
-    passes on ce43349).
-
-    1. A lone pipeline stage S (through the fault proxy, request timeout 1 s)
+    """1. A lone pipeline stage S (through the fault proxy, request timeout 1 s)
        has a quiet view.  Another process puts X ("q", no lock: requeued or
        imported, free in etcd); S puts Y (its own follow-up).
     2. Listings of locks/ start to fail (held: a locks/ grown large with a lock
@@ -156,8 +129,8 @@ def test_rv21_quiet_follower_round_fails_while_locks_listings_fail(
        The same holds for a relist(locks=False) from behind() of a watching
        view going quiet, and for the candidates() backlog switch.
 
-    This is rv20's finding (2) (every claim failing while listings of locks/
-    fail) moved from check_locks into the follower's round.
+    This is tests/test_view_q_items.py's every claim failing while listings
+    of locks/ fail, moved from check_locks into the follower's round.
 
     Suggested fix: in a quiet follower's round, if the listing of locks/ made
     only for new "q" items fails, apply work/ with them _unplanned (as
@@ -184,11 +157,10 @@ def test_rv21_quiet_follower_round_fails_while_locks_listings_fail(
             f"({len(failed)} claims raised: {failed[:1]}); X={x_id}, Y={y_id} free in etcd")
 
 
-# -- held checks -------------------------------------------------------------------
 
-def test_rv21_held_full_reconcile_keeps_live_locks_and_given_back_delays(
+def test_full_reconcile_keeps_live_locks_and_given_back_delays(
         etcd_url: str, queue_name: str) -> None:
-    """Held.  A quiet view's relist_work shows a new "q" item X, so it lists
+    """A quiet view's relist_work shows a new "q" item X, so it lists
     locks/ and applies a full reconcile.  B0, held by another consumer (taken
     here on a miss), stays taken and is never tried while held; B1, given back
     by this process with release(delay=2), is not offered before its delay
@@ -239,9 +211,9 @@ def test_rv21_held_full_reconcile_keeps_live_locks_and_given_back_delays(
         assert 1.5 <= got[b1] <= 4.5, got
 
 
-def test_rv21_held_failed_due_listing_warns_once_per_confirm_and_claims_go_on(
+def test_failed_due_listing_warns_once_per_confirm_and_claims_go_on(
         etcd_url: str, queue_name: str, proxy, caplog) -> None:
-    """Held.  relist_work's listing of locks/ for a new "q" X fails (X
+    """relist_work's listing of locks/ for a new "q" X fails (X
     _unplanned, _next_delay = -inf, the claim raises); while listings of
     locks/ keep failing, later claims hand out B1.. (the due listing's failure
     is logged and retried CONFIRM later, not raised), the warning is logged
@@ -262,7 +234,7 @@ def test_rv21_held_failed_due_listing_warns_once_per_confirm_and_claims_go_on(
         caplog.set_level(logging.WARNING, logger="etcdq_v2.view")
         got = []
         try:
-            # miss on B0 -> relist_work -> locks/ lost (since rv22: the claim goes on)
+            # miss on B0 -> relist_work -> locks/ lost (the claim goes on)
             first = claim_and_complete(consumer)
             if first is not None:
                 got.append(first)

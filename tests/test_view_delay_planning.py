@@ -1,23 +1,16 @@
-"""Hostile review rv18 of 748ea90 (QueueView._list decides ``delayed`` in its
-first locked block, before the listing of locks/ and before the block that
-applies the listing) and feb4f05 (_item_says shared by _claimed and
-_maybe_delayed; _plan_confirm reads the clock when called).
+"""A new item that may be delayed is planned from a listing of locks/ before it
+is offered: QueueView._list decides ``delayed`` in its first locked block,
+and an item is never offered before its delay, nor a free one forgotten,
+whatever listing another thread applies between the two blocks.  An item
+whose planning listing of locks/ is lost (it failed, or was dropped because
+the follower changed) is taken until a listing of locks/ from its first
+listing on is applied, and every listing of work/ that shows it lists locks/
+until then (QueueView._unplanned); the last tests tell that case as it went
+before the rule.
 
-Findings (tests that failed on the code under review, strict xfails until
-fixed): the other tests.  One root, low severity, pre-existing (748ea90 moved
-the decision, not its inputs): a new item that may be delayed was planned
-only by whoever first applied the listing that showed it; if that applier's
-listing of locks/ was lost (it failed, or was dropped because the follower
-changed), no one planned its delay and it was tried before its delay ended
-(a C1 miss per item).  Fixed: such an item is taken until a listing of
-locks/ from its first listing on is applied, and every listing of work/
-that shows it lists locks/ until then (QueueView._unplanned).
-
-Held checks are named test_rv18_held_*: each passes on the code under review,
-and would fail if the interleaving stranded an item, offered a delayed item
-before its delay, or offered one twice.  Pausing a thread between the two
-locked blocks of _list is forced by wrapping the view's condition (no method
-of the view is changed): that is the only way to hit the window on purpose.
+Pausing a thread between the two locked blocks of _list is forced by
+wrapping the view's condition (no method of the view is changed): that is the
+only way to hit the window on purpose.
 """
 from __future__ import annotations
 
@@ -52,7 +45,7 @@ class _PauseBetweenBlocks(threading.Condition):
         def new_delayed(work):
             result = original(work)
             if threading.current_thread().name == "etcdq-view":
-                self.decisions.append(bool(result))  # the ids, since rv18's fix
+                self.decisions.append(bool(result))  # the ids
                 self.decided.flag = True
             return result
 
@@ -78,9 +71,9 @@ def _install(view) -> _PauseBetweenBlocks:
     return cond
 
 
-def test_rv18_held_quiet_list_decides_delayed_before_a_concurrent_relist_work(
+def test_quiet_list_decides_delayed_before_a_concurrent_relist_work(
         etcd_url: str, queue_name: str) -> None:
-    """Held (748ea90, quiet).  A quiet follower F (list_locks False: a relist
+    """A quiet follower F (list_locks False: a relist
     from catch_up/behind) lists work/ at W1, which shows X, a delayed put of
     another process: new to the view, so ``delayed`` is True.  F pauses
     before its second block.  A claimer's relist_work (the view is quiet, F
@@ -120,9 +113,9 @@ def test_rv18_held_quiet_list_decides_delayed_before_a_concurrent_relist_work(
         assert other.claim(timeout=0) is None
 
 
-def test_rv18_held_quiet_list_older_listing_after_relist_work_forgets_no_free_item(
+def test_quiet_list_older_listing_after_relist_work_forgets_no_free_item(
         etcd_url: str, queue_name: str) -> None:
-    """Held (748ea90, quiet, the other order of listings).  F lists work/ at
+    """F lists work/ at
     W1 and pauses before applying it; then Y (undelayed) and X (delayed) are
     put by another process; the claimer's relist_work lists them (W2) and
     applies; F then applies its OLDER W1, which lacks them.  The view loses
@@ -158,9 +151,9 @@ def test_rv18_held_quiet_list_older_listing_after_relist_work_forgets_no_free_it
         assert other.claim(timeout=0) is None
 
 
-def test_rv18_held_watching_list_own_delayed_put_between_blocks(
+def test_watching_list_own_delayed_put_between_blocks(
         etcd_url: str, queue_name: str) -> None:
-    """Held (748ea90, watching).  A view that starts watching: its follower's first block decides
+    """A view that starts watching: its follower's first block decides
     ``delayed`` (X, a delayed put of another process: True) and so lists
     locks/.  Between that decision and the block that applies the listings,
     this process puts Z with a delay (view.delayed: Z locked, its delay
@@ -195,9 +188,9 @@ def test_rv18_held_watching_list_own_delayed_put_between_blocks(
         assert tried == got, tried  # no miss on a delay lock
 
 
-def test_rv18_held_failed_check_is_planned_from_its_failure(
+def test_failed_check_is_planned_from_its_failure(
         etcd_url: str, queue_name: str) -> None:
-    """Held (feb4f05: _plan_confirm reads the clock when called).  A watching
+    """A watching
     view's due CONFIRM check lists locks/; that listing fails after hanging
     (a frozen member, here 1.5 s).  The check is planned CONFIRM s from the
     failure (not from when it was decided, which would be already due and
@@ -239,8 +232,8 @@ def test_rv18_held_failed_check_is_planned_from_its_failure(
         got.complete()
 
 
-def test_rv18_held_item_says_reads_the_item_not_the_payload() -> None:
-    """Held (feb4f05): _claimed and _maybe_delayed test the item's own field:
+def test_item_says_reads_the_item_not_the_payload() -> None:
+    """_claimed and _maybe_delayed test the item's own field:
     a payload's "c"/"q" says nothing, junk says nothing, a value too large to
     keep (None) may be delayed but is not read as claimed; the item's own
     fields are read."""
@@ -259,17 +252,16 @@ def test_rv18_held_item_says_reads_the_item_not_the_payload() -> None:
     assert not view_module._claimed(None)
 
 
-def test_rv18_quiet_delays_listing_lost_is_never_retried(etcd_url: str, queue_name: str) -> None:
-    """FINDING, fixed since (QueueView._unplanned) (low; pre-existing, not introduced by 748ea90, which moved the
-    decision but kept its inputs).  A quiet follower's _list applies a listing
+def test_quiet_delays_listing_lost_is_never_retried(etcd_url: str, queue_name: str) -> None:
+    """A quiet follower's _list applies a listing
     of work/ that shows X, a delayed put of another process (new to the view:
     ``delayed``), and then lists locks/ for delay locks (_list_locks) after
     its second block.  That listing fails (a member dies, a reply is lost:
     here Unavailable once).  The follower's next round lists work/ again, but
     X is known by now, so ``delayed`` is False and locks/ is not read: X's
     delay lock is never planned, X is offered as free, and a claim tries it
-    before its delay (a C1 miss on the delay lock) -- what review rv15 made
-    the view list locks/ to avoid.  Same after a claimer's relist_work whose
+    before its delay (a C1 miss on the delay lock) -- what the view lists
+    locks/ to avoid.  Same after a claimer's relist_work whose
     listing of locks/ fails (its claim raises, the next one tries X)."""
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer:
@@ -280,7 +272,7 @@ def test_rv18_quiet_delays_listing_lost_is_never_retried(etcd_url: str, queue_na
         lost = lose_first_listing(view._protocol, "locks", "etcdq-view")
         relists = view.relists
         view.relist(5)  # a quiet follower without list_locks (catch_up/behind)
-        # Since rv20's fix a round applies nothing before its listing of locks/:
+        # a round applies nothing before its listing of locks/:
         # the next round's listing is the first applied.
         wait_until(lambda: lost and view.relists > relists and x_id in view._items, 5,
                    message="the failed round and a listing that shows X")
@@ -295,15 +287,15 @@ def test_rv18_quiet_delays_listing_lost_is_never_retried(etcd_url: str, queue_na
 
 
 @pytest.mark.parametrize("new_follower", ["quiet", "watching"])
-def test_rv18_relist_work_delays_listing_dropped_by_a_new_follower(
+def test_relist_work_delays_listing_dropped_by_a_new_follower(
         etcd_url: str, queue_name: str, new_follower: str) -> None:
-    """FINDING, fixed since (QueueView._unplanned) (low; same root as the test above, pre-existing).  A claimer's
+    """A claimer's
     relist_work (quiet view, follower F0) applies a listing of work/ that
     shows X, a delayed put of another process, and lists locks/ for its delay
     lock; before that reply is applied, the view gets a new follower F1 (a
     claim that found nothing starts watching; here: relist, as catch_up or a
     stale check do).  _list_locks drops the listing (F0 is not the follower:
-    review rv9).  F1's _list decides ``delayed`` in its first block with X
+    tests/test_view_replaced_follower_listing.py).  F1's _list decides ``delayed`` in its first block with X
     already known, so False, and lists no locks/ for it (a watching F1 neither:
     X has no sign).  X's delay lock is never planned: X is offered as free
     and tried before its delay.  The thread is paused by wrapping
@@ -317,12 +309,12 @@ def test_rv18_relist_work_delays_listing_dropped_by_a_new_follower(
         answered, resume = pause_listing(view._protocol, "locks", "claimer")
         thread, outcome = in_background(view.relist_work, "claimer")
         assert answered.wait(5)
-        assert x_id not in view._delays  # not planned yet (since rv20: nor applied)
+        assert x_id not in view._delays  # not planned yet (nor applied)
         if new_follower == "quiet":
             view.relist(5)  # F1, quiet, list_locks False (catch_up, behind)
         else:
             # F1 watches (what a claim that found nothing free does; starved()
-            # itself now waits for the relist_work under way first: rv20)
+            # itself now waits for the relist_work under way first)
             view._watch(locks=True).wait_listed(5)
             assert view.watching_locks
         resume.set()
@@ -337,9 +329,9 @@ def test_rv18_relist_work_delays_listing_dropped_by_a_new_follower(
             f"{time.monotonic() - put_at:.1f} s ago): {tried}; X's delay was never planned")
 
 
-def test_rv18_quiet_delays_listing_lost_on_the_network(
+def test_quiet_delays_listing_lost_on_the_network(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """FINDING, fixed since (QueueView._unplanned) (low), the first one with a real network fault and no patch:
+    """The same, with a real network fault and no patch:
     the consumer talks to etcd through the fault proxy.  Its quiet follower
     (a relist, as catch_up/behind make) lists work/ (X, a delayed put of
     another process, is new) and then locks/ for X's delay lock; that GET is
@@ -360,9 +352,9 @@ def test_rv18_quiet_delays_listing_lost_on_the_network(
         try:  # the follower's round lists work/, then its locks/ GET hangs
             view.relist(5)
         except Unavailable:
-            pass  # since rv20 a round applies nothing before its listing of locks/
+            pass  # a round applies nothing before its listing of locks/
         wait_until(lambda: failures or x_id in view._items, 5,
-                   message="the held listing of locks/ timed out")  # since rv21: applied
+                   message="the held listing of locks/ timed out")  # applied
         proxy.pass_through()
         wait_until(lambda: view.relists > relists and x_id in view._items, 5,
                    message="a listing that shows X")
@@ -375,11 +367,11 @@ def test_rv18_quiet_delays_listing_lost_on_the_network(
             f"{time.monotonic() - put_at:.1f} s ago): {tried}; X's delay was never planned")
 
 
-def test_rv18_quiet_delays_listing_lost_costs_a_miss_per_delayed_item(
+def test_quiet_delays_listing_lost_costs_a_miss_per_delayed_item(
         etcd_url: str, queue_name: str) -> None:
-    """FINDING, fixed since (QueueView._unplanned) (low), its size: as test_rv18_quiet_delays_listing_lost_is_never_retried,
+    """Its size: as test_quiet_delays_listing_lost_is_never_retried,
     with a put_many of 20 delayed items: each is tried (a failed C1 on its
-    delay lock) before its delay ends, where review rv15 says none should be."""
+    delay lock) before its delay ends, where none should be."""
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer:
         view = consumer._ensure_view()

@@ -1,20 +1,16 @@
-"""Hostile review rv30 of 9863fe4..8945a42 (review rv29's fixes):
+"""An item given back, or freed by a junk lock's going, is offered again in
+time: a quiet view offers an unswept released item within its delay and a
+second, a release at once and a zero backoff at once; an expiring junk
+directory at locks/<id> frees its item in a watching view, a directory
+removed below a listing never frees a newer lock; a refusal at or after the
+watching stream's start plans no CONFIRM check and is freed by the lock's
+event, or checked when its lock goes while the stream restarts; and a batch
+to a slow healthy member needs no redo.
 
-1. Protocol._delay_lock_back reports our delay lock, read back past its
-   expiry (no ``ttl``: not swept yet), as at least 1 s left;
-2. Member.request_all gives each request's connect only the time left to
-   the batch's deadline;
-3. QueueView._apply_event frees an item when a *directory* at locks/<id>
-   (junk) is deleted or expires;
-4. QueueView.locked_at plans no CONFIRM check for a refused C1 at or after
-   the index at which the watching follower's stream began.
-
-No attack broke them: every test here is a held check (test_rv30_held_*),
-passing on 8945a42 (and on 9863fe4 where the case existed, see each).
 Methods are wrapped only to force an ordering the fault proxy cannot: a
 reply lost and its request resent in the moment after a delay lock
-expired and before etcd swept it (as in rv28's and rv29's tests), and a
-stream that ends right after a refused lock create.
+expired and before etcd swept it (as in tests/test_view_refused_lock_create.py),
+and a stream that ends right after a refused lock create.
 """
 from __future__ import annotations
 
@@ -38,19 +34,19 @@ def _etcd(url: str, method: str, path: str) -> int:
         return int(reply.status)
 
 
-# -- point 1 ------------------------------------------------------------------------
+# -- a released item comes back in time ------------------------------------------------
 
 
-def test_rv30_held_a_quiet_view_offers_an_unswept_released_item_within_its_delay_and_a_second(
+def test_a_quiet_view_offers_an_unswept_released_item_within_its_delay_and_a_second(
         etcd_url: str, queue_name: str) -> None:
-    """Held (point 1: a regression in time to hand an item out again?).  A
+    """A
     quiet view (a backlog) whose head A is released with delay=1; R1's reply
     is lost and the resend lands after the delay lock's expiry, before the
     sweep: _delay_lock_back now reports 1 s.  The lone consumer, giving back
     every other item at once, gets A within 2.5 s of release() returning
     (the delay has already run by then: 1 s planned, a listing of locks/,
     RELIST_DUE if still unswept), and no claim is refused on A's lock.
-    (On 9863fe4 this case held A a lock TTL: rv29's finding.)"""
+    (Before the rule this case held A a lock TTL.)"""
     with Queue(etcd_url, queue_name, lock_ttl=30) as queue:
         for attempt in range(4):
             ids = queue.put_many([f"{attempt}-{n}" for n in range(6)])
@@ -114,9 +110,9 @@ def test_rv30_held_a_quiet_view_offers_an_unswept_released_item_within_its_delay
         pytest.skip("etcd swept the delay lock before every resend (timing)")
 
 
-def test_rv30_held_a_release_at_once_and_a_zero_backoff_are_offered_at_once(
+def test_a_release_at_once_and_a_zero_backoff_are_offered_at_once(
         etcd_url: str, queue_name: str) -> None:
-    """Held (point 1 touches only R1 with a delay).  In a quiet view and in
+    """In a quiet view and in
     a watching one: release() and fail() with a zero backoff give the item
     back at once; the next claim (timeout 0) gets it."""
     with Queue(etcd_url, queue_name, backoff=lambda attempt: 0) as queue:
@@ -150,12 +146,12 @@ def test_rv30_held_a_release_at_once_and_a_zero_backoff_are_offered_at_once(
                 again.release()
 
 
-# -- point 3 ------------------------------------------------------------------------
+# -- junk directories at a lock's key --------------------------------------------------
 
 
-def test_rv30_held_an_expiring_junk_directory_frees_its_item_in_a_watching_view(
+def test_an_expiring_junk_directory_frees_its_item_in_a_watching_view(
         etcd_url: str, queue_name: str) -> None:
-    """Held (point 3, the expire action).  A watching view saw item A free;
+    """A watching view saw item A free;
     another tool makes a directory with a TTL of 2 s at locks/<A>.  The
     claim is refused (A taken, no CONFIRM churn); when etcd expires the
     directory, its expire event (``"dir":true``) frees A, and a claim
@@ -177,10 +173,9 @@ def test_rv30_held_an_expiring_junk_directory_frees_its_item_in_a_watching_view(
         got.complete()
 
 
-def test_rv30_held_a_directory_removed_below_the_listing_never_frees_a_newer_lock(
+def test_a_directory_removed_below_the_listing_never_frees_a_newer_lock(
         etcd_url: str, queue_name: str) -> None:
-    """Held (point 3 applies directory events below the listing's floors).
-    A view that starts watching: its stream registers, then (its listing
+    """A view that starts watching: its stream registers, then (its listing
     paused) a directory at locks/<A> comes and goes, and another consumer
     claims A.  The listing shows A claimed (taken at C2's index); the
     directory's delete event, older than that, is applied after it and must
@@ -218,7 +213,7 @@ def test_rv30_held_a_directory_removed_below_the_listing_never_frees_a_newer_loc
         wait_until(lambda: view._known >= held._state.index, 5,
                    message="the view's listing of the other claim")
         assert not view._is_free(item), view._locks.get(item)
-        assert view._gone.get(item, 0) > 0  # the directory's delete was applied (point 3)
+        assert view._gone.get(item, 0) > 0  # the directory's delete was applied
         puts = queue.etcd.requests["PUT"]
         assert queue.claim(timeout=0.5) is None
         assert not view._is_free(item), view._locks.get(item)
@@ -226,7 +221,7 @@ def test_rv30_held_a_directory_removed_below_the_listing_never_frees_a_newer_loc
         held.complete()
 
 
-# -- point 4 ------------------------------------------------------------------------
+# -- refusals and the watching stream --------------------------------------------------
 
 
 def _starved_view_unaware_of_a_bare_lock(queue: Queue, other: Queue) -> tuple:
@@ -248,9 +243,9 @@ def _starved_view_unaware_of_a_bare_lock(queue: Queue, other: Queue) -> tuple:
     return view, item, lock
 
 
-def test_rv30_held_a_refusal_after_the_stream_began_is_freed_by_the_lock_s_event(
+def test_a_refusal_after_the_stream_began_is_freed_by_the_lock_s_event(
         etcd_url: str, queue_name: str) -> None:
-    """Held (point 4).  The refusal at or after the watching stream's start
+    """The refusal at or after the watching stream's start
     plans no CONFIRM; the bare lock's delete is an event of that stream and
     frees A: a claim waiting gets it at once."""
     with Queue(etcd_url, queue_name) as queue, Queue(etcd_url, queue_name) as other:
@@ -284,9 +279,9 @@ def test_rv30_held_a_refusal_after_the_stream_began_is_freed_by_the_lock_s_event
         got.complete()
 
 
-def test_rv30_held_a_refusal_whose_lock_goes_while_the_stream_restarts_is_checked(
+def test_a_refusal_whose_lock_goes_while_the_stream_restarts_is_checked(
         etcd_url: str, queue_name: str) -> None:
-    """Held (point 4, a stream that ends and restarts).  As above, but right
+    """As above, but right
     after the refusal the stream ends, the bare lock is deleted before the
     new stream registers (its event is in neither stream), and locked_at
     runs while the old stream's index is still the follower's ``since``:
@@ -325,17 +320,17 @@ def test_rv30_held_a_refusal_whose_lock_goes_while_the_stream_restarts_is_checke
             queue._protocol._create_lock = original_lock  # type: ignore[method-assign]
             queue.etcd.stream = original_stream  # type: ignore[method-assign]
         assert forced, "the claim never tried A"
-        assert forced[0][1] is not None and forced[0][0] >= forced[0][1]  # point 4's case
+        assert forced[0][1] is not None and forced[0][0] >= forced[0][1]  # a refusal at or after the stream's start
         assert got is not None and got.id == item, (forced, view._locks.get(item))
         got.complete()
 
 
-# -- point 2 ------------------------------------------------------------------------
+# -- batches to a slow member ----------------------------------------------------------
 
 
-def test_rv30_held_a_batch_to_a_slow_healthy_member_needs_no_redo(
+def test_a_batch_to_a_slow_healthy_member_needs_no_redo(
         etcd_url: str, queue_name: str, proxy: Any) -> None:
-    """Held (point 2).  A healthy member 150 ms away (each way) and a
+    """A healthy member 150 ms away (each way) and a
     request timeout of 1 s: get_all of 8 lock reads on fresh connections,
     and a completion's F3 + F4 batch (lock_ttl past LINGER_MAX, so F4 is
     sent), all answer in one go: no request of the batch is redone on

@@ -1,25 +1,10 @@
-"""Hostile review rv20 of 5bc1f41 and b906cad (QueueView._unplanned: a new
-item that may be delayed, ``"q"``, is taken at the first listing of work/
-that showed it until a listing of locks/ from then on is applied; b906cad: a
-relist_work whose listing of locks/ for such items fails sets _next_delay to
--inf, so the next claim's check_locks lists locks/; the once-per-lock-TTL
-"stale" test ignores _unplanned items).
-
-Findings are tests that fail on b906cad; checks that held are named
-test_rv20_held_* and pass.  Each finding's docstring says whether it also
-fails on the baseline, ce43349.
-
-Findings: (1) low-medium, new in 5bc1f41: a lone pipeline stage's catch_up
-relist hands out its own later item before a free "q" item (put order), as
-the claimer wakes on _ready before the follower's listing of locks/ plans it
-(30/30 runs, no forcing); (2) medium, new in b906cad: while listings of
-locks/ fail, _next_delay = -inf makes every claim list locks/ first and
-raise, so no free item is handed out (ce43349 and 5bc1f41 go on); (3) low
-(cost), new in 5bc1f41: another claimer thread that finds only _unplanned
-items starves and switches the view to watching (a stream, work/ + locks/
-listed again), dropping the planning listing.  Normal drains (2 consumers x 4
-threads, 400 plain or "q" items; /tmp/rv20/cost.py, 3 runs each): listings
-of work/ and locks/ within run-to-run noise of ce43349.
+"""Items with ``"q"`` and no lock (a requeued dead letter, an imported item, a
+delayed put whose delay ended), noted _unplanned until a listing of locks/
+plans them: a lone stage hands them out in put order before its own later
+items; while listings of locks/ fail, claims go on and hand out other items;
+another claimer thread that finds only such items waits for the planning
+listing rather than starving to a watch; a transient failure costs one
+listing; and eight threads on a flow of them hand out each item once.
 
 Interleavings are forced with the fault proxy (network) or by wrapping
 ``protocol.list`` in one thread (a pause around the reply); no method of the
@@ -63,14 +48,10 @@ def _slow_follower_locks(view, seconds: float) -> None:
     view._protocol.list = slow  # type: ignore[method-assign]
 
 
-# -- findings ------------------------------------------------------------------------
 
-def test_rv20_pipeline_stage_hands_out_its_own_later_item_before_a_free_q_item(
+def test_pipeline_stage_hands_out_its_own_later_item_before_a_free_q_item(
         etcd_url: str, queue_name: str) -> None:
-    """FINDING (low-medium: put order broken for a lone consumer; NEW in
-    5bc1f41, passes on ce43349).
-
-    1. A lone consumer S (a pipeline stage) has a quiet view.
+    """1. A lone consumer S (a pipeline stage) has a quiet view.
     2. Another process puts X, an item with "q" and no lock (a requeued dead
        letter, an imported item; or a delayed put whose delay ended).
     3. S puts Y (its own follow-up): Y is newer than what S's view knows.
@@ -83,8 +64,8 @@ def test_rv20_pipeline_stage_hands_out_its_own_later_item_before_a_free_q_item(
        as soon as the listing of work/ is applied: S hands out X, then Y.
 
     The follower's reply to locks/ is slowed by 0.3 s to hold the window open;
-    without it the claimer wins anyway: /tmp/rv20/order.py, 30 of 30 runs out
-    of order on b906cad, 0 of 30 on ce43349.  X is handed out one claim late.
+    without it the claimer wins anyway (30 of 30 runs out of order before the
+    rule).  X is handed out one claim late.
 
     Suggested fix: do not mark an item _unplanned when its listing of locks/
     follows in the same round before anyone can claim (apply the work/ listing
@@ -110,12 +91,9 @@ def test_rv20_pipeline_stage_hands_out_its_own_later_item_before_a_free_q_item(
             f"free item with \"q\" held taken by its _unplanned mark")
 
 
-def test_rv20_failing_locks_listing_makes_every_claim_fail(
+def test_failing_locks_listing_makes_every_claim_fail(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """FINDING (medium: no item handed out for as long as listings of locks/
-    fail; NEW in b906cad, passes on ce43349 and on 5bc1f41).
-
-    1. A consumer C (through the fault proxy, request timeout 1 s) has a quiet
+    """1. A consumer C (through the fault proxy, request timeout 1 s) has a quiet
        view of B0..B39; another consumer holds B0.
     2. X, an item with "q" and no lock, is put.  Listings of locks/ start to
        fail (held by the network: a slow member, a locks/ too large to list
@@ -160,11 +138,9 @@ def test_rv20_failing_locks_listing_makes_every_claim_fail(
             f"_next_delay={view._next_delay}")
 
 
-def test_rv20_another_thread_starves_on_unplanned_items_and_rewatches(
+def test_another_thread_starves_on_unplanned_items_and_rewatches(
         etcd_url: str, queue_name: str) -> None:
-    """FINDING (low: cost; NEW in 5bc1f41, passes on ce43349).
-
-    A process with several claimer threads (a Worker with concurrency > 1)
+    """A process with several claimer threads (a Worker with concurrency > 1)
     whose quiet view's free items are all new items with "q" (an import, a
     requeue of the dead letters, delayed puts whose delay ended):
 
@@ -191,7 +167,7 @@ def test_rv20_another_thread_starves_on_unplanned_items_and_rewatches(
         try:
             assert answered.wait(5)
             listed = record_calls(view._protocol, "list")
-            # T1's reply comes while T2's claim runs (since rv20's fix T2 waits
+            # T1's reply comes while T2's claim runs (T2 waits
             # for it; a T1 paused for good would only make T2 wait longer).
             threading.Timer(0.5, resume.set).start()
             claim = consumer.claim(timeout=2)  # thread T2
@@ -206,11 +182,10 @@ def test_rv20_another_thread_starves_on_unplanned_items_and_rewatches(
             f"{view._follower is not follower}), listings {listed}")
 
 
-# -- held checks -------------------------------------------------------------------
 
-def test_rv20_held_a_transient_locks_failure_costs_one_listing_then_none(
+def test_a_transient_locks_failure_costs_one_listing_then_none(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """Held.  relist_work's listing of locks/ for X ("q", no lock) fails once
+    """relist_work's listing of locks/ for X ("q", no lock) fails once
     (b906cad: _next_delay = -inf).  Once listings work again, the next claim
     lists locks/ once (delays only), which plans X (free) and resets
     _next_delay from the listing (_plan_delays: not kept at -inf by min());
@@ -221,7 +196,7 @@ def test_rv20_held_a_transient_locks_failure_costs_one_listing_then_none(
         x_id = q_item(producer)
         y_ids = producer.put_many([{"y": n} for n in range(5)])
         proxy.hold(match=locks_get(queue_name))
-        first = claim_and_complete(consumer)  # since rv22 the claim goes on
+        first = claim_and_complete(consumer)  # the claim goes on
         proxy.pass_through()
         assert x_id in unplanned(view) or first == x_id
         listed = record_calls(consumer._protocol, "list")
@@ -238,9 +213,9 @@ def test_rv20_held_a_transient_locks_failure_costs_one_listing_then_none(
         assert view._next_delay == float("inf") and not unplanned(view)
 
 
-def test_rv20_held_follower_listing_after_the_failure_resets_next_delay(
+def test_follower_listing_after_the_failure_resets_next_delay(
         etcd_url: str, queue_name: str, proxy) -> None:
-    """Held.  relist_work's listing of locks/ fails (_next_delay = -inf); before
+    """relist_work's listing of locks/ fails (_next_delay = -inf); before
     any claim, the view relists (a new quiet follower: catch_up, behind): its
     round lists locks/ for the _unplanned X and applies it, which resets
     _next_delay; the claims that follow list nothing more, and X is handed out."""
@@ -250,7 +225,7 @@ def test_rv20_held_follower_listing_after_the_failure_resets_next_delay(
         view = consumer._ensure_view()
         x_id = q_item(producer)
         proxy.hold(match=locks_get(queue_name))
-        view.relist_work()  # since rv22: logged, not raised
+        view.relist_work()  # logged, not raised
         proxy.pass_through()
         assert x_id in unplanned(view)
         view.relist(5)
@@ -263,9 +238,9 @@ def test_rv20_held_follower_listing_after_the_failure_resets_next_delay(
         assert listed == [], listed
 
 
-def test_rv20_held_q_item_claimed_elsewhere_between_the_two_listings(
+def test_q_item_claimed_elsewhere_between_the_two_listings(
         etcd_url: str, queue_name: str) -> None:
-    """Held.  X, a requeued item ("q", no lock), is shown by a quiet view's
+    """X, a requeued item ("q", no lock), is shown by a quiet view's
     relist_work listing of work/ (X _unplanned at W); before that claimer
     lists locks/, another consumer claims X (C1, C2) and holds it.  The listing
     of locks/ (after W) shows X's claim lock: X is taken (not freed, not given
@@ -281,7 +256,7 @@ def test_rv20_held_q_item_claimed_elsewhere_between_the_two_listings(
                                             after_reply=False)
         thread, outcome = in_background(view.relist_work, "claimer")
         assert listed_work.wait(5)
-        assert not view._is_free(x_id)  # not applied yet (since rv20), or taken
+        assert not view._is_free(x_id)  # not applied yet , or taken
         entry = other._protocol.read("work", x_id)
         state = other._protocol.claim(x_id, entry.version)
         assert state is not None
@@ -301,9 +276,9 @@ def test_rv20_held_q_item_claimed_elsewhere_between_the_two_listings(
         assert consumer.claim(timeout=0.5) is None
 
 
-def test_rv20_held_eight_threads_on_a_flow_of_q_items(
+def test_eight_threads_on_a_flow_of_q_items(
         etcd_url: str, queue_name: str) -> None:
-    """Held.  One consumer, 8 claimer threads (a Worker's concurrency), and a
+    """One consumer, 8 claimer threads (a Worker's concurrency), and a
     second consumer with 2, drain 120 "q" items (requeued/imported, no lock)
     while 40 more are put: each item handed out once, and at the end no view
     holds _unplanned items or _next_delay at -inf."""
