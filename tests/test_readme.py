@@ -115,7 +115,7 @@ def test_console_samples_run_twice_on_a_used_etcd(number: int, used_etcd: str) -
             with Queue(used_etcd, "jobs") as jobs:
                 assert [jobs.get(item_id).state for item_id in put] == ["completed"] * 3
             assert set(json.loads(outputs["stats"])) == {"pending", "running", "completed",
-                                                         "failed"}
+                                                         "failed", "delayed"}
 
 
 def test_the_documented_role_is_the_one_the_auth_test_uses() -> None:
