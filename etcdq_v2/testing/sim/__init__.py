@@ -16,7 +16,7 @@ cluster    members, the raft log, lag, the leader's sweeps, faults' hooks
 """
 from .api import Reply, Request, Route
 from .cluster import Cluster, Member, Pending
-from .store import Code, Store, V2Error, Watcher
+from .store import Code, Store, V2Error, Version, Watcher
 
 __all__ = ["Cluster", "Code", "Member", "Pending", "Reply", "Request", "Route", "Store",
-           "V2Error", "Watcher"]
+           "V2Error", "Version", "Watcher"]

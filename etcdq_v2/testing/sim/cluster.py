@@ -37,7 +37,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from . import api
 from .api import Reply, Request, Route
-from .store import HISTORY, SECOND, WATCHER_BUFFER, Shuffle, Store, V2Error
+from .store import HISTORY, SECOND, WATCHER_BUFFER, Shuffle, Store, V2Error, Version
 
 #: The leader's SyncTicker period (etcdserver/server.go).
 SWEEP_PERIOD = 0.5
@@ -99,14 +99,15 @@ class Member:
 class Cluster:
     """``size`` members, member 0 the first leader, at simulated time ``start``."""
 
-    def __init__(self, size: int = 1, *, start: float = 0.0,
+    def __init__(self, size: int = 1, *, start: float = 0.0, version: Version = Version.V3_5,
                  skews: Optional[Sequence[float]] = None, history: int = HISTORY,
                  watcher_buffer: int = WATCHER_BUFFER, shuffle: Optional[Shuffle] = None) -> None:
         skews = list(skews) if skews is not None else [0.0] * size
         if len(skews) != size or size < 1:
             raise ValueError("give one skew per member, and at least one member")
-        self.members = [Member(Store(history=history, watcher_buffer=watcher_buffer,
-                                     shuffle=shuffle), skew) for skew in skews]
+        self.members = [Member(Store(version=version, history=history,
+                                     watcher_buffer=watcher_buffer, shuffle=shuffle), skew)
+                        for skew in skews]
         self.log: List[_Entry] = []
         self.leader: Optional[int] = 0
         self.now = start

@@ -43,6 +43,13 @@ WATCHER_BUFFER = 100
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
+class Version(str, Enum):
+    """The etcd release whose v2 store is modelled: they differ in error handling only."""
+
+    V3_4 = "3.4"
+    V3_5 = "3.5"
+
+
 class Code(int, Enum):
     """etcd v2 error codes the model answers with (v2error/error.go)."""
 
@@ -166,9 +173,7 @@ class Event:
             fields["node"] = self.node
         if self.prev is not None and not without_nodes:
             fields["prevNode"] = self.prev
-        if self.refresh:
-            fields["refresh"] = True
-        return gojson.encode(fields)
+        return gojson.encode(fields)  # etcd's replies never show Event.Refresh (live, 3.4, 3.5)
 
     def line(self) -> bytes:
         """The event as etcd writes it on a watch: its JSON and a newline."""
@@ -318,8 +323,9 @@ Shuffle = Callable[[List[Any]], None]
 class Store:
     """The key tree, its index, history and watchers, as one member applies them."""
 
-    def __init__(self, *, history: int = HISTORY, watcher_buffer: int = WATCHER_BUFFER,
-                 shuffle: Optional[Shuffle] = None) -> None:
+    def __init__(self, *, version: Version = Version.V3_5, history: int = HISTORY,
+                 watcher_buffer: int = WATCHER_BUFFER, shuffle: Optional[Shuffle] = None) -> None:
+        self.version = version
         self.root = Node("/", None, 0, None)
         self.index = 0
         self.history = History(history)
@@ -419,6 +425,10 @@ class Store:
             value = node.value or ""
         index = self.index + 1
         prev = self._repr(node, now)
+        if node.is_dir and self.version is not Version.V3_4:
+            # 3.5 checks node.Write's error, 3.4 drops it: a fmt error, so 500/300,
+            # its cause untrimmed (live: "nodePath /1/q/d : Not a file ()").
+            raise V2Error(Code.RAFT_INTERNAL, f"nodePath /1{key} : Not a file ()", 0)
         if not node.is_dir:
             node.value, node.modified = value, index
         self._set_expire(node, expire)
