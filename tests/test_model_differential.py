@@ -586,8 +586,8 @@ def test_the_model_answers_as_etcd(name: str, real_etcd: Tuple[Version, str]) ->
 _NAMES = ["a", "b", "d/x", "d"]
 _VALUES = ["v1", "v2"]
 _PUT = st.tuples(st.just("put"), st.sampled_from(_NAMES), st.sampled_from(_VALUES + [None]),
-              st.sampled_from([None, "true", "false"]), st.sampled_from([None] + _VALUES),
-              st.sampled_from([None, 0, 1, 2, 3]), st.sampled_from([None, 30]),
+                st.sampled_from([None, "true", "false"]), st.sampled_from([None] + _VALUES),
+                st.sampled_from([None, 0, 1, 2, 3]), st.sampled_from([None, 30]),
                 st.booleans(), st.booleans())
 _DELETE = st.tuples(st.just("delete"), st.sampled_from(_NAMES), st.sampled_from([None] + _VALUES),
                     st.sampled_from([None, 1, 2, 3]), st.booleans(), st.booleans())
