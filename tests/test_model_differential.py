@@ -571,6 +571,7 @@ def form_values_and_odd_fields(c: Client) -> None:
     c.put("b", value="x", prevExist="maybe")
     c.put("b", value="x", dir="nope")
     c.get("b", sorted="1", recursive="T")
+    c.put("big", value="x" * (10 << 20))  # past Go's 10 MiB form cap: 400/210
     c.put("/", value="root")
     c.delete("/", dir="true")
     c.post("/", value="at the root", prevExist="true", wait="true")
