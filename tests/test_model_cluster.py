@@ -15,17 +15,22 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import etcdq_v2.testing.sim as sim
-from etcdq_v2.testing.sim import Cluster, Reply
+from etcdq_v2.errors import AlreadyExists, CompareFailed, KeyMissing
+from etcdq_v2.testing.sim import Cluster, Reply, gojson
+from etcdq_v2.transport import Transport
+from etcdq_v2.wire import Response
 from etcdq_v2.testing.sim.cluster import REQUEST_TIMEOUT, SWEEP_PERIOD
 from etcdq_v2.testing.sim.store import expiration, ttl_left
 
 T0 = 1_800_000_000.0
 SIM_DIR = Path(sim.__file__).parent
 #: What the model may import: the standard library's pure modules, and itself.
-ALLOWED = {"__future__", "collections", "dataclasses", "datetime", "enum", "heapq", "re",
-           "typing", "urllib.parse"}
+ALLOWED = {"__future__", "collections", "dataclasses", "datetime", "enum", "functools", "heapq",
+           "json", "re", "typing", "urllib.parse"}
 
 
 def _send(cluster: Cluster, member: int, method: str, key: str, body: Optional[str] = None,
@@ -220,3 +225,44 @@ def test_expiration_is_written_as_go_writes_a_utc_time() -> None:
     assert expiration(1_800_000_000_120_000_000) == "2027-01-15T08:00:00.12Z"
     assert expiration(1_800_000_000_000_000_000) == "2027-01-15T08:00:00Z"
     assert expiration(1_800_000_000_000_000_001) == "2027-01-15T08:00:00.000000001Z"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.recursive(st.one_of(st.text(), st.integers(0, 2**64), st.booleans()),
+                    lambda inner: st.dictionaries(st.text(max_size=5), inner, max_size=4)
+                    | st.lists(inner, max_size=4), max_leaves=12))
+def test_the_fast_json_path_writes_what_the_go_transcription_writes(value: Any) -> None:
+    assert gojson.encode(value) == gojson._slow(value)
+    assert json.loads(gojson.encode(value)) == value
+
+
+class _ModelMember:
+    """What Transport needs of a wire.Member, answered by the model."""
+
+    def __init__(self, cluster: Cluster, member: int) -> None:
+        self.cluster, self.member, self.url = cluster, member, f"sim://{member}"
+
+    def request(self, method: str, path: str, body: Optional[str], timeout: float) -> Response:
+        reply = self.cluster.request(self.member, method, path, body, T0).reply
+        assert reply is not None
+        return Response(reply.status, reply.headers, reply.body)
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_library_transport_reads_the_models_replies_as_etcds() -> None:
+    cluster = Cluster(3, start=T0)
+    transport = Transport("http://127.0.0.1:1")
+    transport._members = [_ModelMember(cluster, n) for n in range(3)]  # the shape, not faults
+    created = transport.post("/q/work", "item")
+    assert created.index == 1 and created.node["key"] == "/q/work/00000000000000000001"
+    lock = transport.put("/q/locks/1", "me", ttl=30, prev_exist=False)
+    with pytest.raises(AlreadyExists):
+        transport.put("/q/locks/1", "you", ttl=30, prev_exist=False)
+    with pytest.raises(CompareFailed):
+        transport.put("/q/locks/1", "you", prev_index=lock.index + 1)
+    transport.delete("/q/locks/1", prev_index=lock.index)
+    with pytest.raises(KeyMissing):
+        transport.get("/q/locks/1", quorum=True)
+    assert [n["value"] for n in transport.get("/q/work", sorted=True).node["nodes"]] == ["item"]

@@ -561,6 +561,18 @@ def streams_see_later_events_but_not_hidden_ones(c: Client) -> None:
 
 
 @script
+def a_stream_on_a_deleted_path_hears_the_delete_twice(c: Client) -> None:
+    c.put("s/d/a", value="1")
+    c.put("s/f", value="2")
+    on_dir, on_child, on_file = c.stream("s/d"), c.stream("s/d/a"), c.stream("s/f")
+    on_parent = c.stream("s")
+    c.delete("s/d", recursive="true")
+    c.delete("s/f", prevValue="2")
+    for stream in (on_dir, on_child, on_file, on_parent):
+        c.take(stream)
+
+
+@script
 def form_values_and_odd_fields(c: Client) -> None:
     c.put("v", value="a b&c=d+e%f<g>&\u00e9\u2028\"\\\t")
     c.get("v")

@@ -135,12 +135,14 @@ def answer_local(store: Store, request: Request, now: int) -> Reply:
         return error_reply(exc)
 
 
-def apply(store: Store, request: Request, now: int) -> Reply:
-    """A committed request applied to ``store`` (applierV2store), and its reply."""
+def apply(store: Store, request: Request, now: int, answer: bool = True) -> Optional[Reply]:
+    """A committed request applied to ``store`` (applierV2store), and its reply
+    if ``answer`` (only the member that received it answers)."""
     try:
-        return _event_reply(_applied(store, request, now), request)
+        event = _applied(store, request, now)
     except V2Error as exc:
-        return error_reply(exc)
+        return error_reply(exc) if answer else None
+    return _event_reply(event, request) if answer else None
 
 
 def _applied(store: Store, r: Request, now: int) -> Event:

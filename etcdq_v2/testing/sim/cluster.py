@@ -199,8 +199,10 @@ class Cluster:
             if entry.request is None:
                 member.store.expire_keys(entry.sync, now)
                 continue
-            reply = api.apply(member.store, entry.request, now)
-            if entry.pending is not None and member is self.members[entry.pending.member]:
+            origin = entry.pending is not None and member is self.members[entry.pending.member]
+            reply = api.apply(member.store, entry.request, now, answer=origin)
+            if origin:
+                assert entry.pending is not None
                 entry.pending.reply = reply
 
     # -- hooks for the simulator's faults --------------------------------------

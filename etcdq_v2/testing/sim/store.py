@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from functools import lru_cache
 from datetime import datetime, timedelta, timezone
 from enum import Enum
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
@@ -204,9 +205,14 @@ def shown(path: str) -> str:
 def expiration(expire: int) -> str:
     """An expiry time as Go's JSON writes a UTC time.Time (RFC 3339, nanoseconds trimmed)."""
     seconds, nanos = divmod(expire, SECOND)
-    text = (_EPOCH + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
+    text = _civil(seconds)
     fraction = f"{nanos:09d}".rstrip("0")
     return f"{text}.{fraction}Z" if fraction else f"{text}Z"
+
+
+@lru_cache(maxsize=4096)
+def _civil(seconds: int) -> str:
+    return (_EPOCH + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def ttl_left(expire: int, now: int) -> int:
@@ -615,10 +621,12 @@ class Store:
         self.history.events.append(event)
         if event.refresh:
             return
-        path = "/"
-        self._notify_path(event, path, False)
-        for segment in event.key.split("/")[1:]:
-            path = clean(path + "/" + segment)
+        if not self.watchers:
+            return
+        self._notify_path(event, "/", False)
+        path = ""
+        for segment in event.key.split("/")[1:]:  # the key is clean: no empty segment
+            path += "/" + segment
             self._notify_path(event, path, False)
 
     def _notify_path(self, event: Event, path: str, deleted: bool) -> None:
