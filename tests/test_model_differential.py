@@ -180,7 +180,7 @@ class Client:
             if name in ("modifiedIndex", "createdIndex", "index"):
                 out[name] = self.relative(item)
             elif name == "expiration":
-                out[name] = _rfc3339(item) - sent
+                out[name] = rfc3339_seconds(item) - sent
             elif name == "cause":
                 out[name] = self._cause(item)
             else:
@@ -200,7 +200,7 @@ class Client:
         return self._text(cause)
 
 
-def _rfc3339(text: str) -> float:
+def rfc3339_seconds(text: str) -> float:
     """Seconds since the epoch of Go's RFC 3339 time (UTC, up to nanoseconds)."""
     found = re.fullmatch(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d+))?Z", text)
     assert found, text
