@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from etcdq_v2.etcd_binary import etcd_version, find_etcd_binary
@@ -639,8 +639,7 @@ def _random_step(c: Client, step: Tuple[Any, ...]) -> None:
         c.wait(name, recursive="true", waitIndex=step[2])
 
 
-@settings(max_examples=50, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=50, deadline=None, derandomize=True)
 @given(steps=st.lists(_STEP, min_size=1, max_size=10))
 def test_random_request_sequences_answer_as_etcd(real_etcd: Tuple[Version, str],
                                                   steps: List[Tuple[Any, ...]]) -> None:
