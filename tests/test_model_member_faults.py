@@ -1,22 +1,25 @@
 """The model's member faults do to a watch or a request what they do on real etcd.
 
-A frozen member, a restart and a snapshot restore, each run on real members
-(the default etcd binary) and on the model, with the outcomes compared.
+A frozen member, a restart, a snapshot restore and a watcher that falls
+behind, each run on real members (the default etcd binary) and on the
+model, with the outcomes compared.
 """
 from __future__ import annotations
 
 import json
 import secrets
+import socket
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
 from etcdq_v2.errors import Unavailable
 from etcdq_v2.server import EtcdCluster, EtcdServer
 from etcdq_v2.testing.sim import Cluster
+from etcdq_v2.testing.sim.store import WATCHER_BUFFER
 from etcdq_v2.transport import Transport
 from etcdq_v2.wire import Member
 
@@ -171,3 +174,64 @@ def _caught_up(member: Member, index: int) -> None:
             pass
         time.sleep(0.05)
     raise AssertionError(f"the member never reached index {index}")
+
+
+#: Values big enough that the kernel's buffers fill after a few hundred events.
+BIG = 10_000
+FLOOD = 1000
+
+
+def _unread_stream(url: str, key: str) -> socket.socket:
+    """A stream watch whose client reads nothing: a small receive buffer, no recv."""
+    port = int(url.rsplit(":", 1)[1])
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(f"GET /v2/keys{key}?wait=true&recursive=true&stream=true HTTP/1.1\r\n"
+                 "Host: etcd\r\n\r\n".encode())
+    return sock
+
+
+def _read_until_silent(sock: socket.socket, quiet: float) -> Tuple[bytes, bool]:
+    """Everything that arrives until ``quiet`` seconds pass without data; and
+    whether the member closed the connection."""
+    sock.settimeout(quiet)
+    data = b""
+    try:
+        while True:
+            block = sock.recv(1 << 16)
+            if not block:
+                return data, True
+            data += block
+    except socket.timeout:
+        return data, False
+
+
+def test_a_watcher_that_falls_behind_is_dropped_and_its_stream_stays_open_and_silent(
+        own_etcd: EtcdServer) -> None:
+    prefix = f"/fb{secrets.token_hex(4)}"
+    sock = _unread_stream(own_etcd.url, prefix)
+    try:
+        time.sleep(0.3)  # registered before the writes
+        writer = _member(own_etcd.url)
+        writes = [("PUT", f"/v2/keys{prefix}/k{n}", "value=" + "x" * BIG) for n in range(FLOOD)]
+        writer.pipeline(writes, 30.0, lanes=4, depth=16)
+        data, closed = _read_until_silent(sock, 2.0)
+        writer.request("PUT", f"/v2/keys{prefix}/after", "value=late", 5.0)
+        later, closed_later = _read_until_silent(sock, 1.0)
+    finally:
+        sock.close()
+    real_delivered = data.count(b'"action"')
+
+    cluster = Cluster(1, start=T0)
+    watch = cluster.request(0, "GET", f"/v2/keys{prefix}?wait=true&recursive=true&stream=true",
+                            None, T0).reply
+    assert watch is not None and watch.watch is not None
+    for method, target, body in writes:
+        cluster.request(0, method, target, body, T0)
+    model_delivered = len(watch.watch.take())
+    cluster.request(0, "PUT", f"/v2/keys{prefix}/after", "value=late", T0)
+    assert watch.watch.dropped and not watch.watch.ended and watch.watch.take() == []
+
+    assert 0 < real_delivered < FLOOD and model_delivered == WATCHER_BUFFER
+    assert not closed and not closed_later and later == b""  # silent, open
