@@ -544,6 +544,8 @@ def watches_from_an_index(c: Client) -> None:
     c.wait("w/b/c", waitIndex=c.rel(first) + 5)
     c.put("k", value="x", wait="true")
     c.wait("w", recursive="maybe")
+    c.put("w/b/d", value="3")
+    c.wait("w/b/d", quorum="true")  # a quorum wait is a quorum GET: answered at once
 
 
 @script
