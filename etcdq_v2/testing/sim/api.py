@@ -96,7 +96,8 @@ def parse(method: str, target: str, body: Optional[str], now: int) -> Request:
     if not path.startswith(KEYS_PREFIX):
         raise V2Error(Code.INVALID_FORM, "incorrect key prefix", 0)
     form = _form(method, query, body)
-    request = Request(method, clean(unquote(path[len(KEYS_PREFIX):], errors="surrogateescape")))
+    key = path[len(KEYS_PREFIX):]
+    request = Request(method, clean(unquote(key, errors="surrogateescape") if "%" in key else key))
     request.prev_index = _uint(form, "prevIndex")
     request.since = _uint(form, "waitIndex")
     for name in ("recursive", "sorted", "wait", "dir", "quorum", "stream"):
@@ -186,12 +187,24 @@ def _form(method: str, query: str, body: Optional[str]) -> Dict[str, List[str]]:
     if body is not None and method in ("PUT", "POST", "PATCH"):
         if len(body) > MAX_FORM:
             raise V2Error(Code.INVALID_FORM, "http: POST too large", 0)
-        pairs += parse_qsl(body, keep_blank_values=True, errors="surrogateescape")
-    pairs += parse_qsl(query, keep_blank_values=True, errors="surrogateescape")
+        pairs += _pairs(body)
+    pairs += _pairs(query)
     form: Dict[str, List[str]] = {}
     for name, value in pairs:
         form.setdefault(name, []).append(value)
     return form
+
+
+def _pairs(text: str) -> List[Tuple[str, str]]:
+    """url.ParseQuery's pairs; most forms need no unquoting, and skip parse_qsl's cost."""
+    if "%" in text or "+" in text:
+        return parse_qsl(text, keep_blank_values=True, errors="surrogateescape")
+    pairs = []
+    for field in text.split("&"):
+        if field:
+            name, _, value = field.partition("=")
+            pairs.append((name, value))
+    return pairs
 
 
 def _first(form: Dict[str, List[str]], name: str) -> str:
