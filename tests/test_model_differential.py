@@ -145,7 +145,9 @@ class Client:
     def stream(self, name: str) -> Any:
         raise NotImplementedError
 
-    def take(self, stream: Any) -> Record:
+    def take(self, stream: Any, until: Optional[str] = None) -> Record:
+        """The events a stream has delivered: until it stays idle, or (``until``)
+        until the event of that key, which must come."""
         raise NotImplementedError
 
     # -- normalising ----------------------------------------------------------
@@ -256,7 +258,7 @@ class ModelClient(Client):
         assert reply is not None and reply.watch is not None
         return reply
 
-    def take(self, stream: Any) -> Record:
+    def take(self, stream: Any, until: Optional[str] = None) -> Record:
         return self._record_stream(int(stream.headers["x-etcd-index"]), stream.watch.take())
 
     def _record_stream(self, index: int, lines: List[bytes]) -> Record:
@@ -298,10 +300,15 @@ class RealClient(ModelClient):
     def stream(self, name: str) -> Any:
         return Transport(self.url).stream(self.key(name), idle_timeout=STREAM_IDLE)
 
-    def take(self, stream: Any) -> Record:
+    def take(self, stream: Any, until: Optional[str] = None) -> Record:
         assert isinstance(stream, EventStream)
-        lines = [line for block in stream.blocks() for line in block.splitlines(keepends=True)
-                 if line.strip()]
+        lines: List[bytes] = []
+        last = f'"key":"{self.key(until)}"'.encode() if until is not None else None
+        for block in stream.blocks():
+            lines += [line for line in block.splitlines(keepends=True) if line.strip()]
+            if last is not None and last in lines[-1]:
+                stream.release()
+                break
         return self._record_stream(stream.index, lines)
 
     def close(self) -> None:
@@ -607,16 +614,25 @@ _PUT = st.tuples(st.just("put"), st.sampled_from(_NAMES), st.sampled_from(_VALUE
 _DELETE = st.tuples(st.just("delete"), st.sampled_from(_NAMES), st.sampled_from([None] + _VALUES),
                     st.sampled_from([None, 1, 2, 3]), st.booleans(), st.booleans())
 _POST = st.tuples(st.just("post"), st.sampled_from(_NAMES), st.sampled_from(_VALUES))
+_REFRESH = st.tuples(st.just("refresh"), st.sampled_from(_NAMES),
+                     st.sampled_from([{}, {"prevExist": "true"}, {"prevValue": "v1"},
+                                      {"prevIndex": 2}, {"prevExist": "false"}]))
 _GET = st.tuples(st.just("get"), st.sampled_from(_NAMES + [""]), st.booleans())
 #: Rarer than the others: a wait that blocks costs WAIT_GIVE_UP on the real server.
 _WAIT = st.tuples(st.just("wait"), st.sampled_from(_NAMES + [""]), st.sampled_from([1, 2, 4]))
-_STEP = st.one_of(_PUT, _PUT, _PUT, _DELETE, _DELETE, _POST, _GET, _WAIT)
+_STEP = st.one_of(_PUT, _PUT, _PUT, _REFRESH, _DELETE, _DELETE, _POST, _GET, _WAIT)
 
 
 def _random_script(steps: List[Tuple[Any, ...]]) -> Script:
+    """The steps, watched by a stream that must see what the model's sees."""
     def run(c: Client) -> None:
+        stream = c.stream("")
+        for name, ttl in (("a", None), ("b", 30), ("d/x", None)):  # keys for steps to find
+            c.put(name, value="v1", **({"ttl": ttl} if ttl else {}))
         for step in steps:
             _random_step(c, step)
+        c.put("zz/end", value="end")
+        c.take(stream, until="zz/end")
     return run
 
 
@@ -635,6 +651,8 @@ def _random_step(c: Client, step: Tuple[Any, ...]) -> None:
         c.delete(name, **{k: v for k, v in query.items() if v is not None})
     elif kind == "post":
         c.post(name, value=step[2])
+    elif kind == "refresh":
+        c.put(name, ttl=30, refresh="true", **step[2])
     elif kind == "get":
         c.get(name, sorted="true", recursive="true" if step[2] else "false")
     else:
