@@ -312,6 +312,9 @@ class RealClient(ModelClient):
         return self._record_stream(stream.index, lines)
 
     def close(self) -> None:
+        """Remove the script's keys: a TTL key left behind would expire during a later
+        script on this member and shift its indexes."""
+        self.member.request("DELETE", f"/v2/keys{self.prefix}?recursive=true", None, 5.0)
         self.member.close()
 
 
