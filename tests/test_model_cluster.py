@@ -147,6 +147,18 @@ def test_a_snapshot_restore_keeps_the_watch_open_and_it_misses_what_the_snapshot
     assert _send(cluster, 1, "GET", "/q/missed4", now=T0 + 1).status == 200
 
 
+def test_the_leaders_snapshot_every_n_entries_is_what_a_restored_member_starts_from() -> None:
+    cluster = Cluster(3, start=T0, snapshot_count=10)
+    watch = _send(cluster, 2, "GET", "/q", query="wait=true&recursive=true&stream=true")
+    cluster.freeze(2, T0)
+    for n in range(25):  # snapshots after entries 10 and 20
+        _send(cluster, 0, "PUT", f"/q/k{n}", "value=x")
+    cluster.restore_from_snapshot(2, T0 + 1)
+    cluster.thaw(2, T0 + 1)
+    assert [e["node"]["key"] for e in _events(watch)] == [f"/q/k{n}" for n in range(20, 25)]
+    assert _send(cluster, 2, "GET", "/q/k24", now=T0 + 1).status == 200
+
+
 def test_catching_up_by_the_log_drops_a_watcher_that_falls_100_events_behind() -> None:
     cluster = Cluster(2, start=T0)
     watch = _send(cluster, 1, "GET", "/q", query="wait=true&recursive=true&stream=true")

@@ -20,9 +20,11 @@ What the model keeps of raft is what a client can see:
   requests sent to it wait in its inbox and are received when it thaws
   (a TTL then counts from the thaw);
 * a restart keeps the member's store (etcd rebuilds it from its snapshot
-  and WAL) and ends every watch on it; a member restored from a raft
-  snapshot takes the leader's store and keeps its watchers, which miss
-  the events the snapshot covered.
+  and WAL) and ends every watch on it;
+* the leader takes a snapshot of its store every ``snapshot_count``
+  entries (None: only when :meth:`Cluster.snapshot` is called); a member
+  restored from it takes that store and keeps its watchers, which miss
+  the events the snapshot covered and get those after it from the log.
 
 Time is an argument of every call (seconds, as the simulator's clock
 reads); each member's wall clock is that plus its ``skew``.  Calls must
@@ -101,7 +103,8 @@ class Cluster:
 
     def __init__(self, size: int = 1, *, start: float = 0.0, version: Version = Version.V3_5,
                  skews: Optional[Sequence[float]] = None, history: int = HISTORY,
-                 watcher_buffer: int = WATCHER_BUFFER, shuffle: Optional[Shuffle] = None) -> None:
+                 watcher_buffer: int = WATCHER_BUFFER, shuffle: Optional[Shuffle] = None,
+                 snapshot_count: Optional[int] = None) -> None:
         skews = list(skews) if skews is not None else [0.0] * size
         if len(skews) != size or size < 1:
             raise ValueError("give one skew per member, and at least one member")
@@ -114,6 +117,9 @@ class Cluster:
         self._next_sweep = start + SWEEP_PERIOD
         self._waiting: List[Tuple[float, Pending]] = []
         self._leader_failed = False
+        self.snapshot_count = snapshot_count
+        #: The leader's latest snapshot: the log position it covers, and its store.
+        self._snapshot: Optional[Tuple[int, Store]] = None
 
     # -- requests ---------------------------------------------------------------
     def request(self, member: int, method: str, target: str, body: Optional[str],
@@ -190,6 +196,14 @@ class Cluster:
         for member in self.members:
             if member.working and not member.held:
                 self._apply(member, len(self.log))
+        if self.snapshot_count and self.leader is not None:
+            covered = self._snapshot[0] if self._snapshot else 0
+            if self.members[self.leader].applied - covered >= self.snapshot_count:
+                self._take_snapshot()
+
+    def _take_snapshot(self) -> None:
+        source = self.members[self.leader if self.leader is not None else 0]
+        self._snapshot = (source.applied, source.store.snapshot())
 
     def _apply(self, member: Member, upto: int) -> None:
         while member.applied < upto:
@@ -261,21 +275,34 @@ class Cluster:
         if leader == member:
             self.elect(member, now)
 
-    def restore_from_snapshot(self, member: int, now: float) -> None:
-        """``member`` catches up by the leader's snapshot, not by the log.
+    def snapshot(self, now: float) -> None:
+        """The leader takes a snapshot of its store now."""
+        self.advance(now)
+        self._take_snapshot()
 
-        Its store becomes the leader's (tree, index, history); its watchers
+    def restore_from_snapshot(self, member: int, now: float) -> None:
+        """``member`` catches up by the leader's latest snapshot (one taken now if
+        there is none), then by the log from there.
+
+        Its store becomes the snapshot's (tree, index, history); its watchers
         stay, and get none of the events the snapshot covered.  Its own
-        requests in that stretch of the log get no reply: they time out.
+        requests in that stretch of the log get no reply: they time out.  A
+        snapshot no newer than what the member applied changes nothing.
         """
         self.advance(now)
-        source = self.members[self.leader if self.leader is not None else 0]
+        if self._snapshot is None:
+            self._take_snapshot()
+        assert self._snapshot is not None
+        position, image = self._snapshot
         state = self.members[member]
-        for entry in self.log[state.applied:source.applied]:
+        if position <= state.applied:
+            return
+        for entry in self.log[state.applied:position]:
             if entry.pending is not None and entry.pending.member == member:
                 self._waiting.append((self.now + REQUEST_TIMEOUT, entry.pending))
-        state.store.restore(source.store)
-        state.applied = source.applied
+        state.store.restore(image)
+        state.applied = position
+        self._apply_all()
 
     def elect(self, member: Optional[int], now: float) -> None:
         """``member`` becomes leader (None: the cluster has none); its sweeps start

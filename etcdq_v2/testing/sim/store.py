@@ -359,6 +359,13 @@ class Store:
             if node.expire is not None:
                 self._track(node)
 
+    def snapshot(self) -> "Store":
+        """A detached copy of the tree, index and history, without watchers: a raft snapshot."""
+        image = Store(version=self.version, history=self.history.events.maxlen or HISTORY,
+                      watcher_buffer=self.watcher_buffer, shuffle=self.shuffle)
+        image.restore(self)
+        return image
+
     def drop_watchers(self) -> None:
         """A restart: every watch connection ends."""
         for watchers in list(self.watchers.values()):
