@@ -341,7 +341,8 @@ def test_work_exits_1_when_an_item_it_handled_failed(
     done = etcdq(etcd_url, "work", f"{high.name},{low.name}", "--until-empty", "--json",
                  "--max-attempts", "1", "--", sys.executable, str(script), str(log))
     assert done.returncode == 1, done.stderr
-    assert json.loads(done.stdout) == {"completed": 1, "failed": 1, "lost": 0, "released": 0}
+    assert json.loads(done.stdout) == {"completed": 1, "attempts_failed": 0, "dead_lettered": 1,
+                                       "lost": 0, "released": 0}
     assert [info.payload for info in low.items("failed")] == ["fail"]
 
 
@@ -359,6 +360,6 @@ def test_work_help_documents_the_list_of_queues_and_the_exit_status() -> None:
     done = etcdq("http://127.0.0.1:1", "work", "--help")
     text = " ".join(done.stdout.split())
     assert "QUEUE[,QUEUE...]" in text
-    assert "exits with status 1 when any item it handled failed" in text
+    assert "exits with status 1 when any attempt it ran failed" in text
     top = " ".join(etcdq("http://127.0.0.1:1", "--help").stdout.split())
-    assert "1 any other error" in top and "work: an item it handled failed" in top
+    assert "1 any other error" in top and "work: an attempt it ran failed" in top

@@ -127,7 +127,9 @@ def test_an_etcd_crash_and_restart_in_the_middle_of_a_batch_stores_no_item_twice
             server.start()
             thread.join(40)
             counts = Counter(info.payload for info in queue.items("pending"))
-        assert observed.posts["Lost"] >= 1  # the crash came in the middle of the batch
+        # The crash came mid-batch: some POST failed (in doubt, or refused while etcd was
+        # down: which one depends on where each connection was when etcd died).
+        assert sum(n for label, n in observed.posts.items() if label) >= 1, observed.posts
         assert counts and max(counts.values()) == 1  # none stored twice
         assert set(counts) <= set(given)
         if "returned" in outcome:

@@ -27,7 +27,7 @@ EXIT_INTERRUPTED = 130
 EXIT_CODES: Tuple[Tuple[int, str], ...] = (
     (EXIT_OK, "success"),
     (EXIT_FAILURE, "any other error (e.g. a declined purge, a demo that did not verify), "
-                   "or work: an item it handled failed"),
+                   "or work: an attempt it ran failed"),
     (EXIT_USAGE, "bad usage: arguments, queue name, item id, payload, endpoint or TLS files, "
                  "a bad line to import"),
     (EXIT_UNAVAILABLE, "etcd could not be reached at the endpoints"),
