@@ -173,6 +173,37 @@ def test_a_traceback_that_looks_like_etcd_events_adds_nothing_to_a_watching_view
     assert view.version_of(phantom) is None
 
 
+def test_a_retried_fail_finds_its_own_delay_lock_whatever_reason_it_gives(
+        proxy: FaultProxy, queue_name: str, etcd_url: str) -> None:
+    """fail()'s R1 applies but no reply comes before the deadline (every
+    reply held): Unavailable, the claim still open.  The caller fails it
+    again, with its error described anew (another reason).  R1's CAS is then
+    refused (the lock is our delay lock now) and the read-back must see our
+    own lock: it is the claim's (its token), whatever the reason it carries.
+    On main the read-back compares whole values, which now hold the call's
+    reason and traceback: the retry raises LockLost ("another claim holds the
+    lock") and marks the claim lost, though nobody else holds it.  Before the
+    reason went into delay locks (b3de214) the values were equal."""
+    from etcdq_v2 import LockLost, Unavailable, connect
+    with Queue(connect(proxy.url, timeout=1, deadline=3), queue_name, lock_ttl=10,
+               max_attempts=3, backoff=[30]) as queue:
+        item_id = queue.put({"n": 1})
+        claim = queue.claim(timeout=BOUND)
+        assert claim is not None
+        proxy.hold("down")
+        with pytest.raises(Unavailable):
+            claim.fail("TimeoutError: the upstream did not answer in 2.0 s")
+        proxy.pass_through()
+        lock = lock_value(etcd_url, queue, item_id)
+        assert lock is not None and json.loads(lock).get("d") == 1  # the first R1 applied
+        try:
+            claim.fail("TimeoutError: the upstream did not answer in 2.1 s")
+        except LockLost as exc:
+            pytest.fail(f"our own delay lock was taken for another claim's: {exc}")
+        assert not claim.lost
+        assert queue.get(item_id).state == "pending"
+
+
 # -- one version: values too large to cache ---------------------------------------------
 players = versions.players
 
