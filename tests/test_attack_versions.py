@@ -22,6 +22,7 @@ from typing import Any, Iterator, Optional
 import pytest
 
 from etcdq_v2 import Queue, Worker
+from etcdq_v2.protocol import Version
 from etcdq_v2.view import MAX_CACHED_VALUE
 
 import test_item_versions as versions
@@ -202,6 +203,40 @@ def test_a_retried_fail_finds_its_own_delay_lock_whatever_reason_it_gives(
             pytest.fail(f"our own delay lock was taken for another claim's: {exc}")
         assert not claim.lost
         assert queue.get(item_id).state == "pending"
+
+
+def test_a_watching_view_keeps_each_events_index_with_that_events_value_or_none(
+        queue: Queue, etcd_url: str, proxy_factory: Any) -> None:
+    """Held: a watching view learns items from the stream.  A create event of
+    a small item: its index with its value (what etcd wrote then); of one
+    larger than MAX_CACHED_VALUE: its index and no value; a compareAndSwap
+    (another consumer's C2, then its R0): the CAS's index and no value.  Each
+    claim on such a version then works: payloads intact, attempts counted."""
+    other = Queue(proxy_factory(etcd_url).url, queue.name, lock_ttl=5)
+    try:
+        view = queue._ensure_view()
+        assert queue.claim(timeout=0) is None  # nothing: the view watches everything
+        wait_until(lambda: view.watching_locks, BOUND, message="the view to watch")
+        small = other.put({"n": "small"})
+        big = other.put({"blob": "b" * (MAX_CACHED_VALUE + 10)})
+        wait_until(lambda: view.version_of(big) is not None, BOUND, message="the events")
+        for item_id in (small, big):
+            versions.assert_one_version(queue, etcd_url, item_id, versions.held(queue, item_id))
+        assert versions.held(queue, big).raw is None
+        taken = other.claim(timeout=BOUND)
+        assert taken is not None and taken.id == small
+        taken.release()
+        released = other._protocol.read("work", small)
+        wait_until(lambda: view.version_of(small) == Version(released.index, None),
+                   BOUND, message="R0's event")
+        got = [queue.claim(timeout=BOUND) for _ in range(2)]
+        assert [(c.id, c.attempt) for c in got if c] == [(small, 1), (big, 1)]
+        assert got[1] is not None and len(got[1].payload["blob"]) == MAX_CACHED_VALUE + 10
+        for claim in got:
+            assert claim is not None
+            claim.complete()
+    finally:
+        other.close()
 
 
 # -- one version: values too large to cache ---------------------------------------------
