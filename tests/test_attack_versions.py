@@ -22,7 +22,7 @@ from typing import Any, Iterator, Optional
 import pytest
 
 from etcdq_v2 import Queue, Worker
-from etcdq_v2.protocol import Version
+from etcdq_v2.protocol import Gone, Version
 from etcdq_v2.view import MAX_CACHED_VALUE
 
 import test_item_versions as versions
@@ -239,6 +239,40 @@ def test_a_watching_view_keeps_each_events_index_with_that_events_value_or_none(
         other.close()
 
 
+def test_a_claim_offered_a_committed_version_never_writes_back_a_purged_record(
+        etcd_url: str, proxy: FaultProxy, queue_name: str) -> None:
+    """A claim offered a version carrying an outcome ("o": its finisher
+    stopped after F1) finishes the commit for it (F2-F4) before any fenced
+    write: F2 is a create of the record, fenced by nothing.  The version may
+    be stale: the finisher went on (F2, F3) and the record was purged since
+    (or expired: completed_ttl).  Then the claim re-creates the record of an
+    item that has left work/, and the purge does not stick.  A view holds such
+    a version until it hears of F3: a watching view whose stream missed it
+    (a member restored from a snapshot: up to a round) and then hears the
+    finisher's lock expire offers it.  The rule broken: a claim never trusts
+    the view (C1 and C2 decide); a finish for another must first see the
+    item still in work/ at F1's index (as F2's resend does: _still_committed)."""
+    with Queue(proxy.url, queue_name, lock_ttl=1) as queue:
+        item_id = queue.put({"n": 1})
+        claim = queue.claim(timeout=BOUND)
+        assert claim is not None
+        c2_index = claim._state.index
+        claim.complete("done")
+        key = queue.layout.key("work", item_id)
+        url = f"{etcd_url}/v2/keys{key}?wait=true&waitIndex={c2_index + 1}"
+        with urllib.request.urlopen(url, timeout=5) as reply:  # F1's event
+            node = json.loads(reply.read())["node"]
+        assert '"o":"completed"' in node["value"]
+        committed = Version(node["modifiedIndex"], node["value"])
+        assert queue.purge(completed=True) == 1
+        wait_until(lambda: lock_value(etcd_url, queue, item_id) is None, BOUND,
+                   message="the finisher's lock to expire")
+        with pytest.raises(Gone):
+            queue._protocol.claim(item_id, committed)
+        assert queue._protocol.read("completed", item_id) is None, (
+            "the purged record was written back by a claim offered a stale committed version")
+
+
 # -- one version: values too large to cache ---------------------------------------------
 players = versions.players
 
@@ -273,6 +307,43 @@ def test_a_large_items_read_back_after_another_consumers_commit_is_read_again_at
     assert got is None or got.id != item_id, (
         f"P was handed {item_id}, which E had committed; work/ now: {p.work(item_id)}")
     versions._finished_by_e(p, item_id, e_run)
+
+
+def test_a_purge_after_a_put_read_back_saw_the_commit_sticks(players: versions.Players) -> None:
+    """The same end to end, through the fault proxy.  P's POST applies, its
+    reply is lost, its token search is held until E committed the item (F1;
+    E then held until its lock expired): P's view holds the committed
+    version, rightly (one version).  Then E goes on (F2, F3: its complete()
+    returns OK) and the operator purges completed/.  P's next claim (its
+    catch-up listing held) is offered that version, finishes the commit "for
+    E" and writes completed/X back: the purge does not stick, for a finisher
+    long done (not the F1-F2 race docs/protocol.md accepts)."""
+    p, name = players, players.name
+    p.quiet_producer()
+    p.e_proxy.hold("up", match=versions._record_write(name))
+    p.p_proxy.hold(match=versions._pattern(versions._stored_under(name, "work"),
+                                           versions.work_listing(name).pattern))
+    put, put_outcome = in_background(lambda: p.p.put({"job": "X"}), "producer-P")
+    e_run, claimed = p.e_claims(lambda claim: claim.complete("done by E"))
+    item_id = claimed["claim"].id
+    wait_until(lambda: p.work(item_id).get("o") == "completed", versions.STEP,
+               message="E's F1")
+    p.stop_e_until_its_lock_expired(item_id)
+    p.p_proxy.release()
+    put.join(versions.STEP)
+    assert put_outcome.get("returned") == item_id, put_outcome
+    assert versions.held(p.p, item_id).raw is not None  # the committed value, "o" in it
+    p.p_proxy.pass_through()
+    p.e_proxy.pass_through()
+    thread, outcome = e_run
+    thread.join(versions.STEP + 40)
+    assert not thread.is_alive() and "raised" not in outcome, outcome
+    assert p.o._protocol.read("work", item_id) is None  # E's F3
+    assert p.o.purge(completed=True) >= 1
+    got = p.p_claims_without_a_listing()
+    assert got is None or got.id != item_id
+    assert p.o._protocol.read("completed", item_id) is None, (
+        "the purged record of an item E had finished was written back by P's claim")
 
 
 def test_a_release_whose_reply_was_lost_leaves_one_version_in_the_claim(
