@@ -205,6 +205,36 @@ def test_a_retried_fail_finds_its_own_delay_lock_whatever_reason_it_gives(
         assert queue.get(item_id).state == "pending"
 
 
+def test_a_failure_after_a_release_that_stopped_half_way_counts_its_attempt(
+        proxy: FaultProxy, queue_name: str) -> None:
+    """release() applies R0 (a-1, the attempt given back) but its R1 (the
+    lock's delete) never reaches etcd before the deadline: Unavailable, the
+    claim still open and its lock ours.  The caller then fails the attempt.
+    fail() writes no R0 ("a failure counts"), so the item must be at ``a``
+    again; on main the claim keeps R0's index with the value from before R0
+    (state.index and state.item of two versions): fail() checks max_attempts
+    on ``a`` but leaves etcd at a-1, and the next claim reports the failed
+    attempt's number again: it never counts toward max_attempts."""
+    from etcdq_v2 import Unavailable, connect
+    with Queue(connect(proxy.url, timeout=1, deadline=3), queue_name, lock_ttl=10,
+               max_attempts=3, backoff=[1]) as queue:
+        item_id = queue.put({"n": 1})
+        claim = queue.claim(timeout=BOUND)
+        assert claim is not None and claim.attempt == 1
+        lock_path = queue.layout.key("locks", item_id).encode()
+        proxy.hold("up", match=b"DELETE /v2/keys" + lock_path)
+        with pytest.raises(Unavailable):
+            claim.release()
+        proxy.disconnect(abort=True)  # the held deletes are dropped, never applied
+        proxy.pass_through()
+        assert json.loads(queue._protocol.read("work", item_id).value)["a"] == 0  # R0 applied
+        claim.fail("ValueError: it failed after all")
+        again = queue.claim(timeout=BOUND)
+        assert again is not None and again.id == item_id
+        assert again.attempt == 2, "the failed attempt was not counted"
+        again.complete()
+
+
 def test_a_watching_view_keeps_each_events_index_with_that_events_value_or_none(
         queue: Queue, etcd_url: str, proxy_factory: Any) -> None:
     """Held: a watching view learns items from the stream.  A create event of
