@@ -31,17 +31,11 @@ def queue(proxy: FaultProxy, queue_name: str) -> Iterator[Queue]:
         yield q
 
 
-def test_a_failure_after_a_release_that_stopped_half_way_counts_its_attempt(
-        proxy: FaultProxy, queue_name: str) -> None:
-    """release() applies R0 (a-1, the attempt given back) but its R1 (the
-    lock's delete) never reaches etcd before the deadline: Unavailable, the
-    claim still open and its lock ours.  The caller then fails the attempt.
-    fail() writes no R0 ("a failure counts"), so the item must be at ``a``
-    again (fail() writes ``a`` back on R0's index before its R1).  Wrong if
-    the claim keeps R0's index with the value from before R0 (state.index and
-    state.item of two versions): fail() checks max_attempts on ``a`` but
-    leaves etcd at a-1, and the next claim reports the failed attempt's
-    number again: it never counts toward max_attempts."""
+@pytest.fixture
+def half_released(proxy: FaultProxy, queue_name: str) -> Iterator[Tuple[Queue, Any]]:
+    """A queue (max_attempts 3, backoff 1 s) and its claim of attempt 1 whose
+    release() applied R0 (a-1) and raised Unavailable: its R1 (the lock's
+    delete) never reached etcd.  The claim is still open, its lock ours."""
     from etcdq_v2 import Unavailable, connect
     with Queue(connect(proxy.url, timeout=1, deadline=3), queue_name, lock_ttl=10,
                max_attempts=3, backoff=[1]) as queue:
@@ -55,11 +49,43 @@ def test_a_failure_after_a_release_that_stopped_half_way_counts_its_attempt(
         proxy.disconnect(abort=True)  # the held deletes are dropped, never applied
         proxy.pass_through()
         assert json.loads(queue._protocol.read("work", item_id).value)["a"] == 0  # R0 applied
-        claim.fail("ValueError: it failed after all")
-        again = queue.claim(timeout=BOUND)
-        assert again is not None and again.id == item_id
-        assert again.attempt == 2, "the failed attempt was not counted"
-        again.complete()
+        assert claim.outcome is None
+        yield queue, claim
+
+
+def test_a_failure_after_a_release_that_stopped_half_way_counts_its_attempt(
+        half_released: Tuple[Queue, Any]) -> None:
+    """release() applies R0 (a-1, the attempt given back) but its R1 (the
+    lock's delete) never reaches etcd before the deadline: Unavailable, the
+    claim still open and its lock ours.  The caller then fails the attempt.
+    fail() writes no R0 ("a failure counts"), so the item must be at ``a``
+    again (fail() writes ``a`` back on R0's index before its R1).  Wrong if
+    the claim keeps R0's index with the value from before R0 (state.index and
+    state.item of two versions): fail() checks max_attempts on ``a`` but
+    leaves etcd at a-1, and the next claim reports the failed attempt's
+    number again: it never counts toward max_attempts."""
+    queue, claim = half_released
+    claim.fail("ValueError: it failed after all")
+    assert claim.outcome == "failed" and claim.attempt == 1
+    again = queue.claim(timeout=BOUND)
+    assert again is not None and again.id == claim.id
+    assert again.attempt == 2, "the failed attempt was not counted"
+    again.complete()
+
+
+def test_a_release_retried_after_it_stopped_half_way_gives_its_attempt_back_once(
+        half_released: Tuple[Queue, Any]) -> None:
+    """The same half-done release, retried: the claim's version is R0's
+    (a-1), so the second call writes no second R0 (a-2, an attempt given
+    back that never ran) and goes on to R1; the next claim reports the
+    released attempt's number again."""
+    queue, claim = half_released
+    claim.release()
+    assert claim.outcome == "released"
+    assert json.loads(queue._protocol.read("work", claim.id).value)["a"] == 0
+    again = queue.claim(timeout=BOUND)
+    assert again is not None and again.id == claim.id and again.attempt == 1
+    again.complete()
 
 
 def test_a_watching_view_keeps_each_events_index_with_that_events_value_or_none(
