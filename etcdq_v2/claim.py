@@ -84,7 +84,7 @@ class Claim:
 
     @property
     def attempt(self) -> int:
-        return self._state.item.attempts
+        return self._state.attempt
 
     @property
     def node_id(self) -> str:
@@ -137,8 +137,9 @@ class Claim:
              delay: Optional[float] = None, retry: bool = True) -> None:
         """This attempt failed: retry after a backoff, or dead-letter at max_attempts.
 
-        ``traceback`` is stored beside ``reason`` (its end: codec.TRACEBACK_LIMIT
-        characters), in the dead letter or while the item waits for its retry.
+        ``traceback`` is stored beside ``reason``, in the dead letter or while
+        the item waits for its retry: both made to encode, and cut (the
+        reason's start, the traceback's end: codec.IN_RECORD, codec.IN_LOCK).
         ``delay``: seconds before the retry instead of the queue's backoff.
         ``retry=False`` dead-letters the item now, whatever attempts it has left.
         """

@@ -26,7 +26,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 from .errors import InvalidPayload, PayloadTooLarge
 
@@ -35,11 +35,20 @@ DEFAULT_MAX_PAYLOAD = 1 << 20
 MAX_DEPTH = 100
 #: The record kinds, which are also the outcomes a fenced commit writes into an item.
 OUTCOMES = ("completed", "failed")
-#: The most characters of a handler's traceback that are stored (``"tb"``): its
-#: end, where the exception and the innermost frames are.  A lock carries it
-#: while the item waits for its retry, and every consumer's view of locks/
-#: downloads that lock: a bound keeps a failing queue's listings small.
+#: A failed attempt's text (its reason and its handler's traceback) is user
+#: text, stored in two places with two bounds, in characters (see
+#: :func:`failure_text`).  A dead letter (``failed/<id>``, and the item at F1)
+#: keeps the start of the reason and the end of the traceback, where the
+#: exception and the innermost frames are; both fit beside a payload at its
+#: cap (MAX_DEPTH aside, a record is read whole by get, ls, export and stats).
+REASON_LIMIT = 16384
 TRACEBACK_LIMIT = 4000
+#: A delay lock (R1 from fail()) carries the same text, shorter: locks/ is
+#: listed by every consumer's view (a watching one receives each lock's
+#: value), so each item waiting for its retry costs every listing at most
+#: ~1.7 kB, not the size of its error.
+LOCK_REASON_LIMIT = 512
+LOCK_TRACEBACK_LIMIT = 1024
 
 
 class Junk(ValueError):
@@ -184,12 +193,55 @@ class Item:
                        outcome if outcome in OUTCOMES else None, bool(doc.get("q")))
 
 
-def bounded_traceback(text: Optional[str]) -> Optional[str]:
-    """``text`` cut to its last TRACEBACK_LIMIT characters, saying how much was cut."""
-    if text is None or len(text) <= TRACEBACK_LIMIT:
+@dataclass(frozen=True)
+class TextBounds:
+    """How many characters of a failure's reason and traceback a value keeps."""
+
+    reason: int
+    traceback: int
+
+
+#: In a dead letter (F1's record) and in a delay lock (R1).
+IN_RECORD = TextBounds(REASON_LIMIT, TRACEBACK_LIMIT)
+IN_LOCK = TextBounds(LOCK_REASON_LIMIT, LOCK_TRACEBACK_LIMIT)
+
+
+def failure_text(reason: Optional[str], traceback: Optional[str],
+                 bounds: TextBounds) -> Tuple[Optional[str], Optional[str]]:
+    """A failed attempt's reason and traceback as a value stores them: made to
+    encode, and cut to ``bounds`` (the reason's start, the traceback's end).
+
+    Both come from user code, and the write that carries them (R1, F1) must
+    apply whatever they say, or the attempt is not retried after its backoff
+    (nor dead-lettered): a str that UTF-8 cannot carry, as os.fsdecode makes
+    of a file name that is not UTF-8 (a lone surrogate), has it escaped
+    (``\\udcff``) instead of refused.  Idempotent: a stored text is kept as it is.
+    """
+    return (_bounded(_encodable(reason), bounds.reason, keep_end=False),
+            _bounded(_encodable(traceback), bounds.traceback, keep_end=True))
+
+
+def _encodable(text: Optional[str]) -> Optional[str]:
+    """``text`` as a str UTF-8 can encode: lone surrogates backslash-escaped."""
+    if text is None:
+        return None
+    text = str(text)
+    try:
+        text.encode("utf-8")
         return text
-    cut = len(text) - TRACEBACK_LIMIT
-    return f"[{cut} characters cut]\n" + text[cut:]
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _bounded(text: Optional[str], limit: int, *, keep_end: bool) -> Optional[str]:
+    """``text`` cut to ``limit`` characters at most, the cut one saying how much
+    was cut (its end kept, or its start)."""
+    if text is None or len(text) <= limit:
+        return text
+    longest = len(f"[{len(text)} characters cut]\n")  # the note, for any cut up to the whole
+    keep = max(limit - longest, 0)
+    note = f"[{len(text) - keep} characters cut]"
+    return f"{note}\n{text[-keep:] if keep else ''}" if keep_end else f"{text[:keep]}\n{note}"
 
 
 def _optional_text(doc: Dict[str, Any], name: str) -> Optional[str]:
@@ -277,7 +329,8 @@ class Record:
     #: The item carried ``q`` (requeued, or put with a delay): the record is kept at
     #: least a week, so that a late re-creation of the item finds it (C3).
     requeued: bool = False
-    #: The failed handler's traceback (bounded: TRACEBACK_LIMIT), beside ``reason``.
+    #: The failed handler's traceback (bounded: TRACEBACK_LIMIT), beside ``reason``
+    #: (REASON_LIMIT); see :func:`failure_text`.
     traceback: Optional[str] = None
 
     def encode(self, outcome: Optional[str] = None, *, stored: bool = False) -> str:

@@ -60,7 +60,8 @@ claim(id)            (the caller picked ``id`` from its view of work/ and locks/
         crash, or the item was re-created by a requeue resumed late or a late
         copy of D2; remove it, hand nothing out.
         An item carrying an outcome (``o``, its finisher crashed after F1) is
-        finished instead (F2-F4), before C2.
+        finished instead (F2-F4), before C2, on a version read (quorum), never
+        on the view's: it may have left work/ since, its record purged.
         If ``a`` >= max_attempts, dead-letter the item (F1-F4) instead.
         Past lock_ttl/2 since C1 was sent (a slow C2 reply, a stall; a clock
         that runs while the host is suspended), refresh the lock on our value:
@@ -118,13 +119,19 @@ release(delay) / fail with retries left
         counts).  "Compare failed"/"not found": read back; our token with
         a-1 is our resent R0, our token with an outcome an earlier commit of
         ours (ClaimClosed), else LockLost.  Crash after R0: the lock expires,
-        the next claim reports the same attempt.
+        the next claim reports the same attempt.  The claim keeps one version
+        (ClaimState: the value and index of its latest write, set together):
+        a fail() after a release whose R1 went unanswered writes ``a`` back
+        on R0's index first, so the failure counts.
     R1. delay = 0: compareAndDelete ``locks/<id>`` on our lock value.
         delay > 0: CAS the lock into a "delay" lock with ttl=delay, so the
         item is claimable again when etcd (not a client clock) expires it.
         fail() uses the queue's backoff for the delay (cut to MAX_TTL, 68 years;
         release(delay) beyond it -> InvalidArgument before R0).
-        If our lock had expired, the same checks as F1 apply.
+        If our lock had expired, the same checks as F1 apply.  A CAS refused
+        on our own delay lock (a resent R1, a retried call) is known by our
+        claim token, whatever reason it carries.  fail()'s reason and
+        traceback are made to encode and cut short first (codec.failure_text).
 
 requeue(id)          (a dead letter back to work/)
     Q0. Create ``locks/<id>`` (prevExist=false): one requeue at a time.  The
@@ -242,12 +249,12 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple,
                     Union)
 
-from .codec import (Item, Junk, Lock, Record, bounded_traceback, check_depth, new_token,
-                    tombstone, tombstone_token)
+from .codec import (IN_LOCK, IN_RECORD, Item, Junk, Lock, Record, check_depth, failure_text,
+                    new_token, tombstone, tombstone_token)
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdFailure,
                      EtcdqError, EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
                      Unavailable)
@@ -331,16 +338,32 @@ class Taken(Exception):
 
 @dataclass
 class ClaimState:
-    """What a claim knows about its item: enough to finish it safely."""
+    """What a claim knows about its item: enough to finish it safely.
+
+    ``item`` and ``index`` are one version of ``work/<id>``: the value our
+    latest write to it wrote (C2, the re-fence, R0 or its undoing) and that
+    write's index, always set together (a value of one version written on
+    the index of another would count an attempt wrong, or undo a write).
+    """
 
     id: str
     lock: Lock
     item: Item
-    index: int          # work/<id>'s modifiedIndex after our C2
+    index: int          # work/<id>'s modifiedIndex after our latest write (C2 first)
     #: boot_clock() when the request that last proved the lock ours was sent
     #: (C1, C3's refresh, a heartbeat): the lock lives at least lock_ttl from
     #: then (see Protocol.lock_left).
     confirmed: float
+    #: The claim's attempt number: ``a`` as C2 wrote it.  R0 gives it back in
+    #: etcd (``item.attempts`` is then one less), never here.
+    attempt: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.attempt = self.item.attempts
+
+    def wrote(self, item: Item, index: int) -> None:
+        """Our write of ``item`` applied at ``index``: the claim's version now."""
+        self.item, self.index = item, index
 
 
 @dataclass(frozen=True)
@@ -700,14 +723,17 @@ class Protocol:
         flight), so the item is theirs, however stale our view looked.
         """
         lock, locked_at, sent = held.lock, held.index, held.since
-        index, raw = seen.index, seen.raw
+        index, raw, read = seen.index, seen.raw, False
         for _ in range(5):
             if raw is None:
                 entry = self.read("work", item_id)
                 if entry is None:
                     raise Gone(item_id)
-                index, raw = entry.index, entry.value
+                index, raw, read = entry.index, entry.value, True
             item = Item.decode(raw)
+            if item.outcome and not read:  # the view's: it may have left work/ since
+                raw = None
+                continue
             if item.outcome:  # its finisher committed F1 and stopped: finish for it
                 self._finish_for(item_id, Entry(item_id, index, raw))
             if item.claim == lock.token:  # our C2 applied; its reply was lost
@@ -793,13 +819,13 @@ class Protocol:
         try:
             reply = self.etcd.put(self.layout.key("work", state.id), state.item.encode(stored=True),
                                   prev_index=state.index)
-            state.index = reply.written_index
+            state.wrote(state.item, reply.written_index)
             return
         except (CompareFailed, KeyMissing) as exc:
             index = exc.index or 0
         entry = self.read("work", state.id)  # only our own writes keep our claim token
         if entry is not None and self._ours_unfinished(entry, state):
-            state.index = entry.index  # our resent CAS applied
+            state.wrote(state.item, entry.index)  # our resent CAS applied: the same value
             return
         raise self._not_ours(state, index)
 
@@ -839,8 +865,7 @@ class Protocol:
                   "without completing; its workers crashed or hung")
         log.warning("item %s of %s: %s", state.id, self.layout.root, reason,
                     extra=item_fields(self.layout.name, state.id, attempts))
-        state.item = replace(state.item, attempts=attempts)
-        self.finish(state, FAILED, reason=reason)
+        self.finish(state, FAILED, reason=reason, attempts=attempts)
 
     # -- heartbeat ---------------------------------------------------------------
     def lock_left(self, confirmed: float) -> float:
@@ -938,13 +963,20 @@ class Protocol:
 
     # -- F: complete, dead-letter --------------------------------------------
     def finish(self, state: ClaimState, kind: str, *, result: Any = None,
-               reason: Optional[str] = None, traceback: Optional[str] = None) -> None:
+               reason: Optional[str] = None, traceback: Optional[str] = None,
+               attempts: Optional[int] = None) -> None:
         """F1-F4: commit ``kind`` (completed or failed) on the item, record it, remove it.
-        Only ``result`` is checked for depth: the payload is the stored one."""
+
+        The record counts ``attempts`` (None: the claim's attempt, given back
+        or not).  Only ``result`` is checked for depth: the payload is the
+        stored one.  ``reason`` and ``traceback`` are stored made to encode
+        and bounded (codec.failure_text)."""
         check_depth(result)
-        record = Record(state.item.payload, state.lock.token, self.node_id, state.item.attempts,
-                        state.item.created, time.time(), result, reason, token=state.item.token,
-                        requeued=state.item.requeued, traceback=bounded_traceback(traceback))
+        reason, traceback = failure_text(reason, traceback, IN_RECORD)
+        record = Record(state.item.payload, state.lock.token, self.node_id,
+                        state.attempt if attempts is None else attempts, state.item.created,
+                        time.time(), result, reason, token=state.item.token,
+                        requeued=state.item.requeued, traceback=traceback)
         committed = self._commit(state, kind, record.encode(outcome=kind, stored=True))
         if committed is not None:
             self.finish_committed(state.id, committed, state.lock)
@@ -1098,24 +1130,34 @@ class Protocol:
         return self._unlock(state, ttl)
 
     def _give_back(self, state: ClaimState) -> None:
-        """R0: CAS ``work/<id>`` on our C2 index to a-1, our claim token kept.
+        """R0: CAS ``work/<id>`` on the claim's index to a-1, our claim token kept.
 
         A release is not an attempt (a worker shutting down, a rolling deploy):
         the next claim counts ``a`` again.  The write is fenced like F1, so a
-        stale claim changes nothing.  Writing from ``state.item`` (still ``a``)
-        makes a second call write the same a-1 again, never a-2.
+        stale claim changes nothing.  A second call (the first one's R1 got no
+        answer) finds the claim's version already at a-1, and writes nothing.
         """
-        returned = replace(state.item, attempts=state.item.attempts - 1)
-        try:
-            reply = self.etcd.put(self.layout.key("work", state.id), returned.encode(stored=True),
-                                  prev_index=state.index)
-            state.index = reply.written_index
-        except (CompareFailed, KeyMissing):
-            state.index = self._given_back(state, returned.attempts)
+        self._set_attempts(state, state.attempt - 1)
 
-    def _given_back(self, state: ClaimState, attempts: int) -> int:
-        """After R0 failed: the index of our own R0 (a resent request, or an earlier
-        call), ClaimClosed if an earlier call of ours committed the item, else LockLost."""
+    def _set_attempts(self, state: ClaimState, attempts: int) -> None:
+        """Make the item count ``attempts``: R0 (a-1), or a failure undoing a
+        release's R0 (``a`` again: a release that stopped after R0 and was then
+        failed).  A CAS on the claim's version, our token kept; nothing to write
+        if that version already counts ``attempts``."""
+        if state.item.attempts == attempts:
+            return
+        written = replace(state.item, attempts=attempts)
+        try:
+            reply = self.etcd.put(self.layout.key("work", state.id), written.encode(stored=True),
+                                  prev_index=state.index)
+            state.wrote(written, reply.written_index)
+        except (CompareFailed, KeyMissing):
+            state.wrote(written, self._attempts_set(state, attempts))
+
+    def _attempts_set(self, state: ClaimState, attempts: int) -> int:
+        """After R0 (or its undoing) failed: the index of our own write (a resent
+        request, or an earlier call), ClaimClosed if an earlier call of ours
+        committed the item, else LockLost."""
         entry = self.read("work", state.id)
         if entry is None:
             for done in (COMPLETED, FAILED):
@@ -1138,7 +1180,8 @@ class Protocol:
         """R1: the item is claimable again now, or after ``delay`` seconds (etcd's
         clock): returns those seconds as the lock's TTL (0: now), and the etcd
         index at which R1 applied (or at which our lock was found gone).  The
-        delay lock carries a failed attempt's ``reason`` and ``traceback``."""
+        delay lock carries a failed attempt's ``reason`` and ``traceback``,
+        made to encode and cut short (codec.IN_LOCK): every view lists locks/."""
         key, mine = self.layout.key("locks", state.id), state.lock.encode()
         if delay <= 0:
             try:
@@ -1148,8 +1191,8 @@ class Protocol:
                 return 0, exc.index or 0
             except CompareFailed:
                 raise LockLost(f"item {state.id}: another claim holds the lock") from None
-        delayed = replace(state.lock, delay=True, reason=reason,
-                          traceback=bounded_traceback(traceback))
+        why, trace = failure_text(reason, traceback, IN_LOCK)
+        delayed = replace(state.lock, delay=True, reason=why, traceback=trace)
         ttl = ttl_seconds(delay)
         try:
             return ttl, self.etcd.put(key, delayed.encode(), ttl=ttl,
@@ -1157,19 +1200,20 @@ class Protocol:
         except KeyMissing:
             return ttl, self._retake(state, delayed, ttl)
         except CompareFailed:
-            return self._delay_lock_back(state, delayed)
+            return self._delay_lock_back(state)
 
-    def _delay_lock_back(self, state: ClaimState, delayed: Lock) -> GivenBack:
+    def _delay_lock_back(self, state: ClaimState) -> GivenBack:
         """R1 (a delay) found the lock changed: our own PUT may have applied, a
-        resent one's first copy or an earlier release()'s that timed out
-        (review rv13).  Ours if the lock is our delay lock, or gone (expired
-        meanwhile) with the item still ours; else LockLost."""
+        resent one's first copy or an earlier call's that timed out (a release,
+        or a fail with another reason).  Ours if the lock is a delay lock with
+        our claim token (its reason and traceback are the first call's), or
+        gone (expired meanwhile) with the item still ours; else LockLost."""
         try:
             node = self.etcd.get(self.layout.key("locks", state.id), quorum=True).node
         except KeyMissing as exc:
             self._still_ours(state)
             return 0, exc.index or 0
-        if node.get("value") != delayed.encode():
+        if not _our_delay_lock(node.get("value"), state.lock):
             raise LockLost(f"item {state.id}: another claim holds the lock")
         # Still there: at least a second, even past its expiry (no ttl), which
         # etcd's sweep (every 0.5 s) is due to remove: reported as given back
@@ -1184,11 +1228,12 @@ class Protocol:
 
         Returns None if the item went to failed/, else R1's :data:`GivenBack`.
         """
-        if not retry or (self.max_attempts and state.item.attempts >= self.max_attempts):
+        if not retry or (self.max_attempts and state.attempt >= self.max_attempts):
             self.finish(state, FAILED, reason=reason, traceback=traceback)
             return None
-        wait = self.backoff(state.item.attempts) if delay is None else delay
-        # No R0: a failure counts.
+        wait = self.backoff(state.attempt) if delay is None else delay
+        # No R0: a failure counts; a release that stopped after its R0 is undone.
+        self._set_attempts(state, state.attempt)
         return self._unlock(state, wait, reason, traceback)
 
     # -- Q: requeue ----------------------------------------------------------
@@ -1906,6 +1951,16 @@ def _marked_ttl(entry: Entry) -> Optional[int]:
     taken as long as the other late-write bounds (F2, Q4) last."""
     ttl = entry.ttl_left()
     return None if ttl is None else max(ttl, TOMBSTONE_TTL)
+
+
+def _our_delay_lock(raw: Optional[str], ours: Lock) -> bool:
+    """``raw`` is a delay lock of our claim: our node and claim token, ``"d"``
+    (whatever reason and traceback it carries)."""
+    try:
+        lock = Lock.decode(raw)
+    except Junk:
+        return False
+    return lock.delay and (lock.node_id, lock.token) == (ours.node_id, ours.token)
 
 
 def _committed_before(state: ClaimState, done: str) -> ClaimClosed:

@@ -95,12 +95,14 @@ class ItemInfo:
     node_id: Optional[str] = None
     result: Any = None
     #: Why the last attempt failed: a dead letter's reason, or that of the
-    #: failed attempt a pending item waits to retry (until its retry is due).
+    #: failed attempt a pending item waits to retry (until its retry is due);
+    #: its start (codec.REASON_LIMIT characters; LOCK_REASON_LIMIT while pending).
     reason: Optional[str] = None
     created: Optional[float] = None
     finished: Optional[float] = None
     #: The end of the failed handler's traceback (codec.TRACEBACK_LIMIT
-    #: characters at most), beside ``reason``; None when no Python handler raised.
+    #: characters at most; LOCK_TRACEBACK_LIMIT while pending), beside
+    #: ``reason``; None when no Python handler raised.
     traceback: Optional[str] = None
     #: A pending item held back (a delayed put, a retry's backoff): when it can
     #: next be claimed, epoch seconds on etcd's clock.  None: now.

@@ -66,6 +66,7 @@ from queue import SimpleQueue
 from typing import (TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequence, Set,
                     Tuple, Union)
 
+from .codec import IN_LOCK, failure_text
 from .errors import AuthError, ConfigError, EtcdqError, InvalidPayload, LockLost, QueueClosed
 from .metrics import MetricsServer, WorkerMetrics, check_port
 from .queue import Queue, claim_first
@@ -527,10 +528,13 @@ class Worker:
     def _fail(self, task: Task, reason: str, trace: Optional[str] = None, *,
               delay: Optional[float] = None, retry: bool = True) -> None:
         task.claim.fail(reason, traceback=trace, delay=delay, retry=retry)
+        # Logged as a delay lock keeps it: it encodes (a log file or a pipe
+        # need not take a lone surrogate), and a line stays a line's length.
+        logged, _ = failure_text(reason, None, IN_LOCK)
         if task.claim.outcome == "dead-lettered":
-            self._count(task, "dead_lettered", f"failed and dead-lettered: {reason}")
+            self._count(task, "dead_lettered", f"failed and dead-lettered: {logged}")
         else:
-            self._count(task, "attempts_failed", f"failed (retried later): {reason}")
+            self._count(task, "attempts_failed", f"failed (retried later): {logged}")
 
     def _count(self, task: Task, what: str, message: str,
                exc_info: Optional[BaseException] = None) -> None:
