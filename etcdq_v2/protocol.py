@@ -540,9 +540,15 @@ class Protocol:
         quorum listings, whatever the number of tokens."""
         found: Dict[str, Tuple[str, Optional[Version]]] = {}
         for kind in ("work", COMPLETED, FAILED):
-            for entry, decoded in self.decoded(kind):
+            entries = self.list(kind)[1]
+            for entry, decoded in self.decode_entries(kind, entries):
                 if decoded.token in tokens and decoded.token not in found:
                     found[decoded.token] = (entry.id, entry.version if kind == "work" else None)
+            if kind == FAILED:  # a requeued dead letter's tombstone keeps its put token
+                for entry in entries:
+                    token = tombstone_token(entry.value)
+                    if token in tokens and token not in found:
+                        found[token] = (entry.id, None)
             if len(found) == len(tokens):
                 break
         return found

@@ -6,6 +6,7 @@ crash point) and checks what the next consumer sees.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -220,3 +221,21 @@ def test_a_stale_listing_of_a_reclaimed_item_rereads_it(etcd_url: str, queue_nam
         queue.claim().release()  # C2 and R0 changed its index
         state = queue._protocol.claim(stale.id, stale.version)
         assert state is not None and state.item.attempts == 1 and state.index > stale.index
+
+
+def test_a_put_token_search_finds_an_item_dead_lettered_and_requeued_since(
+        etcd_url: str, queue_name: str) -> None:
+    """A put whose reply was lost searches for its token wherever the item is now.
+    Dead-lettered and requeued before the search, the item's put token survives only
+    in the dead letter's tombstone: the search finds it there (the put is stored),
+    rather than reporting it missing, after which putting it again would store it twice."""
+    with Queue(etcd_url, queue_name, max_attempts=1) as queue:
+        item_id = queue.put("x")
+        token = queue._protocol.read("work", item_id)
+        assert token is not None
+        put_token = json.loads(token.value)["t"]
+        claim = queue.claim(timeout=5)
+        assert claim is not None and claim.id == item_id
+        claim.fail("no")                      # max_attempts 1: a dead letter
+        queue.requeue(item_id)                # failed/<id> becomes a tombstone
+        assert queue._protocol.find_put(put_token) == (item_id, None)
