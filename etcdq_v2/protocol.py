@@ -513,7 +513,7 @@ class Protocol:
             node = self.etcd.post(self.layout.work, raw).node
             return node["key"].rsplit("/", 1)[-1], Version(node["modifiedIndex"], raw)
         except AmbiguousWrite as exc:
-            found = self.find_put(token)
+            found = self._search_doubts({token}).get(token)
             if found is None:
                 raise Unavailable(
                     f"a put to {self.layout.work} may or may not be stored ({exc}): it was not "
@@ -552,6 +552,18 @@ class Protocol:
             if len(found) == len(tokens):
                 break
         return found
+
+    def _search_doubts(self, tokens: Set[str]) -> Dict[str, Tuple[str, Optional[Version]]]:
+        """find_puts for puts in doubt: a search that cannot be made (etcd still
+        unreachable, even refusing every connection) leaves them in doubt, and
+        Unavailable says so, never that nothing was stored."""
+        try:
+            return self.find_puts(tokens)
+        except Unavailable as exc:
+            raise Unavailable(
+                f"{len(tokens)} put(s) to {self.layout.work} may or may not be stored: "
+                f"the search for them failed ({exc}); a delayed request could still add "
+                "them, once each") from exc
 
     def post_items(self, items: Sequence[Tuple[str, str]], in_flight: int
                    ) -> List[Tuple[str, Optional[Version]]]:
@@ -603,7 +615,7 @@ class Protocol:
         """Where the POSTs in doubt are stored; Unavailable if any is not found."""
         if not doubts:
             return {}
-        found = self.find_puts(set(doubts))
+        found = self._search_doubts(set(doubts))
         missing = len(doubts) - len(found)
         if missing:
             first = results[min(p for t, p in doubts.items() if t not in found)]
