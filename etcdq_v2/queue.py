@@ -135,7 +135,9 @@ class Queue:
     letter are kept (rounded up; None: until purged).  ``max_attempts``: claims
     of an item before it is dead-lettered (None: never).  ``backoff``: the wait
     after a failed attempt, a sequence of seconds or ``f(attempt) -> seconds``
-    (None: exponential with jitter, see :mod:`etcdq_v2.backoff`).
+    (None: exponential with jitter, see :mod:`etcdq_v2.backoff`).  ``runtime``:
+    where the queue's clocks, threads and randomness come from
+    (:mod:`etcdq_v2.runtime`; None: its transport's, by default the real one).
     """
 
     def __init__(self, client: Client, name: str, *, prefix: str = "/etcdq",

@@ -808,7 +808,9 @@ def connect(endpoints: Union[str, Sequence[str]], *, ca_cert: Optional[str] = No
 
     ``timeout`` bounds each request; a call that cannot succeed within
     ``deadline`` seconds (default ``3 * timeout``), retrying on the other
-    members, raises :class:`~etcdq_v2.errors.Unavailable`.
+    members, raises :class:`~etcdq_v2.errors.Unavailable`.  ``runtime``: the
+    clocks, threads and randomness of the client and of the queues on it
+    (:mod:`etcdq_v2.runtime`; default the real ones).
     """
     for path in (ca_cert, cert, key):
         if path is not None and not os.path.isfile(path):
