@@ -22,14 +22,15 @@ never expires the lock.
 from __future__ import annotations
 
 import collections.abc
+import functools
 import logging
 import math
 import numbers
-import random
 from typing import Any, Callable, List, Sequence, Union
 
 from .errors import ConfigError
 from .protocol import MAX_TTL
+from .runtime import SYSTEM, Randomness
 
 log = logging.getLogger("etcdq_v2.backoff")
 
@@ -39,18 +40,21 @@ BASE, CAP = 5.0, 300.0
 BackoffOption = Union[None, Sequence[float], Callable[[int], float]]
 
 
-def default_backoff(attempt: int) -> float:
-    """Equal jitter: half of ``min(300, 5 * 2**(attempt-1))``, plus up to as much again."""
+def default_backoff(attempt: int, rng: Randomness = SYSTEM.random) -> float:
+    """Equal jitter: half of ``min(300, 5 * 2**(attempt-1))``, plus up to as much
+    again, drawn from ``rng`` (the queue's runtime's)."""
     ceiling = min(CAP, BASE * 2.0 ** min(max(attempt, 1) - 1, 16))
-    return ceiling / 2 + random.uniform(0, ceiling / 2)
+    return ceiling / 2 + rng.uniform(0, ceiling / 2)
 
 
-def make_backoff(option: BackoffOption, queue: str) -> Callable[[int], float]:
-    """The backoff function for ``Queue(backoff=option)``; ConfigError if it cannot be one."""
+def make_backoff(option: BackoffOption, queue: str,
+                 rng: Randomness = SYSTEM.random) -> Callable[[int], float]:
+    """The backoff function for ``Queue(backoff=option)``; ConfigError if it cannot be one.
+    ``rng``: the jitter of the default backoff (a user's that fails falls back to it)."""
     if option is None:
-        return default_backoff
+        return functools.partial(default_backoff, rng=rng)
     if callable(option):
-        return _Guarded(option, queue)
+        return _Guarded(option, queue, rng)
     if isinstance(option, (str, bytes)) or not isinstance(option, collections.abc.Sequence) \
             or not option:
         raise ConfigError(f"backoff must be None, a non-empty sequence of seconds or a "
@@ -89,9 +93,11 @@ class _Schedule:
 class _Guarded:
     """A user's backoff function, never allowed to keep an item locked by failing."""
 
-    def __init__(self, function: Callable[[int], float], queue: str) -> None:
+    def __init__(self, function: Callable[[int], float], queue: str,
+                 rng: Randomness = SYSTEM.random) -> None:
         self.function = function
         self.queue = queue
+        self._rng = rng
 
     def __call__(self, attempt: int) -> float:
         try:
@@ -99,7 +105,7 @@ class _Guarded:
         except Exception as exc:
             log.warning("the backoff of queue %s failed for attempt %d (%r); using the "
                         "default backoff for it", self.queue, attempt, exc)
-            return default_backoff(attempt)
+            return default_backoff(attempt, self._rng)
         if delay > MAX_TTL:  # etcd would refuse it, or never expire the lock
             log.warning("the backoff of queue %s gave %r s for attempt %d, more than the "
                         "longest TTL; waiting %d s", self.queue, delay, attempt, MAX_TTL)

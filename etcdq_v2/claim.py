@@ -15,13 +15,12 @@ running without its lock.
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from types import TracebackType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Type, TypeVar
 from typing import Protocol as TypingProtocol
 
 from .errors import ClaimClosed, LockLost, public_errors
+from .runtime import ThreadLike
 from .protocol import COMPLETED, ClaimState, GivenBack, Protocol, delay_ttl, item_fields
 
 log = logging.getLogger("etcdq_v2.claim")
@@ -45,10 +44,10 @@ class Claim:
         self._protocol = protocol
         self._heartbeat = heartbeat
         self._view = view
-        self._mutex = threading.Lock()
+        self._mutex = protocol.runtime.Lock()
         self._outcome: Optional[str] = None
         self._lost = False
-        self._losing = threading.Lock()  # the warning is logged once
+        self._losing = protocol.runtime.Lock()  # the warning is logged once
         #: Why the heartbeat's last refresh got no answer (None: it applied).
         self._refresh_error: Optional[Exception] = None
         heartbeat.add(self)
@@ -280,9 +279,10 @@ class Heartbeat:
         self.lock_ttl = protocol.lock_ttl
         self.interval = max(self.lock_ttl / 3.0, 0.3)
         self._due: Dict[Claim, float] = {}
-        self._cond = threading.Condition()
+        self._runtime = protocol.runtime
+        self._cond = self._runtime.Condition()
         self._closed = False
-        self._thread: Optional[threading.Thread] = None
+        self._thread: Optional[ThreadLike] = None
 
     def add(self, claim: Claim) -> None:
         # No notify: the thread already sleeps until a due time no later than
@@ -291,10 +291,10 @@ class Heartbeat:
         with self._cond:
             closed = self._closed
             if not closed:
-                self._due[claim] = time.monotonic() + self.interval
+                self._due[claim] = self._runtime.monotonic() + self.interval
                 if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="etcdq-heartbeat",
-                                                    daemon=True)
+                    self._thread = self._runtime.Thread(self._run, name="etcdq-heartbeat",
+                                                        daemon=True)
                     self._thread.start()
         if closed:  # a claim() that was under way when the queue closed
             claim._mark_lost(_CLOSED)
@@ -329,7 +329,7 @@ class Heartbeat:
             with self._cond:
                 if self._closed:
                     return
-                now = time.monotonic()
+                now = self._runtime.monotonic()
                 due = [claim for claim, at in self._due.items() if at <= now]
                 if not due:
                     soonest = min(self._due.values(), default=now + self.interval)
@@ -339,7 +339,7 @@ class Heartbeat:
 
     def _beat(self, due: List[Claim]) -> None:
         """Refresh the due claims' locks, all at once; schedule each one's next."""
-        started = time.monotonic()
+        started = self._runtime.monotonic()
         # A claim whose complete()/release()/fail() runs confirms itself.
         held = {claim for claim in due if claim._mutex.acquire(blocking=False)}
         try:

@@ -23,12 +23,11 @@ import base64
 import binascii
 import contextlib
 import json
-import os
-import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from .errors import InvalidPayload, PayloadTooLarge
+from .runtime import SYSTEM
 
 DEFAULT_MAX_PAYLOAD = 1 << 20
 #: How deep a payload or result may nest lists and objects (``[[1]]`` is 2).
@@ -56,8 +55,9 @@ class Junk(ValueError):
 
 
 def new_token() -> str:
-    """A random token, unique for practical purposes (96 bits)."""
-    return os.urandom(12).hex()
+    """A random token, unique for practical purposes (96 bits), from the real
+    runtime; a protocol takes its own runtime's (Runtime.token)."""
+    return SYSTEM.token()
 
 
 #: One encoder for every value: json.dumps with options builds a new one per call.
@@ -157,7 +157,7 @@ class Item:
     token: str
     attempts: int = 0
     claim: Optional[str] = None
-    created: float = field(default_factory=time.time)
+    created: float = field(default_factory=SYSTEM.wall)
     outcome: Optional[str] = None
     #: Put back by requeue, or put with a delay (``q``): its first claim checks for
     #: records too (C3), since a requeue resumed late, or a late copy of a delayed

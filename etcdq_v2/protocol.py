@@ -248,17 +248,17 @@ import contextlib
 import json
 import logging
 import math
-import time
 from dataclasses import dataclass, field, replace
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple,
                     Union)
 
 from .codec import (IN_LOCK, IN_RECORD, Item, Junk, Lock, Record, check_depth, failure_text,
-                    new_token, tombstone, tombstone_token)
+                    tombstone, tombstone_token)
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdFailure,
                      EtcdqError, EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
                      Unavailable)
 from .keys import DIRS, Layout, check_item_id, check_prefix, is_queue_name
+from .runtime import SYSTEM
 from .transport import EventStream, Node, Reply, Transport, UndecodableReply
 
 log = logging.getLogger("etcdq_v2.protocol")
@@ -298,16 +298,10 @@ TOMBSTONE_TTL = 7 * 24 * 3600
 LINGER_MAX = 60
 
 
-_BOOTTIME: Optional[int] = getattr(time, "CLOCK_BOOTTIME", None)
-
-
 def boot_clock() -> float:
-    """Seconds on a clock that also runs while the host is suspended: Linux's
-    CLOCK_BOOTTIME (time.monotonic() stops then, etcd's clock does not), else
-    time.monotonic().  For C3's "within half a lock TTL of C1" check."""
-    if _BOOTTIME is not None:
-        return time.clock_gettime(_BOOTTIME)
-    return time.monotonic()
+    """The real runtime's boot clock (:meth:`Runtime.boot_clock`); a protocol
+    reads its own runtime's."""
+    return SYSTEM.boot_clock()
 #: The id of the import lock, ``locks/<IMPORT_LOCK>``: no write has index 0, so no
 #: item has this id, and views and stats ignore its lock.
 IMPORT_LOCK = "0" * 20
@@ -424,7 +418,7 @@ class ImportState:
     tokens: Set[str]
     #: The index of our latest write, which names the next key (I3); None: unknown.
     name: Optional[int]
-    refreshed: float    # time.monotonic() before the lock was last created or refreshed
+    refreshed: float    # runtime.monotonic() before the lock was last created or refreshed
 
 
 def item_fields(queue: str, item_id: str, attempt: Optional[int] = None) -> Dict[str, Any]:
@@ -485,6 +479,8 @@ class Protocol:
                  backoff: Callable[[int], float], completed_ttl: Optional[int] = None,
                  failed_ttl: Optional[int] = None) -> None:
         self.etcd = transport
+        #: The transport's runtime: the clocks, locks and tokens of this queue.
+        self.runtime = transport.runtime
         self.layout = layout
         self.node_id = node_id
         self.lock_ttl = lock_ttl
@@ -631,7 +627,7 @@ class Protocol:
         """A new item for P1, or for D2 (``delayed``): marked ``q``, so that its
         first claim checks for records (C3), since a late copy of D2 could
         create it again after it finished."""
-        return Item(payload, new_token(), requeued=delayed)
+        return Item(payload, self.runtime.token(), created=self.runtime.wall(), requeued=delayed)
 
     # -- D: delayed put ------------------------------------------------------
     def put_delayed(self, raw: str, token: str, ttl: int
@@ -653,18 +649,18 @@ class Protocol:
         applied (now or later) is an orphan: it holds no item, and expires.
         """
         value = Lock(self.node_id, token, delay=True).encode()
-        give_up = time.monotonic() + self.etcd.deadline
+        give_up = self.runtime.monotonic() + self.etcd.deadline
         while True:
             try:
                 node = self.etcd.post(self.layout.locks, value, ttl=ttl).node
                 return node["key"].rsplit("/", 1)[-1], node["modifiedIndex"]
             except AmbiguousWrite as exc:
-                if time.monotonic() >= give_up:
+                if self.runtime.monotonic() >= give_up:
                     raise Unavailable(f"a delayed put to {self.layout.work} could not create "
                                       f"its lock ({exc}); nothing was stored") from None
                 log.info("the reply to a delay lock in %s was lost; creating another",
                          self.layout.locks)
-                time.sleep(0.1)  # a member that resets every connection is not hammered
+                self.runtime.sleep(0.1)  # a member that resets every connection is not hammered
 
     def _create_delayed(self, item_id: str, raw: str, token: str) -> Optional[Version]:
         """D2: PUT ``work/<id>`` prevExist=false; its version (None: it already finished).
@@ -707,8 +703,8 @@ class Protocol:
         longer in work/ or is finished, and Junk if it is not one of ours (the
         caller skips it).
         """
-        lock = Lock(self.node_id, new_token())
-        since = boot_clock()
+        lock = Lock(self.node_id, self.runtime.token())
+        since = self.runtime.boot_clock()
         locked = self._create_lock(item_id, lock, self.lock_ttl)
         try:
             state = self._take_item(item_id, _Held(lock, locked, since), seen)
@@ -791,7 +787,7 @@ class Protocol:
             except LockLost:  # another claim took it meanwhile
                 raise Gone(state.id) from None
             raise Gone(state.id, by_us=True)
-        if boot_clock() - held.since > self.lock_ttl / 2:
+        if self.runtime.boot_clock() - held.since > self.lock_ttl / 2:
             self._still_locked(state, held.index)
         return state
 
@@ -812,7 +808,7 @@ class Protocol:
         is committed, else Taken (it is live: the view frees it when that lock
         goes).
         """
-        started = boot_clock()
+        started = self.runtime.boot_clock()
         key = self.layout.key("locks", state.id)
         try:
             reply = self.etcd.put(key, ttl=self.lock_ttl, refresh=True, prev_exist=True,
@@ -892,11 +888,11 @@ class Protocol:
         expired), on boot_clock(): etcd keeps a lock at least lock_ttl after
         the request that created or refreshed it applied, which is after it
         was sent; TTLs are whole seconds, rounded up."""
-        return confirmed + self.lock_ttl - boot_clock()
+        return confirmed + self.lock_ttl - self.runtime.boot_clock()
 
     def confirm(self, state: ClaimState) -> None:
         """Claim.refresh(): make sure the lock is ours, or raise LockLost."""
-        started = boot_clock()
+        started = self.runtime.boot_clock()
         try:
             self.etcd.put(self.layout.key("locks", state.id), ttl=self.lock_ttl, refresh=True,
                           prev_exist=True, prev_value=state.lock.encode())
@@ -913,7 +909,7 @@ class Protocol:
         own time left.  Each result: None (confirmed, ``state.confirmed`` is
         the refreshes' send), LockLost, or the error that left it unconfirmed
         (Unavailable: the heartbeat tries again)."""
-        started = boot_clock()
+        started = self.runtime.boot_clock()
         left = max(self.lock_left(state.confirmed) for state in states)
         replies = self.etcd.refresh_all(
             [(self.layout.key("locks", state.id), state.lock.encode()) for state in states],
@@ -993,7 +989,7 @@ class Protocol:
         reason, traceback = failure_text(reason, traceback, IN_RECORD)
         record = Record(state.item.payload, state.lock.token, self.node_id,
                         state.attempt if attempts is None else attempts, state.item.created,
-                        time.time(), result, reason, token=state.item.token,
+                        self.runtime.wall(), result, reason, token=state.item.token,
                         requeued=state.item.requeued, traceback=traceback)
         committed = self._commit(state, kind, record.encode(outcome=kind, stored=True))
         if committed is not None:
@@ -1266,7 +1262,8 @@ class Protocol:
             (token, index), record = self._requeue_token(item_id)
             self._remove_dead_item(item_id)
             new_id = f"{index:020d}"  # Q1's own index: no POST can ever take this name
-            raw = Item(record.payload, token, requeued=True).encode(stored=True)
+            raw = Item(record.payload, token, created=self.runtime.wall(),
+                       requeued=True).encode(stored=True)
             created = self._create_item(new_id, raw)
             self._bury(item_id, new_id, record, index)  # Q4
             return new_id, created
@@ -1343,8 +1340,8 @@ class Protocol:
         whose finisher crashed after F3.  Another requeue's lock is waited
         for; then the dead letter may be gone.
         """
-        lock = Lock(self.node_id, new_token())
-        give_up = time.monotonic() + self.lock_ttl + self.etcd.deadline
+        lock = Lock(self.node_id, self.runtime.token())
+        give_up = self.runtime.monotonic() + self.lock_ttl + self.etcd.deadline
         while True:
             dead = self.read(FAILED, item_id)
             if dead is None:
@@ -1355,9 +1352,9 @@ class Protocol:
             except Taken:
                 if self._take_finishers_lock(item_id, dead, lock):
                     return lock
-                if time.monotonic() >= give_up:
+                if self.runtime.monotonic() >= give_up:
                     raise Unavailable(f"dead letter {item_id} stayed locked") from None
-                time.sleep(0.1)
+                self.runtime.sleep(0.1)
 
     def _take_finishers_lock(self, item_id: str, dead: Entry, lock: Lock) -> bool:
         """Q0 on the lock the dead letter's finisher left to expire: CAS it into ours.
@@ -1399,7 +1396,7 @@ class Protocol:
         assert entry is not None  # Record.decode(None) raised Junk above
         if record.requeue_token:
             return (record.requeue_token, entry.index), record
-        token = new_token()
+        token = self.runtime.token()
         marked = replace(record, requeue_token=token).encode(stored=True)
         try:
             reply = self.etcd.put(self.layout.key(FAILED, item_id), marked,
@@ -1506,7 +1503,7 @@ class Protocol:
         by a CAS on its value, its TTL never shortened; any other lock is a
         claim's.  The loop ends when the lock changes under us too often.
         """
-        lock = Lock(self.node_id, new_token(), delay=True)
+        lock = Lock(self.node_id, self.runtime.token(), delay=True)
         for _ in range(5):
             try:
                 return lock, False, self._create_lock(item_id, lock, self.lock_ttl)
@@ -1551,7 +1548,7 @@ class Protocol:
         if found is None:
             return None
         entry, item = found
-        state = ClaimState(item_id, lock, item, entry.index, boot_clock())
+        state = ClaimState(item_id, lock, item, entry.index, self.runtime.boot_clock())
         if item.outcome or ((item.attempts or item.requeued) and self._finished_before(state)):
             return None
         return state
@@ -1633,7 +1630,7 @@ class Protocol:
         refreshes it every lock_ttl/3: a slow I2 whose lock expired meanwhile
         (another import may have taken it and stored the lines) ends in
         LockLost at I4, before any write."""
-        lock = Lock(self.node_id, new_token())
+        lock = Lock(self.node_id, self.runtime.token())
         state = ImportState(lock, set(), None, self._lock_import(lock))  # I1
         try:
             state.tokens = self.put_tokens(lambda: self._keep_import_lock(state))  # I2
@@ -1644,25 +1641,25 @@ class Protocol:
         return state
 
     def _lock_import(self, lock: Lock) -> float:
-        """I1: create ``locks/<IMPORT_LOCK>``; time.monotonic() before the PUT that
+        """I1: create ``locks/<IMPORT_LOCK>``; runtime.monotonic() before the PUT that
         created it.  Another import's lock is waited for (up to lock_ttl and the
         deadline: a crashed import's expires)."""
-        give_up = time.monotonic() + self.lock_ttl + self.etcd.deadline
+        give_up = self.runtime.monotonic() + self.lock_ttl + self.etcd.deadline
         waiting = False
         while True:
-            sent = time.monotonic()
+            sent = self.runtime.monotonic()
             try:
                 self._create_lock(IMPORT_LOCK, lock, self.lock_ttl)
                 return sent
             except Taken:
-                if time.monotonic() >= give_up:
+                if self.runtime.monotonic() >= give_up:
                     raise Unavailable(f"another import into {self.layout.label} is under way "
                                       "(its lock stayed); run this one when it ends") from None
                 if not waiting:
                     log.warning("waiting for another import into %s to end (or for the lock "
                                 "of one that stopped to expire)", self.layout.root)
                     waiting = True
-                time.sleep(0.2)
+                self.runtime.sleep(0.2)
 
     def put_tokens(self, keep: Optional[Callable[[], Any]] = None) -> Set[str]:
         """I2: the put tokens in work/, completed/ and failed/ (quorum, streamed
@@ -1723,7 +1720,7 @@ class Protocol:
 
     def _keep_import_lock(self, state: "ImportState") -> None:
         """Refresh the import lock every lock_ttl/3, between writes (no thread)."""
-        if time.monotonic() - state.refreshed >= self.lock_ttl / 3:
+        if self.runtime.monotonic() - state.refreshed >= self.lock_ttl / 3:
             self._refresh_import_lock(state)
 
     def _refresh_import_lock(self, state: "ImportState") -> int:
@@ -1733,7 +1730,7 @@ class Protocol:
         index is ours.  LockLost if the lock expired or changed: this import
         stalled past lock_ttl and another may have begun, so it stops.
         """
-        started = time.monotonic()
+        started = self.runtime.monotonic()
         try:
             reply = self.etcd.put(self.layout.key("locks", IMPORT_LOCK), ttl=self.lock_ttl,
                                   refresh=True, prev_exist=True, prev_value=state.lock.encode())

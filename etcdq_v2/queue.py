@@ -12,8 +12,6 @@ import logging
 import math
 import os
 import socket
-import threading
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
@@ -22,11 +20,12 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Seq
 
 from .backoff import BackoffOption, make_backoff
 from .claim import Claim, Heartbeat
-from .codec import DEFAULT_MAX_PAYLOAD, Item, Junk, Lock, Record, new_token, requeued_as
+from .codec import DEFAULT_MAX_PAYLOAD, Item, Junk, Lock, Record, requeued_as
 from .errors import (ConfigError, InvalidArgument, NotFound, QueueClosed, Unavailable,
                      public_errors)
 from .keys import Layout, check_item_id
 from .overview import DEAD_LETTERS, QueueOverview, overview
+from .runtime import SYSTEM, EventLike, Runtime
 from .protocol import (COMPLETED, FAILED, MAX_TTL, Entry, Gone, Protocol, Taken, Version,
                        delay_ttl, in_flight_count, item_fields, lock_states, ttl_seconds)
 from .transfer import export_lines, guarded, import_lines
@@ -79,9 +78,9 @@ WAIT_IDLE = 60.0
 QUICK_END = 1.0
 
 
-def default_node_id() -> str:
-    """host name, pid and a random part: unique per Queue instance."""
-    return f"{socket.gethostname()}-{os.getpid()}-{new_token()[:8]}"
+def default_node_id(runtime: Runtime = SYSTEM) -> str:
+    """host name, pid and a random part (the runtime's): unique per Queue instance."""
+    return f"{socket.gethostname()}-{os.getpid()}-{runtime.token()[:8]}"
 
 
 @dataclass
@@ -138,7 +137,9 @@ class Queue:
     letter are kept (rounded up; None: until purged).  ``max_attempts``: claims
     of an item before it is dead-lettered (None: never).  ``backoff``: the wait
     after a failed attempt, a sequence of seconds or ``f(attempt) -> seconds``
-    (None: exponential with jitter, see :mod:`etcdq_v2.backoff`).
+    (None: exponential with jitter, see :mod:`etcdq_v2.backoff`).  ``runtime``:
+    where the queue's clocks, threads and randomness come from
+    (:mod:`etcdq_v2.runtime`; None: its transport's, by default the real one).
     """
 
     def __init__(self, client: Client, name: str, *, prefix: str = "/etcdq",
@@ -146,18 +147,21 @@ class Queue:
                  max_attempts: Optional[int] = DEFAULT_MAX_ATTEMPTS,
                  max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
                  completed_ttl: Optional[float] = DEFAULT_COMPLETED_TTL,
-                 failed_ttl: Optional[float] = None, backoff: BackoffOption = None) -> None:
+                 failed_ttl: Optional[float] = None, backoff: BackoffOption = None,
+                 runtime: Optional[Runtime] = None) -> None:
         self.layout = Layout(prefix, name)
         if lock_ttl <= 0 or (max_attempts is not None and max_attempts < 1):
             raise ConfigError("lock_ttl must be > 0 and max_attempts >= 1 (or None)")
         self.name = name
         self.lock_ttl = ttl_seconds(lock_ttl)
-        self.node_id = node_id or default_node_id()
         self.max_attempts = max_attempts
         self.completed_ttl = _record_ttl("completed_ttl", completed_ttl)
         self.failed_ttl = _record_ttl("failed_ttl", failed_ttl)
-        backoff_of = make_backoff(backoff, self.layout.root)
-        self.etcd = _transport(client)
+        self.etcd = _transport(client, runtime)
+        #: The clocks, threads and randomness of this queue: its transport's.
+        self.runtime = self.etcd.runtime
+        self.node_id = node_id or default_node_id(self.runtime)
+        backoff_of = make_backoff(backoff, self.layout.root, self.runtime.random)
         self._owns_transport = not isinstance(client, Transport)
         self._protocol = Protocol(self.etcd, self.layout, node_id=self.node_id,
                                   lock_ttl=self.lock_ttl, max_attempts=max_attempts,
@@ -169,7 +173,7 @@ class Queue:
         self._calm = 0  # clean claims since the last miss (see _narrow)
         #: The streams of the wait() calls under way, which close() ends.
         self._waiting: Set[EventStream] = set()
-        self._waiting_lock = threading.Lock()
+        self._waiting_lock = self.runtime.Lock()
         self._closed = False
 
     # -- producing -----------------------------------------------------------------
@@ -245,7 +249,7 @@ class Queue:
 
         QueueClosed after :meth:`close`, also for a claim waiting then.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else self.runtime.monotonic() + timeout
         self._check_open()
         view = self._ensure_view()
         # A listing the view went on without spent the call's deadline
@@ -270,7 +274,7 @@ class Queue:
             # Nothing free: follow locks/ from now on.  Its first listing may
             # show items freed meanwhile: wait for it (one request's timeout).
             view.starved(self.etcd.timeout)
-            remaining = None if deadline is None else deadline - time.monotonic()
+            remaining = None if deadline is None else deadline - self.runtime.monotonic()
             over = remaining is not None and remaining <= 0
             if view.version != version and not (over and looked_again):
                 looked_again = over  # past the deadline, one more look, not a loop
@@ -507,11 +511,11 @@ class Queue:
         :meth:`get`: the outcome is that of the item its requeue made.
         """
         check_item_id(item_id)
-        deadline = _deadline(timeout)
+        deadline = _deadline(self.runtime, timeout)
         pause = 0.0
         followed: List[str] = []
         while True:
-            started = time.monotonic()
+            started = self.runtime.monotonic()
             try:
                 found = self._wait_round(item_id, deadline)
             except NotFound:
@@ -527,20 +531,20 @@ class Queue:
                 return info
             if self._closed:
                 raise Unavailable(f"the queue was closed while waiting for item {item_id}")
-            remaining = _remaining(deadline)
+            remaining = _remaining(self.runtime, deadline)
             if remaining is not None and remaining <= 0:
                 return None
             # A stream that ends at once (it broke, etcd closed it), again and
             # again, must not turn into a busy loop of requests.
-            quick = time.monotonic() - started < QUICK_END
+            quick = self.runtime.monotonic() - started < QUICK_END
             pause = min(max(pause * 2, 0.05), 1.0) if quick else 0.0
             if pause:
-                time.sleep(pause if remaining is None else min(pause, remaining))
+                self.runtime.sleep(pause if remaining is None else min(pause, remaining))
 
     def _wait_round(self, item_id: str, deadline: Optional[float]
                     ) -> Optional[Tuple[str, Record]]:
         """W1-W3 once: the outcome, or None when the stream ended or time is up."""
-        remaining = _remaining(deadline)
+        remaining = _remaining(self.runtime, deadline)
         if remaining is not None and remaining <= 0:
             return self._protocol.outcome(item_id)  # timeout 0: a look, no watch
         idle = WAIT_IDLE if remaining is None else min(WAIT_IDLE, remaining)
@@ -563,7 +567,7 @@ class Queue:
         try:
             for block in stream.blocks():
                 found = self._protocol.outcome_in(item_id, block)
-                remaining = _remaining(deadline)
+                remaining = _remaining(self.runtime, deadline)
                 if found is not None or (remaining is not None and remaining <= 0):
                     return found
                 stream.set_idle_timeout(WAIT_IDLE if remaining is None
@@ -695,8 +699,9 @@ def claim_first(queues: Sequence[Queue], timeout: Optional[float] = 0) -> Option
         queue._check_open()
     if len(queues) == 1:
         return queues[0].claim(timeout)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    wake = threading.Event()
+    runtime = shared_runtime(queues)
+    deadline = None if timeout is None else runtime.monotonic() + timeout
+    wake = runtime.Event()
     views = [queue._ensure_view() for queue in queues]
     for view in views:
         view.add_waker(wake)
@@ -707,7 +712,7 @@ def claim_first(queues: Sequence[Queue], timeout: Optional[float] = 0) -> Option
                 claim = queue.claim(timeout=0)
                 if claim is not None:
                     return claim
-            remaining = None if deadline is None else deadline - time.monotonic()
+            remaining = None if deadline is None else deadline - runtime.monotonic()
             if remaining is not None and remaining <= 0:
                 return None
             _wait_any(views, wake, remaining)
@@ -716,7 +721,7 @@ def claim_first(queues: Sequence[Queue], timeout: Optional[float] = 0) -> Option
             view.remove_waker(wake)
 
 
-def _wait_any(views: List[QueueView], wake: threading.Event, timeout: Optional[float]) -> None:
+def _wait_any(views: List[QueueView], wake: EventLike, timeout: Optional[float]) -> None:
     """Wait for ``wake``, or until a view has a recorded orphan due (see QueueView.offer_due)."""
     for view in views:
         timeout = view.until_due(timeout)
@@ -725,14 +730,25 @@ def _wait_any(views: List[QueueView], wake: threading.Event, timeout: Optional[f
         view.offer_due()
 
 
-def _transport(client: Client) -> Transport:
+def _transport(client: Client, runtime: Optional[Runtime]) -> Transport:
+    """The queue's transport; ``runtime`` None: the given Transport's, else SYSTEM."""
     if isinstance(client, Transport):
+        if runtime is not None and runtime is not client.runtime:
+            raise ConfigError("a queue's runtime is its transport's: give it to connect()")
         return client
     if isinstance(client, str):
-        return connect(client)
+        return connect(client, runtime=runtime or SYSTEM)
     if hasattr(client, "base_uri") and hasattr(client, "http"):
-        return Transport.from_client(client)
+        return Transport.from_client(client, runtime or SYSTEM)
     raise ConfigError(f"expected an etcd.Client, a Transport or endpoint URLs, not {client!r}")
+
+
+def shared_runtime(queues: Sequence["Queue"]) -> Runtime:
+    """The one runtime of ``queues``: one process's queues share their clocks and threads."""
+    runtimes = {id(queue.runtime): queue.runtime for queue in queues}
+    if len(runtimes) > 1:
+        raise ConfigError("these queues have different runtimes: give them the same one")
+    return queues[0].runtime
 
 
 def _record_ttl(option: str, seconds: Optional[float]) -> Optional[int]:
@@ -744,19 +760,19 @@ def _record_ttl(option: str, seconds: Optional[float]) -> Optional[int]:
         raise ConfigError(f"{option} must be a number of seconds > 0 (at most {MAX_TTL}), "
                           f"or None to keep records until purged; not {seconds!r}")
     return ttl_seconds(seconds)
-def _deadline(timeout: Optional[float]) -> Optional[float]:
-    """time.monotonic() at which ``timeout`` seconds from now end; None: never."""
+def _deadline(runtime: Runtime, timeout: Optional[float]) -> Optional[float]:
+    """runtime.monotonic() at which ``timeout`` seconds from now end; None: never."""
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
             or not timeout >= 0 or math.isinf(timeout):
         raise InvalidArgument(f"timeout must be a number of seconds >= 0 or None, "
                               f"not {timeout!r}")
-    return time.monotonic() + timeout
+    return runtime.monotonic() + timeout
 
 
-def _remaining(deadline: Optional[float]) -> Optional[float]:
-    return None if deadline is None else deadline - time.monotonic()
+def _remaining(runtime: Runtime, deadline: Optional[float]) -> Optional[float]:
+    return None if deadline is None else deadline - runtime.monotonic()
 
 
 def _is_running(locks: Dict[str, Any], item_id: str) -> bool:

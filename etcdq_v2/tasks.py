@@ -99,7 +99,8 @@ class TaskFunction:
         self.default_delay = delay
         self.max_attempts = max_attempts
         #: None: the queue's backoff applies.
-        self.backoff = None if backoff is None else make_backoff(backoff, name)
+        self.backoff = None if backoff is None else make_backoff(backoff, name,
+                                                                 tasks.queue.runtime.random)
         functools.update_wrapper(self, function)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

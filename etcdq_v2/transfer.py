@@ -44,12 +44,12 @@ import base64
 import binascii
 import itertools
 import json
-import time
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Set, Tuple, TypeVar, Union
 
 from .codec import Item, Junk, Record, dumps
 from .errors import InvalidArgument, public_errors
 from .protocol import COMPLETED, FAILED, Entry, Protocol
+from .runtime import SYSTEM
 
 T = TypeVar("T")
 
@@ -142,7 +142,8 @@ def import_lines(protocol: Protocol, lines: Iterable[Line],
     them.  ``progress`` is called after each line.
     """
     counts = {"pending": 0, COMPLETED: 0, FAILED: 0, "skipped": 0}
-    parsed = (entry for entry in (parse_line(number, line, protocol.max_payload)
+    wall = protocol.runtime.wall
+    parsed = (entry for entry in (parse_line(number, line, protocol.max_payload, wall)
                                   for number, line in enumerate(lines, 1)) if entry is not None)
     # The first line is parsed before I1 writes anything: a file that is not an
     # export (or is empty) leaves no trace, not even the queue's directory.
@@ -164,13 +165,15 @@ def import_lines(protocol: Protocol, lines: Iterable[Line],
     return counts
 
 
-def parse_line(number: int, line: Line, max_payload: int
+def parse_line(number: int, line: Line, max_payload: int,
+               wall: Callable[[], float] = SYSTEM.wall
                ) -> Optional[Tuple[str, str, str, str, Optional[str]]]:
     """``(directory, value, token, state, rq)`` of one line, None for a blank line;
     InvalidArgument naming the line if it is not one that export writes.  ``rq``:
-    a dead letter's requeue token, the put token of the item its requeue made."""
+    a dead letter's requeue token, the put token of the item its requeue made.
+    ``wall``: the clock that dates a line without a creation time."""
     try:
-        return _parsed(line, max_payload)
+        return _parsed(line, max_payload, wall)
     except ValueError as exc:  # also InvalidPayload, UnicodeDecodeError, JSONDecodeError
         problem = str(exc)
     except RecursionError:  # json.loads on a line nested thousands of levels deep
@@ -181,7 +184,7 @@ def parse_line(number: int, line: Line, max_payload: int
                           "before it were; a re-run skips them)")
 
 
-def _parsed(line: Line, max_payload: int
+def _parsed(line: Line, max_payload: int, wall: Callable[[], float]
             ) -> Optional[Tuple[str, str, str, str, Optional[str]]]:
     text = line.decode("utf-8") if isinstance(line, bytes) else line
     if not text.strip():
@@ -196,7 +199,7 @@ def _parsed(line: Line, max_payload: int
     if state not in LINE_STATES:
         raise ValueError(f"{_field(doc, 'state')}: expected one of {', '.join(LINE_STATES)}")
     token = _text(doc, "token")
-    attempts, created = doc.get("attempts", 0), _seconds(doc, "created", time.time())
+    attempts, created = doc.get("attempts", 0), _seconds(doc, "created", wall())
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
         raise ValueError(f"{_field(doc, 'attempts')}: expected a whole number >= 0")
     payload = _payload(doc)

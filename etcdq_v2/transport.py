@@ -37,9 +37,7 @@ import logging
 import os
 import socket
 import string
-import threading
 import math
-import time
 from collections import Counter
 from contextlib import contextmanager
 from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union,
@@ -49,6 +47,7 @@ from urllib.parse import urlsplit
 from .errors import (AlreadyExists, AmbiguousWrite, AuthError, CompareFailed, ConfigError,
                      EtcdFailure, EtcdqError, KeyMissing, Unavailable)
 from .listing import listed_nodes
+from .runtime import SYSTEM, Runtime
 from .wire import Connection, Lost, Member, NotSent, Response, TLSFailed, tls_context
 from .wire import Refused as _RefusedConnect
 
@@ -202,7 +201,10 @@ class Transport:
     def __init__(self, endpoints: Union[str, Sequence[str]], *, timeout: float = 5.0,
                  deadline: Optional[float] = None, ca_cert: Optional[str] = None,
                  cert: Optional[str] = None, key: Optional[str] = None,
-                 username: Optional[str] = None, password: Optional[str] = None) -> None:
+                 username: Optional[str] = None, password: Optional[str] = None,
+                 runtime: Runtime = SYSTEM) -> None:
+        #: The clocks, locks and randomness of this client and the queues on it.
+        self.runtime = runtime
         self.endpoints = parse_endpoints(endpoints)
         if timeout <= 0:
             raise ConfigError("timeout must be positive")
@@ -212,20 +214,20 @@ class Transport:
         self._members = [Member(url, tls=tls, username=username, password=password)
                          for url in self.endpoints]
         self._current = 0
-        self._lock = threading.Lock()
-        self._limit = threading.local()
+        self._lock = runtime.Lock()
+        self._limit = runtime.local()
         self.requests: Counter[str] = Counter()
         self._observers: Tuple[Observer, ...] = ()
 
     @classmethod
-    def from_client(cls, client: Any) -> "Transport":
+    def from_client(cls, client: Any, runtime: Runtime = SYSTEM) -> "Transport":
         """Take endpoints, credentials, TLS files and timeout from an ``etcd.Client``."""
         pool_kw = getattr(client.http, "connection_pool_kw", {})
         endpoints = [client.base_uri] + [m for m in client._machines_cache if m != client.base_uri]
         timeout = client.read_timeout if client.read_timeout and client.read_timeout > 0 else 5.0
         return cls(endpoints, timeout=min(timeout, 5.0), ca_cert=pool_kw.get("ca_certs"),
                    cert=pool_kw.get("cert_file"), key=pool_kw.get("key_file"),
-                   username=client.username, password=client.password)
+                   username=client.username, password=client.password, runtime=runtime)
 
     def add_observer(self, observer: Observer) -> None:
         """Call ``observer(method, seconds, error)`` after every request to a member.
@@ -301,14 +303,14 @@ class Transport:
                timeout: float, lanes: int, depth: int) -> List[Union[Reply, EtcdqError, None]]:
         """One round of post_many on ``member``; _Transient(sent=False) if it sent
         nothing, which observers see as one POST that failed."""
-        started = time.monotonic()
+        started = self.runtime.monotonic()
         try:
             with _translated(member.url):
                 piped = member.pipeline(requests, timeout, lanes=lanes, depth=depth)
             if all(isinstance(outcome, NotSent) for outcome, _ in piped):
                 raise _Transient("no connection could carry the POSTs", sent=False)
         except _Transient:
-            with self._observed("POST", time.monotonic() - started):
+            with self._observed("POST", self.runtime.monotonic() - started):
                 raise
         sent = sum(1 for outcome, _ in piped if not isinstance(outcome, NotSent))
         with self._lock:
@@ -382,13 +384,13 @@ class Transport:
             self.requests[method] += len(calls)
         requests = [(method, _path(key, query), None) for key, query in calls]
         answers: Sequence[Union[Response, Exception]]
-        started = time.monotonic()
+        started = self.runtime.monotonic()
         try:
             with _translated(member.url):
                 answers = member.request_all(requests, timeout or self.timeout)
         except _Transient as exc:
             answers = [exc] * len(requests)
-        seconds = time.monotonic() - started
+        seconds = self.runtime.monotonic() - started
         if any(isinstance(answer, Exception) for answer in answers):
             self._failed(member)  # those redone go to the next member (review rv28)
         return [self._one_of_all(member, method, key, query, answer, seconds, redo)
@@ -497,7 +499,7 @@ class Transport:
         """This thread's call spent its deadline on a request it went on
         without (see :meth:`spending`; outside that block, nothing)."""
         if getattr(self._limit, "until", None) is not None:
-            self._limit.until = time.monotonic()
+            self._limit.until = self.runtime.monotonic()
 
     def close(self) -> None:
         """Close every pooled connection, whichever thread opened it.
@@ -532,13 +534,13 @@ class Transport:
         deadline = min(self.deadline, limit) if limit is not None else self.deadline
         until = getattr(self._limit, "until", None)
         if until is not None and until < math.inf:  # see spending()
-            deadline = min(deadline, max(until - time.monotonic(), self.timeout))
-        give_up = time.monotonic() + deadline
+            deadline = min(deadline, max(until - self.runtime.monotonic(), self.timeout))
+        give_up = self.runtime.monotonic() + deadline
         retried, attempts, last = False, 0, ""
         refusals: Counter[int] = Counter()  # member -> refused connects in a row
         while True:
             member = self._member()
-            remaining = give_up - time.monotonic()
+            remaining = give_up - self.runtime.monotonic()
             try:
                 with self._observed(method) if observed else _UNOBSERVED:
                     return attempt(member, min(self.timeout, max(remaining, 0.05)), retried)
@@ -553,10 +555,10 @@ class Transport:
             attempts += 1
             rounds = attempts // len(self._members)
             pause = min(0.05 * 2 ** rounds, 1.0) if rounds else 0.0
-            if time.monotonic() + pause >= give_up:
+            if self.runtime.monotonic() + pause >= give_up:
                 raise Unavailable(f"etcd did not answer {method} {key} within "
                                   f"{deadline:g}s (last error: {last})")
-            time.sleep(pause)
+            self.runtime.sleep(pause)
 
     def _count_refusal(self, refusals: "Counter[int]", member: Member, exc: _Transient,
                        method: str, key: str) -> None:
@@ -574,7 +576,7 @@ class Transport:
     def _observed(self, method: str, seconds: Optional[float] = None) -> "_Observed":
         """Report the request made inside the block to the observers (timed
         from here unless ``seconds`` is given)."""
-        return _Observed(self._observers, method, seconds)
+        return _Observed(self._observers, method, seconds, self.runtime)
 
     def _send(self, member: Member, method: str, path: str, body: Optional[str],
               timeout: float, retried: bool) -> Reply:
@@ -631,25 +633,26 @@ class _Observed:
     it does nothing but compare a tuple.  Exceptions pass through unchanged.
     """
 
-    __slots__ = ("_observers", "_method", "_seconds", "_started")
+    __slots__ = ("_observers", "_method", "_seconds", "_started", "_runtime")
 
     def __init__(self, observers: Tuple[Observer, ...], method: str,
-                 seconds: Optional[float]) -> None:
+                 seconds: Optional[float], runtime: Runtime = SYSTEM) -> None:
         self._observers = observers
+        self._runtime = runtime
         self._method = method
         self._seconds = seconds
         self._started = 0.0
 
     def __enter__(self) -> None:
         if self._observers and self._seconds is None:
-            self._started = time.monotonic()
+            self._started = self._runtime.monotonic()
 
     def __exit__(self, kind: Optional[type], exc: Optional[BaseException],
                  traceback: Any) -> None:
         if not self._observers or (exc is not None and not isinstance(exc, Exception)):
             return  # nobody listens, or a KeyboardInterrupt: not a request's outcome
         seconds = self._seconds if self._seconds is not None \
-            else time.monotonic() - self._started
+            else self._runtime.monotonic() - self._started
         error = None if exc is None else _error_label(exc)
         for observer in self._observers:
             try:
@@ -799,12 +802,15 @@ def _encode(params: Dict[str, Any]) -> str:
 def connect(endpoints: Union[str, Sequence[str]], *, ca_cert: Optional[str] = None,
             cert: Optional[str] = None, key: Optional[str] = None,
             username: Optional[str] = None, password: Optional[str] = None,
-            timeout: float = 5.0, deadline: Optional[float] = None) -> Transport:
+            timeout: float = 5.0, deadline: Optional[float] = None,
+            runtime: Runtime = SYSTEM) -> Transport:
     """A client for ``endpoints`` ("http://a:2379,http://b:2379", https for TLS).
 
     ``timeout`` bounds each request; a call that cannot succeed within
     ``deadline`` seconds (default ``3 * timeout``), retrying on the other
-    members, raises :class:`~etcdq_v2.errors.Unavailable`.
+    members, raises :class:`~etcdq_v2.errors.Unavailable`.  ``runtime``: the
+    clocks, threads and randomness of the client and of the queues on it
+    (:mod:`etcdq_v2.runtime`; default the real ones).
     """
     for path in (ca_cert, cert, key):
         if path is not None and not os.path.isfile(path):
@@ -812,4 +818,4 @@ def connect(endpoints: Union[str, Sequence[str]], *, ca_cert: Optional[str] = No
     if (username is None) != (password is None):
         raise ConfigError("give both a username and a password, or neither")
     return Transport(endpoints, timeout=timeout, deadline=deadline, ca_cert=ca_cert, cert=cert,
-                     key=key, username=username, password=password)
+                     key=key, username=username, password=password, runtime=runtime)

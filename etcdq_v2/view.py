@@ -99,16 +99,14 @@ import calendar
 import json
 import logging
 import math
-import random
 import re
-import threading
-import time
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from .codec import Item, Junk, Lock
 from .errors import EtcdqError, Unavailable
 from .keys import Layout
 from .protocol import Entry, Protocol, Version
+from .runtime import EventLike
 from .transport import EventStream, Refused
 
 log = logging.getLogger("etcdq_v2.view")
@@ -178,10 +176,11 @@ class QueueView:
 
     def __init__(self, protocol: Protocol, *, idle_timeout: float = 60.0) -> None:
         self._protocol = protocol
+        self._runtime = protocol.runtime
         self._layout: Layout = protocol.layout
-        self._cond = threading.Condition()
+        self._cond = self._runtime.Condition()
         #: Events set on every change of the view (see add_waker).
-        self._wakers: Set[threading.Event] = set()
+        self._wakers: Set[EventLike] = set()
         #: Items in work/: id -> the newest version the view knows, (index, value
         #: or None), of one write or one node read (never mixed: see Version).
         #: Tuples, not Versions: a listing makes one per item, and a tuple costs
@@ -353,7 +352,7 @@ class QueueView:
             head = self.candidates(min(window, PROBES))
             if not head:
                 return None
-            found = random.choice(head)
+            found = self._runtime.random.choice(head)
             with self._cond:
                 if self._is_free(found[0]):  # another thread may have taken it since
                     self.taken(found[0])
@@ -370,7 +369,7 @@ class QueueView:
         if end <= 0 or not self._free:
             return None
         if self._cursor is None:
-            self._cursor = self._free[random.randrange(min(end, len(self._free)))]
+            self._cursor = self._free[self._runtime.random.randrange(min(end, len(self._free)))]
         start = bisect.bisect_left(self._free, self._cursor)
         if start >= end:
             start = 0
@@ -503,7 +502,7 @@ class QueueView:
         """
         self.offer_due()
         with self._cond:
-            now, quiet = time.monotonic(), not self.watching_locks
+            now, quiet = self._runtime.monotonic(), not self.watching_locks
             stale = quiet and bool(self._locks) and (
                 now - self._locks_listed >= self._protocol.lock_ttl)
             due = quiet and self._next_delay <= now
@@ -535,11 +534,11 @@ class QueueView:
             log.warning("could not list %s for delay locks (tried again in %g s): %s",
                         self._layout.dir("locks"), CONFIRM, exc)
             with self._cond:
-                self._next_delay = time.monotonic() + CONFIRM
+                self._next_delay = self._runtime.monotonic() + CONFIRM
 
     def _plan_confirm(self) -> None:
         """Check the signs up to _confirm_upto CONFIRM s from now, or sooner if planned."""
-        self._confirm_at = min(self._confirm_at, time.monotonic() + CONFIRM)
+        self._confirm_at = min(self._confirm_at, self._runtime.monotonic() + CONFIRM)
 
     def _unconfirmed(self) -> bool:
         """Whether an item still in work/ is taken on a sign no newer than the
@@ -657,7 +656,7 @@ class QueueView:
 
     def _plan_delay(self, item_id: str, seconds: float) -> None:
         """The item's delay lock expires in about ``seconds`` (see check_locks)."""
-        self._delays[item_id] = time.monotonic() + seconds
+        self._delays[item_id] = self._runtime.monotonic() + seconds
         self._next_delay = min(self._next_delay, self._delays[item_id])
 
     def finished(self, item_id: str) -> None:
@@ -693,7 +692,7 @@ class QueueView:
             self._cond.wait_for(lambda: self.version != version or self._closed, timeout)
             self.offer_due()
 
-    def add_waker(self, event: threading.Event) -> None:
+    def add_waker(self, event: EventLike) -> None:
         """Set ``event`` on every change of :attr:`version`, and on close.
 
         For a claimer that waits on several views at once (a Worker over
@@ -705,7 +704,7 @@ class QueueView:
             if self._closed:
                 event.set()
 
-    def remove_waker(self, event: threading.Event) -> None:
+    def remove_waker(self, event: EventLike) -> None:
         with self._cond:
             self._wakers.discard(event)
 
@@ -713,7 +712,8 @@ class QueueView:
         """``timeout``, cut short to when the first orphan is due (see :meth:`offer_due`),
         or the check of a view that started watching (see :meth:`check_locks`)."""
         with self._cond:
-            due = min([*self._orphans.values(), self._confirm_at]) - time.monotonic() + 0.01
+            now = self._runtime.monotonic()
+            due = min([*self._orphans.values(), self._confirm_at]) - now + 0.01
             if due < math.inf:  # wake when the first is due: offer it, or check_locks
                 timeout = due if timeout is None else min(timeout, max(due, 0.0))
             return timeout
@@ -722,7 +722,7 @@ class QueueView:
         """Offer the orphans whose F3 event is overdue: a claim finishes them."""
         with self._cond:
             for item_id, due in list(self._orphans.items()):
-                if due <= time.monotonic():
+                if due <= self._runtime.monotonic():
                     del self._orphans[item_id]
                     self._make_free(item_id)
 
@@ -759,7 +759,7 @@ class QueueView:
         entry = self._items.get(item_id)
         return (entry is not None and item_id not in self._locks
                 and item_id not in self._trying and item_id not in self._recorded
-                and self._orphans.get(item_id, 0.0) <= time.monotonic()
+                and self._orphans.get(item_id, 0.0) <= self._runtime.monotonic()
                 and self._skip.get(item_id) != entry[0])
 
     def _make_free(self, item_id: str) -> None:
@@ -827,13 +827,13 @@ class QueueView:
             self._next_delay = -math.inf
         self._locks_retry = 0.0  # listings of locks/ work again (review rv26)
         if not delays:  # a delays-only listing leaves the other taken items as they were
-            self._locks_listed = time.monotonic()
+            self._locks_listed = self._runtime.monotonic()
 
     def _plan_delays(self, locks: List[Entry]) -> None:
         """Note when etcd expires each listed delay lock of a known item, so that
         :meth:`check_locks` lists locks/ then, not a lock TTL later.  One that
         is due but not swept yet (etcd sweeps every 0.5 s) is listed again soon."""
-        now, wall = time.monotonic(), time.time()
+        now, wall = self._runtime.monotonic(), self._runtime.wall()
         for entry in locks:
             if entry.id in self._items and entry.expiration and _is_delay(entry.value):
                 self._delays[entry.id] = now + max(_expires_in(entry, wall), RELIST_DUE)
@@ -962,7 +962,7 @@ class QueueView:
         """
         with self._cond:
             if self._listing or self.watching_locks or self._closed or (
-                    not full and time.monotonic() < self._relist_gate(catching_up)):
+                    not full and self._runtime.monotonic() < self._relist_gate(catching_up)):
                 return
             self._listing, follower = True, self._follower
         try:
@@ -1008,10 +1008,10 @@ class QueueView:
         if full:
             ttl = self._protocol.lock_ttl
             self._locks_retry = min(ttl, max(CONFIRM, 2 * self._locks_retry))
-            self._locks_listed = time.monotonic() - ttl + self._locks_retry
+            self._locks_listed = self._runtime.monotonic() - ttl + self._locks_retry
 
     def _relist_gate(self, catching_up: bool) -> float:
-        """No listing of work/ before this time.monotonic() (under the lock).
+        """No listing of work/ before this runtime.monotonic() (under the lock).
         A catch-up waits a second (CONFIRM) after the last failure, not the
         misses' backoff: put order waits for it (review rv37: up to a lock TTL
         out of order after listings answered again)."""
@@ -1026,12 +1026,12 @@ class QueueView:
         paid a request's deadline each time (a half-answering etcd)."""
         ttl = self._protocol.lock_ttl
         self._work_retry = min(ttl, max(CONFIRM, 2 * self._work_retry))
-        self._work_failed_at = time.monotonic()
+        self._work_failed_at = self._runtime.monotonic()
         self._relist_after = self._work_failed_at + self._work_retry
         if isinstance(exc, Unavailable):  # its deadline is spent: one more, not two
             self._protocol.etcd.spent()
         if full:  # not on _locks_retry, which a due delay's listing of locks/ resets (rv36)
-            self._locks_listed = time.monotonic() - ttl + self._work_retry
+            self._locks_listed = self._runtime.monotonic() - ttl + self._work_retry
         log.warning("could not list %s (listed again in %g s at the earliest; claims go "
                     "on with what the view holds): %s",
                     self._layout.dir("work"), self._work_retry, exc)
@@ -1152,7 +1152,8 @@ class QueueView:
                 if action == _EXPIRED:
                     self._make_free(parsed[1])  # a claim finishes it (F3, F4)
                 else:
-                    self._orphans[parsed[1]] = time.monotonic() + self._protocol.etcd.deadline
+                    self._orphans[parsed[1]] = (self._runtime.monotonic()
+                                                + self._protocol.etcd.deadline)
         elif action != _CLAIMED:  # a lock's CAS keeps it locked (a release delay)
             self._locked(parsed[1], index)
 
@@ -1170,7 +1171,7 @@ class QueueView:
         elif item_id in self._locks:
             self._recorded.add(item_id)
         else:  # its finisher's lock expired before F1: offered if F3 is overdue
-            self._orphans[item_id] = time.monotonic() + self._protocol.etcd.deadline
+            self._orphans[item_id] = self._runtime.monotonic() + self._protocol.etcd.deadline
 
     def _apply_work(self, action: bytes, item_id: str, value: bytes, index: int) -> None:
         if action in _REMOVED:
@@ -1200,6 +1201,7 @@ class _Follower:
     def __init__(self, view: QueueView, directory: Optional[str],
                  idle_timeout: float, *, list_locks: bool = False) -> None:
         self._view = view
+        self._runtime = view._runtime
         self.directory = directory
         #: Whether its listings read locks/.  A watching follower's also do when
         #: the view has more than FEW_LOCKS older lock signs (_noted_before;
@@ -1209,10 +1211,10 @@ class _Follower:
         #: rv6), and checks newer signs later (check_locks).
         self.list_locks = list_locks
         self._idle_timeout = idle_timeout
-        self._listed = threading.Event()
-        self._stop = threading.Event()
+        self._listed = self._runtime.Event()
+        self._stop = self._runtime.Event()
         self._stream: Optional[EventStream] = None
-        self._thread = threading.Thread(target=self._run, name="etcdq-view", daemon=True)
+        self._thread = self._runtime.Thread(self._run, name="etcdq-view", daemon=True)
 
     def start(self) -> None:
         """Start following; only once the view knows this is its follower."""
@@ -1278,25 +1280,25 @@ class _Follower:
                 return
             floors = self._view._list(self)
             self._listed.set()
-            ends = time.monotonic() + ROUND
+            ends = self._runtime.monotonic() + ROUND
             stream.set_idle_timeout(self._time_left(ends))
             for block in stream.blocks():
                 self._view._apply(block, floors, self)
-                if time.monotonic() >= ends:
+                if self._runtime.monotonic() >= ends:
                     return  # trusted long enough: the next round lists again
                 stream.set_idle_timeout(self._time_left(ends))
                 # Each wake-up of this thread (a context switch, the GIL taken
                 # from the claimer) cost more than parsing the events; a short
                 # pause lets the next few arrive together.  An event after a
                 # quiet spell is still applied at once.
-                time.sleep(COALESCE)
+                self._runtime.sleep(COALESCE)
         finally:
             stream.release()
 
     def _time_left(self, ends: float) -> float:
         """How long the stream may stay silent: idle_timeout, cut short at the
         round's end (ROUND after its listing)."""
-        return min(self._idle_timeout, ends - time.monotonic())
+        return min(self._idle_timeout, ends - self._runtime.monotonic())
 
 
 def _maybe_delayed(value: Optional[str]) -> bool:

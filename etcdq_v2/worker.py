@@ -57,19 +57,17 @@ import enum
 import logging
 import math
 import signal
-import threading
-import time
 import traceback as tracebacks
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from queue import SimpleQueue
 from typing import (TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequence, Set,
                     Tuple, Union)
 
 from .codec import IN_LOCK, failure_text
 from .errors import AuthError, ConfigError, EtcdqError, InvalidPayload, LockLost, QueueClosed
 from .metrics import MetricsServer, WorkerMetrics, check_port
-from .queue import Queue, claim_first
+from .queue import Queue, claim_first, shared_runtime
+from .runtime import SYSTEM, EventLike, InboxLike, Runtime
 from .signals import StopSignals
 from . import tasks as tasks_module
 from .tasks import Reject, Retry, Tasks, describe
@@ -133,11 +131,11 @@ class Task:
     claim: "Claim"
     #: Set when the worker gives up on the item (timeout, lost lock, forced
     #: shutdown).  A handler that can stop early should watch it.
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    started: float = field(default_factory=time.monotonic)
+    cancelled: EventLike = field(default_factory=SYSTEM.Event)
+    started: float = field(default_factory=SYSTEM.monotonic)
     result: Any = None
     error: Optional[BaseException] = None
-    done: threading.Event = field(default_factory=threading.Event)
+    done: EventLike = field(default_factory=SYSTEM.Event)
 
 
 class ReasonOnly(Exception):
@@ -153,7 +151,8 @@ class _Outcome(enum.Enum):
     ABANDONED = "shutdown"
 
 
-_current = threading.local()
+# Per OS thread, and a simulator's threads are OS threads: no runtime's own.
+_current = SYSTEM.local()
 
 
 def current_task() -> Task:
@@ -210,6 +209,8 @@ class Worker:
         _check_positive("claim_timeout", claim_timeout, allow_zero=True)
         self.queues = _queues(queue)
         self.queue = self.queues[0]
+        #: The clocks and threads of the worker: its queues' runtime.
+        self.runtime = _runtime_of(self.queues)
         self.handler = _handler(handler, tasks)
         self.concurrency = concurrency
         self.item_timeout = item_timeout
@@ -217,14 +218,14 @@ class Worker:
         self.claim_timeout = claim_timeout
         self.install_signal_handlers = install_signal_handlers
         self._stats = WorkerStats()
-        self._stats_lock = threading.Lock()
+        self._stats_lock = self.runtime.Lock()
         self._tasks: Set[Task] = set()
         self._slots: List[_Slot] = []       # every slot of this run() ...
         self._idle_slots: List[_Slot] = []  # ... and those with no task
         # An RLock: stop() may be called while the main thread holds it.
-        self._changed = threading.Condition(threading.RLock())
-        self._stopping = threading.Event()
-        self._abandon = threading.Event()
+        self._changed = self.runtime.Condition(self.runtime.RLock())
+        self._stopping = self.runtime.Event()
+        self._abandon = self.runtime.Event()
         self._grace_deadline: Optional[float] = None
         # Counted by the signal handler, read by the main thread's loops.
         self._signals = StopSignals()
@@ -281,7 +282,7 @@ class Worker:
         """
         with self._changed:
             if not self._stopping.is_set() and grace and self.grace_period is not None:
-                self._grace_deadline = time.monotonic() + self.grace_period
+                self._grace_deadline = self.runtime.monotonic() + self.grace_period
             self._stopping.set()
             if not grace:
                 self._abandon.set()
@@ -363,7 +364,9 @@ class Worker:
             return not self._tasks
 
     def _start(self, claim: "Claim") -> None:
-        task = Task(claim)
+        runtime = self.runtime
+        task = Task(claim, cancelled=runtime.Event(), started=runtime.monotonic(),
+                    done=runtime.Event())
         if self.metrics is not None:
             self.metrics.claimed(claim.queue)
         with self._changed:
@@ -411,7 +414,7 @@ class Worker:
 
     def _grace_expired(self) -> bool:
         return (self._grace_deadline is not None and not self._abandon.is_set()
-                and time.monotonic() >= self._grace_deadline)
+                and self.runtime.monotonic() >= self._grace_deadline)
 
     # -- one item ----------------------------------------------------------------
 
@@ -436,7 +439,7 @@ class Worker:
                 return _Outcome.LOST
             if self._abandon.is_set():
                 return _Outcome.ABANDONED
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline is not None and self.runtime.monotonic() >= deadline:
                 return _Outcome.TIMED_OUT
         return _Outcome.FINISHED
 
@@ -507,7 +510,8 @@ class Worker:
         except InvalidPayload as exc:
             self._fail(task, f"result cannot be stored: {exc}")
             return
-        self._count(task, "completed", f"completed in {time.monotonic() - task.started:.2f} s")
+        seconds = self.runtime.monotonic() - task.started
+        self._count(task, "completed", f"completed in {seconds:.2f} s")
 
     def _failed_by(self, task: Task, error: BaseException) -> None:
         """The handler raised: Retry and Reject steer the retry; any other
@@ -542,7 +546,8 @@ class Worker:
             setattr(self._stats, what, getattr(self._stats, what) + 1)
         if self.metrics is not None:  # the metric's outcomes: both kinds of failure are "failed"
             outcome = "failed" if what in ("attempts_failed", "dead_lettered") else what
-            self.metrics.settled(task.claim.queue, outcome, time.monotonic() - task.started)
+            seconds = self.runtime.monotonic() - task.started
+            self.metrics.settled(task.claim.queue, outcome, seconds)
         level = logging.INFO if what in ("completed", "released") else logging.WARNING
         level = logging.ERROR if exc_info is not None else level
         log.log(level, "item %s (attempt %d) %s", task.claim.id, task.claim.attempt, message,
@@ -581,9 +586,9 @@ class Worker:
 class _HandlerThread:
     """A thread that runs the handler on each task it is given, one at a time."""
 
-    def __init__(self, call: Callable[[Task], None], name: str) -> None:
-        self._inbox: "SimpleQueue[Optional[Task]]" = SimpleQueue()
-        threading.Thread(target=self._run, args=(call,), daemon=True, name=name).start()
+    def __init__(self, call: Callable[[Task], None], name: str, runtime: Runtime) -> None:
+        self._inbox: "InboxLike[Optional[Task]]" = runtime.Inbox()
+        runtime.Thread(self._run, args=(call,), daemon=True, name=name).start()
 
     def give(self, task: Optional[Task]) -> None:
         """Run ``task`` next; None: end once the handler running now returns."""
@@ -604,10 +609,10 @@ class _Slot:
     def __init__(self, worker: Worker, number: int) -> None:
         self._worker = worker
         self._number = number
-        self._inbox: "SimpleQueue[Optional[Task]]" = SimpleQueue()
+        self._inbox: "InboxLike[Optional[Task]]" = worker.runtime.Inbox()
         self._handler: Optional[_HandlerThread] = None
-        self.thread = threading.Thread(target=self._serve, daemon=True,
-                                       name=f"etcdq-slot-{number}")
+        self.thread = worker.runtime.Thread(self._serve, daemon=True,
+                                            name=f"etcdq-slot-{number}")
         self.thread.start()
 
     def give(self, task: Optional[Task]) -> None:
@@ -617,7 +622,7 @@ class _Slot:
     def run_handler(self, task: Task) -> None:
         if self._handler is None:
             self._handler = _HandlerThread(self._worker._call_handler,
-                                           f"etcdq-handler-{self._number}")
+                                           f"etcdq-handler-{self._number}", self._worker.runtime)
         self._handler.give(task)
 
     def retire_handler_thread(self) -> None:
@@ -678,6 +683,13 @@ def _queues(queue: Union[Queue, Sequence[Queue]]) -> Tuple[Queue, ...]:
     if len(set(roots)) != len(roots):
         raise ConfigError(f"a queue is given twice: {', '.join(roots)}")
     return queues
+
+
+def _runtime_of(queues: Tuple[Queue, ...]) -> Runtime:
+    """The queues' one runtime (a stand-in queue without one: the real runtime)."""
+    if all(isinstance(queue, Queue) for queue in queues):
+        return shared_runtime(queues)
+    return getattr(queues[0], "runtime", SYSTEM)
 
 
 def _check_positive(name: str, value: Optional[float], *, allow_zero: bool) -> None:

