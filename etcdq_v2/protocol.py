@@ -243,7 +243,7 @@ from dataclasses import dataclass, replace
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple,
                     Union)
 
-from .codec import (Item, Junk, Lock, Record, check_depth, new_token, tombstone,
+from .codec import (Item, Junk, Lock, Record, check_outcome, new_token, tombstone,
                     tombstone_token)
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdqError,
                      EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
@@ -864,8 +864,8 @@ class Protocol:
     def finish(self, state: ClaimState, kind: str, *, result: Any = None,
                reason: Optional[str] = None) -> None:
         """F1-F4: commit ``kind`` (completed or failed) on the item, record it, remove it.
-        Only ``result`` is checked for depth: the payload is the stored one."""
-        check_depth(result)
+        Only ``result`` and ``reason`` are checked (depth, size): the payload is the stored one."""
+        check_outcome(result, reason, self.max_payload)
         record = Record(state.item.payload, state.lock.token, self.node_id, state.item.attempts,
                         state.item.created, time.time(), result, reason, token=state.item.token,
                         requeued=state.item.requeued)
@@ -1101,7 +1101,9 @@ class Protocol:
         """Dead-letter the item if it used its attempts, else retry it after a backoff.
 
         Returns None if the item went to failed/, else R1's :data:`GivenBack`.
+        PayloadTooLarge for a reason over the limit, whether or not it would be stored.
         """
+        check_outcome(None, reason, self.max_payload)
         if self.max_attempts and state.item.attempts >= self.max_attempts:
             self.finish(state, FAILED, reason=reason)
             return None

@@ -46,7 +46,7 @@ import json
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Set, Tuple, TypeVar, Union
 
-from .codec import Item, Junk, Record, dumps
+from .codec import Item, Junk, Record, check_outcome, dumps
 from .errors import InvalidArgument, public_errors
 from .protocol import COMPLETED, FAILED, Entry, Protocol
 
@@ -202,6 +202,7 @@ def _parsed(line: Line, max_payload: int
         Item(payload, token, attempts, created=created).encode(max_payload)
         item = Protocol.imported_item(payload, token, attempts, created)
         return "work", item.encode(), token, state, None
+    check_outcome(doc.get("result"), _reason(doc), max_payload)  # as finish checks them
     record = Record(payload, _text(doc, "claim"), _text(doc, "node"), attempts, created,
                     _seconds(doc, "finished"), doc.get("result"), _reason(doc), token=token)
     return state, record.encode(), token, state, _requeue_token(doc)

@@ -64,7 +64,8 @@ from queue import SimpleQueue
 from typing import (TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequence, Set,
                     Tuple, Union)
 
-from .errors import AuthError, ConfigError, EtcdqError, InvalidPayload, LockLost
+from .errors import (AuthError, ConfigError, EtcdqError, InvalidPayload, LockLost,
+                     PayloadTooLarge)
 from .metrics import MetricsServer, WorkerMetrics, check_port
 from .queue import Queue, claim_first
 from .signals import StopSignals
@@ -476,8 +477,13 @@ class Worker:
         self._count(task, "completed", f"completed in {time.monotonic() - task.started:.2f} s")
 
     def _fail(self, task: Task, reason: str) -> None:
-        task.claim.fail(reason)
-        self._count(task, "failed", f"failed: {reason}")
+        try:
+            task.claim.fail(reason)
+        except PayloadTooLarge as exc:  # the claim is still open: fail it with a short reason
+            reason = f"its reason cannot be stored: {exc}"
+            task.claim.fail(reason)
+        # Escaped: a reason is what a handler or a command wrote, and must not forge log lines.
+        self._count(task, "failed", f"failed: {one_line(reason)}")
 
     def _count(self, task: Task, what: str, message: str,
                exc_info: Optional[BaseException] = None) -> None:
@@ -579,6 +585,12 @@ class _Slot:
                 self._worker._supervise(task, self)
             except BaseException:  # Worker._finish logged it, settled the task and
                 continue           # freed this slot: serve the next one
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks and other control characters escaped (``\\n``)."""
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+                   for char in text)
 
 
 def _describe(error: BaseException) -> str:

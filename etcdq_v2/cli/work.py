@@ -28,10 +28,14 @@ def add_verbs(verbs: Any) -> None:
         after_dashes="command", log_level=logging.INFO,
         usage=f"{PROG} work QUEUE[,QUEUE...] [options] -- COMMAND [ARGS...]",
         epilog="The payload goes to COMMAND's stdin (JSON; a bytes payload raw), with "
-               "ETCDQ_QUEUE, ETCDQ_ITEM_ID and ETCDQ_ATTEMPT in its environment. Exit "
-               "status 0 completes the item with stdout as the result (parsed as JSON "
-               "when it is JSON); anything else fails it with the end of stderr as the "
-               "reason. Several queues (e.g. high,low): each item comes from the first "
+               "ETCDQ_QUEUE, ETCDQ_ITEM_ID and ETCDQ_ATTEMPT in its environment, which is "
+               "etcdq's own without its secrets (ETCDQ_PASSWORD, ETCDQ_PASSWORD_FILE, "
+               "ETCDQ_KEY, ETCDQ_DASHBOARD_TOKEN, ETCDQ_DASHBOARD_TOKEN_FILE) unless "
+               "--pass-env names them. Exit status 0 completes the item with stdout as the "
+               "result (parsed as JSON when it is JSON); anything else fails it with the "
+               "end of stderr as the reason. A command that writes more than 1 MiB (the "
+               "payload limit) to stdout or stderr is stopped and its item fails with "
+               "'result too large'. Several queues (e.g. high,low): each item comes from the first "
                "one that has a free item. SIGTERM/SIGINT: no new items, running commands "
                "get --grace seconds, then are terminated and their items released; a "
                "second signal does that at once. etcdq work exits with status 1 when any "
@@ -62,6 +66,10 @@ def add_verbs(verbs: Any) -> None:
                              f"default {DEFAULT_COMPLETED_TTL})")
     add_failed_ttl(parser)
     parser.add_argument("--node-id", metavar="ID", help="this worker's name in locks and records")
+    parser.add_argument("--pass-env", action="append", default=[], metavar="NAME",
+                        help="give COMMAND this one of etcdq's secret variables too "
+                             "(e.g. ETCDQ_PASSWORD, for a command that runs etcdq); "
+                             "repeatable")
     parser.add_argument("--metrics-port", type=int, metavar="N",
                         help="serve this worker's Prometheus metrics on port N (0: any free "
                              "port; the URL is logged); needs the metrics extra")
@@ -82,7 +90,7 @@ def cmd_work(args: argparse.Namespace) -> int:
     with open_queues(args, names, **options) as queues:
         for queue in queues:
             queue.stats()  # fail now (exit 3/4) rather than retry a wrong endpoint forever
-        worker = _worker(args, queues, CommandHandler(command))
+        worker = _worker(args, queues, CommandHandler(command, pass_env=args.pass_env))
         try:
             stats = dataclasses.asdict(worker.run(until_empty=args.until_empty,
                                                   max_items=args.max_items))
