@@ -125,7 +125,7 @@ class _Output:
     def _read(self) -> None:
         size = 0
         while size <= self._limit:
-            chunk = self._stream.read1(min(_CHUNK, self._limit + 1 - size))  # type: ignore
+            chunk = os.read(self._stream.fileno(), min(_CHUNK, self._limit + 1 - size))
             if not chunk:
                 return
             self._chunks.append(chunk)
