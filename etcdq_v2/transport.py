@@ -144,7 +144,8 @@ def parse_endpoints(endpoints: Union[str, Sequence[str]]) -> List[str]:
     return urls
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """True for a loopback address (or ``localhost``): only this host reaches it."""
     if host == "localhost":
         return True
     try:
@@ -160,7 +161,7 @@ def _check_cleartext(urls: List[str], tls: bool, auth: bool) -> None:
     if tls and plain:
         raise ConfigError(f"TLS files were given but {', '.join(plain)} is http://: "
                           "use https:// endpoints (or leave out the TLS files)")
-    remote = [url for url in plain if not _is_loopback(urlsplit(url).hostname or "")]
+    remote = [url for url in plain if not is_loopback(urlsplit(url).hostname or "")]
     if auth and remote:
         log.warning("the etcd password goes in clear text (basic auth over http://) to %s: "
                     "use https:// endpoints", ", ".join(remote))
