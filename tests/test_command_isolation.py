@@ -57,7 +57,7 @@ def test_a_command_never_sees_the_libraries_secrets(queue: Queue,
 
 def test_work_passes_a_secret_on_only_when_asked(etcd_url: str, queue: Queue) -> None:
     first, second = queue.put(1), queue.put(2)
-    env = {"ETCDQ_DASHBOARD_TOKEN": "t" * 32, "ETCDQ_PASSWORD_FILE": "/somewhere"}
+    env = {"ETCDQ_DASHBOARD_TOKEN": "t" * 32, "ETCDQ_DASHBOARD_TOKEN_FILE": "/somewhere"}
     done = _etcdq(etcd_url, "work", queue.name, "--max-items", "1", "--",
                   sys.executable, "-c", PRINT_ENV, env=env)
     assert done.returncode == 0, done.stderr
@@ -66,8 +66,9 @@ def test_work_passes_a_secret_on_only_when_asked(etcd_url: str, queue: Queue) ->
                   env=env)
     assert done.returncode == 0, done.stderr
     without, passed = queue.get(first).result, queue.get(second).result
-    assert "ETCDQ_DASHBOARD_TOKEN" not in without and "ETCDQ_PASSWORD_FILE" not in without
-    assert passed["ETCDQ_DASHBOARD_TOKEN"] == "t" * 32 and "ETCDQ_PASSWORD_FILE" not in passed
+    assert "ETCDQ_DASHBOARD_TOKEN" not in without and "ETCDQ_DASHBOARD_TOKEN_FILE" not in without
+    assert passed["ETCDQ_DASHBOARD_TOKEN"] == "t" * 32
+    assert "ETCDQ_DASHBOARD_TOKEN_FILE" not in passed
 
 
 def test_a_failure_reason_is_logged_as_one_escaped_line(etcd_url: str, queue: Queue) -> None:
