@@ -97,6 +97,29 @@ def check_depth(value: Any, limit: int = MAX_DEPTH, text: Optional[str] = None) 
                              "(lists and objects), which a consumer might fail to decode")
 
 
+def check_outcome(result: Any, reason: Optional[str], max_bytes: int) -> None:
+    """InvalidPayload for a result nested too deep; PayloadTooLarge for a result (as
+    JSON, or bytes) or a reason over ``max_bytes`` in UTF-8, the payloads' limit: a
+    record carries both beside its payload, and etcd takes minutes over a value of
+    tens of megabytes, then refuses it, while the item stays claimed and runs again."""
+    check_depth(result)
+    for what, value in (("result", result), ("reason", reason)):
+        size = _size(value)
+        if size > max_bytes:
+            raise PayloadTooLarge(f"{what} too large: {size} bytes, over the limit of "
+                                  f"{max_bytes}")
+
+
+def _size(value: Any) -> int:
+    """The bytes ``value`` takes in a record: base64 for bytes, else its JSON (a
+    text as failure_text will make it encode: a lone surrogate is no error here)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return len(payload_fields(value)["b"])
+    if isinstance(value, str):  # a reason: failure_text makes any text encode
+        value = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return len(dumps({"r": value}, stored=True).encode("utf-8")) - len('{"r":}')
+
+
 def _depth(value: Any) -> int:
     """How deep ``value`` nests lists, tuples and dicts (no recursion: any depth)."""
     deepest, stack = 0, [(value, 1)]

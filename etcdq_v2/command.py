@@ -14,8 +14,10 @@ import os
 import shutil
 import signal
 import subprocess
-from typing import Any, List, Optional, Sequence, Tuple
+import threading
+from typing import IO, Any, Collection, List, Optional, Sequence, Tuple
 
+from .codec import DEFAULT_MAX_PAYLOAD
 from .errors import ConfigError
 from .worker import ReasonOnly, current_task
 
@@ -23,7 +25,13 @@ from .worker import ReasonOnly, current_task
 KILL_DELAY = 1.0
 #: How much of a failed command's stderr is kept as the failure reason.
 STDERR_TAIL = 2000
+#: The library's own secrets (etcd's password, the TLS key, the dashboard's token, and the
+#: files holding them), kept out of a command's environment unless passed on (``pass_env``):
+#: a command runs an item's payload, which anyone who may put may write.
+SECRET_ENVIRONMENT = frozenset({"ETCDQ_PASSWORD", "ETCDQ_PASSWORD_FILE", "ETCDQ_KEY",
+                                "ETCDQ_DASHBOARD_TOKEN", "ETCDQ_DASHBOARD_TOKEN_FILE"})
 _POLL = 0.1
+_CHUNK = 64 * 1024
 
 
 class CommandFailed(ReasonOnly):
@@ -36,29 +44,42 @@ class CommandHandler:
 
     The command runs in a new session (process group), so that a timeout or
     a forced shutdown can kill it and everything it started, and so that a
-    Ctrl-C in the worker's terminal reaches the worker, which decides.
+    Ctrl-C in the worker's terminal reaches the worker, which decides.  Its
+    environment is the worker's without :data:`SECRET_ENVIRONMENT` (but for
+    the names in ``pass_env``).  Of its stdout and stderr at most
+    ``max_output`` + 1 bytes each are read (default: the payload limit, which
+    a result must fit too): one that writes more is stopped, and its item
+    fails with "result too large".
     """
 
-    def __init__(self, argv: Sequence[str], queue_name: Optional[str] = None) -> None:
+    def __init__(self, argv: Sequence[str], queue_name: Optional[str] = None, *,
+                 pass_env: Collection[str] = (), max_output: int = DEFAULT_MAX_PAYLOAD) -> None:
         self.argv = list(argv)
         #: ETCDQ_QUEUE for the command; None: the name of the item's own queue.
         self.queue_name = queue_name
+        self.withheld = SECRET_ENVIRONMENT - set(pass_env)
+        self.max_output = max_output
 
     def __call__(self, payload: Any) -> Any:
         task = current_task()
-        env = {**os.environ, "ETCDQ_QUEUE": self.queue_name or task.claim.queue,
-               "ETCDQ_ITEM_ID": task.claim.id,
-               "ETCDQ_ATTEMPT": str(task.claim.attempt)}
+        env = {name: value for name, value in os.environ.items() if name not in self.withheld}
+        env.update(ETCDQ_QUEUE=self.queue_name or task.claim.queue,
+                   ETCDQ_ITEM_ID=task.claim.id, ETCDQ_ATTEMPT=str(task.claim.attempt))
         try:
             process = subprocess.Popen(self.argv, stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        env=env, start_new_session=True)
         except OSError as exc:
             raise CommandFailed(f"cannot run {self.argv[0]}: {exc}") from None
-        stdout, stderr = _communicate(process, _stdin_bytes(payload), task.cancelled)
+        stdout, stderr = _communicate(process, _stdin_bytes(payload), task.cancelled,
+                                      self.max_output)
+        if stdout.over or stderr.over:
+            name = "stdout" if stdout.over else "stderr"
+            raise CommandFailed(f"result too large: the command wrote more than "
+                                f"{self.max_output} bytes to {name}")
         if process.returncode != 0:
-            raise CommandFailed(_failure_reason(process.returncode, stderr))
-        return command_result(stdout)
+            raise CommandFailed(_failure_reason(process.returncode, stderr.data()))
+        return command_result(stdout.data())
 
 
 def check_command(argv: Sequence[str]) -> List[str]:
@@ -90,26 +111,70 @@ def _stdin_bytes(payload: Any) -> bytes:
     return json.dumps(payload, ensure_ascii=False).encode("utf-8")
 
 
-def _communicate(process: "subprocess.Popen[bytes]", data: bytes,
-                 cancelled: Any) -> Tuple[bytes, bytes]:
-    """Feed stdin and collect output, killing the process group once ``cancelled`` is set."""
-    feed: Optional[bytes] = data
-    while True:
-        try:
-            return process.communicate(feed, timeout=_POLL)
-        except subprocess.TimeoutExpired:
-            feed = None  # communicate() keeps sending what it started with
-        if cancelled.is_set():
-            return _stop_group(process)
+class _Output:
+    """One of a command's output pipes, read in a thread of its own up to ``limit`` + 1
+    bytes: then ``over`` is set and ``wake`` is, and the rest is left unread."""
+
+    def __init__(self, stream: "IO[bytes]", limit: int, wake: threading.Event) -> None:
+        self._stream, self._limit, self._wake = stream, limit, wake
+        self._chunks: List[bytes] = []
+        self.over = False
+        self._thread = threading.Thread(target=self._read, name="etcdq-command-output",
+                                        daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        size = 0
+        while size <= self._limit:
+            chunk = os.read(self._stream.fileno(), min(_CHUNK, self._limit + 1 - size))
+            if not chunk:
+                return
+            self._chunks.append(chunk)
+            size += len(chunk)
+        self.over = True
+        self._wake.set()
+
+    def data(self) -> bytes:
+        """What was read, once the pipe ended (or was read to its limit)."""
+        self._thread.join()
+        self._stream.close()
+        return b"".join(self._chunks)
 
 
-def _stop_group(process: "subprocess.Popen[bytes]") -> Tuple[bytes, bytes]:
+def _communicate(process: "subprocess.Popen[bytes]", data: bytes, cancelled: Any,
+                 limit: int) -> Tuple[_Output, _Output]:
+    """Feed stdin and read the output; stop the process group once ``cancelled`` is set
+    or an output is over ``limit``.  Returns the outputs, read to their end."""
+    wake = threading.Event()
+    assert process.stdin and process.stdout and process.stderr  # all three are pipes
+    outputs = (_Output(process.stdout, limit, wake), _Output(process.stderr, limit, wake))
+    threading.Thread(target=_feed, args=(process.stdin, data), name="etcdq-command-input",
+                     daemon=True).start()
+    while process.poll() is None:
+        if cancelled.is_set() or wake.is_set():
+            _stop_group(process)
+            break
+        wake.wait(_POLL)
+    for output in outputs:
+        output.data()
+    return outputs
+
+
+def _feed(stdin: "IO[bytes]", data: bytes) -> None:
+    try:
+        stdin.write(data)
+        stdin.close()
+    except (BrokenPipeError, OSError):
+        pass  # the command exited, or closed its stdin, without reading it all
+
+
+def _stop_group(process: "subprocess.Popen[bytes]") -> None:
     _signal_group(process, signal.SIGTERM)
     try:
-        return process.communicate(timeout=KILL_DELAY)
+        process.wait(timeout=KILL_DELAY)
     except subprocess.TimeoutExpired:
         _signal_group(process, signal.SIGKILL)
-        return process.communicate()
+        process.wait()
 
 
 def _signal_group(process: "subprocess.Popen[bytes]", signum: int) -> None:

@@ -48,7 +48,6 @@ from __future__ import annotations
 import logging
 import math
 import socket
-import socketserver
 import threading
 import time
 from types import ModuleType
@@ -57,6 +56,8 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from .errors import ConfigError, EtcdqError
+from .httpd import (DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, LimitedServer, check_limits,
+                    deadline_input)
 from .queue import Queue
 from .transport import Transport
 
@@ -96,8 +97,8 @@ def prometheus() -> ModuleType:
 
 # -- serving ---------------------------------------------------------------------
 
-class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a scrape in progress never holds the process up
+class _Server(LimitedServer, WSGIServer):
+    """A thread per scrape, each with a deadline, so many at most (etcdq_v2.httpd)."""
 
 
 class _Server6(_Server):
@@ -105,6 +106,16 @@ class _Server6(_Server):
 
 
 class _QuietHandler(WSGIRequestHandler):
+    def setup(self) -> None:
+        super().setup()
+        deadline_input(self)  # one request per connection: its deadline starts now
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except TimeoutError:
+            self.close_connection = True  # too slow: closed (by the server) unanswered
+
     def log_message(self, format: str, *args: Any) -> None:
         """Not a line per scrape on stderr."""
 
@@ -115,14 +126,19 @@ class MetricsServer:
     ``port`` 0 takes a free port (read it back from ``.port``).  The default
     ``addr`` is the loopback: metrics reveal queue names, so serving them
     further is a choice ("0.0.0.0", "::").  ConfigError if it cannot bind.
+    ``connection_timeout`` and ``max_connections``: what a client may hold of
+    it (:mod:`etcdq_v2.httpd`).
     """
 
     def __init__(self, registry: "CollectorRegistry", port: int, addr: str = "127.0.0.1", *,
-                 on_close: Optional[Callable[[], None]] = None) -> None:
+                 on_close: Optional[Callable[[], None]] = None,
+                 connection_timeout: float = DEFAULT_TIMEOUT,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
         prometheus()
         from prometheus_client import make_wsgi_app
         app = make_wsgi_app(registry)
         check_port(port)
+        check_limits(connection_timeout, max_connections)
         self._on_close = on_close
         server_class = _Server6 if ":" in addr else _Server
         try:
@@ -130,6 +146,7 @@ class MetricsServer:
         except (OSError, OverflowError) as exc:
             raise ConfigError(f"cannot serve metrics on {addr}:{port}: "
                               f"{getattr(exc, 'strerror', None) or exc}") from None
+        self._httpd.limit(connection_timeout, max_connections)
         self.addr = addr
         self.port: int = self._httpd.server_port
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
@@ -335,7 +352,9 @@ class QueueCollector(_Collector):
 
 
 def export_queues(queues: Sequence[Queue], port: int, addr: str = "127.0.0.1", *,
-                  min_interval: float = DEFAULT_MIN_INTERVAL) -> MetricsServer:
+                  min_interval: float = DEFAULT_MIN_INTERVAL,
+                  connection_timeout: float = DEFAULT_TIMEOUT,
+                  max_connections: int = DEFAULT_MAX_CONNECTIONS) -> MetricsServer:
     """Serve ``etcdq_queue_items`` of ``queues``, and the requests they make, on ``port``.
 
     The server's registry is its own (``prometheus_client.REGISTRY``, with
@@ -348,7 +367,9 @@ def export_queues(queues: Sequence[Queue], port: int, addr: str = "127.0.0.1", *
     requests = RequestMetrics(registry)
     requests.watch(queue.etcd for queue in queues)
     try:
-        return MetricsServer(registry, port, addr, on_close=requests.unwatch)
+        return MetricsServer(registry, port, addr, on_close=requests.unwatch,
+                             connection_timeout=connection_timeout,
+                             max_connections=max_connections)
     except ConfigError:
         requests.unwatch()
         raise

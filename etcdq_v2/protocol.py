@@ -252,7 +252,7 @@ from dataclasses import dataclass, field, replace
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple,
                     Union)
 
-from .codec import (IN_LOCK, IN_RECORD, Item, Junk, Lock, Record, check_depth, failure_text,
+from .codec import (IN_LOCK, IN_RECORD, Item, Junk, Lock, Record, check_outcome, failure_text,
                     tombstone, tombstone_token)
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdFailure,
                      EtcdqError, EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
@@ -982,10 +982,10 @@ class Protocol:
         """F1-F4: commit ``kind`` (completed or failed) on the item, record it, remove it.
 
         The record counts ``attempts`` (None: the claim's attempt, given back
-        or not).  Only ``result`` is checked for depth: the payload is the
-        stored one.  ``reason`` and ``traceback`` are stored made to encode
-        and bounded (codec.failure_text)."""
-        check_depth(result)
+        or not).  ``result`` and ``reason`` are checked (depth, size:
+        codec.check_outcome): the payload is the stored one.  ``reason`` and
+        ``traceback`` are stored made to encode and bounded (codec.failure_text)."""
+        check_outcome(result, reason, self.max_payload)
         reason, traceback = failure_text(reason, traceback, IN_RECORD)
         record = Record(state.item.payload, state.lock.token, self.node_id,
                         state.attempt if attempts is None else attempts, state.item.created,
@@ -1241,7 +1241,9 @@ class Protocol:
         retry it after ``delay`` seconds (None: the queue's backoff).
 
         Returns None if the item went to failed/, else R1's :data:`GivenBack`.
+        PayloadTooLarge for a reason over the limit, whether or not it would be stored.
         """
+        check_outcome(None, reason, self.max_payload)
         if not retry or (self.max_attempts and state.attempt >= self.max_attempts):
             self.finish(state, FAILED, reason=reason, traceback=traceback)
             return None

@@ -44,9 +44,10 @@ import base64
 import binascii
 import itertools
 import json
-from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Set, Tuple, TypeVar, Union
+from typing import (IO, Any, Callable, Dict, Iterable, Iterator, Optional, Set, Tuple, TypeVar,
+                    Union)
 
-from .codec import Item, Junk, Record, dumps
+from .codec import Item, Junk, Record, check_outcome, dumps
 from .errors import InvalidArgument, public_errors
 from .protocol import COMPLETED, FAILED, Entry, Protocol
 from .runtime import SYSTEM
@@ -142,6 +143,8 @@ def import_lines(protocol: Protocol, lines: Iterable[Line],
     them.  ``progress`` is called after each line.
     """
     counts = {"pending": 0, COMPLETED: 0, FAILED: 0, "skipped": 0}
+    if hasattr(lines, "readline"):  # a file: never a whole overlong line in memory
+        lines = limited_lines(lines, line_limit(protocol.max_payload))  # type: ignore[arg-type]
     wall = protocol.runtime.wall
     parsed = (entry for entry in (parse_line(number, line, protocol.max_payload, wall)
                                   for number, line in enumerate(lines, 1)) if entry is not None)
@@ -163,6 +166,27 @@ def import_lines(protocol: Protocol, lines: Iterable[Line],
     finally:
         protocol.end_import(state)  # I5
     return counts
+
+
+def line_limit(max_payload: int) -> int:
+    """The longest line export writes for this payload limit: a record's payload, result
+    and reason (each at most the limit), and its other fields."""
+    return 3 * max_payload + 64 * 1024
+
+
+def limited_lines(stream: "IO[Any]", limit: int) -> Iterator[Line]:
+    """The lines of ``stream``, each read up to ``limit`` + 1 characters: a longer one
+    raises InvalidArgument naming it, before the rest of it is read."""
+    for number in itertools.count(1):
+        line = stream.readline(limit + 1)
+        if not line:
+            return
+        if len(line) > limit:
+            raise InvalidArgument(f"line {number}: longer than {limit} bytes, more than "
+                                  "export writes for this queue's payload limit; nothing was "
+                                  "stored for it (the lines before it were; a re-run skips "
+                                  "them)")
+        yield line
 
 
 def parse_line(number: int, line: Line, max_payload: int,
@@ -209,6 +233,7 @@ def _parsed(line: Line, max_payload: int, wall: Callable[[], float]
         Item(payload, token, attempts, created=created).encode(max_payload)
         item = Protocol.imported_item(payload, token, attempts, created)
         return "work", item.encode(), token, state, None
+    check_outcome(doc.get("result"), _reason(doc), max_payload)  # as finish checks them
     record = Record(payload, _text(doc, "claim"), _text(doc, "node"), attempts, created,
                     _seconds(doc, "finished"), doc.get("result"), _reason(doc), token=token)
     return state, record.encode(), token, state, _requeue_token(doc)

@@ -32,6 +32,7 @@ one place (:class:`_translated`).
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -130,13 +131,23 @@ class _Transient(Exception):
 
 
 def parse_endpoints(endpoints: Union[str, Sequence[str]]) -> List[str]:
-    """``"http://a:2379,https://b:2379"`` -> a list of base URLs; ConfigError if bad."""
+    """``"http://a:2379,https://b:2379"`` -> a list of base URLs; ConfigError if bad.
+
+    An endpoint with credentials in it (``http://user:pw@host:port``) is
+    refused, and its message leaves them out: credentials come from
+    ``username``/``password`` only, and a URL is printed in errors and logs.
+    """
     items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
     urls = [item.strip().rstrip("/") for item in items if item.strip()]
     if not urls:
         raise ConfigError("no etcd endpoint given")
     for url in urls:
         parts = urlsplit(url)
+        if "@" in parts.netloc:
+            raise ConfigError(
+                f"etcd endpoint {parts.scheme}://...@{parts.netloc.rpartition('@')[2]} "
+                "carries credentials: give the user with --username (username=) and the "
+                "password with ETCDQ_PASSWORD (password=), never in the URL")
         try:
             port = parts.port
         except ValueError:
@@ -145,6 +156,29 @@ def parse_endpoints(endpoints: Union[str, Sequence[str]]) -> List[str]:
                 or parts.path or parts.query:
             raise ConfigError(f"bad etcd endpoint {url!r}: expected http(s)://HOST:PORT")
     return urls
+
+
+def is_loopback(host: str) -> bool:
+    """True for a loopback address (or ``localhost``): only this host reaches it."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_cleartext(urls: List[str], tls: bool, auth: bool) -> None:
+    """ConfigError for TLS files with an http:// endpoint (they would be ignored, and
+    the password sent in clear); a warning for a password sent in clear off this host."""
+    plain = [url for url in urls if urlsplit(url).scheme == "http"]
+    if tls and plain:
+        raise ConfigError(f"TLS files were given but {', '.join(plain)} is http://: "
+                          "use https:// endpoints (or leave out the TLS files)")
+    remote = [url for url in plain if not is_loopback(urlsplit(url).hostname or "")]
+    if auth and remote:
+        log.warning("the etcd password goes in clear text (basic auth over http://) to %s: "
+                    "use https:// endpoints", ", ".join(remote))
 
 
 class _translated:  # noqa: N801  (a context manager, named like contextlib.suppress)
@@ -817,5 +851,7 @@ def connect(endpoints: Union[str, Sequence[str]], *, ca_cert: Optional[str] = No
             raise ConfigError(f"TLS file not found: {path}")
     if (username is None) != (password is None):
         raise ConfigError("give both a username and a password, or neither")
+    _check_cleartext(parse_endpoints(endpoints), tls=any((ca_cert, cert, key)),
+                     auth=username is not None)
     return Transport(endpoints, timeout=timeout, deadline=deadline, ca_cert=ca_cert, cert=cert,
                      key=key, username=username, password=password, runtime=runtime)

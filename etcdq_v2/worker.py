@@ -64,7 +64,8 @@ from typing import (TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequ
                     Tuple, Union)
 
 from .codec import IN_LOCK, failure_text
-from .errors import AuthError, ConfigError, EtcdqError, InvalidPayload, LockLost, QueueClosed
+from .errors import (AuthError, ConfigError, EtcdqError, InvalidPayload, LockLost,
+                     PayloadTooLarge, QueueClosed)
 from .metrics import MetricsServer, WorkerMetrics, check_port
 from .queue import Queue, claim_first, shared_runtime
 from .runtime import SYSTEM, EventLike, InboxLike, Runtime
@@ -531,14 +532,18 @@ class Worker:
 
     def _fail(self, task: Task, reason: str, trace: Optional[str] = None, *,
               delay: Optional[float] = None, retry: bool = True) -> None:
-        task.claim.fail(reason, traceback=trace, delay=delay, retry=retry)
+        try:
+            task.claim.fail(reason, traceback=trace, delay=delay, retry=retry)
+        except PayloadTooLarge as exc:  # the claim is still open: fail it with a short reason
+            reason = f"its reason cannot be stored: {exc}"
+            task.claim.fail(reason, delay=delay, retry=retry)
         # Logged as a delay lock keeps it: it encodes (a log file or a pipe
         # need not take a lone surrogate), and a line stays a line's length.
         logged, _ = failure_text(reason, None, IN_LOCK)
         if task.claim.outcome == "dead-lettered":
-            self._count(task, "dead_lettered", f"failed and dead-lettered: {logged}")
+            self._count(task, "dead_lettered", f"failed and dead-lettered: {one_line(logged or '')}")
         else:
-            self._count(task, "attempts_failed", f"failed (retried later): {logged}")
+            self._count(task, "attempts_failed", f"failed (retried later): {one_line(logged or '')}")
 
     def _count(self, task: Task, what: str, message: str,
                exc_info: Optional[BaseException] = None) -> None:
@@ -666,6 +671,12 @@ def _handler(handler: Optional[Handler], tasks: Optional[Tasks]) -> Handler:
         assert handler is not None
         return handler
     return lambda payload: tasks.run(payload, current_task().claim.attempt)
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks and other control characters escaped (``\\n``)."""
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+                   for char in text)
 
 
 def _queues(queue: Union[Queue, Sequence[Queue]]) -> Tuple[Queue, ...]:

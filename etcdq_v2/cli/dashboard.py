@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..protocol import queue_names
 from ..signals import StopSignals
 from .exits import EXIT_FAILURE, EXIT_OK, PROG
-from .options import connect_from, verb
+from .options import connect_from, secret_option, verb
 
 if TYPE_CHECKING:
     from ..dashboard import Dashboard
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 DEFAULT_PORT = 8080
 DEFAULT_BIND = "127.0.0.1"
 TOKEN_ENV = "ETCDQ_DASHBOARD_TOKEN"
+TOKEN_FILE_ENV = "ETCDQ_DASHBOARD_TOKEN_FILE"
 #: How often the main thread looks at the stop signals and the serving thread.
 POLL = 0.1
 
@@ -40,7 +41,8 @@ def add_verbs(verbs: Any) -> None:
                   log_level=logging.INFO,
                   epilog="The page lists every queue under --prefix with its counts, the "
                          "throughput of the last ten minutes, the running items and the dead "
-                         "letters, updated every 2 s. It prints its URL on stdout (and the "
+                         "letters, updated every 2 s (on a big queue: four times as long as a read of "
+                         "etcd takes). It prints its URL on stdout (and the "
                          "token on the next line when it generated one). A bind other than "
                          "loopback requires a token: give one, or one is generated. "
                          "SIGTERM or Ctrl-C stops it.")
@@ -55,17 +57,21 @@ def add_verbs(verbs: Any) -> None:
     # An empty variable (a unit file's blank) is no token, not a too-short one.
     parser.add_argument("--token", default=os.environ.get(TOKEN_ENV) or None, metavar="T",
                         help=f"required by the API as a bearer token, on any bind (env "
-                             f"{TOKEN_ENV}; prefer it: arguments show in ps); off loopback "
-                             "one is generated when none is given")
+                             f"{TOKEN_ENV}; prefer it or --token-file: arguments show in "
+                             "ps); off loopback one is generated when none is given")
+    parser.add_argument("--token-file", default=os.environ.get(TOKEN_FILE_ENV) or None,
+                        metavar="FILE", help=f"file whose first line is the token (env "
+                                             f"{TOKEN_FILE_ENV})")
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     """``etcdq dashboard``: serve until SIGTERM/SIGINT, then exit 0."""
     from ..dashboard import Dashboard
+    token = secret_option(args.token, args.token_file, "token")
     transport = connect_from(args)
     try:
         with Dashboard(transport, prefix=args.prefix, bind=args.bind, port=args.port,
-                       allow_actions=args.allow_actions, token=args.token) as board:
+                       allow_actions=args.allow_actions, token=token) as board:
             queue_names(transport, board.prefix)  # exit 3 or 4 now, not a page of errors
             return _serve(board, args.bind)
     finally:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from ..queue import Queue
 from ..transport import Transport, connect
+from .exits import UsageError
 
 DEFAULT_ENDPOINTS = "http://127.0.0.1:2379"
 DEFAULT_PREFIX = "/etcdq"
@@ -67,8 +68,10 @@ _GLOBAL_OPTIONS: Tuple[_GlobalOption, ...] = (
     _GlobalOption(("--username",), "username", "ETCDQ_USERNAME", None,
                   "etcd v2 auth user", "NAME"),
     _GlobalOption(("--password",), "password", "ETCDQ_PASSWORD", None,
-                  "etcd v2 auth password (prefer the environment: arguments show in ps)",
-                  "PASSWORD"),
+                  "etcd v2 auth password (prefer the environment or --password-file: "
+                  "arguments show in ps)", "PASSWORD"),
+    _GlobalOption(("--password-file",), "password_file", "ETCDQ_PASSWORD_FILE", None,
+                  "file whose first line is the etcd v2 auth password", "FILE"),
     _GlobalOption(("--request-timeout",), "request_timeout", "ETCDQ_TIMEOUT", 5.0,
                   "seconds per etcd request; a call gives up after 3 times this",
                   "S", kind=number_in(float, 0, above=True)),
@@ -140,9 +143,25 @@ def worker_environment(args: argparse.Namespace) -> Dict[str, str]:
 
 def connect_from(args: argparse.Namespace) -> Transport:
     """A Transport on the connection the global options describe (the caller closes it)."""
+    password = secret_option(args.password, getattr(args, "password_file", None), "password")
     return connect(args.endpoints, ca_cert=args.ca_cert, cert=args.cert, key=args.key,
-                   username=args.username, password=args.password,
+                   username=args.username, password=password,
                    timeout=args.request_timeout)
+
+
+def secret_option(value: Optional[str], path: Optional[str], what: str) -> Optional[str]:
+    """A secret given as itself or in a file (its first line, so ``ps`` never shows it);
+    UsageError when both are given or the file cannot be read."""
+    if path is None:
+        return value
+    if value is not None:
+        raise UsageError(f"give the {what} or its file, not both")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.readline().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read the {what} from {path}: "
+                         f"{getattr(exc, 'strerror', None) or exc}") from None
 
 
 @contextlib.contextmanager

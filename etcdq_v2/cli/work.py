@@ -34,10 +34,14 @@ def add_verbs(verbs: Any) -> None:
         usage=f"{PROG} work QUEUE[,QUEUE...] [options] -- COMMAND [ARGS...]\n"
               f"       {PROG} work QUEUE[,QUEUE...] --tasks MODULE:NAME [options]",
         epilog="The payload goes to COMMAND's stdin (JSON; a bytes payload raw), with "
-               "ETCDQ_QUEUE, ETCDQ_ITEM_ID and ETCDQ_ATTEMPT in its environment. Exit "
-               "status 0 completes the item with stdout as the result (parsed as JSON "
-               "when it is JSON); anything else fails it with the end of stderr as the "
-               "reason. Several queues (e.g. high,low): each item comes from the first "
+               "ETCDQ_QUEUE, ETCDQ_ITEM_ID and ETCDQ_ATTEMPT in its environment, which is "
+               "etcdq's own without its secrets (ETCDQ_PASSWORD, ETCDQ_PASSWORD_FILE, "
+               "ETCDQ_KEY, ETCDQ_DASHBOARD_TOKEN, ETCDQ_DASHBOARD_TOKEN_FILE) unless "
+               "--pass-env names them. Exit status 0 completes the item with stdout as the "
+               "result (parsed as JSON when it is JSON); anything else fails it with the "
+               "end of stderr as the reason. A command that writes more than 1 MiB (the "
+               "payload limit) to stdout or stderr is stopped and its item fails with "
+               "'result too large'. Several queues (e.g. high,low): each item comes from the first "
                "one that has a free item. SIGTERM/SIGINT: no new items, running commands "
                "get --grace seconds, then are terminated and their items released; a "
                "second signal does that at once. The summary counts 'attempts failed' (the "
@@ -73,6 +77,10 @@ def add_verbs(verbs: Any) -> None:
                              f"default {DEFAULT_COMPLETED_TTL})")
     add_failed_ttl(parser)
     parser.add_argument("--node-id", metavar="ID", help="this worker's name in locks and records")
+    parser.add_argument("--pass-env", action="append", default=[], metavar="NAME",
+                        help="give COMMAND this one of etcdq's secret variables too "
+                             "(e.g. ETCDQ_PASSWORD, for a command that runs etcdq); "
+                             "repeatable")
     parser.add_argument("--metrics-port", type=int, metavar="N",
                         help="serve this worker's Prometheus metrics on port N (0: any free "
                              "port; the URL is logged); needs the metrics extra")
@@ -120,7 +128,7 @@ def _handler(args: argparse.Namespace) -> Dict[str, Any]:
     if not args.command:
         raise UsageError("give the command to run after --, e.g. etcdq work QUEUE -- ./job.sh, "
                          "or --tasks MODULE:NAME")
-    return {"handler": CommandHandler(check_command(args.command))}
+    return {"handler": CommandHandler(check_command(args.command), pass_env=args.pass_env)}
 
 
 def load_tasks(spec: str) -> Tasks:

@@ -36,13 +36,13 @@ they leave no gap for an older one.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import secrets
 from email.message import Message
 from typing import Optional
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from ..transport import is_loopback
 
 #: The shortest token accepted: long enough that it cannot be guessed online.
 MIN_TOKEN = 16
@@ -62,12 +62,7 @@ class Refused(Exception):
 
 def is_local(bind: str) -> bool:
     """True for a loopback address (or ``localhost``): only this host can connect."""
-    if bind == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(bind).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(bind)
 
 
 def check_token(token: object) -> str:

@@ -10,10 +10,12 @@ Routes::
     POST /api/requeue       {"queue": Q, "id": ID}: the dead letter back to work/
     POST /api/purge         {"queue": Q, "kind": "failed"|"completed"}: remove those records
 
-The server is the standard library's ``ThreadingHTTPServer``: a thread per
+The server is the standard library's threading HTTP server: a thread per
 connection suits a page polled every few seconds by a handful of operators,
 the JSON is answered from a shared snapshot (see snapshots.py), and the
-package keeps its one dependency.  guard.py says who may read and act.
+package keeps its one dependency.  Each request has ``connection_timeout``
+seconds to arrive, and at most ``max_connections`` are served at once
+(:mod:`etcdq_v2.httpd`).  guard.py says who may read and act.
 A request refused before its body was read (any refusal of a POST before
 the checks pass, one with Transfer-Encoding: 411) ends its connection, so
 that the unread body is never parsed as a request of its own.
@@ -24,7 +26,7 @@ import json
 import logging
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Dict, List, Optional, Tuple, Type
@@ -32,6 +34,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from ..errors import (ConfigError, EtcdqError, InvalidArgument, InvalidName,
                       NotFound, Unavailable)
+from ..httpd import (DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT, LimitedServer, check_limits,
+                     deadline_input)
 from ..keys import check_prefix
 from ..queue import Queue
 from ..transport import Transport, connect
@@ -72,13 +76,18 @@ class Dashboard:
     (:attr:`token`).  ``interval``: seconds a snapshot of etcd is reused for
     (and the page's polling period); ``window`` and ``bucket``: the seconds
     of throughput shown, and per bar.  ``port`` 0 picks a free port.
+    ``connection_timeout``: seconds a request may take to arrive (and a
+    kept-alive connection may sit idle); ``max_connections``: connections
+    served at once, more are refused (:mod:`etcdq_v2.httpd`).
     """
 
     def __init__(self, client: Any, *, prefix: str = "/etcdq", bind: str = DEFAULT_BIND,
                  port: int = DEFAULT_PORT, allow_actions: bool = False,
                  token: Optional[str] = None, interval: float = 2.0, window: float = 600.0,
-                 bucket: float = 10.0) -> None:
+                 bucket: float = 10.0, connection_timeout: float = DEFAULT_TIMEOUT,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
         _check_times(interval, window, bucket)
+        check_limits(connection_timeout, max_connections)
         self.prefix = check_prefix(prefix)
         self.allow_actions = allow_actions
         local = is_local(bind)
@@ -92,6 +101,7 @@ class Dashboard:
                                    bucket=bucket, actions=allow_actions)
         self._page = _read("index.html").replace(b"{{csrf}}", self.guard.csrf.encode())
         self._httpd = _listen(bind, port, self)
+        self._httpd.limit(connection_timeout, max_connections)
         self._thread: Optional[threading.Thread] = None
 
     @property
@@ -192,6 +202,14 @@ class _Handler(BaseHTTPRequestHandler):
     sys_version = ""
     protocol_version = "HTTP/1.1"  # keep-alive: a polling page reuses its connection
 
+    def setup(self) -> None:
+        super().setup()
+        self._input = deadline_input(self)
+
+    def handle_one_request(self) -> None:
+        self._input.restart()  # the next request (or the first) has its own deadline
+        super().handle_one_request()
+
     def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
         self._answer(lambda path: self.server.dashboard.get(
             path, self.headers, urlsplit(self.path).query))
@@ -255,9 +273,7 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("dashboard: %s " + format, self.address_string(), *args)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True  # a page's open keep-alive connection must not block a close
-
+class _Server(LimitedServer, HTTPServer):
     def __init__(self, address: Tuple[str, int], dashboard: Dashboard) -> None:
         self.dashboard = dashboard
         super().__init__(address, _Handler)

@@ -1,12 +1,16 @@
 """The dashboard's one reader of etcd: a snapshot of every queue, shared by all pages.
 
-A page polls ``/api/overview`` every ``interval`` seconds, and so does every
-other open page.  Each request is answered from the last snapshot while it
-is younger than ``interval``; the first request after that takes a new one
-while the others wait for it (one at a time, under a lock).  So etcd sees
-one round of reads per ``interval`` however many pages are open, and none
-while no page is: a round lists the prefix, then reads each queue in one
-GET (:meth:`Queue.overview`), with serializable reads.
+A page polls ``/api/overview`` every period the document names, and so does
+every other open page.  Each request is answered from the last snapshot while
+it is younger than that period; the first request after that takes a new one
+while the others wait for it (one at a time, under a lock).  The period is
+``interval``, or :data:`PACE` times as long as the last snapshot took if that
+is longer: a snapshot of a big queue (100,000 items: about 2 s) is not taken
+again the moment it is done, so etcd serves these reads at most a fifth of
+the time.  So etcd sees one round of reads per period however many pages
+are open, and none while no page is: a round lists the prefix, then reads
+each queue in one GET (:meth:`Queue.overview`), with serializable reads,
+which downloads every key and value under it.
 
 Throughput comes from the records themselves: each completion record and
 dead letter carries its finish time (``fin``), counted into buckets over the
@@ -34,6 +38,8 @@ from ..transport import Transport
 
 log = logging.getLogger("etcdq_v2.dashboard")
 
+#: A snapshot is reused for at least this many times as long as the last one took.
+PACE = 4
 #: The characters of a dead letter's payload shown on the page.
 PREVIEW = 160
 
@@ -56,6 +62,7 @@ class Snapshots:
         self._body: Optional[bytes] = None
         self._status = 200
         self._taken = -math.inf   # time.monotonic() of the last snapshot
+        self._took = 0.0          # how long it took
         self._last: Dict[str, Any] = {"queues": []}  # the last good document
         #: When each running claim was first seen, and those seen at the first look.
         self._seen: Dict[ClaimKey, float] = {}
@@ -66,10 +73,14 @@ class Snapshots:
     def current(self) -> Tuple[int, bytes]:
         """``(HTTP status, JSON body)``: the last snapshot, or a new one if it is stale."""
         with self._lock:
-            if self._body is None or time.monotonic() - self._taken >= self._interval:
+            if self._body is None or time.monotonic() - self._taken >= self.period():
                 self._status, self._body = self._take()
                 self._taken = time.monotonic()
             return self._status, self._body
+
+    def period(self) -> float:
+        """Seconds a snapshot is reused for: ``interval``, or PACE times the last one's time."""
+        return max(self._interval, PACE * self._took)
 
     def invalidate(self) -> None:
         """After an action: the next request takes a new snapshot."""
@@ -94,12 +105,15 @@ class Snapshots:
     def _take(self) -> Tuple[int, bytes]:
         """One round of reads: the new document, or the last one with etcd's error."""
         self.rounds += 1
+        started = time.monotonic()
         try:
             overviews = [self.queue(name).overview()
                          for name in queue_names(self._etcd, self._prefix)]
         except EtcdqError as exc:
+            self._took = time.monotonic() - started
             log.warning("dashboard: reading %s failed: %s", self._prefix, exc)
             return 503, _dumps({**self._last, "error": str(exc), "generated": time.time()})
+        self._took = time.monotonic() - started
         self._last = self._document(overviews, time.time())
         return 200, _dumps(self._last)
 
@@ -107,7 +121,7 @@ class Snapshots:
         start = math.ceil(now / self._bucket) * self._bucket - self._buckets() * self._bucket
         queues = [self._queue_document(view, start, now) for view in overviews]
         self._forget_finished(overviews)
-        return {"prefix": self._prefix, "generated": now, "interval": self._interval,
+        return {"prefix": self._prefix, "generated": now, "interval": self.period(),
                 "actions": self._actions, "error": None,
                 "throughput": {"start": start, "bucket": self._bucket,
                                "completed": self._sums(queues, "completed"),
