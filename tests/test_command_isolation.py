@@ -79,7 +79,7 @@ def test_a_failure_reason_is_logged_as_one_escaped_line(etcd_url: str, queue: Qu
                   sys.executable, "-c", forge, env={})
     assert done.returncode == 1, done.stderr
     lines = [line for line in done.stderr.splitlines() if "forged" in line]
-    assert len(lines) == 1 and "failed: " in lines[0], done.stderr
+    assert len(lines) == 1 and "failed and dead-lettered: " in lines[0], done.stderr
     assert "bad\\n2026" in lines[0] and "\\r\\x1b[2Khidden\\u2028more" in lines[0]
     assert "\x1b" not in done.stderr and "\u2028" not in done.stderr
     # Stored as written: the record keeps the command's own text.
