@@ -356,7 +356,7 @@ class Queue:
         them gone; then it lists again as above.  Not a quiet view below its
         miss limit: each claim that widens its window at the start of a drain
         loses several races, and the read made every second one of 64
-        consumers list its whole backlog again (issue 14)."""
+        consumers list its whole backlog again."""
         view.locked_at(item_id, lost.index, refused=lost.refused)
         self._window = min(CLAIM_WINDOW, self._window * WINDOW_GROWTH)
         self._calm = 0

@@ -24,12 +24,15 @@ of free items.  A quiet view learns what others did by missing (a claim finds
 its item locked or gone: :meth:`QueueView.missed`) and lists work/ again once
 its misses cost about what a listing does (:meth:`QueueView.relist_work`); a
 listing of work/ shows which items were claimed since the last one (their new
-version carries a claim token).  It lists locks/ once per lock TTL while it
-knows of taken items, when a delay lock it knows of is due, and when a new
-item may be delayed.  A round that starts watching checks at once the claim
-signs from before its previous listing (those locks may have gone while it
-was quiet): it reads up to FEW_LOCKS of those locks, or lists locks/; newer
-signs it checks CONFIRM s later if they are still there.
+version carries a claim token).  locks/, which holds about a lock TTL's
+worth of finished items' locks, is listed only at the first listing, when a
+view goes quiet knowing of locked items, once per lock TTL while a quiet view
+knows of taken items, when a delay lock is due, and with a listing of work/
+that shows new items that may be delayed.  A round that starts watching
+checks at once the claim signs from before its previous listing (those locks
+may have gone while it was quiet): it reads up to FEW_LOCKS of those locks,
+or lists locks/; newer signs it checks CONFIRM s later if they are still
+there.
 
 Where a claim looks (:meth:`QueueView.pick`).  A lone consumer takes the
 head; concurrent ones walk the backlog from random places, jumping after each
@@ -131,8 +134,8 @@ CONFIRM = 1.0
 #: Old lock signs a view that starts watching checks by reading each lock
 #: (GETs sent at once, see Protocol.read_locks) rather than listing locks/,
 #: which holds a lock TTL's worth of finished items' locks (F4 is not sent):
-#: at the end of a drain, 2,000 of them listed for a few items still running
-#: (issue 14).  A GET cost etcd 140-200 us with quorum, less from the
+#: at the end of a drain, 2,000 of them listed for a few items still running.
+#: A GET cost etcd 140-200 us with quorum, less from the
 #: member's own copy; a listed lock ~1 us and its client ~2 us (2026-12-01):
 #: 8 reads cost less than listing locks/ once it holds about a thousand.
 FEW_LOCKS = 8
