@@ -3,7 +3,7 @@
 Every key etcdq_v2 touches is built here, from segments that passed
 :func:`check_name`: python-etcd and etcd itself would otherwise turn ``?``,
 ``#``, ``%2F`` or ``..`` in a name into a different key (see
-docs/protocol.md, "Keys").
+docs/protocol.md, "Key layout").
 
 Layout under ``{prefix}/{name}/``::
 

@@ -281,7 +281,7 @@ MAX_IN_FLIGHT = 64
 #: What R1 (release, or a failure's retry) tells of an item given back: the
 #: seconds until it is claimable again (its delay lock's TTL; 0: now), and the
 #: etcd index at which R1 applied, so that a view does not let an older
-#: listing undo what it learnt (review rv10).
+#: listing undo what it learnt.
 GivenBack = Tuple[int, int]
 
 #: Seconds a requeued dead letter stays as a tombstone, so that a late copy of
@@ -1231,8 +1231,8 @@ class Protocol:
             raise LockLost(f"item {state.id}: another claim holds the lock")
         # Still there: at least a second, even past its expiry (no ttl), which
         # etcd's sweep (every 0.5 s) is due to remove: reported as given back
-        # at once, a consumer's claim was refused on it, and a quiet view held
-        # the item a lock TTL (review rv29).
+        # at once, a consumer's claim would be refused on it, and a quiet view
+        # would hold the item a lock TTL.
         return max(1, int(node.get("ttl", 0))), node["modifiedIndex"]
 
     def fail(self, state: ClaimState, reason: str, *, traceback: Optional[str] = None,
@@ -1766,7 +1766,7 @@ class Protocol:
 
         ``since``: the index at which the caller's stream began.  Reads are
         served by the member from its own copy (no raft proposal, no WAL
-        fsync: review rv27) and kept if at or after it, since every later
+        fsync) and kept if at or after it, since every later
         change comes as an event; one from a member behind it, or every one
         without ``since``, is read again through raft (quorum).  Raises the
         first read's error, if any failed."""

@@ -49,7 +49,7 @@ CLAIM_WINDOW = 1 << 20
 #: claim narrows it.  64 consumers starting together on a backlog all race for the
 #: head: doubling, each lost about 8 races before the windows were wide
 #: enough apart (a third of a drain's failed lock creates); eightfold, about
-#: 3 (bench/README.md, "Windows that widen eightfold").
+#: 3 (docs/decisions.md, "Windows that widen eightfold, and the walk rules").
 WINDOW_GROWTH = 8
 #: Clean claims in a row after which the window narrows by an eighth per
 #: claim, not by one (Queue._narrow): a consumer left alone is back to a
@@ -295,7 +295,7 @@ class Queue:
             try:
                 state = self._protocol.claim(item_id, seen)
             except Gone as exc:
-                if exc.by_us:  # its own dead letter: no miss (review rv34)
+                if exc.by_us:  # its own dead letter: not another's claim, no miss
                     view.finished(item_id)
                     continue
                 gone += 1
@@ -326,7 +326,7 @@ class Queue:
         and the view walks from its head once: in put order again, not
         after a walk to the end from wherever the cursor was.
         By one only, a consumer left alone kept a window of up to 2**20 for
-        as many claims, out of put order (review rv31); by an eighth at
+        as many claims, out of put order; by an eighth at
         every claim, 64 consumers' windows shrank between their lost races
         and they lost more of them."""
         self._calm += 1
@@ -342,7 +342,7 @@ class Queue:
         up, and a busy process may be slow to notice.  Either way the view may
         list again rather than try each item it still holds."""
         view.finished(item_id)
-        self._calm = 0  # another consumer took it: not alone (review rv33)
+        self._calm = 0  # another consumer took it: not alone
         if view.missed(item_id) or gone == STALE_VIEW:
             view.behind(self.etcd.deadline)
 
@@ -356,7 +356,7 @@ class Queue:
         them gone; then it lists again as above.  Not a quiet view below its
         miss limit: each claim that widens its window at the start of a drain
         loses several races, and the read made every second one of 64
-        consumers list its whole backlog again (issue 14)."""
+        consumers list its whole backlog again."""
         view.locked_at(item_id, lost.index, refused=lost.refused)
         self._window = min(CLAIM_WINDOW, self._window * WINDOW_GROWTH)
         self._calm = 0

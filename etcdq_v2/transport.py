@@ -426,7 +426,7 @@ class Transport:
             answers = [exc] * len(requests)
         seconds = self.runtime.monotonic() - started
         if any(isinstance(answer, Exception) for answer in answers):
-            self._failed(member)  # those redone go to the next member (review rv28)
+            self._failed(member)  # those redone go to the next member
         return [self._one_of_all(member, method, key, query, answer, seconds, redo)
                 for (key, query), answer in zip(calls, answers)]
 
@@ -520,7 +520,7 @@ class Transport:
         without, must not leave the claim's next request another whole
         deadline (a frozen etcd raised Unavailable only after two).  A
         request that merely took long, and answered, spends nothing: a lock
-        create stalled by a failover still gets its deadline (review rv39).
+        create stalled by a failover still gets its deadline.
         """
         previous = getattr(self._limit, "until", None)
         self._limit.until = math.inf

@@ -1,74 +1,49 @@
 """A consumer's view of the queue: the items in work/ and which are locked, kept current.
 
 Listing work/ on every claim costs time and memory in proportion to the
-queue's length (etcd v2 sends every value with a listing).  Instead, each
-Queue keeps one view, built once and then updated by a *streaming* watch
-(``?wait=true&recursive=true&stream=true``: one HTTP response, one JSON
-event per line):
+queue's length (etcd v2 sends every value with a listing), so each Queue
+keeps one view, made by one follower thread in rounds.  docs/protocol.md,
+"The consumer's view", has the full rules; in short:
 
-1. open the stream first (etcd registers it at its current index S);
-2. list work/, then locks/, with quorum reads (at indexes >= S);
-3. apply each streamed event newer than the listing.
+Rounds.  A *quiet* round lists work/ (and locks/ when asked) with quorum
+reads and watches nothing.  A *watching* round opens a streaming watch of the
+whole queue directory (``?wait=true&recursive=true&stream=true``, registered
+at etcd's current index S), lists at indexes >= S, and applies each event
+newer than the listing until the stream ends, errs, goes silent, or ROUND
+(60 s) has passed since the listing: a stream on a member that a raft snapshot
+caught up misses the writes it covered and stays open, so no stream is trusted
+longer.  The first round is quiet and lists both work/ and locks/; a claim
+waits up to its deadline for it.  Whatever a round raises is logged, never
+fatal (a view whose thread died would stop seeing new items without a word),
+and the next round goes to the next member.
 
-Nothing is missed between 1 and 2, and nothing is applied twice.  If the
-stream ends (etcd drops a watcher that falls 100 events behind, a member
-dies) the view starts again at 1.  So it does ROUND (60 s) after its
-listing, events or not: a stream on a member that a raft snapshot caught up
-misses every write the snapshot covered and stays open, so no stream is
-trusted longer, and what a watching view knows (items, and which locks went)
-is at most ROUND plus one listing old.  So it does after any error in its thread,
-which is logged, never fatal (a view whose thread died would stop seeing new
-items without a word); the next round goes to the next member if etcd's was
-at fault, and a claim waits up to its deadline for the first listing.
-
-What is watched.  The whole queue directory shows everything: new items,
-claims (lock create, item CAS), completions (record, item delete), releases
-and expiries; but etcd sends every event to every watcher, so a watch per
-consumer made an item's cost grow with the number of consumers.  So a view
-watches the whole directory (one stream, so events stay in etcd's order)
-only while its process finds nothing to claim (an outcome record hides its
-item at once; if the finisher's lock expires before the item leaves work/,
-the finisher died after F2, and the item is offered again for a claim to
-finish it).  While it has a backlog of free items it watches nothing (a
-*quiet* view): it learns what others did by missing, when a claim finds its
-item locked (C1 "already exists") or gone (:meth:`QueueView.missed`), and
-lists work/ again once its misses cost about what a listing does
-(:meth:`QueueView.relist_work`).  A taken item is free again (released, its
-worker dead) after a listing of locks/, made once per lock TTL while it
-knows of taken items, and when a delay lock (a delayed put, a release
-delay) of an item it knows is due: a listing gives each lock's expiry.
-A quiet view lists locks/ only then, at its first listing, and when a new
-item may be delayed: locks/ holds about a lock TTL's worth of finished
-items' locks (F4 is not sent).  Instead, a listing of work/ shows which items
-were claimed since the last one (their new version carries a claim token):
-those are taken.  A view that starts watching everything checks lock signs
-from before its previous listing at once (they may have gone while it was
-quiet; its events only say what changes from then on): it reads those few
-locks, or lists locks/ if there are more than FEW_LOCKS; newer ones it
-checks CONFIRM s later if they are still there (most finish sooner).
+Modes.  etcd sends every event to every watcher, so a view watches only while
+its process finds nothing to claim: a quiet view starts watching when a claim
+finds nothing free, and a watching one goes quiet when a claim sees a backlog
+of free items.  A quiet view learns what others did by missing (a claim finds
+its item locked or gone: :meth:`QueueView.missed`) and lists work/ again once
+its misses cost about what a listing does (:meth:`QueueView.relist_work`); a
+listing of work/ shows which items were claimed since the last one (their new
+version carries a claim token).  locks/, which holds about a lock TTL's
+worth of finished items' locks, is listed only at the first listing, when a
+view goes quiet knowing of locked items, once per lock TTL while a quiet view
+knows of taken items, when a delay lock is due, and with a listing of work/
+that shows new items that may be delayed.  A round that starts watching
+checks at once the claim signs from before its previous listing (those locks
+may have gone while it was quiet): it reads up to FEW_LOCKS of those locks,
+or lists locks/; newer signs it checks CONFIRM s later if they are still
+there.
 
 Where a claim looks (:meth:`QueueView.pick`).  A lone consumer takes the
-head.  Concurrent ones walk the backlog from random places, jumping after
-each miss, so that they rarely try the same item and stale items cost a
-miss per run rather than per item.
+head; concurrent ones walk the backlog from random places, jumping after each
+miss, so that they rarely try the same item.
 
-Order.  A lone consumer claims items in put order, whoever put them.  The
-view knows work/ completely up to an etcd index: its listing's, or, while the
-whole directory is watched, the newest event's.  Items put by other processes
-after that index are unknown to it, so an item this process put later
-(:meth:`QueueView.added`) is not offered yet: when only such items are left,
-the view catches up first (:meth:`QueueView.catch_up`): it lists again while
-it is quiet, or waits for their events.  A pipeline stage
-that claims one item and puts a follow-up thus lists work/ once per backlog
-it works through (one listing of N items per N claims: about one item's bytes
-per claim), and watches nothing.  Rejected: also watching work/ while this
-process puts (etcd cannot filter by action: 3 events per item for every
-consumer); listing again when an
-own put's index leaves a gap after the newest index known (indexes are global
-to the store: every lock, record, refresh and other queue's write makes a
-gap, so nearly every put would list); not counting own puts as backlog (the
-stage would watch the whole directory, 5 events per item, and while others'
-items remain its own would still be offered ahead of items it has not seen).
+Order.  A lone consumer claims items in put order, whoever put them.  The view
+knows work/ completely up to an etcd index; items others put after it are
+unknown to it, so an item this process put later (:meth:`QueueView.added`) is
+not offered yet: when only such items are left, the view catches up first
+(:meth:`QueueView.catch_up`): it lists again while it is quiet, or waits for
+their events.
 
 Taken items.  A claim attempt marks its item taken (:meth:`QueueView.taken`)
 until it ends with the etcd index at which the item's lock existed
@@ -134,8 +109,9 @@ JUMPS = 3
 #: About what a miss (a failed lock create) costs, in listed items: a failed
 #: write cost etcd 61-86 us of CPU and its client about as much, a listed item
 #: ~1 us of etcd's CPU and ~2 us of the client's (2026-12-01, a quiet machine:
-#: bench/README.md, "The view reads claims off work/").  A quiet view lists
-#: work/ again once its misses cost about what that listing does.
+#: bench/README.md, "What etcd's operations cost"; docs/decisions.md, "Claims
+#: are read off `work/`").  A quiet view lists work/ again once its misses
+#: cost about what that listing does.
 MISS_COST = 100
 #: Seconds a follower waits after applying events, so that the next come in one block.
 COALESCE = 0.005
@@ -158,8 +134,8 @@ CONFIRM = 1.0
 #: Old lock signs a view that starts watching checks by reading each lock
 #: (GETs sent at once, see Protocol.read_locks) rather than listing locks/,
 #: which holds a lock TTL's worth of finished items' locks (F4 is not sent):
-#: at the end of a drain, 2,000 of them listed for a few items still running
-#: (issue 14).  A GET cost etcd 140-200 us with quorum, less from the
+#: at the end of a drain, 2,000 of them listed for a few items still running.
+#: A GET cost etcd 140-200 us with quorum, less from the
 #: member's own copy; a listed lock ~1 us and its client ~2 us (2026-12-01):
 #: 8 reads cost less than listing locks/ once it holds about a thousand.
 FEW_LOCKS = 8
@@ -233,8 +209,8 @@ class QueueView:
         #: Items that may be delayed (``"q"``), new in a listing of work/ taken at
         #: the index noted, whose delay lock no listing of locks/ from then on has
         #: covered, because it failed: a listing of work/ that shows one lists
-        #: locks/ too, and so does the next claim, until one is applied (review
-        #: rv18: a lost or dropped one left its delay unplanned for good).
+        #: locks/ too, and so does the next claim, until one is applied (otherwise a
+        #: lost or dropped listing left its delay unplanned for good).
         self._unplanned: Dict[str, int] = {}
         self._next_delay = math.inf
         #: A view that started watching without listing locks/: when the lock
@@ -242,7 +218,7 @@ class QueueView:
         self._confirm_at, self._confirm_upto = math.inf, 0
         #: Locks that the round read (_apply_lock_reads): id -> the read's index.
         #: A sign from such a read needs no check, even at the listing's own
-        #: index: the lock was there after the stream began (review rv27).
+        #: index: the lock was there after the stream began.
         self._read_signs: Dict[str, int] = {}
         self.version = 0
         self._ready = False
@@ -252,7 +228,7 @@ class QueueView:
         self._closed = False
         #: Misses (an item found taken or gone) since the last listing of work/,
         #: and the free items that listing offered: a quiet view lists again
-        #: when a quarter of them turned out stale.
+        #: after one miss per MISS_COST of them (miss_limit).
         self._misses = 0
         self._listed_free = 0
         #: Where a claim walking the backlog goes on from (see pick); None: jump.
@@ -321,7 +297,7 @@ class QueueView:
             self._drop_taken(0, stale)
             backlog = self.watching_locks and len(self._in_free) >= BACKLOG
             # Locks seen as events have no planned expiry: a quiet view, which
-            # hears no expire event, must list them (review rv7).
+            # hears no expire event, must list them to learn when they expire.
             known_locks = bool(self._locks)
         if backlog:
             self._watch(locks=False, list_locks=known_locks)
@@ -364,7 +340,7 @@ class QueueView:
         A walk that reaches the end of the window goes on from the head, not
         from a random place: the window narrowed past the cursor, or the
         walk went through the newest items, and what is left behind it is
-        the oldest (review rv31: a consumer left alone claimed out of put
+        the oldest (a consumer left alone would otherwise claim out of put
         order whenever its narrowing window left the cursor outside)."""
         if end <= 0 or not self._free:
             return None
@@ -390,7 +366,7 @@ class QueueView:
     def _drop_taken(self, start: int, stop: int) -> bool:
         """Forget the listed places in ``self._free[start:stop]`` of items not free
         (this process's claims, known locks): a walk goes on past them rather
-        than jumping away (review rv31: a consumer left alone jumped over its
+        than jumping away (so a consumer left alone does not jump over its
         own claims, out of put order).  Free again, an item is listed anew
         (_make_free, which every way back to free goes through; an orphan's
         time, by offer_due at every claim round)."""
@@ -429,8 +405,8 @@ class QueueView:
         While the whole directory is watched their own events will come (up to
         ``timeout``); otherwise, or if they do not, list again.  If that
         listing fails, or the watching follower's last listing of work/ did
-        (not its stream: a follower whose stream broke lists again, rv38), the items this
-        process put up to there are offered without it (_own_upto).
+        (not its stream: a follower whose stream broke lists again), the items
+        this process put up to there are offered without it (_own_upto).
         """
         with self._cond:
             behind = self._behind
@@ -442,7 +418,7 @@ class QueueView:
             quiet, failing = not self.watching_locks, self._unlisted
         if quiet:
             self._catch_up_quietly(behind, timeout)
-        elif failing:  # the follower cannot list; a new one, unready, would fail claims (rv37)
+        elif failing:  # the follower cannot list; a new one, unready, would fail claims
             with self._cond:
                 self._own_upto = max(self._own_upto, behind)
         else:
@@ -454,13 +430,13 @@ class QueueView:
         (relist_work; while listings fail, at most once a second).  If no
         listing up to ``behind`` came, the items this process put up to
         ``behind`` are offered without it: put order with other producers'
-        items waits for a listing that works.  Before (review rv36), relist() made the view
-        unready, and while listings of work/ failed every claim of the
-        process failed, though the view held its own item free."""
+        items waits for a listing that works.  Not relist(): it makes the view
+        unready, so while listings of work/ failed every claim of the process
+        would fail, though the view held its own item free."""
         self.relist_work(catching_up=True)
         with self._cond:
             self._cond.wait_for(lambda: not self._listing or self._closed, timeout)
-            if self._closed:  # no claim after close() (review rv37)
+            if self._closed:  # no claim after close()
                 raise Unavailable(f"could not list {self._layout.label} (the queue was closed)")
             if self._known < behind:
                 self._own_upto = max(self._own_upto, behind)
@@ -477,7 +453,7 @@ class QueueView:
 
         Unless another claimer's relist of work/ is under way: that listing may
         bring free items, so wait for it first, and watch only if it changed
-        nothing (review rv20: watching would drop it, and cost a stream)."""
+        nothing (watching would drop it, and cost a stream)."""
         with self._cond:
             if self._listing:
                 version = self.version
@@ -497,8 +473,8 @@ class QueueView:
 
         First, orphans whose F3 is overdue are offered (:meth:`offer_due`):
         only a claim that waits did that, and an orphan a walk or the head's
-        trim had dropped from the free list stayed out of it for a consumer
-        that never waits (review rv32).
+        trim had dropped from the free list would otherwise stay out of it
+        for a consumer that never waits.
         """
         self.offer_due()
         with self._cond:
@@ -517,7 +493,7 @@ class QueueView:
             try:
                 self._list_locks(follower, full=True, round_=round_)
             except BaseException:
-                with self._cond:  # not given up: the next claim checks again (review rv14)
+                with self._cond:  # not given up: the next claim checks again
                     self._plan_confirm()
                 raise
         elif due:
@@ -527,7 +503,7 @@ class QueueView:
         """List locks/ for delay locks that are due, or items waiting for their
         delay to be planned.  If that fails, the claim goes on with the items
         the view has, and the listing is tried again CONFIRM s later: failing
-        the claim would hand out nothing while such listings fail (review rv20)."""
+        the claim would hand out nothing while such listings fail."""
         try:
             self._list_locks(follower)
         except EtcdqError as exc:
@@ -546,7 +522,7 @@ class QueueView:
         the watch began, and no event would say so.  At the listing's own index
         too: a sign read off work/ is the index of the item's last write (a C2,
         R0 or F1, fenced on the item, not the lock), which may have landed after
-        its lock expired (review rv14)."""
+        its lock expired."""
         upto = self._confirm_upto
         return any(at <= upto and item_id in self._items and self._read_signs.get(item_id) != at
                    for item_id, at in self._locks.items())
@@ -571,11 +547,10 @@ class QueueView:
         holds something no listing or read of locks/ shows (a directory: its
         removal is an event, see _apply_event), or the view's sign was its
         own making (a release that reported a delay lock past its expiry,
-        not yet removed by etcd, as given back at once, before review rv29).
-        Before (reviews rv27, rv28) such a refusal freed the item again, and
-        a claim tried it again at once, thousands of times a second, past
-        its timeout; the first fix skipped it, which stranded a delayed item
-        for good.  Not a C2 that found the item claimed since: its index is
+        not yet removed by etcd, as given back at once).  Freeing the item
+        again on such a refusal would have a claim try it again at once,
+        thousands of times a second, past its timeout; skipping it would
+        strand a delayed item for good.  Not a C2 that found the item claimed since: its index is
         the item's, which a listing at that index may rightly show without a
         lock (a late C2 whose lock expired).
         """
@@ -591,10 +566,10 @@ class QueueView:
                 if self.watching_locks and index <= self._confirm_upto and not (
                         refused and index >= (self._follower.since or math.inf)):
                     # A sign from before the watching listing, which did not
-                    # see it: that lock may have gone unheard (review rv15).
+                    # see it: that lock may have gone unheard.
                     # Not a refusal at or after the stream began: the lock was
-                    # there then, so its end comes as an event (review rv29: a
-                    # junk lock retried every CONFIRM).
+                    # there then, so its end comes as an event (checking it
+                    # would retry a junk lock every CONFIRM).
                     self._plan_confirm()
             elif self._locks.get(item_id, -1) <= gone:
                 self._locks.pop(item_id, None)  # gone since: free
@@ -645,8 +620,8 @@ class QueueView:
         before etcd's event arrives (unless locked again since).  Later: note
         when etcd expires its delay lock, so that a quiet view, which hears no
         expiry, lists locks/ then (check_locks) rather than up to a lock TTL
-        later (review rv7); a listing older than ``index``, which shows our
-        claim's lock, does not undo that (review rv10)."""
+        later; a listing older than ``index``, which shows our claim's lock,
+        does not undo that."""
         with self._cond:
             if not seconds:
                 self._unlocked(item_id, index)
@@ -787,7 +762,7 @@ class QueueView:
 
     def _locked(self, item_id: str, index: int) -> None:
         """A sign at ``index`` that the item is locked; ignored if its lock was
-        seen gone since (an older listing applied late: review rv11)."""
+        seen gone since (an older listing applied late)."""
         if index > self._locks.get(item_id, 0) and index > self._gone.get(item_id, 0):
             self._locks[item_id] = index
 
@@ -800,7 +775,7 @@ class QueueView:
         if self._trying.get(item_id, index) < index:
             self._trying[item_id] = index
         # Only for items the view holds: a finished item's lock goes after the
-        # item did, and noting it would keep one entry per item (review rv12).
+        # item did, and noting it would keep one entry per item.
         if item_id in self._items and index > self._gone.get(item_id, 0):
             self._gone[item_id] = index
         if 0 <= self._locks.get(item_id, -1) <= index:
@@ -823,9 +798,9 @@ class QueueView:
                 self._locked(item_id, lock_index)
         self._plan_delays(locks)
         self._unplanned = {i: at for i, at in self._unplanned.items() if i not in planned}
-        if self._unplanned:  # an older listing: the next claim lists locks/ again (rv21)
+        if self._unplanned:  # an older listing: the next claim lists locks/ again
             self._next_delay = -math.inf
-        self._locks_retry = 0.0  # listings of locks/ work again (review rv26)
+        self._locks_retry = 0.0  # listings of locks/ work again: no backoff
         if not delays:  # a delays-only listing leaves the other taken items as they were
             self._locks_listed = self._runtime.monotonic()
 
@@ -866,19 +841,19 @@ class QueueView:
                 self._unlisted = self._unlisted or follower is self._follower
             raise
         with self._cond:
-            delayed = self._new_delayed(work)  # once: it decodes (review rv17)
+            delayed = self._new_delayed(work)  # once: it decodes each new item
             noted = self._noted_before(work) if follower.directory is not None else []
             # Every view lists locks/ for new delayed items, which it would
-            # otherwise try each (review rv15), in this round, so that no claim
-            # finds them taken before it is applied (review rv20); and a
+            # otherwise try each, in this round, so that no claim finds them
+            # taken before it is applied; and a
             # watching view for old signs, unless they are few: it reads
             # their locks instead.
             list_locks = follower.list_locks or bool(delayed) or len(noted) > FEW_LOCKS
             read = [] if list_locks else noted
             # A quiet view's listing of locks/ made for them only may fail
-            # without failing the round, as relist_work's (review rv21).  Not
-            # one the round was asked for: a first listing has nothing to go
-            # on, and a view going quiet must learn its delay locks (rv24).
+            # without failing the round, as relist_work's.  Not one the round
+            # was asked for: a first listing has nothing to go on, and a view
+            # going quiet must learn its delay locks.
             may_fail = follower.directory is None and not follower.list_locks
         try:
             locks_index, locks = self._protocol.list("locks") if list_locks else (0, [])
@@ -947,9 +922,8 @@ class QueueView:
         thread; other claimers meanwhile go on with what the view has.
         ``full``: locks/ too, once per lock TTL (check_locks); if that listing
         fails, work/ is applied, what the view knew of locks stands, and it is
-        due again CONFIRM later.  Before (review rv22) a new
-        follower made it, and the view was unready, every claim failing,
-        while listings of locks/ failed.
+        due again CONFIRM later.  Not a new follower: the view would be
+        unready, every claim failing, while listings of locks/ failed.
 
         Not locks/: a finished item's lock stays there until it expires (F4 is
         not sent), so locks/ holds about a lock TTL's worth of finished items,
@@ -958,7 +932,7 @@ class QueueView:
         ones by missing; but it lists locks/ too when a new item may be delayed
         (:meth:`_new_delayed`), and applies both listings at once, so that no
         claim meanwhile finds such an item free before its delay lock is
-        known, nor held for want of it (reviews rv18, rv20).
+        known, nor held for want of it.
         """
         with self._cond:
             if self._listing or self.watching_locks or self._closed or (
@@ -971,7 +945,7 @@ class QueueView:
                 delayed = self._new_delayed(work)
                 # Those noted before are the next claim's to list for (check_locks):
                 # listing for them here too would cost each claim that misses a
-                # timeout while listings of locks/ fail (review rv22).
+                # timeout while listings of locks/ fail.
                 new = delayed - set(self._unplanned)
             locks = self._list_locks_if(bool(new) or full)
         except BaseException as exc:
@@ -983,7 +957,7 @@ class QueueView:
             return  # the claim goes on with what the view holds
         with self._cond:
             # Ended in the block that applies it: a starved claim that waited
-            # for it sees it applied, or it dropped (review rv21).
+            # for it sees it applied, or it dropped.
             self._end_listing()
             if follower is not self._follower:
                 return  # the new follower lists for itself
@@ -995,14 +969,13 @@ class QueueView:
 
     def _locks_unlisted_due(self, new: Set[str], full: bool) -> None:
         """relist_work listed no locks/, or that failed (under the lock).  New
-        delayed items are offered (a claim finds a delay lock at C1, as before
-        rv18), but the next claim lists locks/ first (check_locks), not a
-        relist after some miss or a lock TTL later (review rv19); not for
-        those noted before, whose retry stays CONFIRM after its last failure
-        (review rv23).  A failed listing once per lock TTL is due again
-        CONFIRM later (review rv24: a lock TTL kept items taken that long),
-        then twice as long after each failure, up to a lock TTL: each costs
-        its claim a request's deadline (review rv25)."""
+        delayed items are offered (a claim finds a delay lock at C1), but the
+        next claim lists locks/ first (check_locks), not a relist after some
+        miss or a lock TTL later; not for those noted before, whose retry
+        stays CONFIRM after its last failure.  A failed listing once per lock
+        TTL is due again CONFIRM later (a lock TTL would keep items taken that
+        long), then twice as long after each failure, up to a lock TTL: each
+        costs its claim a request's deadline."""
         if new:
             self._next_delay = -math.inf
         if full:
@@ -1013,8 +986,8 @@ class QueueView:
     def _relist_gate(self, catching_up: bool) -> float:
         """No listing of work/ before this runtime.monotonic() (under the lock).
         A catch-up waits a second (CONFIRM) after the last failure, not the
-        misses' backoff: put order waits for it (review rv37: up to a lock TTL
-        out of order after listings answered again)."""
+        misses' backoff: put order waits for it (the backoff could leave it
+        up to a lock TTL out of order after listings answered again)."""
         return self._work_failed_at + CONFIRM if catching_up else self._relist_after
 
     def _work_unlisted(self, exc: EtcdqError, full: bool) -> None:
@@ -1030,7 +1003,7 @@ class QueueView:
         self._relist_after = self._work_failed_at + self._work_retry
         if isinstance(exc, Unavailable):  # its deadline is spent: one more, not two
             self._protocol.etcd.spent()
-        if full:  # not on _locks_retry, which a due delay's listing of locks/ resets (rv36)
+        if full:  # not on _locks_retry, which a due delay's listing of locks/ resets
             self._locks_listed = self._runtime.monotonic() - ttl + self._work_retry
         log.warning("could not list %s (listed again in %g s at the earliest; claims go "
                     "on with what the view holds): %s",
@@ -1044,8 +1017,8 @@ class QueueView:
     def _list_locks_if(self, wanted: bool) -> Optional[Tuple[int, List[Entry]]]:
         """The listing of locks/ relist_work makes (for new delayed items, or
         once per lock TTL); None if not ``wanted``, or if it failed: logged,
-        and the claim goes on with work/ applied (review rv22: raising failed
-        every claim that missed while listings of locks/ failed)."""
+        and the claim goes on with work/ applied (raising would fail every
+        claim that missed while listings of locks/ failed)."""
         if not wanted:
             return None
         try:
@@ -1066,13 +1039,13 @@ class QueueView:
         a claim token: C2 wrote it under the claim's lock) is taken at that
         version's index, as if a claim of ours had lost the race for it:
         running elsewhere, most likely.  Without that, every item others were
-        running looked free after a relist and cost a miss each (relist_work
-        then listed locks/ to learn which: review rv7).  It is freed as any
+        running would look free after a relist and cost a miss each (or a
+        listing of locks/ to learn which).  It is freed as any
         taken item is: by a listing of locks/ without its lock, or an event.
 
-        Listings of work/ answer again: a miss may list at once (review rv35:
-        after one that failed, a full or a follower's listing that worked left
-        the backoff on, up to a lock TTL).
+        Listings of work/ answer again: a miss may list at once (otherwise,
+        after one that failed, a full or a follower's listing that worked would
+        leave the backoff on, up to a lock TTL).
         """
         self._relist_after, self._work_retry, self._unlisted = -math.inf, 0.0, False
         for entry in work:
@@ -1099,12 +1072,13 @@ class QueueView:
         decided to list) is still the view's: in a quiet view, to delayed items
         only unless ``full`` (see _reconcile_locks).  A follower that took over
         since lists locks/ itself, and may have applied newer events already
-        (review rv9: an older listing marked a released item locked for good).
+        (an older listing applied after them would mark a released item
+        locked for good).
         ``round_``: the view's listing (:attr:`relists`) that a watching view's
         check was decided on; if the follower listed again since (its stream
         ended and it subscribed anew), that listing and its own check stand,
-        and this older one is dropped (review rv16: applied after the new
-        round, it marked locked an item whose lock had expired unheard)."""
+        and this older one is dropped (applied after the new round, it would
+        mark locked an item whose lock had expired unheard)."""
         index, locks = self._protocol.list("locks")
         with self._cond:
             # A new follower lists locks/ itself; this older listing, applied
@@ -1133,7 +1107,7 @@ class QueueView:
         parsed = self._layout.split(key)
         if parsed is None or (is_dir and parsed[0] != "locks"):
             return  # not an item
-        if is_dir:  # junk at a lock's key: C1 is refused until it goes (review rv29)
+        if is_dir:  # junk at a lock's key: C1 is refused until it goes
             if action in _REMOVED:
                 self._unlocked(parsed[1], index)
             return
@@ -1206,9 +1180,9 @@ class _Follower:
         #: Whether its listings read locks/.  A watching follower's also do when
         #: the view has more than FEW_LOCKS older lock signs (_noted_before;
         #: fewer, it reads their locks): its events say only what changes from
-        #: then on.  The view keeps which items are locked (one
-        #: that forgot tried each of them whenever it started watching: review
-        #: rv6), and checks newer signs later (check_locks).
+        #: then on.  The view keeps which items are locked (one that forgot
+        #: would try each of them whenever it started watching), and checks
+        #: newer signs later (check_locks).
         self.list_locks = list_locks
         self._idle_timeout = idle_timeout
         self._listed = self._runtime.Event()
@@ -1314,7 +1288,7 @@ def _claimed(value: Optional[str]) -> bool:
 def _item_says(value: str, field: str, test: Callable[[Item], bool]) -> bool:
     """``test`` of the decoded item, if its value has the text ``field`` at all:
     the cheap test first (most have not), then the item's own field, not one of
-    its payload's (review rv16).  Junk says nothing."""
+    its payload's (a payload may hold the same text).  Junk says nothing."""
     if field not in value:
         return False
     try:

@@ -402,8 +402,7 @@ class Member:
         entry batch and one WAL fsync.  A failed request comes back as its
         NotSent, Lost or TLSFailed exception.  ``timeout`` bounds the whole
         batch, connecting and waiting for the replies, not each request: a
-        member that stopped answering costs it one timeout (reviews rv28 and
-        rv29: one each).
+        member that stopped answering costs it one timeout, not one per request.
         """
         started: List[Union[Connection, Exception]] = []
         answers: List[Union[Response, Exception]] = []

@@ -178,7 +178,7 @@ def q_item(queue: Any, n: int = 1) -> str:
 
 def unplanned(view: Any) -> Dict[str, int]:
     """The view's new delayed items whose delay no listing of locks/ covered yet
-    ({} before 5bc1f41, which had none)."""
+    ({} for a view without that state)."""
     return dict(getattr(view, "_unplanned", {}))
 
 
@@ -279,7 +279,7 @@ def record_calls(owner: Any, name: str) -> List[Any]:
 def force_unswept_resend(queue: Any, lock_key: str, window: Dict[str, Any]) -> Any:
     """Wrap ``queue.etcd.put`` so that R1 (the CAS of a claim's lock to a delay
     lock) applies, its reply is lost, and the resend goes out once etcd says
-    the delay lock expired but has not swept it yet (reviews rv28 to rv30);
+    the delay lock expired but has not swept it yet (a lock with no ttl left);
     ``window["hit"]`` tells whether that moment was caught.  Returns the
     original put, to restore."""
     from etcdq_v2.errors import KeyMissing

@@ -197,7 +197,7 @@ def test_a_crashed_finishers_commit_counts_as_finished(make_queue: MakeQueue,
 
 def test_finished_items_whose_locks_linger_are_not_shown_running(
         make_queue: MakeQueue, make_dashboard: MakeDashboard) -> None:
-    """issue 14: F4 is skipped (lock_ttl 30 s): the locks of a completed item and
+    """F4 is skipped (lock_ttl 30 s): the locks of a completed item and
     of a dead letter are still in locks/, for items no longer in work/."""
     jobs = make_queue("jobs")
     complete(jobs, 1)
@@ -474,7 +474,7 @@ def test_a_request_hidden_in_a_refused_requests_body_is_not_served(
         case: str, make_queue: MakeQueue, make_dashboard: MakeDashboard) -> None:
     """A request refused before its body is read ends its connection: the unread body,
     here a request for the overview without any browser header, is never parsed as the
-    next request (review rv5, R6)."""
+    next request."""
     dead_letter(make_queue("jobs"), {"secret": "s3cr3t"}, "boom")
     board = make_dashboard(allow_actions=True)
     port = int(board.url.rsplit(":", 1)[1].strip("/"))
@@ -497,7 +497,7 @@ def test_it_binds_loopback_without_a_token_by_default(etcd_url: str) -> None:
 def test_a_dashboard_bound_to_another_loopback_address_serves_its_own_url(
         make_queue: MakeQueue, etcd_url: str, prefix: str) -> None:
     """127.0.0.2 is loopback (no token): the Host check accepts the URL the dashboard
-    itself gives, not only 127.0.0.1 and localhost (review rv5, R9)."""
+    itself gives, not only 127.0.0.1 and localhost."""
     make_queue("jobs").put("x")
     with Dashboard(etcd_url, prefix=prefix, bind="127.0.0.2", port=0).start() as board:
         assert board.token is None and board.url.startswith("http://127.0.0.2:")

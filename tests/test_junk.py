@@ -296,9 +296,9 @@ def test_a_directory_where_a_lock_belongs_holds_its_item_and_the_claim_goes_on(
     the view takes the item for free, but its lock create is refused at the
     very index at which the view saw no lock.  etcd's refusal wins: the item
     is taken, as under a lock, and the claim goes on to the next one; a claim
-    with nothing else left returns within its timeout.  Before (review
-    rv27), a claim tried the item again and again, thousands of refused
-    writes a second, past its timeout, until anything else wrote to etcd."""
+    with nothing else left returns within its timeout, rather than trying the
+    item again and again, thousands of refused writes a second, past its
+    timeout, until anything else wrote to etcd."""
     stuck, after = queue.put("stuck"), queue.put("after")
     queue.etcd.put(f"{queue.layout.locks}/{stuck}/junk", "makes it a directory")
     claim = queue.claim(timeout=1)
@@ -318,7 +318,7 @@ def test_a_refused_lock_create_wins_over_the_views_gone_sign_at_the_same_index(
         queue: Queue) -> None:
     """A lock create refused at the very index at which the view took the
     lock for gone: the key was there then (junk no listing shows, or a delay
-    lock past its expiry that etcd had not removed, review rv28), so the
+    lock past its expiry that etcd had not removed), so the
     item is taken on etcd's word.  The other sign a claim brings back, a C2
     that found the item claimed since, carries the item's index, which a
     listing at that same index may rightly show without a lock (a late C2

@@ -1,14 +1,14 @@
-"""Hostile review rv8: put_many(in_flight=N), the pipelined put (int14 @ d2ffab2).
+"""put_many(in_flight=N), the pipelined put, under network faults.
 
 Every test runs against a real etcd (tests/conftest.py), with network faults
 through tests/faultproxy.py or a frozen (SIGSTOPped) member of a real cluster.
-Tests named ``test_finding_*`` reproduce a finding: each failed on int14
-(d2ffab2, and again at c9a941a) and passes since the fixes of feat-fix8
-(F1, F1b: new connections probed together, one shared timeout; F2: nothing
-sent after a failure, each lane's wait timed from its own send; F3: each POST
-form-encoded just before it is sent).  Their docstrings describe the code as
-it was.  ``test_held_*`` are attacks that held (they pass), kept so the lead
-sees what was covered.
+Tests named ``test_finding_*`` each reproduce a way the pipeline once missed
+its deadline or held too much memory, and check the rule that prevents it:
+new connections are probed together, within one shared timeout; nothing is
+sent after a failure, and each lane's wait is timed from its own send; each
+POST is form-encoded just before it is sent.  Their docstrings describe the
+code as it was.  ``test_held_*`` are faults the pipeline always survived
+(they pass), kept for what they cover.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def stored(queue: Queue, state: str = "pending") -> Dict[str, Any]:
     return {info.id: info.payload for info in queue.items(state)}
 
 
-# -- F1: a frozen endpoint: the probe of new lanes waits N x timeout, and no failover ---------
+# -- a frozen endpoint: new lanes are probed together, within one timeout, then failover ----
 
 def test_finding_a_black_holed_first_endpoint_makes_put_many_miss_its_deadline_and_never_fail_over(
         etcd_url: str, proxy: FaultProxy, queue_name: str) -> None:
@@ -139,7 +139,7 @@ def test_finding_a_slow_endpoint_passes_the_lanes_probe_so_put_many_puts_into_it
             f"ended with {outcome}; stored now: {sorted(map(str, stored(queue).values()))}")
 
 
-# -- F2: after a send fails, _Pipeline._send goes on sending on the other lanes -------------
+# -- after a send fails, nothing more is sent; each lane's wait is timed from its send -----
 
 def test_finding_big_puts_on_pooled_lanes_to_a_frozen_member_wait_in_flight_times_the_timeout(
         cluster: EtcdCluster, queue_name: str) -> None:
@@ -187,7 +187,7 @@ def test_finding_big_puts_on_pooled_lanes_to_a_frozen_member_wait_in_flight_time
             cluster.resume(follower)
 
 
-# -- F3: post_many form-encodes every value of the round before sending the first ---------
+# -- each POST is form-encoded just before it is sent, not a whole round up front ---------
 
 def test_finding_put_many_holds_every_form_encoded_body_of_a_chunk_at_once(
         etcd_binary: str, tmp_path: Any, queue_name: str) -> None:

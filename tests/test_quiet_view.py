@@ -1,4 +1,4 @@
-"""The quiet view (issue 14) under attack: regression tests from hostile review rv6.
+"""The quiet view under attack: an item stranded, a claim hung, an idle consumer kept busy.
 
 A view with a backlog watches nothing (docs/protocol.md, "The consumer's
 view").  Each test reproduces, against a real etcd, a way the first version
@@ -351,7 +351,7 @@ def test_a_requeue_right_after_a_dead_letter_does_not_wait_out_the_lingering_loc
         assert time.monotonic() - started < 5
 
 
-# -- review rv7 ------------------------------------------------------------------------
+# -- an item given back with a delay comes back on time to its own quiet view -----------
 
 #: How late an item held by a delay lock may come back to a consumer working
 #: through a backlog: etcd rounds TTLs up and sweeps every 0.5 s, the view lists
@@ -392,8 +392,8 @@ def test_a_delayed_item_put_while_the_view_watched_comes_promptly_once_it_is_qui
     event will say D's lock expired, and _delays has no entry for it: D comes back
     only at the once-per-lock-TTL full listing, up to lock_ttl after its delay,
     while the consumer claims the items put after it.  docs/protocol.md ("Delay
-    locks"): 0.62-0.65 s.  New in issue 14: at 5c2a333 the switch's listing read
-    locks/ too (lock_ttl 10 s, delay 1 s: 0.23 s late there, 8.7 s here)."""
+    locks"): 0.62-0.65 s.  A switch whose listing read locks/ too brought D back
+    0.23 s late (lock_ttl 10 s, delay 1 s); this one, 8.7 s."""
     delay = 3
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer, \
             Queue(etcd_url, queue_name) as producer:
@@ -418,9 +418,9 @@ def test_a_quiet_view_that_missed_others_long_running_claims_lists_work_a_few_ti
     lists work/ again.  But a listing of work/ cannot tell a running item from a
     free one, and every item is still there: the relist changes nothing, the miss
     limit stays N/300, and the claim goes on trying the rest.  One claim(timeout=0.5)
-    that finds nothing thus sends N failed lock creates (as before issue 14) plus
-    about 300 listings of the whole of work/ (new: 302 GETs of 3,000 items, 4.8 s,
-    where 5c2a333 made 2 GETs in 1.1 s).  Expected: a relist that shows the
+    that finds nothing thus sends N failed lock creates (as a view that watched
+    everything did) plus about 300 listings of the whole of work/ (302 GETs of
+    3,000 items, 4.8 s, where a view that watched everything made 2 GETs in 1.1 s).  Expected: a relist that shows the
     misses' items still in work/ reads locks/ (one listing) instead of more of
     the same; the claim returns about when its timeout ends."""
     n = 2000

@@ -1,4 +1,4 @@
-"""An item this process gives back comes back on time to a quiet view (review rv7).
+"""An item this process gives back comes back on time to a quiet view.
 
 A view with a backlog watches nothing (docs/protocol.md, "The consumer's
 view"), so it hears no expiry of a delay lock.  Before the fix, an item

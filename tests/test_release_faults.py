@@ -1,6 +1,6 @@
 """A give-back (R1 of release(delay), release(), fail()) whose reply is lost or
 whose request is held past the deadline, through the real fault proxy
-(tests/faultproxy.py) and a real etcd: hostile review rv13.
+(tests/faultproxy.py) and a real etcd.
 
 What is checked, for a lone consumer with a backlog (a quiet view, lock_ttl=30):
 no LockLost for a give-back that worked, the item offered again as soon as etcd
@@ -314,9 +314,9 @@ def test_r1_resent_while_its_delay_lock_is_expired_but_not_yet_removed_comes_bac
     expired keys at its next sweep, every 0.5 s), the proxy drops the
     connection, and the transport resends R1, which finds our delay lock
     there without a ttl.  That is reported as a second left, not as given
-    back at once: a lone consumer with a backlog tried the item at once, was
-    refused, and held it a lock TTL (review rv29, forced there by a wrapped
-    put; here through the proxy).  Whichever way an attempt goes (the sweep
+    back at once: a lone consumer with a backlog would try the item at once, be
+    refused, and hold it a lock TTL (helpers.force_unswept_resend forces the
+    same moment with a wrapped put; here it goes through the proxy).  Whichever way an attempt goes (the sweep
     may come before the resend), the item is back within BOUND of its
     release, its delay being long over."""
     direct = connect(etcd_url)

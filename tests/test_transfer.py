@@ -198,7 +198,7 @@ def test_every_state_survives_a_round_trip(source: Queue, target: Queue,
 def test_an_item_nested_deeper_than_max_depth_is_exported_with_the_others(
         source: Queue) -> None:
     """An item put before MAX_DEPTH existed (0.1.0 took any JSON), 150 levels deep, is
-    exported as stored; the export goes on past it (review rv5, R8)."""
+    exported as stored; the export goes on past it."""
     source.put("first")
     deep = "[" * 150 + "]" * 150
     source.etcd.post(source.layout.dir("work"),
@@ -212,7 +212,7 @@ def test_an_item_nested_deeper_than_max_depth_is_exported_with_the_others(
 def test_an_item_just_under_the_payload_limit_is_exported_and_imported(
         source: Queue, target: Queue) -> None:
     """The import writes the item with "q" (6 bytes more than put stored); the limit
-    applies to the item as put stores it, so what the source held comes back (rv5, R7)."""
+    applies to the item as put stores it, so what the source held comes back."""
     size = len(Item("", "0" * 24, created=1764523200.123).encode())
     source.put("x" * (DEFAULT_MAX_PAYLOAD - size - 2))  # encoded: 2 bytes under the limit
     source.put("after it")
@@ -237,7 +237,7 @@ def test_a_dead_letter_whose_requeue_stopped_after_q3_is_imported_as_its_new_ite
     """A requeue that stopped after Q3 leaves the dead letter marked with its requeue
     token (rq) and the new item carrying it.  Export writes rq; import skips the dead
     letter (its new item came first), so requeuing the target's dead letters does not
-    run the payload twice (review rv5, R3)."""
+    run the payload twice."""
     with Queue(etcd_url, f"{queue_name}-dead", max_attempts=1) as source:
         source.put("once")
         source.claim().fail("boom")
@@ -263,7 +263,7 @@ def test_a_dead_letter_requeued_in_the_target_is_skipped_by_a_second_import(
     """An imported dead letter, requeued in the target (Q4 leaves a tombstone, which
     keeps the put token), then the same file imported again (the first import stopped
     half-way, say): I2 finds the token in the tombstone and skips the dead letter, so
-    its payload does not run twice (review rv5, R4)."""
+    its payload does not run twice."""
     with Queue(etcd_url, f"{queue_name}-dead", max_attempts=1) as source:
         source.put("once")
         source.claim().fail("boom")
@@ -296,7 +296,7 @@ def test_a_running_item_is_exported_as_pending_and_the_state_filter_selects(
 
 def test_finished_items_whose_locks_linger_are_not_exported_as_running(
         source: Queue, etcd_url: str) -> None:
-    """issue 14: F4 is skipped (lock_ttl 30 s): export lists locks/ first, and the
+    """F4 is skipped (lock_ttl 30 s): export lists locks/ first, and the
     locks of finished items are there; they select nothing."""
     done, dead, waiting = source.put_many(["done", "dead", "waiting"])
     source.claim().complete()
@@ -461,7 +461,7 @@ def test_an_import_whose_listing_outlasts_its_lock_stops_before_writing(
     """I2 is slow (one listing held in the proxy, as a slow link or a big queue would
     make it): the import lock (lock_ttl 1 s) expires and a second import takes it and
     stores every line.  The first import then ends its listings: its I4 finds the lock
-    gone (LockLost) and it writes nothing; each item is stored once (review rv5, R1)."""
+    gone (LockLost) and it writes nothing; each item is stored once."""
     lines = numbered(5)
     proxy.hold("up", match=rb"GET /v2/keys/\S*/completed\?")  # I2's second listing
     with through(proxy, target.name, timeout=8, deadline=8, lock_ttl=1) as first, \

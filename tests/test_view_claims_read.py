@@ -1,4 +1,4 @@
-"""A view reads others' claims off its listings of work/ (issue 14, third pass).
+"""A view reads others' claims off its listings of work/.
 
 A claim's C2 writes its claim token into the item, so a listing of work/ shows
 which items were claimed since the view's previous one: the view takes those for
@@ -78,9 +78,9 @@ def test_a_view_that_starts_watching_takes_claimed_items_for_running_for_a_while
     """A consumer claims the whole backlog it listed; another process then puts
     5 items and claims them.  The consumer finds nothing free and starts
     watching: its listing of work/ shows the 5 new items carrying a claim token,
-    so it does not list locks/ (before issue 14's third pass, every view that
-    started watching did: a lock TTL's worth of lingering locks, for each
-    consumer at the end of every backlog).  Both finish their items within
+    so it does not list locks/ (a lock TTL's worth of lingering locks, for
+    each consumer at the end of every backlog, if every view that started
+    watching did).  Both finish their items within
     CONFIRM: the events tell the view, and nothing is listed later either."""
     with Queue(etcd_url, queue_name) as consumer, \
             Queue(etcd_url, queue_name, lock_ttl=60) as holder:
@@ -128,7 +128,7 @@ def test_an_item_released_before_the_view_started_watching_comes_back_within_con
 
 def test_a_view_that_starts_watching_reads_a_few_old_locks_instead_of_listing_locks(
         etcd_url: str, queue_name: str) -> None:
-    """The end of a backlog (issue 14, sixth pass): another process ran 39 of
+    """The end of a backlog: another process ran 39 of
     a consumer's 40 listed items, whose locks linger in locks/ (F4 skipped),
     and released the 40th after the consumer's listing had shown its lock.
     The consumer misses, lists work/ again (the 40th alone, taken on that old

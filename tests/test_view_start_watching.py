@@ -50,8 +50,11 @@ def test_lost_race_reply_applied_after_the_watching_listing_strands_the_item(
        stranded for as long as the stream lives (idle_timeout, 60 s without
        any event in the whole store's queue directory; never while busy).
 
-    Before a035186 every watching follower listed locks/: X's absence
-    noted "gone at W" in _trying, and locked_at(X, I < W) freed it.
+    A watching follower that listed locks/ would free it (X's absence notes
+    "gone at W" in _trying, and locked_at(X, I < W) frees it), but listing
+    locks/ at every start of watching costs a lock TTL's worth of lingering
+    locks; instead, a sign from before the watching listing is checked
+    CONFIRM later (check_locks).
     """
     transport = connect(proxy.url, timeout=8.0)
     with Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as producer, \
@@ -74,7 +77,7 @@ def test_lost_race_reply_applied_after_the_watching_listing_strands_the_item(
             proxy.pass_through()  # A's reply comes in: Taken(I)
             thread_a.join(10)
             assert not thread_a.is_alive() and "raised" not in outcome_a, outcome_a
-            if outcome_a["returned"] is not None:  # 548eb40: A's next round took X
+            if outcome_a["returned"] is not None:  # A's next round took X
                 assert outcome_a["returned"].id == item_id
                 outcome_a["returned"].complete()
                 return
@@ -112,8 +115,9 @@ def test_a_view_that_starts_watching_tries_every_new_delayed_item(
 
 @pytest.mark.xfail(strict=True, reason=(
     "left (low, cost only): a view cannot tell its own live claims from claims "
-    "whose lock expired unheard while it was quiet, so it confirms them too; "
-    "548eb40 listed locks/ at every start of watching (docs/protocol.md)"))
+    "whose lock expired unheard while it was quiet, so it confirms them too: "
+    "one still running its own item a second after it started watching lists "
+    "locks/ (docs/protocol.md, \"A view that starts watching\")"))
 def test_a_consumer_running_its_own_item_lists_locks_at_every_start_of_watching(
         etcd_url: str, queue_name: str) -> None:
     """Low (cost, not correctness).  The CONFIRM check counts the consumer's own
@@ -161,7 +165,7 @@ def test_an_item_released_elsewhere_comes_back_to_a_quiet_view_within_a_lock_ttl
     quiet consumer's backlog and releases it (R0 keeps its claim token, R1
     deletes the lock).  The consumer's next relist of work/ reads the R0
     version as a claim and takes the item for running; it comes back at the
-    once-per-lock-TTL listing of locks/, not at the relist (548eb40: at once).
+    once-per-lock-TTL listing of locks/, not at the relist.
     Bound: one lock TTL after the view's last listing of locks/."""
     ttl = 3
     with Queue(etcd_url, queue_name, lock_ttl=ttl) as consumer, \
