@@ -6,6 +6,7 @@ Each test names the invariant it checks.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from typing import Iterator
 
@@ -13,6 +14,7 @@ import pytest
 
 from etcdq_v2 import Queue
 from etcdq_v2.codec import Lock
+from etcdq_v2.transport import Transport
 
 from faultproxy import FaultProxy
 
@@ -63,3 +65,45 @@ def test_a_claim_whose_refresh_applied_in_time_is_not_lost_because_another_refre
         assert not y.lost, "Y's refreshes applied within lock_ttl, yet Y reads lost"
     finally:
         proxy.release()
+
+
+def test_the_first_refresh_is_due_lock_ttl_over_3_after_c1_was_sent_not_after_the_claim_returned(
+        proxy: FaultProxy, queue_name: str, etcd_url: str) -> None:
+    """lock_ttl 15: docs/protocol.md ("Time") says a claim rides out a write
+    stall of ~7 s when lock_ttl/3 + a round trip + 8 s < lock_ttl, each
+    refresh due lock_ttl/3 after the send of the last confirmation.  Here C2
+    stalls 7 s (a leader change; C3 then makes no request, < lock_ttl/2),
+    then a 4 s stall hits the refreshes.  With a refresh due 5 s after C1 (or
+    at once, overdue, when the claim returns) the lock was confirmed at 7 s
+    and lives to 22 s; the heartbeat schedules it lock_ttl/3 after the claim
+    returned (12 s), with 3 s left, and the claim reads lost at 15 s."""
+    etcd = Transport(proxy.url, timeout=9)
+    try:
+        with Queue(etcd, queue_name, lock_ttl=15) as queue:
+            assert queue.claim() is None  # the view listed: claim() goes straight to C1
+            item_id = queue.put("slow claim")
+            proxy.hold("up", match=re.compile(
+                rb"PUT /v2/keys/\S*/work/" + item_id.encode() + rb" HTTP"))
+            sent = time.monotonic()  # before C1 is sent
+            releaser = threading.Timer(7.0, proxy.release)
+            releaser.start()
+            claim = queue.claim()
+            releaser.join()
+            assert claim is not None and claim.id == item_id
+            assert time.monotonic() - sent < 7.5, "C3 refreshed: not the case under test"
+            proxy.pass_through()
+            time.sleep(max(0.0, sent + 11.0 - time.monotonic()))
+            proxy.black_hole()  # 4 s: less than the ~7 s the docs' margin covers
+            time.sleep(max(0.0, sent + 15.0 - time.monotonic()))
+            proxy.pass_through()
+            time.sleep(max(0.0, sent + 16.5 - time.monotonic()))
+            with Queue(etcd_url, queue_name) as reader:
+                entry = reader._protocol.read("locks", item_id)
+            assert entry is not None and Lock.decode(entry.value).token == \
+                claim._state.lock.token, ("the lock expired in etcd: no refresh was sent "
+                                          "in the 11 s before the stall")
+            assert not claim.lost, ("a 4 s stall lost a claim of lock_ttl 15: its first "
+                                    "refresh was due lock_ttl/3 after the claim returned")
+            claim.complete()
+    finally:
+        etcd.close()
