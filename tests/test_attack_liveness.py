@@ -12,6 +12,7 @@ from typing import Iterator
 
 import pytest
 
+import etcdq_v2.view as view_module
 from etcdq_v2 import Queue
 from etcdq_v2.codec import Lock
 from etcdq_v2.transport import Transport
@@ -107,3 +108,63 @@ def test_the_first_refresh_is_due_lock_ttl_over_3_after_c1_was_sent_not_after_th
             claim.complete()
     finally:
         etcd.close()
+
+
+#: The watching view's round here (60 s in use), so that the tests stay short.
+ROUND = 3.0
+#: An item's create event on a stream (the listing of work/ says "get").
+_ITEM_CREATED = re.compile(rb'"action":"create","node":\{"key":"[^"]*/work/')
+
+
+def test_a_watching_view_whose_stream_stays_open_but_silent_claims_a_new_item_within_a_round(
+        proxy: FaultProxy, queue_name: str, etcd_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream's connection is held from the item's create event on (it
+    stays open and says nothing, as on a member restored from a snapshot):
+    the view still claims the item within ROUND plus a listing.  (Held.)"""
+    monkeypatch.setattr(view_module, "ROUND", ROUND)
+    with Queue(proxy.url, queue_name) as consumer, Queue(etcd_url, queue_name) as producer:
+        assert consumer.claim(timeout=0) is None
+        view = consumer._ensure_view()
+        assert view.watching_locks
+        proxy.hold("down", match=_ITEM_CREATED)
+        try:
+            item_id = producer.put("unheard")
+            put_at = time.monotonic()
+            claim = consumer.claim(timeout=ROUND + consumer.etcd.deadline + 5)
+            waited = time.monotonic() - put_at
+        finally:
+            proxy.release()
+        assert claim is not None and claim.id == item_id, "the item stayed unknown"
+        assert waited >= 0.5 * ROUND - 0.5, "learnt from the stream: the hold missed it"
+        claim.complete()
+
+
+def test_a_watching_view_ends_its_round_while_events_keep_coming(
+        proxy: FaultProxy, queue_name: str, etcd_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Events every 50 ms on the watched directory: the stream never goes
+    silent, and the view still subscribes and lists again every ROUND.  (Held.)"""
+    monkeypatch.setattr(view_module, "ROUND", ROUND)
+    with Queue(proxy.url, queue_name) as consumer, Queue(etcd_url, queue_name) as producer:
+        assert consumer.claim(timeout=0) is None
+        assert consumer._ensure_view().watching_locks
+        stop = threading.Event()
+
+        def chatter() -> None:
+            n = 0
+            while not stop.is_set():
+                producer.etcd.put(f"{consumer.layout.root}/chatter", str(n))
+                n += 1
+                stop.wait(0.05)
+
+        writer = threading.Thread(target=chatter, daemon=True)
+        watches_before = sum(b"wait=true" in line for line in proxy.requests)
+        writer.start()
+        try:
+            time.sleep(3 * ROUND + 1)
+        finally:
+            stop.set()
+            writer.join()
+        watches = sum(b"wait=true" in line for line in proxy.requests) - watches_before
+        assert watches >= 2, f"{watches} new subscriptions in {3 * ROUND + 1:g} s of events"
