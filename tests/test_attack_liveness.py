@@ -8,12 +8,12 @@ from __future__ import annotations
 import re
 import threading
 import time
-from typing import Iterator
+from typing import Dict, Iterator
 
 import pytest
 
 import etcdq_v2.view as view_module
-from etcdq_v2 import Queue
+from etcdq_v2 import Queue, Worker, current_task
 from etcdq_v2.codec import Lock
 from etcdq_v2.transport import Transport
 
@@ -168,3 +168,32 @@ def test_a_watching_view_ends_its_round_while_events_keep_coming(
             writer.join()
         watches = sum(b"wait=true" in line for line in proxy.requests) - watches_before
         assert watches >= 2, f"{watches} new subscriptions in {3 * ROUND + 1:g} s of events"
+
+
+def test_a_worker_does_not_cancel_a_handler_because_another_items_refresh_hangs(
+        proxy: FaultProxy, holder: Queue) -> None:
+    """Three items run at once, lock_ttl 6 (a refresh every 2 s); the refreshes
+    of the first two hang (their connections held), the third's would go
+    through.  The third's refresh waits for the batch of the hung ones (one
+    thread, one batch at a time, each up to its youngest lock's time left),
+    or for their timeout when batched with them: its lock goes unrefreshed,
+    its claim reads lost, and the Worker cancels its handler and records
+    nothing: the item runs again, for a fault on other items' connections."""
+    ids = holder.put_many([{"n": n} for n in range(3)])
+    cancelled: Dict[int, bool] = {}
+
+    def handler(payload: Dict[str, int]) -> str:
+        cancelled[payload["n"]] = current_task().cancelled.wait(9)
+        return "done"
+
+    proxy.hold("up", match=_refresh_of(ids[0], ids[1]))
+    worker = Worker(holder, handler, concurrency=3, install_signal_handlers=False)
+    try:
+        stats = worker.run(max_items=3)
+    finally:
+        proxy.release()
+    assert cancelled.get(2) is False, (
+        "the third handler was cancelled: its refresh "
+        + ("was sent" if any(_refresh_of(ids[2]).search(line) for line in proxy.requests)
+           else "was never sent") + " before its lock's TTL passed")
+    assert stats.completed == 1, stats
