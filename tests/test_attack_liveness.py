@@ -197,3 +197,65 @@ def test_a_worker_does_not_cancel_a_handler_because_another_items_refresh_hangs(
         + ("was sent" if any(_refresh_of(ids[2]).search(line) for line in proxy.requests)
            else "was never sent") + " before its lock's TTL passed")
     assert stats.completed == 1, stats
+
+
+def test_a_claim_under_way_when_its_queue_closes_is_handed_out_lost_or_raises(
+        proxy: FaultProxy, queue_name: str, etcd_url: str) -> None:
+    """close() while the claim's C2 is held in flight: the claim that returns
+    (its C2 applied on release) says lost at once, never a live claim that
+    nothing refreshes; the item comes back to another consumer.  (Held.)"""
+    queue = Queue(proxy.url, queue_name, lock_ttl=2)
+    try:
+        assert queue.claim() is None
+        item_id = queue.put("closing")
+        proxy.hold("up", match=re.compile(
+            rb"PUT /v2/keys/\S*/work/" + item_id.encode() + rb" HTTP"))
+        outcome: Dict[str, object] = {}
+
+        def claim() -> None:
+            try:
+                outcome["claim"] = queue.claim()
+            except Exception as exc:  # QueueClosed or the closed transport's error
+                outcome["error"] = exc
+
+        claimer = threading.Thread(target=claim)
+        claimer.start()
+        time.sleep(1.0)  # C1 applied, C2 held
+        queue.close()
+        proxy.release()
+        claimer.join(20)
+        assert not claimer.is_alive()
+        got = outcome.get("claim")
+        assert got is None or got.lost, "a closed queue handed out a live-looking claim"
+    finally:
+        proxy.pass_through()
+        queue.close()
+    with Queue(etcd_url, queue_name, lock_ttl=30) as other:
+        again = other.claim(timeout=10)
+        assert again is not None and again.id == item_id
+        again.complete()
+
+
+def test_claim_first_waiting_on_two_queues_ends_when_one_is_closed(
+        etcd_url: str, queue_name: str) -> None:
+    """claim_first(timeout=None) on two empty queues; one is closed: the wait
+    ends with QueueClosed, it does not sleep on forever.  (Held.)"""
+    from etcdq_v2 import claim_first
+    from etcdq_v2.errors import QueueClosed
+    with Queue(etcd_url, queue_name + "-a") as first, \
+            Queue(etcd_url, queue_name + "-b") as second:
+        outcome: Dict[str, object] = {}
+
+        def wait() -> None:
+            try:
+                outcome["claim"] = claim_first([first, second], timeout=None)
+            except Exception as exc:
+                outcome["error"] = exc
+
+        waiter = threading.Thread(target=wait, daemon=True)
+        waiter.start()
+        time.sleep(1.0)
+        second.close()
+        waiter.join(10)
+        assert not waiter.is_alive(), "claim_first slept on after a queue closed"
+        assert isinstance(outcome.get("error"), QueueClosed), outcome
