@@ -17,6 +17,8 @@ from etcdq_v2 import Queue, Worker, current_task
 from etcdq_v2.codec import Lock
 from etcdq_v2.transport import Transport
 
+from etcdq_v2.testing.cluster import EtcdCluster
+
 from faultproxy import FaultProxy
 
 
@@ -259,3 +261,45 @@ def test_claim_first_waiting_on_two_queues_ends_when_one_is_closed(
         waiter.join(10)
         assert not waiter.is_alive(), "claim_first slept on after a queue closed"
         assert isinstance(outcome.get("error"), QueueClosed), outcome
+
+
+def test_while_the_leader_freezes_no_claim_reads_held_while_another_consumer_has_its_item(
+        cluster: "EtcdCluster", queue_name: str) -> None:
+    """3 members; the holder's 8 claims (lock_ttl 12) reach etcd through one
+    follower, a thief claims through the other.  The leader freezes (SIGSTOP)
+    and stays frozen: an election, refreshes forwarded to the frozen leader
+    hang.  Sampled throughout: whenever the thief holds an item, the holder's
+    claim of it already says lost; and the locks ride out the election (lost
+    is no false alarm here).  (Held.)"""
+    leader = cluster.leader_index()
+    near, far = [cluster.members[(leader + k) % 3].url for k in (1, 2)]
+    with Queue(near, queue_name, lock_ttl=12) as holder, \
+            Queue(far, queue_name, lock_ttl=30) as thief:
+        holder.put_many([{"n": n} for n in range(8)])
+        claims = {}
+        while len(claims) < 8:
+            claim = holder.claim(timeout=5)
+            assert claim is not None
+            claims[claim.id] = claim
+        cluster.pause(leader)
+        try:
+            seen = []
+            taken = []
+            until = time.monotonic() + 20
+            while time.monotonic() < until:
+                try:
+                    got = thief.claim(timeout=0.2)
+                except Exception:  # the election: no answer yet
+                    got = None
+                if got is not None:
+                    taken.append(got)
+                seen.extend((t.id, claims[t.id].lost) for t in taken)
+            assert sorted({i for i, lost in seen if not lost}) == [], \
+                "the thief held items the holder's claims still said they held"
+            assert [c.id for c in claims.values() if c.lost] == [], \
+                "claims lost in an election that lasted less than their margin"
+            assert taken == []
+        finally:
+            cluster.resume(leader)
+        for claim in claims.values():
+            claim.complete()
