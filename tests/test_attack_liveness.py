@@ -303,3 +303,27 @@ def test_while_the_leader_freezes_no_claim_reads_held_while_another_consumer_has
             cluster.resume(leader)
         for claim in claims.values():
             claim.complete()
+
+
+def test_claims_ride_out_their_member_freezing_when_another_member_answers(
+        cluster: "EtcdCluster", queue_name: str) -> None:
+    """The holder's transport knows all three members and uses a follower,
+    which freezes after the claims.  Each batch of refreshes to it gets one
+    request timeout (5 s), then the claims are tried again on the next member,
+    well within lock_ttl 12: none is lost.  (Held.)"""
+    leader = cluster.leader_index()
+    order = [(leader + k) % 3 for k in (1, 2, 0)]
+    endpoints = ",".join(cluster.members[i].url for i in order)
+    with Queue(endpoints, queue_name, lock_ttl=12) as holder:
+        holder.put_many([{"n": n} for n in range(4)])
+        claims = [holder.claim(timeout=5) for _ in range(4)]
+        assert all(claim is not None for claim in claims)
+        cluster.pause(order[0])
+        try:
+            time.sleep(20)
+            assert [c.id for c in claims if c is not None and c.lost] == []
+        finally:
+            cluster.resume(order[0])
+        for claim in claims:
+            assert claim is not None
+            claim.complete()
