@@ -327,3 +327,46 @@ def test_claims_ride_out_their_member_freezing_when_another_member_answers(
         for claim in claims:
             assert claim is not None
             claim.complete()
+
+
+#: A lock's expiry on a stream.
+_LOCK_EXPIRED = re.compile(rb'"action":"expire"')
+
+
+def test_a_watching_view_that_missed_a_locks_expiry_frees_its_item_within_a_round(
+        proxy: FaultProxy, queue_name: str, etcd_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another consumer holds X, then stops refreshing (a crash).  The watching
+    view's stream goes silent, open, from the lock's expiry event on (as on a
+    member restored from a snapshot): X is still claimed within ROUND plus a
+    listing after the lock went.  (Held.)"""
+    round_ = 2 * ROUND  # longer than the lock's life: the expiry falls inside a round
+    monkeypatch.setattr(view_module, "ROUND", round_)
+    with Queue(proxy.url, queue_name) as consumer, \
+            Queue(etcd_url, queue_name, lock_ttl=2) as crashed:
+        item_id = crashed.put("orphan")
+        held = crashed.claim()
+        assert held is not None and held.id == item_id
+        assert consumer.claim(timeout=0) is None  # X is locked: the view watches
+        assert consumer._ensure_view().watching_locks
+        proxy.hold("down", match=_LOCK_EXPIRED)
+        unheard = threading.Event()
+        done = threading.Event()
+
+        def watch_held() -> None:
+            while not done.wait(0.05):
+                if _LOCK_EXPIRED.search(proxy.held("down")):
+                    unheard.set()
+
+        watcher = threading.Thread(target=watch_held, daemon=True)
+        watcher.start()
+        try:
+            crashed._heartbeat.discard(held)  # a crash: nothing refreshes the lock
+            claim = consumer.claim(timeout=2 + 1 + round_ + consumer.etcd.deadline + 5)
+        finally:
+            done.set()
+            watcher.join()
+            proxy.release()
+        assert claim is not None and claim.id == item_id, "the orphan stayed taken"
+        assert unheard.is_set(), "the expiry event was not held: not the case under test"
+        claim.complete()
