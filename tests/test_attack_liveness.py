@@ -370,3 +370,58 @@ def test_a_watching_view_that_missed_a_locks_expiry_frees_its_item_within_a_roun
         assert claim is not None and claim.id == item_id, "the orphan stayed taken"
         assert unheard.is_set(), "the expiry event was not held: not the case under test"
         claim.complete()
+
+
+def test_a_claim_whose_refresh_reply_is_lost_after_it_applied_stays_held(
+        proxy: FaultProxy, holder: Queue, etcd_url: str, queue_name: str) -> None:
+    """lock_ttl 6: every reply is cut after 10 bytes for 2.5 s (the refreshes
+    apply, their replies are lost), then the network heals: the refresh tried
+    again within a second applies on our value, and the claim is held
+    throughout, no false alarm.  (Held.)"""
+    holder.put("cut replies")
+    claim = holder.claim(timeout=5)
+    assert claim is not None
+    time.sleep(1.0)
+    proxy.cut(10)
+    time.sleep(2.5)
+    proxy.pass_through()
+    time.sleep(6.0)
+    assert not claim.lost
+    with Queue(etcd_url, queue_name) as reader:
+        entry = reader._protocol.read("locks", claim.id)
+    assert entry is not None and Lock.decode(entry.value).token == claim._state.lock.token
+    claim.complete()
+
+
+def test_claims_made_after_the_heartbeat_thread_died_are_not_handed_out_unrefreshed(
+        etcd_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The heartbeat thread dies of an error no layer expected (here a
+    SystemExit from confirm_all: a bug).  It says so and marks its claims
+    lost, as the docs say.  But the Queue goes on handing out claims, which
+    the dead thread never refreshes: each reads alive until lock_ttl passes,
+    its lock then expires and the item runs again, for as long as the process
+    runs (a Worker cancels every handler after lock_ttl)."""
+    from etcdq_v2.protocol import Protocol
+    with Queue(etcd_url, queue_name, lock_ttl=2) as queue:
+        queue.put_many(["first", "second"])
+        first = queue.claim()
+        assert first is not None
+        real = Protocol.confirm_all
+
+        def broken(self: Protocol, states: object) -> object:
+            monkeypatch.setattr(Protocol, "confirm_all", real)
+            raise SystemExit("a bug in the heartbeat")
+
+        monkeypatch.setattr(Protocol, "confirm_all", broken)
+        deadline = time.monotonic() + 5
+        while not first.lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert first.lost  # the thread said so and voided its claim
+        second = queue.claim()
+        assert second is not None
+        time.sleep(3.0)  # more than lock_ttl: a live heartbeat refreshed it twice
+        entry = queue._protocol.read("locks", second.id)
+        assert second.lost or entry is not None, "the rule failed: lock gone, claim alive"
+        assert entry is not None and not second.lost, (
+            "a claim handed out after the heartbeat died was never refreshed: its lock "
+            "expired (the claim reads lost only by the rule, lock_ttl after C1)")
