@@ -425,3 +425,31 @@ def test_claims_made_after_the_heartbeat_thread_died_are_not_handed_out_unrefres
         assert entry is not None and not second.lost, (
             "a claim handed out after the heartbeat died was never refreshed: its lock "
             "expired (the claim reads lost only by the rule, lock_ttl after C1)")
+
+
+def test_a_claim_is_not_lost_because_another_claims_lock_is_being_re_created(
+        proxy: FaultProxy, holder: Queue, etcd_url: str, queue_name: str) -> None:
+    """lock_ttl 6.  A's lock goes early (deleted here: a leader whose clock is
+    ahead), so A's refresh finds it missing and re-creates it, first reading
+    work/A, a read that hangs (its connection held).  B's network is fine,
+    yet B's refresh, due 2 s after its claim, waits for A's re-creation (the
+    heartbeat's one thread takes a batch's results one after another, and
+    batches one after another), up to A's time left: B's lock expires in
+    etcd, or (batched with A) its answer is judged late and B reads lost."""
+    holder.put_many(["A", "B"])
+    a = holder.claim(timeout=5)
+    b = holder.claim(timeout=5)
+    assert a is not None and b is not None
+    with Queue(etcd_url, queue_name) as other:
+        other.etcd.delete(other.layout.key("locks", a.id))
+        proxy.hold("up", match=re.compile(
+            rb"GET /v2/keys/\S*/work/" + a.id.encode() + rb"\?"))
+        try:
+            time.sleep(6.5)  # past B's first lock_ttl: two refreshes were due
+            b_lost = b.lost
+            entry = other._protocol.read("locks", b.id)
+        finally:
+            proxy.release()
+    assert entry is not None and Lock.decode(entry.value).token == b._state.lock.token, \
+        "B's lock expired in etcd: its refresh waited for A's lock to be re-created"
+    assert not b_lost, "B's lock was kept in etcd, yet B reads lost"
