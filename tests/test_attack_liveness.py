@@ -453,3 +453,38 @@ def test_a_claim_is_not_lost_because_another_claims_lock_is_being_re_created(
     assert entry is not None and Lock.decode(entry.value).token == b._state.lock.token, \
         "B's lock expired in etcd: its refresh waited for A's lock to be re-created"
     assert not b_lost, "B's lock was kept in etcd, yet B reads lost"
+
+
+def test_a_worker_over_two_queues_finishes_the_open_queues_item_and_stops_when_one_closes(
+        etcd_url: str, queue_name: str) -> None:
+    """A Worker over queues a and b runs an item of a (3 s); b is closed under
+    it.  a's claim is not lost (its queue is open): the handler runs on and
+    its result is recorded; then the Worker's next claim raises QueueClosed
+    and run() propagates it.  Nothing is left locked.  (Held.)"""
+    from etcdq_v2.errors import QueueClosed
+    with Queue(etcd_url, queue_name + "-a") as a, Queue(etcd_url, queue_name + "-b") as b:
+        item_id = a.put("running")
+        started = threading.Event()
+
+        def handler(payload: str) -> str:
+            started.set()
+            current_task().cancelled.wait(3)
+            return "done"
+
+        worker = Worker([a, b], handler, install_signal_handlers=False)
+        outcome: Dict[str, object] = {}
+
+        def run() -> None:
+            try:
+                outcome["stats"] = worker.run()
+            except Exception as exc:
+                outcome["error"] = exc
+
+        runner = threading.Thread(target=run, daemon=True)
+        runner.start()
+        assert started.wait(10)
+        b.close()
+        runner.join(15)
+        assert not runner.is_alive(), "the Worker ran on after one of its queues closed"
+        assert isinstance(outcome.get("error"), QueueClosed), outcome
+        assert a.get(item_id).state == "completed"
