@@ -488,3 +488,25 @@ def test_a_worker_over_two_queues_finishes_the_open_queues_item_and_stops_when_o
         assert not runner.is_alive(), "the Worker ran on after one of its queues closed"
         assert isinstance(outcome.get("error"), QueueClosed), outcome
         assert a.get(item_id).state == "completed"
+
+
+def test_a_watching_view_that_missed_a_delay_locks_expiry_claims_the_item_within_a_round(
+        proxy: FaultProxy, queue_name: str, etcd_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another producer puts X with a 2 s delay; the watching view's stream
+    goes silent, open, once X's create event would arrive, so the view hears
+    neither X nor its delay lock's expiry: X is claimed within ROUND plus a
+    listing after it became due.  (Held.)"""
+    round_ = 2 * ROUND
+    monkeypatch.setattr(view_module, "ROUND", round_)
+    with Queue(proxy.url, queue_name) as consumer, Queue(etcd_url, queue_name) as producer:
+        assert consumer.claim(timeout=0) is None
+        assert consumer._ensure_view().watching_locks
+        proxy.hold("down", match=_ITEM_CREATED)
+        try:
+            item_id = producer.put("later", delay=2)
+            claim = consumer.claim(timeout=2 + round_ + consumer.etcd.deadline + 5)
+        finally:
+            proxy.release()
+        assert claim is not None and claim.id == item_id, "the delayed item stayed unknown"
+        claim.complete()
