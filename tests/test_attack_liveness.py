@@ -1,0 +1,520 @@
+"""Liveness of claims and views under faults that touch one request and not others.
+
+Real etcd; the claimant reaches it through the fault proxy (tests/faultproxy.py).
+Each test names the invariant it checks.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import time
+from typing import Dict, Iterator
+
+import pytest
+
+import etcdq_v2.view as view_module
+from etcdq_v2 import Queue, Worker, current_task
+from etcdq_v2.codec import Lock
+from etcdq_v2.protocol import boot_clock
+from etcdq_v2.transport import Transport
+
+from etcdq_v2.testing.cluster import EtcdCluster
+
+from faultproxy import FaultProxy
+
+
+def _refresh_of(*item_ids: str) -> "re.Pattern[bytes]":
+    """The request line of a heartbeat refresh of one of these items' locks."""
+    ids = b"|".join(item_id.encode() for item_id in item_ids)
+    return re.compile(rb"PUT /v2/keys/\S*/locks/(?:" + ids + rb")\?\S*refresh=true")
+
+
+@pytest.fixture
+def holder(proxy: FaultProxy, queue_name: str) -> Iterator[Queue]:
+    with Queue(proxy.url, queue_name, lock_ttl=6) as queue:
+        yield queue
+
+
+def test_a_claim_whose_refresh_applied_in_time_is_not_lost_because_another_refresh_hangs(
+        proxy: FaultProxy, holder: Queue, etcd_url: str, queue_name: str) -> None:
+    """lock_ttl 6 (a refresh every 2 s), the transport's 5 s timeout.  Z's and
+    X's refreshes hang (their connections held: a half-open connection), Y's
+    go through at once.  Y's lock is refreshed in etcd, on time, with Y's
+    value, yet Y reads lost: its refresh waits for Z's batch to end (one
+    thread, one batch at a time), then its answer is judged only when X's,
+    sent with it, times out -- at Y's old expiry."""
+    ids = holder.put_many([{"n": n} for n in range(3)])
+    z = holder.claim(timeout=5)
+    time.sleep(0.5)
+    x = holder.claim(timeout=5)
+    time.sleep(0.5)
+    y = holder.claim(timeout=5)
+    assert z is not None and x is not None and y is not None
+    assert [z.id, x.id, y.id] == ids
+    proxy.hold("up", match=_refresh_of(z.id, x.id))
+    try:
+        with Queue(etcd_url, queue_name, lock_ttl=30) as reader:
+            deadline = time.monotonic() + 9
+            refreshed_in_etcd = []
+            while time.monotonic() < deadline:
+                entry = reader._protocol.read("locks", y.id)
+                assert entry is not None and Lock.decode(entry.value).token == \
+                    y._state.lock.token, "Y's lock left etcd"
+                refreshed_in_etcd.append(entry.ttl)
+                time.sleep(0.2)
+        # etcd's view: Y's lock was always Y's, and was refreshed (its TTL went up).
+        assert any(later > earlier for earlier, later in
+                   zip(refreshed_in_etcd, refreshed_in_etcd[1:]))
+        assert z.lost and x.lost  # theirs never reached etcd: right
+        assert not y.lost, "Y's refreshes applied within lock_ttl, yet Y reads lost"
+    finally:
+        proxy.release()
+
+
+def test_the_first_refresh_is_due_lock_ttl_over_3_after_c1_was_sent_not_after_the_claim_returned(
+        proxy: FaultProxy, queue_name: str, etcd_url: str) -> None:
+    """lock_ttl 15: docs/protocol.md ("Time") says a claim rides out a write
+    stall of ~7 s when lock_ttl/3 + a round trip + 8 s < lock_ttl, each
+    refresh due lock_ttl/3 after the send of the last confirmation.  Here C2
+    stalls 7 s (a leader change; C3 then makes no request, < lock_ttl/2),
+    then a 4.5 s stall hits the refreshes.  With a refresh due 5 s after C1 (or
+    at once, overdue, when the claim returns) the lock was confirmed at 7 s
+    and lives to 22 s; the heartbeat schedules it lock_ttl/3 after the claim
+    returned (12 s), with 3 s left, and the lock expires at 15 s."""
+    etcd = Transport(proxy.url, timeout=9)
+    try:
+        with Queue(etcd, queue_name, lock_ttl=15) as queue:
+            assert queue.claim() is None  # the view listed: claim() goes straight to C1
+            item_id = queue.put("slow claim")
+            proxy.hold("up", match=re.compile(
+                rb"PUT /v2/keys/\S*/work/" + item_id.encode() + rb" HTTP"))
+            releaser = threading.Timer(7.0, proxy.release)
+            called = time.monotonic()
+            releaser.start()
+            claim = queue.claim()
+            releaser.join()
+            assert claim is not None and claim.id == item_id
+            # When C1 was sent, on the monotonic clock: the times below count from it.
+            c1 = claim.confirmed_at - (boot_clock() - time.monotonic())
+            assert c1 - called < 1.0, "confirmed after C1 (C3 refreshed): not the case under test"
+            assert time.monotonic() - c1 < 7.5
+            proxy.pass_through()
+
+            def until(seconds: float) -> None:
+                time.sleep(max(0.0, c1 + seconds - time.monotonic()))
+
+            until(11.0)
+            proxy.black_hole()  # 4.5 s: less than the ~7 s the docs' margin covers
+            until(15.5)
+            proxy.pass_through()
+            until(17.0)
+            with Queue(etcd_url, queue_name) as reader:
+                entry = reader._protocol.read("locks", item_id)
+            assert entry is not None and Lock.decode(entry.value).token == \
+                claim._state.lock.token, ("the lock expired in etcd: no refresh was sent "
+                                          "in the 11 s before the stall")
+            assert not claim.lost, ("a 4.5 s stall lost a claim of lock_ttl 15: its first "
+                                    "refresh was due lock_ttl/3 after the claim returned")
+            claim.complete()
+    finally:
+        etcd.close()
+
+
+#: The watching view's round here (60 s in use), so that the tests stay short.
+ROUND = 3.0
+#: An item's create event on a stream (the listing of work/ says "get").
+_ITEM_CREATED = re.compile(rb'"action":"create","node":\{"key":"[^"]*/work/')
+
+
+def test_a_watching_view_whose_stream_stays_open_but_silent_claims_a_new_item_within_a_round(
+        proxy: FaultProxy, queue_name: str, etcd_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream's connection is held from the item's create event on (it
+    stays open and says nothing, as on a member restored from a snapshot):
+    the view still claims the item within ROUND plus a listing.  (Held.)"""
+    monkeypatch.setattr(view_module, "ROUND", ROUND)
+    with Queue(proxy.url, queue_name) as consumer, Queue(etcd_url, queue_name) as producer:
+        assert consumer.claim(timeout=0) is None
+        view = consumer._ensure_view()
+        assert view.watching_locks
+        proxy.hold("down", match=_ITEM_CREATED)
+        try:
+            item_id = producer.put("unheard")
+            put_at = time.monotonic()
+            claim = consumer.claim(timeout=ROUND + consumer.etcd.deadline + 5)
+            waited = time.monotonic() - put_at
+        finally:
+            proxy.release()
+        assert claim is not None and claim.id == item_id, "the item stayed unknown"
+        assert waited >= 0.5 * ROUND - 0.5, "learnt from the stream: the hold missed it"
+        claim.complete()
+
+
+def test_a_watching_view_ends_its_round_while_events_keep_coming(
+        proxy: FaultProxy, queue_name: str, etcd_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Events every 50 ms on the watched directory: the stream never goes
+    silent, and the view still subscribes and lists again every ROUND.  (Held.)"""
+    monkeypatch.setattr(view_module, "ROUND", ROUND)
+    with Queue(proxy.url, queue_name) as consumer, Queue(etcd_url, queue_name) as producer:
+        assert consumer.claim(timeout=0) is None
+        assert consumer._ensure_view().watching_locks
+        stop = threading.Event()
+
+        def chatter() -> None:
+            n = 0
+            while not stop.is_set():
+                producer.etcd.put(f"{consumer.layout.root}/chatter", str(n))
+                n += 1
+                stop.wait(0.05)
+
+        writer = threading.Thread(target=chatter, daemon=True)
+        watches_before = sum(b"wait=true" in line for line in proxy.requests)
+        writer.start()
+        try:
+            time.sleep(3 * ROUND + 1)
+        finally:
+            stop.set()
+            writer.join()
+        watches = sum(b"wait=true" in line for line in proxy.requests) - watches_before
+        assert watches >= 2, f"{watches} new subscriptions in {3 * ROUND + 1:g} s of events"
+
+
+def test_a_worker_does_not_cancel_a_handler_because_another_items_refresh_hangs(
+        proxy: FaultProxy, holder: Queue) -> None:
+    """Three items run at once, lock_ttl 6 (a refresh every 2 s); the refreshes
+    of the first two hang (their connections held), the third's would go
+    through.  The third's refresh waits for the batch of the hung ones (one
+    thread, one batch at a time, each up to its youngest lock's time left),
+    or for their timeout when batched with them: its lock goes unrefreshed,
+    its claim reads lost, and the Worker cancels its handler and records
+    nothing: the item runs again, for a fault on other items' connections."""
+    ids = holder.put_many([{"n": n} for n in range(3)])
+    cancelled: Dict[int, bool] = {}
+
+    def handler(payload: Dict[str, int]) -> str:
+        cancelled[payload["n"]] = current_task().cancelled.wait(9)
+        return "done"
+
+    proxy.hold("up", match=_refresh_of(ids[0], ids[1]))
+    worker = Worker(holder, handler, concurrency=3, install_signal_handlers=False)
+    try:
+        stats = worker.run(max_items=3)
+    finally:
+        proxy.release()
+    assert cancelled.get(2) is False, (
+        "the third handler was cancelled: its refresh "
+        + ("was sent" if any(_refresh_of(ids[2]).search(line) for line in proxy.requests)
+           else "was never sent") + " before its lock's TTL passed")
+    assert stats.completed == 1, stats
+
+
+def test_a_claim_under_way_when_its_queue_closes_is_handed_out_lost_or_raises(
+        proxy: FaultProxy, queue_name: str, etcd_url: str) -> None:
+    """close() while the claim's C2 is held in flight: the claim that returns
+    (its C2 applied on release) says lost at once, never a live claim that
+    nothing refreshes; the item comes back to another consumer.  (Held.)"""
+    queue = Queue(proxy.url, queue_name, lock_ttl=2)
+    try:
+        assert queue.claim() is None
+        item_id = queue.put("closing")
+        proxy.hold("up", match=re.compile(
+            rb"PUT /v2/keys/\S*/work/" + item_id.encode() + rb" HTTP"))
+        outcome: Dict[str, object] = {}
+
+        def claim() -> None:
+            try:
+                outcome["claim"] = queue.claim()
+            except Exception as exc:  # QueueClosed or the closed transport's error
+                outcome["error"] = exc
+
+        claimer = threading.Thread(target=claim)
+        claimer.start()
+        time.sleep(1.0)  # C1 applied, C2 held
+        queue.close()
+        proxy.release()
+        claimer.join(20)
+        assert not claimer.is_alive()
+        got = outcome.get("claim")
+        assert got is None or got.lost, "a closed queue handed out a live-looking claim"
+    finally:
+        proxy.pass_through()
+        queue.close()
+    with Queue(etcd_url, queue_name, lock_ttl=30) as other:
+        again = other.claim(timeout=10)
+        assert again is not None and again.id == item_id
+        again.complete()
+
+
+def test_claim_first_waiting_on_two_queues_ends_when_one_is_closed(
+        etcd_url: str, queue_name: str) -> None:
+    """claim_first(timeout=None) on two empty queues; one is closed: the wait
+    ends with QueueClosed, it does not sleep on forever.  (Held.)"""
+    from etcdq_v2 import claim_first
+    from etcdq_v2.errors import QueueClosed
+    with Queue(etcd_url, queue_name + "-a") as first, \
+            Queue(etcd_url, queue_name + "-b") as second:
+        outcome: Dict[str, object] = {}
+
+        def wait() -> None:
+            try:
+                outcome["claim"] = claim_first([first, second], timeout=None)
+            except Exception as exc:
+                outcome["error"] = exc
+
+        waiter = threading.Thread(target=wait, daemon=True)
+        waiter.start()
+        time.sleep(1.0)
+        second.close()
+        waiter.join(10)
+        assert not waiter.is_alive(), "claim_first slept on after a queue closed"
+        assert isinstance(outcome.get("error"), QueueClosed), outcome
+
+
+def test_while_the_leader_freezes_no_claim_reads_held_while_another_consumer_has_its_item(
+        cluster: "EtcdCluster", queue_name: str) -> None:
+    """3 members; the holder's 8 claims (lock_ttl 12) reach etcd through one
+    follower, a thief claims through the other.  The leader freezes (SIGSTOP)
+    and stays frozen: an election, refreshes forwarded to the frozen leader
+    hang.  Sampled throughout: whenever the thief holds an item, the holder's
+    claim of it already says lost; and the locks ride out the election (lost
+    is no false alarm here).  (Held.)"""
+    leader = cluster.leader_index()
+    near, far = [cluster.members[(leader + k) % 3].url for k in (1, 2)]
+    with Queue(near, queue_name, lock_ttl=12) as holder, \
+            Queue(far, queue_name, lock_ttl=30) as thief:
+        holder.put_many([{"n": n} for n in range(8)])
+        claims = {}
+        while len(claims) < 8:
+            claim = holder.claim(timeout=5)
+            assert claim is not None
+            claims[claim.id] = claim
+        cluster.pause(leader)
+        try:
+            seen = []
+            taken = []
+            until = time.monotonic() + 20
+            while time.monotonic() < until:
+                try:
+                    got = thief.claim(timeout=0.2)
+                except Exception:  # the election: no answer yet
+                    got = None
+                if got is not None:
+                    taken.append(got)
+                seen.extend((t.id, claims[t.id].lost) for t in taken)
+            assert sorted({i for i, lost in seen if not lost}) == [], \
+                "the thief held items the holder's claims still said they held"
+            assert [c.id for c in claims.values() if c.lost] == [], \
+                "claims lost in an election that lasted less than their margin"
+            assert taken == []
+        finally:
+            cluster.resume(leader)
+        for claim in claims.values():
+            claim.complete()
+
+
+def test_claims_ride_out_their_member_freezing_when_another_member_answers(
+        cluster: "EtcdCluster", queue_name: str) -> None:
+    """The holder's transport knows all three members and uses a follower,
+    which freezes after the claims.  Each batch of refreshes to it gets one
+    request timeout (5 s), then the claims are tried again on the next member,
+    well within lock_ttl 12: none is lost.  (Held.)"""
+    leader = cluster.leader_index()
+    order = [(leader + k) % 3 for k in (1, 2, 0)]
+    endpoints = ",".join(cluster.members[i].url for i in order)
+    with Queue(endpoints, queue_name, lock_ttl=12) as holder:
+        holder.put_many([{"n": n} for n in range(4)])
+        claims = [holder.claim(timeout=5) for _ in range(4)]
+        assert all(claim is not None for claim in claims)
+        cluster.pause(order[0])
+        try:
+            time.sleep(20)
+            assert [c.id for c in claims if c is not None and c.lost] == []
+        finally:
+            cluster.resume(order[0])
+        for claim in claims:
+            assert claim is not None
+            claim.complete()
+
+
+#: A lock's expiry on a stream.
+_LOCK_EXPIRED = re.compile(rb'"action":"expire"')
+
+
+def test_a_watching_view_that_missed_a_locks_expiry_frees_its_item_within_a_round(
+        proxy: FaultProxy, queue_name: str, etcd_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another consumer holds X, then stops refreshing (a crash).  The watching
+    view's stream goes silent, open, from the lock's expiry event on (as on a
+    member restored from a snapshot): X is still claimed within ROUND plus a
+    listing after the lock went.  (Held.)"""
+    round_ = 2 * ROUND  # longer than the lock's life: the expiry falls inside a round
+    monkeypatch.setattr(view_module, "ROUND", round_)
+    with Queue(proxy.url, queue_name) as consumer, \
+            Queue(etcd_url, queue_name, lock_ttl=2) as crashed:
+        item_id = crashed.put("orphan")
+        held = crashed.claim()
+        assert held is not None and held.id == item_id
+        assert consumer.claim(timeout=0) is None  # X is locked: the view watches
+        assert consumer._ensure_view().watching_locks
+        proxy.hold("down", match=_LOCK_EXPIRED)
+        unheard = threading.Event()
+        done = threading.Event()
+
+        def watch_held() -> None:
+            while not done.wait(0.05):
+                if _LOCK_EXPIRED.search(proxy.held("down")):
+                    unheard.set()
+
+        watcher = threading.Thread(target=watch_held, daemon=True)
+        watcher.start()
+        try:
+            crashed._heartbeat.discard(held)  # a crash: nothing refreshes the lock
+            claim = consumer.claim(timeout=2 + 1 + round_ + consumer.etcd.deadline + 5)
+        finally:
+            done.set()
+            watcher.join()
+            proxy.release()
+        assert claim is not None and claim.id == item_id, "the orphan stayed taken"
+        assert unheard.is_set(), "the expiry event was not held: not the case under test"
+        claim.complete()
+
+
+def test_a_claim_whose_refresh_reply_is_lost_after_it_applied_stays_held(
+        proxy: FaultProxy, holder: Queue, etcd_url: str, queue_name: str) -> None:
+    """lock_ttl 6: every reply is cut after 10 bytes for 2.5 s (the refreshes
+    apply, their replies are lost), then the network heals: the refresh tried
+    again within a second applies on our value, and the claim is held
+    throughout, no false alarm.  (Held.)"""
+    holder.put("cut replies")
+    claim = holder.claim(timeout=5)
+    assert claim is not None
+    time.sleep(1.0)
+    proxy.cut(10)
+    time.sleep(2.5)
+    proxy.pass_through()
+    time.sleep(6.0)
+    assert not claim.lost
+    with Queue(etcd_url, queue_name) as reader:
+        entry = reader._protocol.read("locks", claim.id)
+    assert entry is not None and Lock.decode(entry.value).token == claim._state.lock.token
+    claim.complete()
+
+
+def test_claims_made_after_the_heartbeat_thread_died_are_not_handed_out_unrefreshed(
+        etcd_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The heartbeat thread dies of an error no layer expected (here a
+    SystemExit from confirm_all: a bug).  It says so and marks its claims
+    lost, as the docs say.  But the Queue goes on handing out claims, which
+    the dead thread never refreshes: each reads alive until lock_ttl passes,
+    its lock then expires and the item runs again, for as long as the process
+    runs (a Worker cancels every handler after lock_ttl)."""
+    from etcdq_v2.protocol import Protocol
+    with Queue(etcd_url, queue_name, lock_ttl=2) as queue:
+        queue.put_many(["first", "second"])
+        first = queue.claim()
+        assert first is not None
+        real = Protocol.confirm_all
+
+        def broken(self: Protocol, states: object) -> object:
+            monkeypatch.setattr(Protocol, "confirm_all", real)
+            raise SystemExit("a bug in the heartbeat")
+
+        monkeypatch.setattr(Protocol, "confirm_all", broken)
+        deadline = time.monotonic() + 5
+        while not first.lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert first.lost  # the thread said so and voided its claim
+        second = queue.claim()
+        assert second is not None
+        time.sleep(3.0)  # more than lock_ttl: a live heartbeat refreshed it twice
+        entry = queue._protocol.read("locks", second.id)
+        assert second.lost or entry is not None, "the rule failed: lock gone, claim alive"
+        assert entry is not None and not second.lost, (
+            "a claim handed out after the heartbeat died was never refreshed: its lock "
+            "expired (the claim reads lost only by the rule, lock_ttl after C1)")
+
+
+def test_a_claim_is_not_lost_because_another_claims_lock_is_being_re_created(
+        proxy: FaultProxy, holder: Queue, etcd_url: str, queue_name: str) -> None:
+    """lock_ttl 6.  A's lock goes early (deleted here: a leader whose clock is
+    ahead), so A's refresh finds it missing and re-creates it, first reading
+    work/A, a read that hangs (its connection held).  B's network is fine,
+    yet B's refresh, due 2 s after its claim, waits for A's re-creation (the
+    heartbeat's one thread takes a batch's results one after another, and
+    batches one after another), up to A's time left: B's lock expires in
+    etcd, or (batched with A) its answer is judged late and B reads lost."""
+    holder.put_many(["A", "B"])
+    a = holder.claim(timeout=5)
+    b = holder.claim(timeout=5)
+    assert a is not None and b is not None
+    with Queue(etcd_url, queue_name) as other:
+        other.etcd.delete(other.layout.key("locks", a.id))
+        proxy.hold("up", match=re.compile(
+            rb"GET /v2/keys/\S*/work/" + a.id.encode() + rb"\?"))
+        try:
+            time.sleep(6.5)  # past B's first lock_ttl: two refreshes were due
+            b_lost = b.lost
+            entry = other._protocol.read("locks", b.id)
+        finally:
+            proxy.release()
+    assert entry is not None and Lock.decode(entry.value).token == b._state.lock.token, \
+        "B's lock expired in etcd: its refresh waited for A's lock to be re-created"
+    assert not b_lost, "B's lock was kept in etcd, yet B reads lost"
+
+
+def test_a_worker_over_two_queues_finishes_the_open_queues_item_and_stops_when_one_closes(
+        etcd_url: str, queue_name: str) -> None:
+    """A Worker over queues a and b runs an item of a (3 s); b is closed under
+    it.  a's claim is not lost (its queue is open): the handler runs on and
+    its result is recorded; then the Worker's next claim raises QueueClosed
+    and run() propagates it.  Nothing is left locked.  (Held.)"""
+    from etcdq_v2.errors import QueueClosed
+    with Queue(etcd_url, queue_name + "-a") as a, Queue(etcd_url, queue_name + "-b") as b:
+        item_id = a.put("running")
+        started = threading.Event()
+
+        def handler(payload: str) -> str:
+            started.set()
+            current_task().cancelled.wait(3)
+            return "done"
+
+        worker = Worker([a, b], handler, install_signal_handlers=False)
+        outcome: Dict[str, object] = {}
+
+        def run() -> None:
+            try:
+                outcome["stats"] = worker.run()
+            except Exception as exc:
+                outcome["error"] = exc
+
+        runner = threading.Thread(target=run, daemon=True)
+        runner.start()
+        assert started.wait(10)
+        b.close()
+        runner.join(15)
+        assert not runner.is_alive(), "the Worker ran on after one of its queues closed"
+        assert isinstance(outcome.get("error"), QueueClosed), outcome
+        assert a.get(item_id).state == "completed"
+
+
+def test_a_watching_view_that_missed_a_delay_locks_expiry_claims_the_item_within_a_round(
+        proxy: FaultProxy, queue_name: str, etcd_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another producer puts X with a 2 s delay; the watching view's stream
+    goes silent, open, once X's create event would arrive, so the view hears
+    neither X nor its delay lock's expiry: X is claimed within ROUND plus a
+    listing after it became due.  (Held.)"""
+    round_ = 2 * ROUND
+    monkeypatch.setattr(view_module, "ROUND", round_)
+    with Queue(proxy.url, queue_name) as consumer, Queue(etcd_url, queue_name) as producer:
+        assert consumer.claim(timeout=0) is None
+        assert consumer._ensure_view().watching_locks
+        proxy.hold("down", match=_ITEM_CREATED)
+        try:
+            item_id = producer.put("later", delay=2)
+            claim = consumer.claim(timeout=2 + round_ + consumer.etcd.deadline + 5)
+        finally:
+            proxy.release()
+        assert claim is not None and claim.id == item_id, "the delayed item stayed unknown"
+        claim.complete()
