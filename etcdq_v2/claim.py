@@ -1,9 +1,10 @@
 """A claim on one item, and the heartbeat that keeps its lock alive.
 
 A :class:`Claim` is what :meth:`Queue.claim` hands out.  While it is open, the
-queue's :class:`Heartbeat` thread refreshes its lock every ``lock_ttl / 3``
-seconds with a compare-and-swap refresh (which does not wake watchers); the
-refreshes due together are sent at once, so none waits for another.
+queue's :class:`Heartbeat` refreshes its lock ``lock_ttl / 3`` seconds after
+the send of its last confirmation, with a compare-and-swap refresh (which
+does not wake watchers), each claim's on a thread of its own, so none waits
+for another.
 
 :attr:`Claim.lost` is a rule, not a timer's verdict: it turns True once
 ``lock_ttl`` has passed since the send of the last request that proved the
@@ -14,9 +15,11 @@ running without its lock.
 """
 from __future__ import annotations
 
+import collections
 import logging
+import math
 from types import TracebackType
-from typing import Any, Callable, Dict, List, Optional, Sequence, Type, TypeVar
+from typing import Any, Callable, Deque, Dict, List, Optional, Type, TypeVar
 from typing import Protocol as TypingProtocol
 
 from .errors import ClaimClosed, LockLost, public_errors
@@ -250,127 +253,173 @@ class Claim:
     def _beaten(self, outcome: Optional[Exception], before: float,
                 interval: float) -> Optional[float]:
         """After the heartbeat's refresh (``outcome`` None: it applied) of the
-        lock confirmed at ``before``: seconds until the next, or None to
-        forget this claim."""
+        lock confirmed at ``before``: when the next is due (boot_clock()), or
+        None to forget this claim."""
         if isinstance(outcome, LockLost):
             self._mark_lost(str(outcome))
             return None
         self._refresh_error = outcome
         if outcome is None:
             self._answered_in_time(before)
-            return None if self.lost else interval
+            # Due from the refresh's send, as the lock's life counts from it.
+            return None if self.lost else self._state.confirmed + interval
         if self.lost:  # lock_ttl since the last confirmation: no refresh can mend it
             return None
         log.info("refreshing the lock of item %s failed (%r); trying again", self.id, outcome,
                  extra=self.log_fields)
-        return min(1.0, interval)  # try again soon, not a third of a TTL later
+        # Soon, not a third of a TTL later.
+        return self._protocol.runtime.boot_clock() + min(1.0, interval)
 
 
 class Heartbeat:
-    """One thread per queue that refreshes the locks of all its open claims.
+    """Keeps the locks of a queue's open claims alive, each on its own.
 
-    The claims due at once are refreshed at once (Protocol.confirm_all, on
-    parallel connections): however many there are, one waits for no other,
-    and a batch takes at most one request's timeout.
+    A scheduler thread hands each claim, when its refresh is due
+    (``lock_ttl / 3`` after the send of its last confirmation), to a refresher
+    thread of its own: an idle one, or a new one.  A refresh (and a re-creation
+    of its lock) runs alone on that thread, within its own lock's time left,
+    and its claim is judged as soon as it returns: no claim's refresh waits
+    for another's.  At most one refresh per claim is in flight, so there are
+    never more refresher threads than open claims; one idle for two intervals
+    ends.  A thread that dies of an error no layer expected logs it and marks
+    its claims lost; the scheduler is started again by the next claim.
     """
 
     def __init__(self, protocol: Protocol) -> None:
         self._protocol = protocol
         self.lock_ttl = protocol.lock_ttl
         self.interval = max(self.lock_ttl / 3.0, 0.3)
+        #: Every open claim: when its next refresh is due (boot_clock()), inf while in flight.
         self._due: Dict[Claim, float] = {}
         self._runtime = protocol.runtime
-        self._cond = self._runtime.Condition()
+        self._ready: Deque[Claim] = collections.deque()  # due, for the refreshers
+        self._lock = self._runtime.Lock()
+        self._wake = self._runtime.Condition(self._lock)   # the scheduler
+        self._work = self._runtime.Condition(self._lock)   # idle refreshers
+        self._wake_at = math.inf  # when the scheduler wakes by itself
+        self._idle = 0
         self._closed = False
         self._thread: Optional[ThreadLike] = None
 
     def add(self, claim: Claim) -> None:
-        # No notify: the thread already sleeps until a due time no later than
-        # this claim's (every claim waits the same interval), and waking it
-        # for every claim cost a context switch per item.
-        with self._cond:
+        with self._lock:
             closed = self._closed
             if not closed:
-                self._due[claim] = self._runtime.monotonic() + self.interval
-                if self._thread is None:
-                    self._thread = self._runtime.Thread(self._run, name="etcdq-heartbeat",
-                                                        daemon=True)
-                    self._thread.start()
+                self._schedule(claim, claim.confirmed_at + self.interval)
         if closed:  # a claim() that was under way when the queue closed
             claim._mark_lost(_CLOSED)
 
     def discard(self, claim: Claim) -> None:
-        with self._cond:
+        with self._lock:
             self._due.pop(claim, None)
 
     def close(self) -> None:
         """Stop; the open claims are marked lost at once (nothing refreshes them now)."""
-        with self._cond:
+        with self._lock:
             self._closed = True
-            claims, self._due = list(self._due), {}
-            self._cond.notify()
+            claims = self._forget_all()
+            self._wake.notify()
+            self._work.notify_all()
         for claim in claims:
             claim._mark_lost(_CLOSED)
+
+    def _schedule(self, claim: Claim, at: float) -> None:
+        """(Under the lock.)  The claim's next refresh is due at ``at``."""
+        self._due[claim] = at
+        if self._thread is None:
+            self._thread = self._runtime.Thread(target=self._run, name="etcdq-heartbeat",
+                                            daemon=True)
+            self._thread.start()
+        elif at < self._wake_at:  # else the scheduler wakes in time: no context switch
+            self._wake.notify()
+
+    def _forget_all(self) -> List[Claim]:
+        """(Under the lock.)  Drop every claim; those dropped."""
+        claims = list(self._due)
+        self._due.clear()
+        self._ready.clear()
+        return claims
 
     def _run(self) -> None:
         try:
             self._loop()
         except BaseException:
-            # It cannot go on: say so, and void the claims it was keeping alive.
-            log.exception("the heartbeat thread stopped; its claims are marked lost")
-            with self._cond:
-                claims, self._due = list(self._due), {}
+            # It cannot go on: say so, void the claims it was keeping alive,
+            # and let the next claim start another.
+            log.exception("the heartbeat's scheduler stopped; its claims are marked lost")
+            with self._lock:
+                claims = self._forget_all()
+                self._thread = None
             for claim in claims:
-                claim._mark_lost("the heartbeat thread stopped")
+                claim._mark_lost("the heartbeat's scheduler stopped")
             raise
 
     def _loop(self) -> None:
         while True:
-            with self._cond:
+            with self._lock:
                 if self._closed:
                     return
-                now = self._runtime.monotonic()
+                now = self._runtime.boot_clock()
                 due = [claim for claim, at in self._due.items() if at <= now]
                 if not due:
-                    soonest = min(self._due.values(), default=now + self.interval)
-                    self._cond.wait(max(soonest - now, 0.01))
+                    self._wake_at = min(min(self._due.values(), default=math.inf),
+                                        now + self.interval)
+                    self._wake.wait(max(self._wake_at - now, 0.01))
+                    self._wake_at = -math.inf  # awake: whoever schedules need not notify
                     continue
-            self._beat(due)
+                for claim in due:
+                    self._due[claim] = math.inf  # in flight
+                self._ready.extend(due)
+                missing = len(self._ready) - self._idle
+                self._work.notify(len(due))
+            for _ in range(missing):
+                self._runtime.Thread(target=self._refresher, name="etcdq-refresh",
+                                 daemon=True).start()
 
-    def _beat(self, due: List[Claim]) -> None:
-        """Refresh the due claims' locks, all at once; schedule each one's next."""
-        started = self._runtime.monotonic()
-        # A claim whose complete()/release()/fail() runs confirms itself.
-        held = {claim for claim in due if claim._mutex.acquire(blocking=False)}
-        try:
-            delays = self._refresh([claim for claim in held
-                                    if claim._outcome is None and not claim.lost])
-        finally:
-            for claim in held:
-                claim._mutex.release()
-        with self._cond:
-            for claim in due:
-                # Not held: its complete()/release()/fail() runs.  Held and not
-                # refreshed: it ended, or is lost.
-                delay = delays.get(claim) if claim in held else self.interval
+    def _refresher(self) -> None:
+        """Refresh the due claims handed over, one at a time, until idle too long."""
+        while True:
+            with self._lock:
+                while not self._ready and not self._closed:
+                    self._idle += 1
+                    woken = self._work.wait(2 * self.interval)
+                    self._idle -= 1
+                    if not woken and not self._ready:
+                        return
+                if self._closed:
+                    return
+                claim = self._ready.popleft()
+                if claim not in self._due:  # discarded meanwhile
+                    continue
+            try:
+                delay = self._beat(claim)
+            except BaseException:
+                log.exception("the heartbeat's refresh of item %s failed unexpectedly; its "
+                              "claim is marked lost", claim.id, extra=claim.log_fields)
+                self.discard(claim)
+                claim._mark_lost("its heartbeat stopped on an unexpected error")
+                raise
+            with self._lock:
+                if claim not in self._due or self._closed:
+                    continue  # ended, discarded or closed meanwhile
                 if delay is None:
-                    self._due.pop(claim, None)
-                elif claim in self._due:
-                    self._due[claim] = started + delay
+                    del self._due[claim]
+                else:
+                    self._schedule(claim, delay)
 
-    def _refresh(self, claims: List[Claim]) -> Dict[Claim, Optional[float]]:
-        """Each claim's seconds until its next refresh (None: forget it)."""
-        if not claims:
-            return {}
-        before = [claim._state.confirmed for claim in claims]
-        outcomes: Sequence[Optional[Exception]]
+    def _beat(self, claim: Claim) -> Optional[float]:
+        """Refresh the claim's lock; when its next refresh is due (None: forget it)."""
+        if not claim._mutex.acquire(blocking=False):
+            # Its complete()/release()/fail() runs (and confirms the lock itself).
+            return self._runtime.boot_clock() + min(1.0, self.interval)
         try:
-            outcomes = self._protocol.confirm_all([claim._state for claim in claims])
-        except Exception as exc:  # confirm_all returns its errors: this would be a bug
-            log.exception("the heartbeat's refreshes failed: %r", exc)
-            outcomes = [exc] * len(claims)
-        return {claim: claim._beaten(outcome, confirmed, self.interval)
-                for claim, outcome, confirmed in zip(claims, outcomes, before)}
+            if claim._outcome is not None or claim.lost:
+                return None
+            before = claim.confirmed_at
+            outcome = self._protocol.confirm_in_time(claim._state)
+            return claim._beaten(outcome, before, self.interval)
+        finally:
+            claim._mutex.release()
 
 
 _CLOSED = "its queue was closed: nothing refreshes its lock"

@@ -237,8 +237,9 @@ import(lines)
     of I3 landing after its item finished: ``q``, its first claim removes it.
 
 Refreshes (heartbeats) are CAS refreshes (refresh=true, prevValue=lock): they
-extend the TTL without notifying watchers.  A queue's due refreshes are sent
-at once (confirm_all), so none waits for another; a claim is lost once
+extend the TTL without notifying watchers.  Each claim's refresh is a request
+of its own on a thread of its own, within its lock's time left
+(confirm_in_time), so none waits for another; a claim is lost once
 lock_ttl has passed since the send of its last confirmed refresh (or C1),
 on boot_clock(), whether or not a refresh is under way (lock_left).
 """
@@ -901,29 +902,18 @@ class Protocol:
             failure = exc
         self._confirmed(state, failure, started)
 
-    def confirm_all(self, states: Sequence[ClaimState]) -> List[Optional[EtcdqError]]:
-        """The heartbeat: confirm() each claim's lock, the refreshes sent at once
-        (Transport.refresh_all) so that none waits for another.  They get one
-        request's timeout, at most the longest time any of these locks is
-        certainly alive for; a lock to re-create (it expired early) gets its
-        own time left.  Each result: None (confirmed, ``state.confirmed`` is
-        the refreshes' send), LockLost, or the error that left it unconfirmed
-        (Unavailable: the heartbeat tries again)."""
-        started = self.runtime.boot_clock()
-        left = max(self.lock_left(state.confirmed) for state in states)
-        replies = self.etcd.refresh_all(
-            [(self.layout.key("locks", state.id), state.lock.encode()) for state in states],
-            ttl=self.lock_ttl, timeout=min(self.etcd.timeout, max(left, 0.05)))
-        outcomes: List[Optional[EtcdqError]] = []
-        for state, reply in zip(states, replies):
-            try:
-                with self.etcd.time_limit(max(self.lock_left(state.confirmed), 0.05)):
-                    self._confirmed(state, reply if isinstance(reply, EtcdqError) else None,
-                                    started)
-                outcomes.append(None)
-            except EtcdqError as exc:
-                outcomes.append(exc)
-        return outcomes
+    def confirm_in_time(self, state: ClaimState) -> Optional[EtcdqError]:
+        """The heartbeat's confirm(): it gives up once the lock may have expired
+        (no use after that), retrying on the next member meanwhile.  None
+        (confirmed: ``state.confirmed`` is this call's start), LockLost, or the
+        error that left it unconfirmed (the heartbeat tries again, or the
+        claim is lost by then)."""
+        try:
+            with self.etcd.time_limit(max(self.lock_left(state.confirmed), 0.05)):
+                self.confirm(state)
+        except EtcdqError as exc:
+            return exc
+        return None
 
     def _confirmed(self, state: ClaimState, failure: Optional[EtcdqError],
                    started: float) -> None:

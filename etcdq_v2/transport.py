@@ -391,28 +391,11 @@ class Transport:
         and cost one round trip, not one each.  KeyMissing for a key not there."""
         return self._all("GET", [(key, {"quorum": quorum}) for key in keys])
 
-    def refresh_all(self, locks: Sequence[Tuple[str, str]], *, ttl: int, timeout: float
-                    ) -> List[Union[Reply, EtcdqError]]:
-        """TTL refreshes of ``(key, value)`` (``refresh=true``, ``prevExist=true``,
-        ``prevValue=value``: a compare-and-swap that wakes no watcher), sent at
-        once as :meth:`delete_all` sends its deletes, all answered within
-        ``timeout``: none waits for another.
-
-        One that fails on the way is not redone (each would wait for the one
-        before it): its result is Unavailable, and the caller tries again when
-        it chooses, within what is left of its lock (the heartbeat).
-        """
-        calls = [(key, {"ttl": ttl, "refresh": True, "prevExist": True, "prevValue": value})
-                 for key, value in locks]
-        return self._all("PUT", calls, timeout=timeout, redo=False)
-
-    def _all(self, method: str, calls: Sequence[Tuple[str, Dict[str, Any]]], *,
-             timeout: Optional[float] = None, redo: bool = True
+    def _all(self, method: str, calls: Sequence[Tuple[str, Dict[str, Any]]]
              ) -> List[Union[Reply, EtcdqError]]:
         """``method`` on each ``(key, query)``, on parallel connections to one
-        member, within ``timeout`` (default: the transport's).  ``redo``: one
-        that failed on the way is sent again alone, with the usual retries;
-        else it is Unavailable."""
+        member, within one request timeout; one that failed on the way is sent
+        again alone, with the usual retries."""
         member = self._member()
         with self._lock:
             self.requests[method] += len(calls)
@@ -421,17 +404,17 @@ class Transport:
         started = self.runtime.monotonic()
         try:
             with _translated(member.url):
-                answers = member.request_all(requests, timeout or self.timeout)
+                answers = member.request_all(requests, self.timeout)
         except _Transient as exc:
             answers = [exc] * len(requests)
         seconds = self.runtime.monotonic() - started
         if any(isinstance(answer, Exception) for answer in answers):
             self._failed(member)  # those redone go to the next member
-        return [self._one_of_all(member, method, key, query, answer, seconds, redo)
+        return [self._one_of_all(member, method, key, query, answer, seconds)
                 for (key, query), answer in zip(calls, answers)]
 
     def _one_of_all(self, member: Member, method: str, key: str, query: Dict[str, Any],
-                    answer: Union[Response, Exception], seconds: float, redo: bool
+                    answer: Union[Response, Exception], seconds: float
                     ) -> Union[Reply, EtcdqError]:
         """One :meth:`_all` result: its reply, its error, or the outcome of redoing it.
 
@@ -443,9 +426,7 @@ class Transport:
                 if isinstance(answer, Exception):
                     raise answer
                 return self._reply(member, answer, retried=False)
-        except _Transient as failure:
-            if not redo:
-                return Unavailable(f"etcd did not answer {method} {key} ({member.url}: {failure})")
+        except _Transient:
             try:
                 return self._call(method, key, query=query)
             except EtcdqError as exc:
