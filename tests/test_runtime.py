@@ -27,6 +27,8 @@ ALLOWED = {
     "wire.py": "the real network, with its socket timeouts; a simulator replaces it whole",
     "signals.py": "signal handlers run on the real main thread",
     "metrics.py": "the HTTP server and its scrape cache run on real threads, outside a simulation",
+    "httpd.py": "the dashboard's and the metrics' HTTP servers: real sockets and threads",
+    "command.py": "etcdq work's real subprocesses, whose pipes are read on real threads",
     "etcd_binary.py": "finds and runs the etcd binary: no part of a queue",
 }
 #: Modules whose import is a clock, a thread or a random source.

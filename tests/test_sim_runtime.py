@@ -159,11 +159,9 @@ class _Refreshing:
         self.runtime = sim
         self.beats: List[float] = []
 
-    def confirm_all(self, states: List[ClaimState]) -> List[None]:
+    def confirm_in_time(self, state: ClaimState) -> None:
         self.beats.append(self.runtime.now)
-        for state in states:
-            state.confirmed = self.runtime.boot_clock()
-        return [None] * len(states)
+        state.confirmed = self.runtime.boot_clock()
 
     def lock_left(self, confirmed: float) -> float:
         return confirmed + self.lock_ttl - self.runtime.boot_clock()
