@@ -15,6 +15,7 @@ import pytest
 
 from etcdq_v2 import InvalidArgument, InvalidPayload, Queue, Unavailable, connect
 from etcdq_v2.server import EtcdServer
+from etcdq_v2.transport import Refused
 
 from faultproxy import FaultProxy
 from helpers import in_background, wait_until
@@ -109,6 +110,7 @@ def test_cuts_in_the_middle_of_a_batch_store_every_item_exactly_once(
     assert all(mid_batch) and observed.posts["Lost"] >= 5  # the cuts left POSTs in doubt
 
 
+@pytest.mark.alone  # timing: a busy machine stretches its fault's window past its bounds
 def test_an_etcd_crash_and_restart_in_the_middle_of_a_batch_stores_no_item_twice(
         etcd_binary: str, tmp_path: Any, queue_name: str) -> None:
     """etcd is SIGKILLed with POSTs in flight, then started again.  Those it had
@@ -135,8 +137,11 @@ def test_an_etcd_crash_and_restart_in_the_middle_of_a_batch_stores_no_item_twice
         if "returned" in outcome:
             assert len(counts) == len(given)
         else:
-            assert isinstance(outcome["raised"], Unavailable), outcome["raised"]
-            assert "may or may not be stored" in str(outcome["raised"])
+            raised = outcome["raised"]
+            assert isinstance(raised, Unavailable), raised
+            # In doubt; or, once every POST in doubt was found, a new round that every
+            # endpoint refused (etcd not back yet): nothing of it was sent.
+            assert isinstance(raised, Refused) or "may or may not be stored" in str(raised)
             assert len(given) - len(counts) <= len(given) - observed.posts[None]
     finally:
         server.stop()

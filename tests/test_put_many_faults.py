@@ -141,6 +141,7 @@ def test_finding_a_slow_endpoint_passes_the_lanes_probe_so_put_many_puts_into_it
 
 # -- after a send fails, nothing more is sent; each lane's wait is timed from its send -----
 
+@pytest.mark.alone  # timing: a busy machine stretches its fault's window past its bounds
 def test_finding_big_puts_on_pooled_lanes_to_a_frozen_member_wait_in_flight_times_the_timeout(
         cluster: EtcdCluster, queue_name: str) -> None:
     """The pool holds connections to member A (a first put_many left them).  A
@@ -189,6 +190,7 @@ def test_finding_big_puts_on_pooled_lanes_to_a_frozen_member_wait_in_flight_time
 
 # -- each POST is form-encoded just before it is sent, not a whole round up front ---------
 
+@pytest.mark.alone  # timing: a busy machine stretches its fault's window past its bounds
 def test_finding_put_many_holds_every_form_encoded_body_of_a_chunk_at_once(
         etcd_binary: str, tmp_path: Any, queue_name: str) -> None:
     """Transport.post_many builds the request of every value of the round up front

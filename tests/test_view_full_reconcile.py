@@ -10,6 +10,8 @@ after the reply, or a failure); no method of the view is changed.
 """
 from __future__ import annotations
 
+import pytest
+
 import math
 import threading
 import time
@@ -211,6 +213,7 @@ def test_full_reconcile_keeps_live_locks_and_given_back_delays(
         assert 1.5 <= got[b1] <= 4.5, got
 
 
+@pytest.mark.alone  # timing: a busy machine stretches its fault's window past its bounds
 def test_failed_due_listing_warns_once_per_confirm_and_claims_go_on(
         etcd_url: str, queue_name: str, proxy, caplog) -> None:
     """relist_work's listing of locks/ for a new "q" X fails (X
