@@ -1,0 +1,133 @@
+"""The simulation's actors: producers and consumers on the real Queue, and what they saw.
+
+Each actor is a sim-thread with its own :class:`~etcdq_v2.queue.Queue` (its
+own node id, from the seed) on one Transport per actor, and records what the
+library told it in the run's :class:`History`: which puts were acknowledged,
+which claims were handed out (with the index of their C2 write), and which
+commits returned OK.  The invariants (:mod:`.invariants`) judge the history
+against what the model stored.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+from ...errors import EtcdqError
+from ...queue import Queue
+
+
+@dataclass
+class HandOut:
+    seq: int
+    time: float
+    item: str
+    index: int  # the claim's C2 index
+    consumer: str
+
+
+@dataclass
+class Commit:
+    seq: int
+    time: float
+    item: str
+    index: int  # the C2 index of the claim that committed
+    kind: str  # complete, fail, release
+    outcome: Optional[str]  # the claim's outcome after it: completed, failed, dead-lettered, released
+
+
+@dataclass
+class History:
+    """What the library returned to the actors, in the order it did (``seq``)."""
+
+    puts: Dict[str, Tuple[float, str]] = field(default_factory=dict)  # id -> (time, payload)
+    doubtful: List[str] = field(default_factory=list)  # payloads of puts that raised
+    hand_outs: List[HandOut] = field(default_factory=list)
+    commits: List[Commit] = field(default_factory=list)
+    errors: Dict[str, int] = field(default_factory=dict)
+    seq: int = 0
+
+    def next(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def error(self, exc: BaseException) -> None:
+        name = type(exc).__name__
+        self.errors[name] = self.errors.get(name, 0) + 1
+
+
+@dataclass
+class Plan:
+    """What the actors do: drawn from the seed."""
+
+    items: int
+    faults_until: float
+    lock_ttl: int
+    rng: random.Random
+
+
+def producer(queue: Queue, name: str, plan: Plan, history: History, count: int,
+             batched: bool) -> None:
+    """Puts ``count`` items: one at a time (some delayed), or put_many with in_flight."""
+    sim = queue.runtime
+    rng = plan.rng
+    made = 0
+    while made < count:
+        size = min(count - made, rng.randint(2, 6)) if batched else 1
+        payloads = [f"{name}-{made + n}" for n in range(size)]
+        made += size
+        delay = rng.choice([None, None, None, 1.0, 3.0]) if not batched else None
+        try:
+            if batched:
+                ids = queue.put_many(payloads, in_flight=rng.choice([1, 2, 4]))
+            else:
+                ids = [queue.put(payloads[0], delay=delay)]
+        except EtcdqError as exc:
+            history.error(exc)
+            history.doubtful.extend(payloads)
+        else:
+            for item_id, payload in zip(ids, payloads):
+                history.next()
+                history.puts[item_id] = (sim.monotonic(), payload)
+        # Spread over the faults' time, so that they strike puts and claims alike.
+        sim.sleep(rng.uniform(0.0, 2.0 * max(plan.faults_until * 0.8, 2.0) * size / count))
+
+
+def consumer(queue: Queue, name: str, plan: Plan, history: History,
+             running: Callable[[], bool]) -> None:
+    """Claims until ``running()`` is False; completes, fails or releases at
+    random while faults last (sometimes pausing past its lock TTL), and only
+    completes once they stopped."""
+    sim = queue.runtime
+    rng = plan.rng
+    while running():
+        try:
+            claim = queue.claim(timeout=rng.uniform(0.5, 2.0))
+        except EtcdqError as exc:
+            history.error(exc)
+            sim.sleep(0.5)
+            continue
+        if claim is None:
+            continue
+        index = claim._state.index  # the C2 index: what the invariants key claims by
+        history.hand_outs.append(HandOut(history.next(), sim.monotonic(), claim.id, index, name))
+        faulty = sim.monotonic() < plan.faults_until
+        pause = plan.lock_ttl * rng.uniform(1.2, 2.5) if faulty and rng.random() < 0.05 \
+            else rng.uniform(0.0, 0.5)
+        sim.sleep(pause)
+        draw = rng.random() if sim.monotonic() < plan.faults_until else 0.0
+        kind = "complete" if draw < 0.7 else "fail" if draw < 0.85 else "release"
+        try:
+            if kind == "complete":
+                claim.complete({"by": name})
+            elif kind == "fail":
+                claim.fail("simulated failure", delay=rng.choice([None, 0.5]))
+            else:
+                claim.release(delay=rng.choice([0, 0, 1]))
+        except EtcdqError as exc:
+            history.error(exc)
+            if claim.outcome is None:
+                claim.abandon()
+            continue
+        history.commits.append(Commit(history.next(), sim.monotonic(), claim.id, index, kind,
+                                      claim.outcome))
