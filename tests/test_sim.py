@@ -4,11 +4,12 @@ seeds with faults finds no violation, and a defect put back is found."""
 from __future__ import annotations
 
 import logging
-from typing import Iterator
+from typing import Iterator, List
 
 import pytest
 
 from etcdq_v2.testing.sim.__main__ import main
+from etcdq_v2.testing.sim.mutants import MUTANTS, mutant
 from etcdq_v2.testing.sim.simulation import simulate
 
 
@@ -42,3 +43,19 @@ def test_the_cli_reports_runs_and_replays_one_seed_with_its_trace(tmp_path, caps
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("sim: 1 seeds, ") and last.endswith(" s") and "0 violations" in last
     assert trace.read_text().splitlines() == simulate(3, items=6).trace
+
+
+def _first_found(name: str, seeds: int) -> List[str]:
+    """The invariants the first seed (of ``seeds``) that finds mutant ``name`` breaks."""
+    with mutant(name):
+        for seed in range(seeds):
+            found = [violation.name for violation in simulate(seed).violations]
+            if found:
+                return found
+    return []
+
+
+@pytest.mark.parametrize("name, seeds", [("f1-unfenced", 5), ("resend-lost-post", 20),
+                                         ("heartbeat-plain-refresh", 90)])
+def test_a_known_defect_put_back_breaks_its_invariant(name: str, seeds: int) -> None:
+    assert MUTANTS[name][3] in _first_found(name, seeds)

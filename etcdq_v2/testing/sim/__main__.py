@@ -18,6 +18,7 @@ import sys
 import time
 from typing import List, Optional
 
+from .mutants import MUTANTS, mutant
 from .simulation import simulate
 
 
@@ -31,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--items", type=int, default=20)
     parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--trace", help="write the run's trace here (with --seed)")
+    parser.add_argument("--mutant", choices=sorted(MUTANTS),
+                        help="put this known defect back (see mutants.py)")
     parser.add_argument("--keep-going", action="store_true",
                         help="run every seed even after a violation")
     return parser
@@ -46,7 +49,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     started = time.perf_counter()
     steps = violations = runs = 0
     for seed in seeds:
-        result = simulate(seed, consumers=args.consumers, items=args.items, faults=args.faults)
+        with mutant(args.mutant):
+            result = simulate(seed, consumers=args.consumers, items=args.items,
+                              faults=args.faults)
         runs += 1
         steps += result.handovers + result.requests
         if args.trace and args.seed is not None:
@@ -58,7 +63,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if result.violations:
             print(f"  replay: python -m etcdq_v2.testing.sim --seed {seed} "
                   f"--consumers {args.consumers} --items {args.items} "
-                  f"{'--faults' if args.faults else '--no-faults'} --trace sim-{seed}.trace")
+                  f"{'--faults' if args.faults else '--no-faults'} --trace sim-{seed}.trace"
+                  + (f" --mutant {args.mutant}" if args.mutant else ""))
             if not args.keep_going:
                 break
     print(f"sim: {runs} seeds, {steps} steps, {violations} violations, "

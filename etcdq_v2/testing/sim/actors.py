@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
+from ...claim import Claim
 from ...errors import EtcdqError
 from ...queue import Queue
+
+if TYPE_CHECKING:
+    from .net import Network
 
 
 @dataclass
@@ -45,7 +49,30 @@ class History:
     hand_outs: List[HandOut] = field(default_factory=list)
     commits: List[Commit] = field(default_factory=list)
     errors: Dict[str, int] = field(default_factory=dict)
+    #: The claims handed out and not yet ended, by item.
+    open: Dict[str, List[Claim]] = field(default_factory=dict)
+    #: Violations seen during the run, by checks made as it goes: (name, detail).
+    seen: List[Tuple[str, str]] = field(default_factory=list)
+    #: How long two open claims of one item may both say they are not lost:
+    #: the members' clock skew (a lock expires early by it) and a sweep.
+    overlap: float = 0.0
     seq: int = 0
+    _overlapping: Dict[str, float] = field(default_factory=dict)
+
+    def check_live_claims(self, now: float) -> None:
+        """one-live-claim: of the open claims of an item, at most one says it is
+        not lost for longer than ``overlap``."""
+        for item, claims in self.open.items():
+            claims[:] = [claim for claim in claims if claim.outcome is None]
+            live = [claim for claim in claims if not claim.lost]
+            if len(live) < 2:
+                self._overlapping.pop(item, None)
+                continue
+            since = self._overlapping.setdefault(item, now)
+            if now - since > self.overlap:
+                self.seen.append(("one-live-claim", f"from {since:.3f} to {now:.3f} "
+                                  f"{len(live)} open claims of item {item} say they are "
+                                  f"not lost: {live}"))
 
     def next(self) -> int:
         self.seq += 1
@@ -94,7 +121,7 @@ def producer(queue: Queue, name: str, plan: Plan, history: History, count: int,
 
 
 def consumer(queue: Queue, name: str, plan: Plan, history: History,
-             running: Callable[[], bool]) -> None:
+             running: Callable[[], bool], network: "Network") -> None:
     """Claims until ``running()`` is False; completes, fails or releases at
     random while faults last (sometimes pausing past its lock TTL), and only
     completes once they stopped."""
@@ -111,10 +138,14 @@ def consumer(queue: Queue, name: str, plan: Plan, history: History,
             continue
         index = claim._state.index  # the C2 index: what the invariants key claims by
         history.hand_outs.append(HandOut(history.next(), sim.monotonic(), claim.id, index, name))
-        faulty = sim.monotonic() < plan.faults_until
-        pause = plan.lock_ttl * rng.uniform(1.2, 2.5) if faulty and rng.random() < 0.05 \
-            else rng.uniform(0.0, 0.5)
-        sim.sleep(pause)
+        history.open.setdefault(claim.id, []).append(claim)
+        history.check_live_claims(sim.monotonic())
+        if sim.monotonic() < plan.faults_until and rng.random() < 0.1:
+            pause = plan.lock_ttl * rng.uniform(0.5, 2.5)
+            network.pause(name, pause)  # the whole process: its heartbeat too
+            sim.sleep(pause + rng.uniform(0.0, 2.0 * plan.lock_ttl))  # and works on
+        else:
+            sim.sleep(rng.uniform(0.0, 0.5))
         draw = rng.random() if sim.monotonic() < plan.faults_until else 0.0
         kind = "complete" if draw < 0.7 else "fail" if draw < 0.85 else "release"
         try:

@@ -18,6 +18,9 @@ no-hand-out-after-outcome  no claim was handed out whose C2 index is above the
                            index of its item's fenced commit (F1, the write of
                            work/<id> with its outcome), nor after a final
                            complete()/fail() of the item returned OK
+one-live-claim             of the open claims of one item, at most one says it is
+                           not lost (Claim.lost), checked at each hand-out and
+                           every virtual second
 liveness                   once faults stop, every stored item has its record
                            in completed/ or failed/ within LIVENESS_BOUND
 no-thread-died             no sim-thread of the library died of an exception
@@ -36,7 +39,7 @@ from .api import Request, answer_local
 from .cluster import Cluster
 
 NAMES = ("acknowledged-put-kept", "stored-once", "one-outcome", "no-commit-after-reclaim",
-         "no-hand-out-after-outcome", "liveness", "no-thread-died", "no-deadlock")
+         "no-hand-out-after-outcome", "one-live-claim", "liveness", "no-thread-died", "no-deadlock")
 
 
 @dataclass

@@ -35,7 +35,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from ...wire import Lost, NotSent, Refused, Response
 from .cluster import SWEEP_PERIOD, Cluster, Pending
@@ -107,6 +107,7 @@ class Network:
         self.notes = 0
         self._late: List[Tuple[float, _Flight]] = []
         self._streams: List["SimConnection"] = []
+        self._paused: Dict[str, float] = {}
         self._thaw: Dict[int, float] = {}
         self._unlag: Dict[int, float] = {}
 
@@ -114,9 +115,27 @@ class Network:
     def urls(self) -> List[str]:
         return [f"http://m{n}:2379" for n in range(len(self.cluster.members))]
 
-    def member(self, url: str) -> "SimMember":
-        """The member_factory for :func:`etcdq_v2.transport.connect`."""
-        return SimMember(self, int(url.split("//m", 1)[1].split(":", 1)[0]), url)
+    def members_of(self, client: str) -> Callable[[str], "SimMember"]:
+        """The member_factory for :func:`etcdq_v2.transport.connect` of ``client``
+        (a process: :meth:`pause` stops all its requests)."""
+        def member(url: str) -> SimMember:
+            return SimMember(self, int(url.split("//m", 1)[1].split(":", 1)[0]), url, client)
+        return member
+
+    def resumed(self, client: str) -> None:
+        """Return once ``client``'s process runs: a stopped one sends nothing,
+        and its timeouts count from when it resumes."""
+        resume = self._paused.get(client, 0.0)
+        if resume > self.sim.now:
+            self.sim.sleep(resume - self.sim.now)
+
+    def pause(self, client: str, seconds: float) -> None:
+        """``client``'s process stops (SIGSTOP) for ``seconds``: every thread of it
+        that sends a request meanwhile sends it only when it resumes, its
+        heartbeat's included."""
+        self._paused[client] = max(self._paused.get(client, 0.0), self.sim.now + seconds)
+        self._struck("pause")
+        self.note(f"pause {client} until {self._paused[client]:.3f}")
 
     @property
     def faulty(self) -> bool:
@@ -146,12 +165,25 @@ class Network:
         """One way across the network."""
         self.sim.sleep(self.rng.uniform(*self.latency))
 
-    def send(self, member: int, requests: Sequence[_Request]) -> List[_Flight]:
-        """The requests, sent together: one trip, then each delivered (or not)."""
-        flights = []
+    def send(self, member: int, requests: Sequence[_Request], client: str = "",
+             chained: bool = False) -> List[_Flight]:
+        """The requests, sent together: one trip, then each delivered (or not).
+
+        ``chained`` (a pipeline): they share connections, so from one that is
+        refused on, none is sent (wire's NotSent are always the last ones).
+        """
+        self.resumed(client)
+        flights: List[_Flight] = []
+        refused = False
         for method, path, body in requests:
+            if refused:
+                flights.append(_Flight(member, (method, path, body), None, self.sim.now,
+                                       error=NotSent("not sent: an earlier request of the "
+                                                     "pipeline failed")))
+                continue
             self.requests += 1
             fault = self._fault()
+            refused = chained and fault is Fault.REFUSE
             self.note(f"{self.sim.current().name} {method} m{member} {path}"
                       + (f" {body}" if body else "") + (f" !{fault.value}" if fault else ""))
             flights.append(_Flight(member, (method, path, body), fault, self.sim.now))
@@ -161,6 +193,8 @@ class Network:
         return flights
 
     def _deliver(self, flight: _Flight) -> None:
+        if flight.error is not None:
+            return
         if flight.fault is Fault.REFUSE:
             flight.error = NotSent("cannot connect: [Errno 111] Connection refused (simulated)")
         elif flight.fault is Fault.RESET:
@@ -196,8 +230,9 @@ class Network:
 
     # -- streams -------------------------------------------------------------------
     def open_stream(self, member: int, path: str, idle_timeout: Optional[float],
-                    connect_timeout: float) -> Tuple["SimConnection", Response]:
-        flight, = self.send(member, [("GET", path, None)])
+                    connect_timeout: float, client: str = "") -> Tuple["SimConnection", Response]:
+        self.resumed(client)
+        flight, = self.send(member, [("GET", path, None)], client)
         if flight.fault is Fault.LOST_REPLY:
             flight.fault = None  # a stream's lost reply is a cut stream (the courier's)
         response = self.finish(flight, self.sim.now + connect_timeout)
@@ -287,23 +322,26 @@ class Network:
 class SimMember:
     """What transport.py needs of a :class:`etcdq_v2.wire.Member`, on the network."""
 
-    def __init__(self, network: Network, index: int, url: str) -> None:
+    def __init__(self, network: Network, index: int, url: str, client: str = "") -> None:
         self.network = network
         self.index = index
         self.url = url
+        self.client = client
 
     def request(self, method: str, path: str, body: Optional[str],
                 timeout: float) -> Response:
+        self.network.resumed(self.client)
         deadline = self.network.sim.now + timeout
-        flight, = self.network.send(self.index, [(method, path, body)])
+        flight, = self.network.send(self.index, [(method, path, body)], self.client)
         return self.network.finish(flight, deadline)
 
     def request_all(self, requests: Sequence[_Request],
                     timeout: float) -> List[Union[Response, Exception]]:
         """All sent at once; ``timeout`` bounds the whole batch (as wire's)."""
+        self.network.resumed(self.client)
         deadline = self.network.sim.now + timeout
         return [_outcome(self.network.finish, flight, deadline)
-                for flight in self.network.send(self.index, requests)]
+                for flight in self.network.send(self.index, requests, self.client)]
 
     def pipeline(self, requests: Sequence[_Request], timeout: float, *, lanes: int,
                  depth: int) -> List[Tuple[Union[Response, Exception], float]]:
@@ -318,7 +356,7 @@ class SimMember:
             batch = [requests[n] for n in range(position, min(position + window, len(requests)))]
             position += len(batch)
             halted = False
-            for flight in self.network.send(self.index, batch):
+            for flight in self.network.send(self.index, batch, self.client, chained=True):
                 outcome = _outcome(self.network.finish, flight, sim.now + timeout)
                 results.append((outcome, sim.now - started))
                 halted = halted or isinstance(outcome, Exception) or \
@@ -330,7 +368,8 @@ class SimMember:
 
     def stream(self, path: str, idle_timeout: Optional[float],
                connect_timeout: float) -> Tuple["SimConnection", Response]:
-        return self.network.open_stream(self.index, path, idle_timeout, connect_timeout)
+        return self.network.open_stream(self.index, path, idle_timeout, connect_timeout,
+                                        self.client)
 
     def close(self) -> None:
         pass  # no pool to empty

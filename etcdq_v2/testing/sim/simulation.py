@@ -21,7 +21,7 @@ from ...transport import connect
 from ...wire import Member
 from . import invariants
 from .actors import History, Plan, consumer, producer
-from .cluster import Cluster
+from .cluster import SWEEP_PERIOD, Cluster
 from .invariants import Violation
 from .net import NO_FAULTS, FaultRates, Network
 from .runtime import Deadlock, SimRuntime
@@ -35,6 +35,8 @@ FAULTS_FOR = 60.0
 #: backoff (at most 2 s here), and the view's idle stream timeout and listing
 #: round (60 s each) for a follower whose stream went silent.
 LIVENESS_BOUND = 2 * LOCK_TTL + 60.0 + 30.0
+#: The most a member's clock is ahead of the simulation's (and the clients').
+MAX_SKEW = 1.5
 ROOT = "/etcdq"
 NAME = "q"
 
@@ -57,12 +59,18 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
              prepare: Optional[Callable[[SimRuntime], None]] = None) -> Result:
     """Run seed ``seed``; ``prepare(sim)`` runs first in the main sim-thread."""
     sim = SimRuntime(seed)
-    cluster = Cluster(3, start=0.0, shuffle=random.Random(f"shuffle-{seed}").shuffle)
+    clocks = random.Random(f"clocks-{seed}")
+    # Members' clocks a little apart (up to MAX_SKEW): a leader ahead expires locks early.
+    skews = [clocks.uniform(0.0, MAX_SKEW) if faults and clocks.random() < 0.5 else 0.0
+             for _ in range(3)]
+    cluster = Cluster(3, start=0.0, shuffle=random.Random(f"shuffle-{seed}").shuffle,
+                      skews=skews)
     faults_until = FAULTS_FOR if faults else 0.0
     network = Network(sim, cluster, random.Random(f"network-{seed}"),
                       rates=(rates or FaultRates()) if faults else NO_FAULTS,
                       faults_until=faults_until)
-    history = History()
+    # The clients' clocks are the simulation's (skew 0).
+    history = History(overlap=max(skews) + SWEEP_PERIOD + 1.0)
     plan = Plan(items, faults_until, LOCK_TTL, random.Random(f"actors-{seed}"))
     root = Layout(ROOT, NAME).root
     outcome: List[Optional[str]] = [None]
@@ -70,7 +78,7 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
     stop = [False]
 
     def queue(node: str) -> Queue:
-        transport = connect(network.urls(), runtime=sim, member_factory=cast(Callable[[str], Member], network.member),
+        transport = connect(network.urls(), runtime=sim, member_factory=cast(Callable[[str], Member], network.members_of(node)),
                             timeout=2.0)
         made = Queue(transport, NAME, prefix=ROOT, lock_ttl=LOCK_TTL,
                      node_id=f"{node}-{sim.token()[:6]}", completed_ttl=None, failed_ttl=None,
@@ -89,7 +97,7 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
                              args=(queue("p1"), "p1", plan, history, items - half, True))]
         takers = [sim.Thread(consumer, name=f"consumer-{n}",
                              args=(queue(f"c{n}"), f"c{n}", plan, history,
-                                   lambda: not stop[0]))
+                                   lambda: not stop[0], network))
                   for n in range(consumers)]
         for thread in threads + makers + takers:
             thread.start()
@@ -99,6 +107,7 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
         while True:
             sim.sleep(1.0)
             now = sim.now
+            history.check_live_claims(now)
             store = invariants.stored(cluster, root, now)
             if now >= faults_until and not store.work:
                 break
@@ -118,6 +127,10 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
         violations.append(Violation("no-deadlock", str(deadlock)))
     for name, died in sim.failures:
         violations.append(Violation("no-thread-died", f"{name}: {died!r}"))
+    seen: Dict[str, Violation] = {}  # the first of each name is enough
+    for name, detail in history.seen:
+        seen.setdefault(name, Violation(name, detail))
+    violations += list(seen.values())
     store = invariants.stored(cluster, root, sim.now)
     violations += invariants.check(history, store, invariants.fenced_commits(cluster, root),
                                    outcome[0])
