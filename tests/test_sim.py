@@ -31,8 +31,9 @@ def test_the_same_seed_gives_the_same_trace_byte_for_byte() -> None:
 
 
 def test_seeds_with_faults_break_no_invariant() -> None:
+    # The seeds the mutants below are found on, without the mutant: it is what breaks them.
     for seed in range(20):
-        result = simulate(seed, items=12)
+        result = simulate(seed)
         assert result.violations == [], (seed, result.violations)
         assert result.items > 0
 
@@ -55,7 +56,7 @@ def _first_found(name: str, seeds: int) -> List[str]:
     return []
 
 
-@pytest.mark.parametrize("name, seeds", [("f1-unfenced", 5), ("resend-lost-post", 20),
-                                         ("heartbeat-plain-refresh", 90)])
+@pytest.mark.parametrize("name, seeds", [("f1-unfenced", 5), ("resend-lost-post", 10),
+                                         ("lost-without-time-rule", 15), ("claim-unfenced", 5)])
 def test_a_known_defect_put_back_breaks_its_invariant(name: str, seeds: int) -> None:
     assert MUTANTS[name][3] in _first_found(name, seeds)

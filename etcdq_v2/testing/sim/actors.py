@@ -57,7 +57,8 @@ class History:
     #: the members' clock skew (a lock expires early by it) and a sweep.
     overlap: float = 0.0
     seq: int = 0
-    _overlapping: Dict[str, float] = field(default_factory=dict)
+    #: item -> (since when, the claims) of two or more open claims saying they are not lost.
+    _overlapping: Dict[str, Tuple[float, List[Claim]]] = field(default_factory=dict)
 
     def check_live_claims(self, now: float) -> None:
         """one-live-claim: of the open claims of an item, at most one says it is
@@ -68,7 +69,10 @@ class History:
             if len(live) < 2:
                 self._overlapping.pop(item, None)
                 continue
-            since = self._overlapping.setdefault(item, now)
+            since, were = self._overlapping.get(item, (now, live))
+            if were != live:  # another pair: its overlap starts now
+                since = now
+            self._overlapping[item] = (since, live)
             if now - since > self.overlap:
                 self.seen.append(("one-live-claim", f"from {since:.3f} to {now:.3f} "
                                   f"{len(live)} open claims of item {item} say they are "

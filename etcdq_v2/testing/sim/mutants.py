@@ -43,6 +43,24 @@ def _resend_post(original: Callable[..., Tuple[str, Version]]) -> Callable[..., 
     return post_item
 
 
+def _no_time_rule(original: Callable[..., float]) -> Callable[..., float]:
+    """Claim.lost without its time rule: a claim whose lock was not confirmed
+    for lock_ttl still says it holds it (only a failed request tells it)."""
+    def lock_left(self: Protocol, confirmed: float) -> float:
+        return float("inf") if confirmed > float("-inf") else float("-inf")
+    return lock_left
+
+
+def _claim_unfenced(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Writes of work/<id> other than F1 (C2, the re-fence, R0) without prevIndex:
+    a claim writes over whatever version is there."""
+    def put(self: Transport, key: str, value: Optional[str] = None, **kwargs: Any) -> Any:
+        if "/work/" in key and value is not None and '"o":' not in value:
+            kwargs.pop("prev_index", None)
+        return original(self, key, value, **kwargs)
+    return put
+
+
 #: name -> (class, attribute, replacement(original), invariant expected, what it puts back)
 MUTANTS: Dict[str, Tuple[type, str, Callable[[Any], Any], str, str]] = {
     "f1-unfenced": (Protocol, "_commit", lambda _: _f1_unfenced, "no-commit-after-reclaim",
@@ -51,6 +69,11 @@ MUTANTS: Dict[str, Tuple[type, str, Callable[[Any], Any], str, str]] = {
                                 "one-live-claim",
                                 "the heartbeat's refresh as a plain refresh, not a CAS on the "
                                 "lock's value"),
+    "lost-without-time-rule": (Protocol, "lock_left", _no_time_rule, "one-live-claim",
+                               "Claim.lost only from a failed request, not from lock_ttl "
+                               "passing without a confirmation"),
+    "claim-unfenced": (Transport, "put", _claim_unfenced, "no-hand-out-after-outcome",
+                       "C2, the re-fence and R0 without their prevIndex fence"),
     "resend-lost-post": (Protocol, "post_item", _resend_post, "stored-once",
                          "a put whose POST reply was lost sends it again"),
 }

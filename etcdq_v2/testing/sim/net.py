@@ -23,8 +23,10 @@ late           held on the way: the client times out (Lost), the member
 =============  ===============================================================
 
 and, by the courier thread (:meth:`Network.courier`): a member frozen for a
-while (a frozen leader is replaced), a member that lags, a restart (every
-watch on it ends), a stream cut or gone silent.  The courier also moves the
+while (a frozen leader is replaced), a member that lags and catches up by
+the log or by the leader's snapshot (its watches miss what the snapshot
+covered), a restart (every watch on it ends), a stream cut or gone silent.
+A client's whole process can be paused (:meth:`Network.pause`).  The courier also moves the
 cluster's time on (its TTL sweeps, its raft timeouts) when no request does.
 
 Every request and fault is a line of the runtime's trace, so the trace of a
@@ -68,11 +70,13 @@ class FaultRates:
     restart: float = 0.004
     cut_stream: float = 0.01
     silence_stream: float = 0.01
+    #: Of the lagging members, the share that catch up by a snapshot, not the log.
+    restore: float = 0.3
     #: A late request arrives this many seconds after it was sent, plus up to as much again.
     late_by: float = 8.0
 
 
-NO_FAULTS = FaultRates(0, 0, 0, 0, 0, 0, 0, 0, 0)
+NO_FAULTS = FaultRates(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 
 
 @dataclass
@@ -274,6 +278,13 @@ class Network:
         for member, at in list(self._unlag.items()):
             if at <= now or not self.faulty:
                 del self._unlag[member]
+                if self.faulty and self.rng.random() < self.rates.restore:
+                    # It catches up by the leader's snapshot: its open watches
+                    # miss every event the snapshot covered.
+                    self._struck("restore")
+                    self.note(f"restore m{member} from a snapshot")
+                    self.cluster.snapshot(now)
+                    self.cluster.restore_from_snapshot(member, now)
                 self.note(f"release m{member}")
                 self.cluster.release(member, now)
         leader = self.cluster.leader

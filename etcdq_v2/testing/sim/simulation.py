@@ -35,6 +35,8 @@ FAULTS_FOR = 60.0
 #: backoff (at most 2 s here), and the view's idle stream timeout and listing
 #: round (60 s each) for a follower whose stream went silent.
 LIVENESS_BOUND = 2 * LOCK_TTL + 60.0 + 30.0
+#: Virtual seconds between two checks of the invariants checked as the run goes.
+CHECK_EVERY = 0.25
 #: The most a member's clock is ahead of the simulation's (and the clients').
 MAX_SKEW = 1.5
 ROOT = "/etcdq"
@@ -52,6 +54,8 @@ class Result:
     faults: Dict[str, int] = field(default_factory=dict)
     errors: Dict[str, int] = field(default_factory=dict)
     items: int = 0
+    #: Virtual seconds from the end of the faults until work/ was empty (-1: never).
+    settled: float = -1.0
 
 
 def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = True,
@@ -76,6 +80,7 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
     outcome: List[Optional[str]] = [None]
     queues: List[Queue] = []
     stop = [False]
+    settled = [-1.0]
 
     def queue(node: str) -> Queue:
         transport = connect(network.urls(), runtime=sim, member_factory=cast(Callable[[str], Member], network.members_of(node)),
@@ -89,7 +94,13 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
     def main() -> None:
         if prepare is not None:
             prepare(sim)
-        threads = [sim.Thread(network.courier, name="courier")]
+        def checker() -> None:  # the invariants checked as the run goes
+            while True:
+                sim.sleep(CHECK_EVERY)
+                history.check_live_claims(sim.now)
+
+        threads = [sim.Thread(network.courier, name="courier"),
+                   sim.Thread(checker, name="checker")]
         half = items // 2
         makers = [sim.Thread(producer, name="producer-0",
                              args=(queue("p0"), "p0", plan, history, half, False)),
@@ -107,9 +118,9 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
         while True:
             sim.sleep(1.0)
             now = sim.now
-            history.check_live_claims(now)
             store = invariants.stored(cluster, root, now)
             if now >= faults_until and not store.work:
+                settled[0] = now - faults_until
                 break
             if now >= give_up:
                 outcome[0] = (f"{len(store.work)} items still in work/ at {now:.1f} s, "
@@ -137,4 +148,4 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
     requests = network.requests
     handovers = len(sim.trace) - network.notes
     return Result(seed, violations, sim.trace, handovers, requests, sim.now, network.faults,
-                  history.errors, len(history.puts))
+                  history.errors, len(history.puts), settled[0])
