@@ -19,8 +19,9 @@ no-hand-out-after-outcome  no claim was handed out whose C2 index is above the
                            work/<id> with its outcome), nor after a final
                            complete()/fail() of the item returned OK
 one-live-claim             of the open claims of one item, at most one says it is
-                           not lost (Claim.lost), checked at each hand-out and
-                           every virtual second
+                           not lost (Claim.lost) for longer than the clocks' skew
+                           allows, checked at each hand-out and every 0.25 s
+                           (History.check_live_claims)
 liveness                   once faults stop, every stored item has its record
                            in completed/ or failed/ within LIVENESS_BOUND
 no-thread-died             no sim-thread of the library died of an exception
