@@ -57,6 +57,7 @@ def _first_found(name: str, seeds: int) -> List[str]:
 
 
 @pytest.mark.parametrize("name, seeds", [("f1-unfenced", 5), ("resend-lost-post", 10),
-                                         ("lost-without-time-rule", 15), ("claim-unfenced", 5)])
+                                         ("lost-without-time-rule", 20), ("claim-unfenced", 20),
+                                         ("delay-lock-short", 5)])
 def test_a_known_defect_put_back_breaks_its_invariant(name: str, seeds: int) -> None:
     assert MUTANTS[name][3] in _first_found(name, seeds)

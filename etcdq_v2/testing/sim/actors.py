@@ -49,6 +49,10 @@ class History:
     hand_outs: List[HandOut] = field(default_factory=list)
     commits: List[Commit] = field(default_factory=list)
     errors: Dict[str, int] = field(default_factory=dict)
+    #: Delayed puts acknowledged: id -> (when put() was called, the delay).
+    delayed: Dict[str, Tuple[float, float]] = field(default_factory=dict)
+    #: cancel() calls that returned: (seq, item, its result).
+    cancels: List[Tuple[int, str, bool]] = field(default_factory=list)
     #: The claims handed out and not yet ended, by item.
     open: Dict[str, List[Claim]] = field(default_factory=dict)
     #: Violations seen during the run, by checks made as it goes: (name, detail).
@@ -108,6 +112,7 @@ def producer(queue: Queue, name: str, plan: Plan, history: History, count: int,
         payloads = [f"{name}-{made + n}" for n in range(size)]
         made += size
         delay = rng.choice([None, None, None, 1.0, 3.0]) if not batched else None
+        called = sim.monotonic()
         try:
             if batched:
                 ids = queue.put_many(payloads, in_flight=rng.choice([1, 2, 4]))
@@ -120,6 +125,8 @@ def producer(queue: Queue, name: str, plan: Plan, history: History, count: int,
             for item_id, payload in zip(ids, payloads):
                 history.next()
                 history.puts[item_id] = (sim.monotonic(), payload)
+                if delay:
+                    history.delayed[item_id] = (called, delay)
         # Spread over the faults' time, so that they strike puts and claims alike.
         sim.sleep(rng.uniform(0.0, 2.0 * max(plan.faults_until * 0.8, 2.0) * size / count))
 
@@ -166,3 +173,20 @@ def consumer(queue: Queue, name: str, plan: Plan, history: History,
             continue
         history.commits.append(Commit(history.next(), sim.monotonic(), claim.id, index, kind,
                                       claim.outcome))
+
+
+def canceller(queue: Queue, plan: Plan, history: History) -> None:
+    """While faults last, now and then cancels an item put so far (any state)."""
+    sim = queue.runtime
+    rng = plan.rng
+    while sim.monotonic() < plan.faults_until:
+        sim.sleep(rng.uniform(2.0, 8.0))
+        if not history.puts:
+            continue
+        item = rng.choice(sorted(history.puts))
+        try:
+            cancelled = queue.cancel(item)
+        except EtcdqError as exc:
+            history.error(exc)
+            continue
+        history.cancels.append((history.next(), item, cancelled))

@@ -22,6 +22,10 @@ one-live-claim             of the open claims of one item, at most one says it i
                            not lost (Claim.lost) for longer than the clocks' skew
                            allows, checked at each hand-out and every 0.25 s
                            (History.check_live_claims)
+delay-kept                 no delayed item was handed out before its delay passed,
+                           counted from its put() call, less the clocks' skew
+cancel-wins                no item that cancel() returned True for was handed out
+                           after it, nor completed OK
 liveness                   once faults stop, every stored item has its record
                            in completed/ or failed/ within LIVENESS_BOUND
 no-thread-died             no sim-thread of the library died of an exception
@@ -40,7 +44,7 @@ from .api import Request, answer_local
 from .cluster import Cluster
 
 NAMES = ("acknowledged-put-kept", "stored-once", "one-outcome", "no-commit-after-reclaim",
-         "no-hand-out-after-outcome", "one-live-claim", "liveness", "no-thread-died", "no-deadlock")
+         "no-hand-out-after-outcome", "one-live-claim", "delay-kept", "cancel-wins", "liveness", "no-thread-died", "no-deadlock")
 
 
 @dataclass
@@ -106,9 +110,12 @@ def _payload(value: str, record: bool) -> Optional[Any]:
 
 
 def check(history: History, store: Stored, commits: Dict[str, int],
-          live: Optional[str]) -> List[Violation]:
-    """Every violation of the run (``live``: why liveness failed, None if it held)."""
+          live: Optional[str], skew: float = 0.0) -> List[Violation]:
+    """Every violation of the run (``live``: why liveness failed, None if it held;
+    ``skew``: how far ahead of the clients' a member's clock may be)."""
     found: List[Violation] = []
+    found += _delay_kept(history, skew)
+    found += _cancel_wins(history)
     found += _kept(history, store)
     found += _once(store)
     found += _one_outcome(history, store)
@@ -181,3 +188,26 @@ def _no_hand_out_after_outcome(history: History, commits: Dict[str, int]) -> Ite
             yield Violation("no-hand-out-after-outcome",
                             f"item {out.item} was handed out to {out.consumer} at {out.time:.3f}, "
                             f"after its {done.kind}() returned OK at {done.time:.3f}")
+
+
+def _delay_kept(history: History, skew: float) -> Iterator[Violation]:
+    for out in history.hand_outs:
+        if out.item in history.delayed:
+            called, delay = history.delayed[out.item]
+            if out.time < called + delay - skew:
+                yield Violation("delay-kept", f"item {out.item}, put at {called:.3f} with a "
+                                f"delay of {delay:g} s, was handed out at {out.time:.3f}")
+
+
+def _cancel_wins(history: History) -> Iterator[Violation]:
+    for seq, item, cancelled in history.cancels:
+        if not cancelled:
+            continue
+        for out in history.hand_outs:
+            if out.item == item and out.seq > seq:
+                yield Violation("cancel-wins", f"item {item} was handed out to {out.consumer} "
+                                f"at {out.time:.3f}, after cancel() returned True")
+        for commit in history.commits:
+            if commit.item == item and commit.outcome == "completed":
+                yield Violation("cancel-wins", f"item {item} was completed OK at "
+                                f"{commit.time:.3f}, and cancel() returned True")

@@ -61,6 +61,13 @@ def _claim_unfenced(original: Callable[..., Any]) -> Callable[..., Any]:
     return put
 
 
+def _short_delay(original: Callable[..., Any]) -> Callable[..., Any]:
+    """D1 with a delay lock of 1 s, whatever the delay: a delayed item is claimable early."""
+    def put_delayed(self: Protocol, raw: str, token: str, ttl: int) -> Any:
+        return original(self, raw, token, 1)
+    return put_delayed
+
+
 #: name -> (class, attribute, replacement(original), invariant expected, what it puts back)
 MUTANTS: Dict[str, Tuple[type, str, Callable[[Any], Any], str, str]] = {
     "f1-unfenced": (Protocol, "_commit", lambda _: _f1_unfenced, "no-commit-after-reclaim",
@@ -74,6 +81,8 @@ MUTANTS: Dict[str, Tuple[type, str, Callable[[Any], Any], str, str]] = {
                                "passing without a confirmation"),
     "claim-unfenced": (Transport, "put", _claim_unfenced, "no-hand-out-after-outcome",
                        "C2, the re-fence and R0 without their prevIndex fence"),
+    "delay-lock-short": (Protocol, "put_delayed", _short_delay, "delay-kept",
+                         "a delayed put's lock of 1 s, whatever its delay"),
     "resend-lost-post": (Protocol, "post_item", _resend_post, "stored-once",
                          "a put whose POST reply was lost sends it again"),
 }

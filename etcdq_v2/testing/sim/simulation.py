@@ -20,7 +20,7 @@ from ...queue import Queue
 from ...transport import connect
 from ...wire import Member
 from . import invariants
-from .actors import History, Plan, consumer, producer
+from .actors import History, Plan, canceller, consumer, producer
 from .cluster import SWEEP_PERIOD, Cluster
 from .invariants import Violation
 from .net import NO_FAULTS, FaultRates, Network
@@ -110,6 +110,9 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
                              args=(queue(f"c{n}"), f"c{n}", plan, history,
                                    lambda: not stop[0], network))
                   for n in range(consumers)]
+        if faults:
+            threads.append(sim.Thread(canceller, name="canceller",
+                                      args=(queue("k"), plan, history)))
         for thread in threads + makers + takers:
             thread.start()
         for thread in makers:
@@ -144,7 +147,7 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
     violations += list(seen.values())
     store = invariants.stored(cluster, root, sim.now)
     violations += invariants.check(history, store, invariants.fenced_commits(cluster, root),
-                                   outcome[0])
+                                   outcome[0], max(skews) + SWEEP_PERIOD)
     requests = network.requests
     handovers = len(sim.trace) - network.notes
     return Result(seed, violations, sim.trace, handovers, requests, sim.now, network.faults,
