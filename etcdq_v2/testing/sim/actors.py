@@ -28,6 +28,7 @@ class HandOut:
     item: str
     index: int  # the claim's C2 index
     consumer: str
+    token: str = ""  # the claim's token, which its writes of work/<id> carry
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Commit:
     time: float
     item: str
     index: int  # the C2 index of the claim that committed
+    token: str  # its claim token
     kind: str  # complete, fail, release
     outcome: Optional[str]  # the claim's outcome after it: completed, failed, dead-lettered, released
 
@@ -148,7 +150,8 @@ def consumer(queue: Queue, name: str, plan: Plan, history: History,
         if claim is None:
             continue
         index = claim._state.index  # the C2 index: what the invariants key claims by
-        history.hand_outs.append(HandOut(history.next(), sim.monotonic(), claim.id, index, name))
+        history.hand_outs.append(HandOut(history.next(), sim.monotonic(), claim.id, index, name,
+                                         claim._state.lock.token))
         history.open.setdefault(claim.id, []).append(claim)
         history.check_live_claims(sim.monotonic())
         if sim.monotonic() < plan.faults_until and rng.random() < 0.1:
@@ -171,8 +174,8 @@ def consumer(queue: Queue, name: str, plan: Plan, history: History,
             if claim.outcome is None:
                 claim.abandon()
             continue
-        history.commits.append(Commit(history.next(), sim.monotonic(), claim.id, index, kind,
-                                      claim.outcome))
+        history.commits.append(Commit(history.next(), sim.monotonic(), claim.id, index,
+                                      claim._state.lock.token, kind, claim.outcome))
 
 
 def canceller(queue: Queue, plan: Plan, history: History) -> None:

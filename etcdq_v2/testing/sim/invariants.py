@@ -11,9 +11,11 @@ stored-once                no two stored items (work/, completed/, failed/) carr
                            one put's payload (each put has its own)
 one-outcome                no item is in both completed/ and failed/, and at most
                            one complete() or final fail() per item returned OK
-no-commit-after-reclaim    no complete(), fail() or release() returned OK from a
-                           claim whose item was handed out to a newer claim
-                           (a larger C2 index) before it returned
+no-commit-after-reclaim    no complete() or final fail() returned OK from a claim
+                           whose item was handed out to a newer claim (a larger
+                           C2 index) before it returned; no release() or fail()
+                           to retry did from one whose item a newer claim took
+                           before its give-back's write applied
 no-hand-out-after-outcome  no claim was handed out whose C2 index is above the
                            index of its item's fenced commit (F1, the write of
                            work/<id> with its outcome), nor after a final
@@ -102,6 +104,28 @@ def fenced_commits(cluster: Cluster, root: str) -> Dict[str, int]:
     return found
 
 
+def claim_writes(cluster: Cluster, root: str) -> Dict[Tuple[str, str], int]:
+    """(item id, claim token) -> the index of the last write of work/<id> carrying
+    that claim's token that applied (its C2, re-fence, R0 or a retry's give-back)."""
+    prefix = f"{root}/work/"
+    found: Dict[Tuple[str, str], int] = {}
+    for entry in cluster.log:
+        request, pending = entry.request, entry.pending
+        if request is None or pending is None or pending.reply is None:
+            continue
+        if request.method != "PUT" or not request.key.startswith(prefix):
+            continue
+        if pending.reply.status not in (200, 201):
+            continue
+        try:
+            token = json.loads(request.value).get("c")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(token, str):
+            found[(request.key[len(prefix):], token)] = int(pending.reply.headers["x-etcd-index"])
+    return found
+
+
 def _payload(value: str, record: bool) -> Optional[Any]:
     try:
         return Record.decode(value).payload if record else Item.decode(value).payload
@@ -110,7 +134,8 @@ def _payload(value: str, record: bool) -> Optional[Any]:
 
 
 def check(history: History, store: Stored, commits: Dict[str, int],
-          live: Optional[str], skew: float = 0.0) -> List[Violation]:
+          live: Optional[str], skew: float = 0.0,
+          writes: Optional[Dict[Tuple[str, str], int]] = None) -> List[Violation]:
     """Every violation of the run (``live``: why liveness failed, None if it held;
     ``skew``: how far ahead of the clients' a member's clock may be)."""
     found: List[Violation] = []
@@ -119,7 +144,7 @@ def check(history: History, store: Stored, commits: Dict[str, int],
     found += _kept(history, store)
     found += _once(store)
     found += _one_outcome(history, store)
-    found += _no_commit_after_reclaim(history)
+    found += _no_commit_after_reclaim(history, writes or {})
     found += _no_hand_out_after_outcome(history, commits)
     if live is not None:
         found.append(Violation("liveness", live))
@@ -160,10 +185,18 @@ def _one_outcome(history: History, store: Stored) -> Iterator[Violation]:
             yield Violation("one-outcome", f"{count} final commits of item {item} returned OK")
 
 
-def _no_commit_after_reclaim(history: History) -> Iterator[Violation]:
+def _no_commit_after_reclaim(history: History,
+                             writes: Dict[Tuple[str, str], int]) -> Iterator[Violation]:
+    """A final commit: no newer claim handed out before it returned.  A give-back
+    (release, a fail to retry): none whose C2 applied before the give-back's
+    last write of the item (``writes``): one after it took the item back fairly."""
     for commit in history.commits:
+        final = commit.outcome in ("completed", "dead-lettered")
+        given_back = writes.get((commit.item, commit.token), commit.index)
         for out in history.hand_outs:
-            if out.item == commit.item and out.index > commit.index and out.seq < commit.seq:
+            if out.item != commit.item or out.index <= commit.index or out.seq > commit.seq:
+                continue
+            if final or out.index < given_back:
                 yield Violation("no-commit-after-reclaim",
                                 f"{commit.kind}() of item {commit.item} by the claim of C2 index "
                                 f"{commit.index} returned OK at {commit.time:.3f}, after the "

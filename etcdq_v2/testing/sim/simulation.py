@@ -147,7 +147,8 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
     violations += list(seen.values())
     store = invariants.stored(cluster, root, sim.now)
     violations += invariants.check(history, store, invariants.fenced_commits(cluster, root),
-                                   outcome[0], max(skews) + SWEEP_PERIOD)
+                                   outcome[0], max(skews) + SWEEP_PERIOD,
+                                   invariants.claim_writes(cluster, root))
     requests = network.requests
     handovers = len(sim.trace) - network.notes
     return Result(seed, violations, sim.trace, handovers, requests, sim.now, network.faults,
