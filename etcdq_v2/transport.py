@@ -236,7 +236,8 @@ class Transport:
                  deadline: Optional[float] = None, ca_cert: Optional[str] = None,
                  cert: Optional[str] = None, key: Optional[str] = None,
                  username: Optional[str] = None, password: Optional[str] = None,
-                 runtime: Runtime = SYSTEM) -> None:
+                 runtime: Runtime = SYSTEM,
+                 member_factory: Optional[Callable[[str], Member]] = None) -> None:
         #: The clocks, locks and randomness of this client and the queues on it.
         self.runtime = runtime
         self.endpoints = parse_endpoints(endpoints)
@@ -245,7 +246,10 @@ class Transport:
         self.timeout = float(timeout)
         self.deadline = float(deadline) if deadline else 3 * self.timeout
         tls = tls_context(ca_cert, cert, key) if (ca_cert or cert or key) else None
-        self._members = [Member(url, tls=tls, username=username, password=password)
+        # member_factory(url): what carries the requests to each endpoint
+        # instead of wire.Member (the simulator's network); None: the real one.
+        self._members = [member_factory(url) if member_factory is not None else
+                         Member(url, tls=tls, username=username, password=password)
                          for url in self.endpoints]
         self._current = 0
         self._lock = runtime.Lock()
@@ -818,14 +822,19 @@ def connect(endpoints: Union[str, Sequence[str]], *, ca_cert: Optional[str] = No
             cert: Optional[str] = None, key: Optional[str] = None,
             username: Optional[str] = None, password: Optional[str] = None,
             timeout: float = 5.0, deadline: Optional[float] = None,
-            runtime: Runtime = SYSTEM) -> Transport:
+            runtime: Runtime = SYSTEM,
+            member_factory: Optional[Callable[[str], Member]] = None) -> Transport:
     """A client for ``endpoints`` ("http://a:2379,http://b:2379", https for TLS).
 
     ``timeout`` bounds each request; a call that cannot succeed within
     ``deadline`` seconds (default ``3 * timeout``), retrying on the other
     members, raises :class:`~etcdq_v2.errors.Unavailable`.  ``runtime``: the
     clocks, threads and randomness of the client and of the queues on it
-    (:mod:`etcdq_v2.runtime`; default the real ones).
+    (:mod:`etcdq_v2.runtime`; default the real ones).  ``member_factory``:
+    ``f(url)`` returns what carries the requests to that endpoint, with
+    :class:`etcdq_v2.wire.Member`'s methods and errors (default: a
+    wire.Member); the simulator passes its network's
+    (:mod:`etcdq_v2.testing.sim.net`).
     """
     for path in (ca_cert, cert, key):
         if path is not None and not os.path.isfile(path):
@@ -835,4 +844,5 @@ def connect(endpoints: Union[str, Sequence[str]], *, ca_cert: Optional[str] = No
     _check_cleartext(parse_endpoints(endpoints), tls=any((ca_cert, cert, key)),
                      auth=username is not None)
     return Transport(endpoints, timeout=timeout, deadline=deadline, ca_cert=ca_cert, cert=cert,
-                     key=key, username=username, password=password, runtime=runtime)
+                     key=key, username=username, password=password, runtime=runtime,
+                     member_factory=member_factory)

@@ -51,8 +51,10 @@ def _events(reply: Reply) -> List[Dict[str, Any]]:
 
 
 def test_the_model_imports_no_io_clock_or_randomness() -> None:
-    # runtime.py is the simulator's scheduler, not the model: its job is threads.
-    for source in sorted(p for p in SIM_DIR.glob("*.py") if p.name != "runtime.py"):
+    # The model's modules; the simulator around it (runtime.py, the scheduler,
+    # whose job is threads; net, actors, invariants, simulation, the CLI) is not.
+    model = ("__init__.py", "api.py", "cluster.py", "gojson.py", "store.py")
+    for source in sorted(p for p in SIM_DIR.glob("*.py") if p.name in model):
         tree = ast.parse(source.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):

@@ -191,6 +191,13 @@ class SimRuntime(Runtime):
     def token(self) -> str:
         return f"{self._tokens.getrandbits(96):024x}"
 
+    def wait_until(self, ready: Callable[[], bool], what: str,
+                   timeout: Optional[float] = None) -> bool:
+        """Block the calling sim-thread until ``ready()`` (True) or ``timeout``
+        virtual seconds pass (False): for simulated devices (the network of
+        :mod:`.net`), whose state other sim-threads change."""
+        return ready() or self._block(ready, what, timeout)
+
     # -- the scheduler ---------------------------------------------------------
     def current(self) -> _SimThread:
         """The calling sim-thread (RuntimeError from any other thread)."""

@@ -1,0 +1,457 @@
+"""The simulated network between the library's Transport and the model cluster.
+
+:class:`Network` gives each endpoint a :class:`SimMember`, which has the
+methods of :class:`etcdq_v2.wire.Member` that transport.py calls (request,
+request_all, pipeline, stream, close) and raises what it would: NotSent when
+nothing reached the member, Lost when the request may have been applied and
+no whole reply came (``timed_out`` for a timeout).  A request is handed to
+the model (:meth:`Cluster.request`) at the SimRuntime's virtual time after a
+simulated latency, and the calling sim-thread blocks (virtually) until the
+member answers or its timeout passes.  A stream is a :class:`SimConnection`
+on the model's Watcher: its reader blocks until events come, the watch ends,
+another thread closes it, or its idle timeout passes.
+
+Faults are drawn from the network's seeded ``random.Random`` while
+``virtual time < faults_until``:
+
+=============  ===============================================================
+refuse         NotSent: the connection was refused, nothing was sent
+reset          Lost: the connection broke before the member received it
+lost_reply     the member applied it, the reply never came: Lost
+late           held on the way: the client times out (Lost), the member
+               receives it ``late`` seconds later (past a lock TTL)
+=============  ===============================================================
+
+and, by the courier thread (:meth:`Network.courier`): a member frozen for a
+while (a frozen leader is replaced), a member that lags and catches up by
+the log or by the leader's snapshot (its watches miss what the snapshot
+covered), a restart (every watch on it ends), a stream cut or gone silent.
+A client's whole process can be paused (:meth:`Network.pause`).  The courier also moves the
+cluster's time on (its TTL sweeps, its raft timeouts) when no request does.
+
+Every request and fault is a line of the runtime's trace, so the trace of a
+run holds both the hand-overs and the requests, in order.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+from ...wire import Lost, NotSent, Refused, Response
+from .cluster import SWEEP_PERIOD, Cluster, Pending
+from .runtime import SimRuntime
+from .store import Watcher
+
+_Request = Tuple[str, str, Optional[str]]
+
+
+class Fault(Enum):
+    """What the network does to one request."""
+
+    REFUSE = "refuse"
+    RESET = "reset"
+    LOST_REPLY = "lost_reply"
+    LATE = "late"
+
+
+@dataclass
+class FaultRates:
+    """How often each fault strikes while faults last (per request, or per
+    courier tick of ``tick`` seconds for the member and stream faults)."""
+
+    refuse: float = 0.01
+    reset: float = 0.01
+    lost_reply: float = 0.02
+    late: float = 0.005
+    freeze: float = 0.01
+    lag: float = 0.01
+    restart: float = 0.004
+    cut_stream: float = 0.01
+    silence_stream: float = 0.01
+    #: Of the lagging members, the share that catch up by a snapshot, not the log.
+    restore: float = 0.3
+    #: A late request arrives this many seconds after it was sent, plus up to as much again.
+    late_by: float = 8.0
+
+
+NO_FAULTS = FaultRates(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+
+@dataclass
+class _Flight:
+    """One request on its way: its fault, and its Pending once delivered."""
+
+    member: int
+    request: _Request
+    fault: Optional[Fault]
+    sent: float
+    pending: Optional[Pending] = None
+    error: Optional[Exception] = None
+
+
+class Network:
+    """The endpoints ``http://m<n>:2379`` of ``cluster``'s members, with faults."""
+
+    def __init__(self, sim: SimRuntime, cluster: Cluster, rng: random.Random, *,
+                 rates: FaultRates = NO_FAULTS, faults_until: float = 0.0,
+                 latency: Tuple[float, float] = (0.0005, 0.003)) -> None:
+        self.sim = sim
+        self.cluster = cluster
+        self.rng = rng
+        self.rates = rates
+        self.faults_until = faults_until
+        self.latency = latency
+        #: Requests handed to the network (each retry is one), and faults struck, by kind.
+        self.requests = 0
+        self.faults: Dict[str, int] = {}
+        self.opened = 0
+        #: Lines this network added to the trace (the rest are hand-overs).
+        self.notes = 0
+        self._late: List[Tuple[float, _Flight]] = []
+        self._streams: List["SimConnection"] = []
+        self._paused: Dict[str, float] = {}
+        self._thaw: Dict[int, float] = {}
+        self._unlag: Dict[int, float] = {}
+
+    # -- endpoints ---------------------------------------------------------------
+    def urls(self) -> List[str]:
+        return [f"http://m{n}:2379" for n in range(len(self.cluster.members))]
+
+    def members_of(self, client: str) -> Callable[[str], "SimMember"]:
+        """The member_factory for :func:`etcdq_v2.transport.connect` of ``client``
+        (a process: :meth:`pause` stops all its requests)."""
+        def member(url: str) -> SimMember:
+            return SimMember(self, int(url.split("//m", 1)[1].split(":", 1)[0]), url, client)
+        return member
+
+    def resumed(self, client: str) -> None:
+        """Return once ``client``'s process runs: a stopped one sends nothing,
+        and its timeouts count from when it resumes."""
+        resume = self._paused.get(client, 0.0)
+        if resume > self.sim.now:
+            self.sim.sleep(resume - self.sim.now)
+
+    def pause(self, client: str, seconds: float) -> None:
+        """``client``'s process stops (SIGSTOP) for ``seconds``: every thread of it
+        that sends a request meanwhile sends it only when it resumes, its
+        heartbeat's included."""
+        self._paused[client] = max(self._paused.get(client, 0.0), self.sim.now + seconds)
+        self._struck("pause")
+        self.note(f"pause {client} until {self._paused[client]:.3f}")
+
+    @property
+    def faulty(self) -> bool:
+        return self.sim.now < self.faults_until
+
+    def note(self, line: str) -> None:
+        self.notes += 1
+        self.sim.trace.append(f"{self.sim.now:.6f} {line}")
+
+    def _struck(self, kind: str) -> None:
+        self.faults[kind] = self.faults.get(kind, 0) + 1
+
+    # -- one exchange ------------------------------------------------------------
+    def _fault(self) -> Optional[Fault]:
+        if not self.faulty:
+            return None
+        draw = self.rng.random()
+        for fault in Fault:
+            rate = getattr(self.rates, fault.value)
+            if draw < rate:
+                self._struck(fault.value)
+                return fault
+            draw -= rate
+        return None
+
+    def _trip(self) -> None:
+        """One way across the network."""
+        self.sim.sleep(self.rng.uniform(*self.latency))
+
+    def send(self, member: int, requests: Sequence[_Request], client: str = "",
+             chained: bool = False) -> List[_Flight]:
+        """The requests, sent together: one trip, then each delivered (or not).
+
+        ``chained`` (a pipeline): they share connections, so from one that is
+        refused on, none is sent (wire's NotSent are always the last ones).
+        """
+        self.resumed(client)
+        flights: List[_Flight] = []
+        refused = False
+        for method, path, body in requests:
+            if refused:
+                flights.append(_Flight(member, (method, path, body), None, self.sim.now,
+                                       error=NotSent("not sent: an earlier request of the "
+                                                     "pipeline failed")))
+                continue
+            self.requests += 1
+            fault = self._fault()
+            refused = chained and fault is Fault.REFUSE
+            self.note(f"{self.sim.current().name} {method} m{member} {path}"
+                      + (f" {body}" if body else "") + (f" !{fault.value}" if fault else ""))
+            flights.append(_Flight(member, (method, path, body), fault, self.sim.now))
+        self._trip()
+        for flight in flights:
+            self._deliver(flight)
+        return flights
+
+    def _deliver(self, flight: _Flight) -> None:
+        if flight.error is not None:
+            return
+        if flight.fault is Fault.REFUSE:
+            flight.error = NotSent("cannot connect: [Errno 111] Connection refused (simulated)")
+        elif flight.fault is Fault.RESET:
+            flight.error = Lost("ConnectionResetError: reset before the member received it "
+                                "(simulated)")
+        elif flight.fault is Fault.LATE:
+            late = self.rates.late_by * (1 + self.rng.random())
+            self._late.append((self.sim.now + late, flight))
+        else:
+            self._hand(flight)
+
+    def _hand(self, flight: _Flight) -> None:
+        method, path, body = flight.request
+        try:
+            flight.pending = self.cluster.request(flight.member, method, path, body, self.sim.now)
+        except ConnectionRefusedError:
+            flight.error = Refused("cannot connect: [Errno 111] Connection refused (simulated)")
+
+    def finish(self, flight: _Flight, deadline: float) -> Response:
+        """The flight's reply by ``deadline`` (virtual), or what wire would raise."""
+        if flight.error is not None:
+            raise flight.error
+        pending = flight.pending
+        if pending is None or not self.sim.wait_until(
+                lambda: pending.done, "a reply", max(deadline - self.sim.now, 0.0)):
+            raise Lost("timed out waiting for the reply", timed_out=True)
+        reply = pending.reply
+        assert reply is not None
+        self._trip()
+        if flight.fault is Fault.LOST_REPLY:
+            raise Lost("ConnectionResetError: reset after the request was sent (simulated)")
+        return Response(reply.status, dict(reply.headers), reply.body)
+
+    # -- streams -------------------------------------------------------------------
+    def open_stream(self, member: int, path: str, idle_timeout: Optional[float],
+                    connect_timeout: float, client: str = "") -> Tuple["SimConnection", Response]:
+        self.resumed(client)
+        flight, = self.send(member, [("GET", path, None)], client)
+        if flight.fault is Fault.LOST_REPLY:
+            flight.fault = None  # a stream's lost reply is a cut stream (the courier's)
+        response = self.finish(flight, self.sim.now + connect_timeout)
+        assert flight.pending is not None and flight.pending.reply is not None
+        connection = SimConnection(self, flight.pending.reply.watch, response.body, idle_timeout)
+        if connection.watcher is not None:
+            self._streams.append(connection)
+            self.opened += 1
+            connection.number = self.opened
+            self.note(f"stream #{connection.number} opens")
+        if response.status != 200:
+            connection.close()
+        return connection, response
+
+    # -- the courier ---------------------------------------------------------------
+    def courier(self) -> None:
+        """A sim-thread: moves the cluster's time on, delivers late requests,
+        and strikes the member and stream faults, every sweep period."""
+        while True:
+            self.sim.sleep(SWEEP_PERIOD)
+            now = self.sim.now
+            self.cluster.advance(now)
+            due = [flight for at, flight in self._late if at <= now]
+            self._late = [(at, flight) for at, flight in self._late if at > now]
+            for flight in due:
+                self.note(f"late {flight.request[0]} m{flight.member} {flight.request[1]} arrives")
+                self._hand(flight)
+            self._mend(now)
+            if self.faulty:
+                self._strike(now)
+            self._streams = [s for s in self._streams if not s.closed]
+
+    def _mend(self, now: float) -> None:
+        for member, at in list(self._thaw.items()):
+            if at <= now or not self.faulty:
+                del self._thaw[member]
+                self.note(f"thaw m{member}")
+                self.cluster.thaw(member, now)
+        for member, at in list(self._unlag.items()):
+            if at <= now or not self.faulty:
+                del self._unlag[member]
+                if self.faulty and self.rng.random() < self.rates.restore:
+                    # It catches up by the leader's snapshot: its open watches
+                    # miss every event the snapshot covered.
+                    self._struck("restore")
+                    self.note(f"restore m{member} from a snapshot")
+                    self.cluster.snapshot(now)
+                    self.cluster.restore_from_snapshot(member, now)
+                self.note(f"release m{member}")
+                self.cluster.release(member, now)
+        leader = self.cluster.leader
+        if leader is not None and self.cluster.members[leader].frozen:
+            others = [n for n, m in enumerate(self.cluster.members) if m.working]
+            if others:  # raft elects a working member within an election timeout
+                self.note(f"elect m{others[0]}")
+                self.cluster.elect(others[0], now)
+
+    def _strike(self, now: float) -> None:
+        rates, rng = self.rates, self.rng
+        size = len(self.cluster.members)
+        if rng.random() < rates.freeze:
+            member = rng.randrange(size)
+            if member not in self._thaw and sum(m.frozen for m in self.cluster.members) < size - 1:
+                self._thaw[member] = now + rng.uniform(1.0, 15.0)
+                self._struck("freeze")
+                self.note(f"freeze m{member} until {self._thaw[member]:.3f}")
+                self.cluster.freeze(member, now)
+        if rng.random() < rates.lag and size > 1:
+            member = rng.randrange(size)
+            if member not in self._unlag and member != self.cluster.leader:
+                self._unlag[member] = now + rng.uniform(0.5, 10.0)
+                self._struck("lag")
+                self.note(f"hold m{member} until {self._unlag[member]:.3f}")
+                self.cluster.hold(member)
+        if rng.random() < rates.restart:
+            member = rng.randrange(size)
+            if self.cluster.members[member].working:
+                self._struck("restart")
+                self.note(f"restart m{member}")
+                self.cluster.restart(member, now)
+        live = [s for s in self._streams if not s.closed]
+        if live and rng.random() < rates.cut_stream:
+            stream = rng.choice(live)
+            self._struck("cut_stream")
+            self.note(f"cut stream #{stream.number}")
+            stream.cut = True
+        if live and rng.random() < rates.silence_stream:
+            stream = rng.choice(live)
+            stream.silent_until = now + rng.uniform(1.0, 90.0)
+            self._struck("silence_stream")
+            self.note(f"silence stream #{stream.number} until {stream.silent_until:.3f}")
+
+
+class SimMember:
+    """What transport.py needs of a :class:`etcdq_v2.wire.Member`, on the network."""
+
+    def __init__(self, network: Network, index: int, url: str, client: str = "") -> None:
+        self.network = network
+        self.index = index
+        self.url = url
+        self.client = client
+
+    def request(self, method: str, path: str, body: Optional[str],
+                timeout: float) -> Response:
+        self.network.resumed(self.client)
+        deadline = self.network.sim.now + timeout
+        flight, = self.network.send(self.index, [(method, path, body)], self.client)
+        return self.network.finish(flight, deadline)
+
+    def request_all(self, requests: Sequence[_Request],
+                    timeout: float) -> List[Union[Response, Exception]]:
+        """All sent at once; ``timeout`` bounds the whole batch (as wire's)."""
+        self.network.resumed(self.client)
+        deadline = self.network.sim.now + timeout
+        return [_outcome(self.network.finish, flight, deadline)
+                for flight in self.network.send(self.index, requests, self.client)]
+
+    def pipeline(self, requests: Sequence[_Request], timeout: float, *, lanes: int,
+                 depth: int) -> List[Tuple[Union[Response, Exception], float]]:
+        """In order, ``lanes`` x ``depth`` at a time; from the first that fails
+        (no reply, or not 2xx) on, nothing more is sent (NotSent)."""
+        results: List[Tuple[Union[Response, Exception], float]] = []
+        window = max(1, lanes) * max(1, depth)
+        sim = self.network.sim
+        position = 0
+        while position < len(requests):
+            started = sim.now
+            batch = [requests[n] for n in range(position, min(position + window, len(requests)))]
+            position += len(batch)
+            halted = False
+            for flight in self.network.send(self.index, batch, self.client, chained=True):
+                outcome = _outcome(self.network.finish, flight, sim.now + timeout)
+                results.append((outcome, sim.now - started))
+                halted = halted or isinstance(outcome, Exception) or \
+                    not 200 <= outcome.status < 300
+            if halted:
+                break
+        unsent = NotSent("not sent: an earlier request of the pipeline failed")
+        return results + [(unsent, 0.0)] * (len(requests) - len(results))
+
+    def stream(self, path: str, idle_timeout: Optional[float],
+               connect_timeout: float) -> Tuple["SimConnection", Response]:
+        return self.network.open_stream(self.index, path, idle_timeout, connect_timeout,
+                                        self.client)
+
+    def close(self) -> None:
+        pass  # no pool to empty
+
+
+def _outcome(finish: Any, flight: _Flight, deadline: float) -> Union[Response, Exception]:
+    try:
+        result: Response = finish(flight, deadline)
+        return result
+    except (NotSent, Lost) as exc:
+        return exc
+
+
+@dataclass(eq=False)
+class SimConnection:
+    """A stream's or a listing's connection: wire.Connection's reading side.
+
+    A watch's events come from its Watcher; a listing's body is whole
+    already (``body``).  ``cut``: the network broke it (the reader gets
+    Lost); ``silent_until``: nothing arrives before then.
+    """
+
+    network: Network
+    watcher: Optional[Watcher]
+    body: bytes
+    timeout: Optional[float]
+    closed: bool = False
+    cut: bool = False
+    silent_until: float = 0.0
+    number: int = 0
+
+    def set_timeout(self, timeout: Optional[float]) -> None:
+        self.timeout = timeout
+
+    def pieces(self, headers: Dict[str, str]) -> Iterator[bytes]:
+        """A listing's body (wire.Connection.pieces)."""
+        for start in range(0, len(self.body), 1 << 16):
+            yield self.body[start:start + (1 << 16)]
+
+    def blocks(self) -> Iterator[bytes]:
+        """Blocks of whole event lines until the watch ends, the connection is
+        closed or cut (Lost), or ``timeout`` passes without one (Lost, timed out)."""
+        watcher = self.watcher
+        if watcher is None:
+            return
+        sim = self.network.sim
+        while True:
+            if not sim.wait_until(self._readable, f"stream #{self.number}", self.timeout):
+                raise Lost("timed out waiting for the reply", timed_out=True)
+            if self.closed or self.cut:
+                raise Lost("the member closed the connection")
+            lines = watcher.take()
+            if lines:
+                self.network.note(f"stream #{self.number} gives {len(lines)} events")
+                yield b"".join(lines)
+            elif watcher.ended:
+                raise Lost("the member closed the connection")
+
+    def _readable(self) -> bool:
+        if self.closed or self.cut:
+            return True
+        if self.network.sim.now < self.silent_until:
+            return False
+        assert self.watcher is not None
+        return bool(self.watcher.pending) or self.watcher.ended
+
+    def interrupt(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.watcher is not None:
+                self.watcher.close()
