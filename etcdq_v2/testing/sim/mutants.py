@@ -9,7 +9,7 @@ takes.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from ...errors import AmbiguousWrite, CompareFailed, KeyMissing
 from ...protocol import Entry, Protocol, Version
@@ -26,10 +26,13 @@ def _f1_unfenced(self: Protocol, state: Any, kind: str, marked: str) -> Optional
         return self._our_commit(state, kind)
 
 
-def _plain_refresh(self: Transport, locks: Any, *, ttl: int, timeout: float) -> List[Any]:
+def _plain_refresh(original: Callable[..., Any]) -> Callable[..., Any]:
     """The heartbeat's refresh without its prevValue: it refreshes whoever's lock is there."""
-    calls = [(key, {"ttl": ttl, "refresh": True, "prevExist": True}) for key, _ in locks]
-    return self._all("PUT", calls, timeout=timeout, redo=False)
+    def put(self: Transport, key: str, value: Optional[str] = None, **kwargs: Any) -> Any:
+        if "/locks/" in key and kwargs.get("refresh"):
+            kwargs.pop("prev_value", None)
+        return original(self, key, value, **kwargs)
+    return put
 
 
 def _resend_post(original: Callable[..., Tuple[str, Version]]) -> Callable[..., Tuple[str, Version]]:
@@ -72,7 +75,7 @@ def _short_delay(original: Callable[..., Any]) -> Callable[..., Any]:
 MUTANTS: Dict[str, Tuple[type, str, Callable[[Any], Any], str, str]] = {
     "f1-unfenced": (Protocol, "_commit", lambda _: _f1_unfenced, "no-commit-after-reclaim",
                     "F1 (the commit of an outcome on work/<id>) without its prevIndex fence"),
-    "heartbeat-plain-refresh": (Transport, "refresh_all", lambda _: _plain_refresh,
+    "heartbeat-plain-refresh": (Transport, "put", _plain_refresh,
                                 "one-live-claim",
                                 "the heartbeat's refresh as a plain refresh, not a CAS on the "
                                 "lock's value"),
