@@ -161,7 +161,7 @@ class Claim:
 
     def _returned(self, back: GivenBack) -> None:
         """Tell the view when the item is claimable again: a quiet view hears
-        of no lock's expiry, and would offer it up to a lock TTL late (review rv7)."""
+        of no lock's expiry, and would offer it up to a lock TTL late."""
         if self._view is not None:
             self._view.returned(self.id, *back)
 

@@ -85,44 +85,42 @@ def stored(cluster: Cluster, root: str, now: float) -> Stored:
     return Stored(dirs["work"], dirs["completed"], dirs["failed"])
 
 
-def fenced_commits(cluster: Cluster, root: str) -> Dict[str, int]:
-    """Item id -> the index of the first write of work/<id> with its outcome
-    ("o") that applied: F1, read from the committed log and its replies."""
+def _work_writes(cluster: Cluster, root: str) -> Iterator[Tuple[str, str, int]]:
+    """(item id, value written, index) of each PUT of work/<id> that applied, in
+    the committed log's order (read from the log and its replies)."""
     prefix = f"{root}/work/"
-    found: Dict[str, int] = {}
     for entry in cluster.log:
         request, pending = entry.request, entry.pending
         if request is None or pending is None or pending.reply is None:
             continue
         if request.method != "PUT" or not request.key.startswith(prefix):
             continue
-        if pending.reply.status not in (200, 201) or '"o":' not in request.value:
-            continue
-        item = request.key[len(prefix):]
-        index = int(pending.reply.headers["x-etcd-index"])
-        found[item] = min(index, found.get(item, index))
+        if pending.reply.status in (200, 201):
+            yield (request.key[len(prefix):], request.value,
+                   int(pending.reply.headers["x-etcd-index"]))
+
+
+def fenced_commits(cluster: Cluster, root: str) -> Dict[str, int]:
+    """Item id -> the index of the first write of work/<id> with its outcome
+    ("o") that applied: F1."""
+    found: Dict[str, int] = {}
+    for item, value, index in _work_writes(cluster, root):
+        if '"o":' in value:
+            found[item] = min(index, found.get(item, index))
     return found
 
 
 def claim_writes(cluster: Cluster, root: str) -> Dict[Tuple[str, str], int]:
     """(item id, claim token) -> the index of the last write of work/<id> carrying
     that claim's token that applied (its C2, re-fence, R0 or a retry's give-back)."""
-    prefix = f"{root}/work/"
     found: Dict[Tuple[str, str], int] = {}
-    for entry in cluster.log:
-        request, pending = entry.request, entry.pending
-        if request is None or pending is None or pending.reply is None:
-            continue
-        if request.method != "PUT" or not request.key.startswith(prefix):
-            continue
-        if pending.reply.status not in (200, 201):
-            continue
+    for item, value, index in _work_writes(cluster, root):
         try:
-            token = json.loads(request.value).get("c")
+            token = json.loads(value).get("c")
         except (ValueError, AttributeError):
             continue
         if isinstance(token, str):
-            found[(request.key[len(prefix):], token)] = int(pending.reply.headers["x-etcd-index"])
+            found[(item, token)] = index
     return found
 
 
