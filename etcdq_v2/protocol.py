@@ -249,22 +249,34 @@ import contextlib
 import json
 import logging
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple,
                     Union)
 
-from .codec import (IN_LOCK, IN_RECORD, Item, Junk, Lock, Record, check_outcome, failure_text,
+from .codec import (IN_LOCK, Item, Junk, Lock, Record, check_outcome, failure_text,
                     tombstone, tombstone_token)
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdFailure,
                      EtcdqError, EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
                      Unavailable)
 from .keys import DIRS, Layout, check_item_id, check_prefix, is_queue_name
+from .driver import run
 from .runtime import SYSTEM
+# Re-exported: the names callers know the protocol's by.
+from .steps import COMPLETED as COMPLETED
+from .steps import FAILED as FAILED
+from .steps import LINGER_MAX as LINGER_MAX
+from .steps import TOMBSTONE_TTL as TOMBSTONE_TTL
+from .steps import ClaimState as ClaimState
+from .steps import Entry as Entry
+from .steps import Gone as Gone
+from .steps import Held, Steps
+from .steps import Taken as Taken
+from .steps import Version as Version
+from .steps import item_fields as item_fields
 from .transport import EventStream, Node, Reply, Transport, UndecodableReply
 
 log = logging.getLogger("etcdq_v2.protocol")
 
-COMPLETED, FAILED = "completed", "failed"
 #: The reason of a dead letter made by cancel().
 CANCELLED = "cancelled"
 
@@ -285,129 +297,16 @@ MAX_IN_FLIGHT = 64
 #: listing undo what it learnt.
 GivenBack = Tuple[int, int]
 
-#: Seconds a requeued dead letter stays as a tombstone, so that a late copy of
-#: its F2 (held by a frozen member) finds the key taken instead of re-creating it.
-TOMBSTONE_TTL = 7 * 24 * 3600
-
-#: F4 (deleting the finisher's lock) is skipped when lock_ttl is at most this
-#: many seconds: the lock is left to expire.  A finished item's lock holds
-#: nothing (the item left work/ at F3, and readers count only locks of items
-#: in work/), and an expiry is no write: one write and one request less per
-#: item.  With a longer lock_ttl F4 is sent, so that locks/ never holds more
-#: than about (rate x 60 s) finished items' locks: every view lists locks/,
-#: and a large locks/ costs every consumer.
-LINGER_MAX = 60
-
 
 def boot_clock() -> float:
     """The real runtime's boot clock (:meth:`Runtime.boot_clock`); a protocol
     reads its own runtime's."""
     return SYSTEM.boot_clock()
+
+
 #: The id of the import lock, ``locks/<IMPORT_LOCK>``: no write has index 0, so no
 #: item has this id, and views and stats ignore its lock.
 IMPORT_LOCK = "0" * 20
-
-
-class Gone(Exception):
-    """The item a claim tried is no longer in work/, or is finished. Internal.
-
-    ``by_us``: this claim took it out (dead-lettered it out of attempts, or
-    finished it for a finisher that stopped): no sign of another consumer."""
-
-    def __init__(self, item_id: str, by_us: bool = False) -> None:
-        super().__init__(item_id)
-        self.by_us = by_us
-
-
-class Taken(Exception):
-    """Another claim holds the item's lock; it existed at etcd index ``index``. Internal.
-
-    ``refused``: C1 was refused ("already exists"), and ``index`` is etcd's
-    index then; else C2 found the item claimed since, at ``index``."""
-
-    def __init__(self, index: int, refused: bool = False) -> None:
-        super().__init__(index)
-        self.index = index
-        self.refused = refused
-
-
-@dataclass
-class ClaimState:
-    """What a claim knows about its item: enough to finish it safely.
-
-    ``item`` and ``index`` are one version of ``work/<id>``: the value our
-    latest write to it wrote (C2, the re-fence, R0 or its undoing) and that
-    write's index, always set together (a value of one version written on
-    the index of another would count an attempt wrong, or undo a write).
-    """
-
-    id: str
-    lock: Lock
-    item: Item
-    index: int          # work/<id>'s modifiedIndex after our latest write (C2 first)
-    #: boot_clock() when the request that last proved the lock ours was sent
-    #: (C1, C3's refresh, a heartbeat): the lock lives at least lock_ttl from
-    #: then (see Protocol.lock_left).
-    confirmed: float
-    #: The claim's attempt number: ``a`` as C2 wrote it.  R0 gives it back in
-    #: etcd (``item.attempts`` is then one less), never here.
-    attempt: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.attempt = self.item.attempts
-
-    def wrote(self, item: Item, index: int) -> None:
-        """Our write of ``item`` applied at ``index``: the claim's version now."""
-        self.item, self.index = item, index
-
-
-@dataclass(frozen=True)
-class _Held:
-    """A claim's lock as C1 left it: the lock, the index C1 created it at, and
-    when C1 was sent (boot_clock())."""
-
-    lock: Lock
-    index: int
-    since: float
-
-
-@dataclass(frozen=True)
-class Version:
-    """One version of ``work/<id>``: the index etcd wrote it at and the value it
-    wrote then (``raw``; None: not known here, so a claim reads the item first).
-
-    Made only from one node of one reply (:attr:`Entry.version`), or from one
-    write's own value and the index of that write's reply: never the index of
-    one version with the value of another.  C2 is a CAS on ``index`` of a
-    value built from ``raw``; a pair of two versions would write an older
-    value over a newer one (a commit, another claim) and undo it
-    (docs/protocol.md, "One version").
-    """
-
-    index: int
-    raw: Optional[str] = None
-
-
-@dataclass
-class Entry:
-    """One child of a queue directory, as listed: id, modifiedIndex, raw value."""
-
-    id: str
-    index: int
-    value: Optional[str]
-    #: For a key with a TTL: etcd's ``expiration`` (RFC 3339, its wall clock) and
-    #: ``ttl`` (seconds left, rounded up; etcd leaves it out at 0).
-    expiration: Optional[str] = None
-    ttl: int = 0
-
-    def ttl_left(self) -> Optional[int]:
-        """The TTL to write back so the key keeps its expiry; None: it has none."""
-        return max(self.ttl, 1) if self.expiration else None
-
-    @property
-    def version(self) -> Version:
-        """This node's index and value: one version, read together."""
-        return Version(self.index, self.value)
 
 
 @dataclass
@@ -420,12 +319,6 @@ class ImportState:
     #: The index of our latest write, which names the next key (I3); None: unknown.
     name: Optional[int]
     refreshed: float    # runtime.monotonic() before the lock was last created or refreshed
-
-
-def item_fields(queue: str, item_id: str, attempt: Optional[int] = None) -> Dict[str, Any]:
-    """The ``extra=`` of a log line about one item, for formatters that index
-    fields (JSON): its queue's name, its id, and the attempt (None: unknown)."""
-    return {"queue": queue, "item_id": item_id, "attempt": attempt}
 
 
 def ttl_seconds(seconds: float) -> int:
@@ -472,24 +365,23 @@ def queue_names(transport: Transport, prefix: str) -> List[str]:
     return names
 
 
-class Protocol:
-    """The queue's writes and reads on etcd, for one queue and one node id."""
+class Protocol(Steps):
+    """The queue's writes and reads on etcd, for one queue and one node id.
+
+    The threaded driver of the steps (steps.py): each of their methods runs
+    one step with :func:`~etcdq_v2.driver.run` on this queue's transport."""
 
     def __init__(self, transport: Transport, layout: Layout, *, node_id: str, lock_ttl: int,
                  max_attempts: Optional[int], max_payload: int,
                  backoff: Callable[[int], float], completed_ttl: Optional[int] = None,
                  failed_ttl: Optional[int] = None) -> None:
+        super().__init__(layout, node_id=node_id, lock_ttl=lock_ttl, max_attempts=max_attempts,
+                         max_payload=max_payload,
+                         record_ttls={COMPLETED: completed_ttl, FAILED: failed_ttl})
         self.etcd = transport
         #: The transport's runtime: the clocks, locks and tokens of this queue.
         self.runtime = transport.runtime
-        self.layout = layout
-        self.node_id = node_id
-        self.lock_ttl = lock_ttl
-        self.max_attempts = max_attempts
-        self.max_payload = max_payload
         self.backoff = backoff
-        #: The TTL of each kind of record (F2, Q1); None: kept until purged.
-        self.record_ttls = {COMPLETED: completed_ttl, FAILED: failed_ttl}
 
     # -- P: put ------------------------------------------------------------
     def post_item(self, raw: str, token: str) -> Tuple[str, Optional[Version]]:
@@ -698,7 +590,7 @@ class Protocol:
     # -- C: claim ----------------------------------------------------------
     def claim(self, item_id: str, seen: Version) -> Optional[ClaimState]:
         """Try to claim one item seen at version ``seen``; None if it kept changing
-        under us.
+        under us: C1 (:meth:`_create_lock`), then C2 and C3 (:meth:`Steps.take_step`).
 
         Raises Taken if another claim holds its lock, Gone if the item is no
         longer in work/ or is finished, and Junk if it is not one of ours (the
@@ -707,180 +599,11 @@ class Protocol:
         lock = Lock(self.node_id, self.runtime.token())
         since = self.runtime.boot_clock()
         locked = self._create_lock(item_id, lock, self.lock_ttl)
-        try:
-            state = self._take_item(item_id, _Held(lock, locked, since), seen)
-        except BaseException:
-            with contextlib.suppress(EtcdqError):  # else the lock simply expires
-                self._drop_lock(item_id, lock)
-            raise
-        if state is None:
-            self._drop_lock(item_id, lock)
-        return state
+        return run(self.take_step(item_id, Held(lock, locked, since), seen), self.etcd)
 
     def _create_lock(self, item_id: str, lock: Lock, ttl: int) -> int:
-        """C1: create ``locks/<id>``; its index, or Taken with the index etcd saw it at."""
-        key = self.layout.key("locks", item_id)
-        try:
-            return self.etcd.put(key, lock.encode(), ttl=ttl, prev_exist=False).written_index
-        except AlreadyExists as exc:
-            # Our own first PUT may have applied before its reply was lost.
-            entry = self.read("locks", item_id) if exc.retried else None
-            if entry is None or entry.value != lock.encode():
-                raise Taken(exc.index or 0, refused=True) from None
-            return entry.index
-
-    def _take_item(self, item_id: str, held: _Held, seen: Version) -> Optional[ClaimState]:
-        """C2, then C3 on the item as C2 found it (fresh, unlike the view).
-
-        ``held`` is our lock, the index C1 created it at, and when C1 was sent.
-        An item changed after that index was claimed by someone who held the
-        lock after us: ours expired before our C2 could apply (it was held in
-        flight), so the item is theirs, however stale our view looked.
-        """
-        lock, locked_at, sent = held.lock, held.index, held.since
-        index, raw, read = seen.index, seen.raw, False
-        for _ in range(5):
-            if raw is None:
-                entry = self.read("work", item_id)
-                if entry is None:
-                    raise Gone(item_id)
-                index, raw, read = entry.index, entry.value, True
-            item = Item.decode(raw)
-            if item.outcome and not read:  # the view's: it may have left work/ since
-                raw = None
-                continue
-            if item.outcome:  # its finisher committed F1 and stopped: finish for it
-                self._finish_for(item_id, Entry(item_id, index, raw))
-            if item.claim == lock.token:  # our C2 applied; its reply was lost
-                return self._checked(ClaimState(item_id, lock, item, index, sent), held)
-            if index > locked_at:
-                raise Taken(index)
-            claimed = replace(item, attempts=item.attempts + 1, claim=lock.token)
-            try:
-                reply = self.etcd.put(self.layout.key("work", item_id), claimed.encode(stored=True),
-                                      prev_index=index)
-            except CompareFailed:
-                raw = None
-                continue
-            except KeyMissing:
-                raise Gone(item_id) from None
-            state = ClaimState(item_id, lock, claimed, reply.written_index, sent)
-            return self._checked(state, held)
-        return None
-
-    def _finish_for(self, item_id: str, entry: Entry) -> None:
-        """A claimer's F2-F4 for a committed item; raises Gone, or Junk if etcd refuses."""
-        try:
-            self.finish_committed(item_id, entry, None)
-        except EtcdRejected as exc:
-            raise Junk(str(exc)) from None
-        raise Gone(item_id, by_us=True)
-
-    def _checked(self, state: ClaimState, held: _Held) -> ClaimState:
-        """C3: hand out the claim unless the item is finished or out of attempts,
-        or the lock is no longer ours."""
-        before = state.item.attempts - 1
-        if (before or state.item.requeued) and self._finished_before(state):
-            raise Gone(state.id, by_us=True)
-        if self.max_attempts and before >= self.max_attempts:
-            try:
-                self._abandon(state, before)
-            except LockLost:  # another claim took it meanwhile
-                raise Gone(state.id) from None
-            raise Gone(state.id, by_us=True)
-        if self.runtime.boot_clock() - held.since > self.lock_ttl / 2:
-            self._still_locked(state, held.index)
-        return state
-
-    def _still_locked(self, state: ClaimState, locked_at: int) -> None:
-        """C3's last check, past half a lock TTL since C1 was sent: is the lock
-        still the one C1 created at ``locked_at``?
-
-        etcd cannot expire our lock sooner than ``lock_ttl`` after C1 was sent
-        (C1 applied after that, and TTLs round up), so within half of it the
-        lock is ours.  Later (C2's reply was held, the process stalled) it may
-        have lapsed, and a cancel may have taken the item meanwhile (K1-K3).
-        A refresh on our value proves little: a late copy of C1 can re-create
-        the lock with our value after a cancel removed the item.  The lock's
-        ``createdIndex`` does: the same as C1's, it never lapsed, so no cancel
-        or claim took the lock since.  Otherwise (re-created, or expired: then
-        retaken) the item is fenced again (:meth:`_refence`), since a cancel
-        may be between its K2 and K3.  Not ours: Gone if the item left work/ or
-        is committed, else Taken (it is live: the view frees it when that lock
-        goes).
-        """
-        started = self.runtime.boot_clock()
-        key = self.layout.key("locks", state.id)
-        try:
-            reply = self.etcd.put(key, ttl=self.lock_ttl, refresh=True, prev_exist=True,
-                                  prev_value=state.lock.encode())
-            lapsed = reply.node.get("createdIndex") != locked_at
-        except CompareFailed as exc:
-            raise self._not_ours(state, exc.index or 0) from None
-        except KeyMissing:
-            try:
-                self._create_lock(state.id, state.lock, self.lock_ttl)
-            except Taken as exc:
-                raise self._not_ours(state, exc.index) from None
-            lapsed = True
-        if lapsed:
-            self._refence(state)
-        state.confirmed = started
-
-    def _refence(self, state: ClaimState) -> None:
-        """C3 on a lock that lapsed since C1, now ours again: CAS the item, unchanged,
-        on our C2 index.  A cancel that read that index (K2) while our lock was
-        gone then fails its K3, and one that committed makes this fail."""
-        try:
-            reply = self.etcd.put(self.layout.key("work", state.id), state.item.encode(stored=True),
-                                  prev_index=state.index)
-            state.wrote(state.item, reply.written_index)
-            return
-        except (CompareFailed, KeyMissing) as exc:
-            index = exc.index or 0
-        entry = self.read("work", state.id)  # only our own writes keep our claim token
-        if entry is not None and self._ours_unfinished(entry, state):
-            state.wrote(state.item, entry.index)  # our resent CAS applied: the same value
-            return
-        raise self._not_ours(state, index)
-
-    @staticmethod
-    def _ours_unfinished(entry: Entry, state: ClaimState) -> bool:
-        try:
-            item = Item.decode(entry.value)
-        except Junk:
-            return False
-        return item.claim == state.lock.token and not item.outcome
-
-    def _not_ours(self, state: ClaimState, index: int) -> Exception:
-        """C3 lost the lock: Gone if the item left work/ or is finished (or junk),
-        else Taken at ``index``: it is live, free once the lock we found goes."""
-        entry = self.read("work", state.id)
-        try:
-            live = entry is not None and not Item.decode(entry.value).outcome
-        except Junk:
-            live = False
-        return Taken(index) if live else Gone(state.id)
-
-    def _finished_before(self, state: ClaimState) -> bool:
-        """A record without a committed item: written by 0.1.0, whose F2 was the
-        commit, before a crash; remove the item (its F3)."""
-        for kind in (COMPLETED, FAILED):
-            if self.read(kind, state.id) is not None:
-                log.warning("item %s of %s already has a %s record; removing it from work/",
-                            state.id, self.layout.root, kind,
-                            extra=item_fields(self.layout.name, state.id, state.item.attempts))
-                self._delete_quietly(self.layout.key("work", state.id), prev_index=state.index)
-                return True
-        return False
-
-    def _abandon(self, state: ClaimState, attempts: int) -> None:
-        """Dead-letter an item whose claims keep ending without complete/fail."""
-        reason = (f"abandoned: claimed {attempts} times (max_attempts {self.max_attempts}) "
-                  "without completing; its workers crashed or hung")
-        log.warning("item %s of %s: %s", state.id, self.layout.root, reason,
-                    extra=item_fields(self.layout.name, state.id, attempts))
-        self.finish(state, FAILED, reason=reason, attempts=attempts)
+        """C1 (:meth:`Steps.lock_step`): the lock's index, or Taken."""
+        return run(self.lock_step(item_id, lock, ttl), self.etcd)
 
     # -- heartbeat ---------------------------------------------------------------
     def lock_left(self, confirmed: float) -> float:
@@ -971,155 +694,23 @@ class Protocol:
                attempts: Optional[int] = None) -> None:
         """F1-F4: commit ``kind`` (completed or failed) on the item, record it, remove it.
 
-        The record counts ``attempts`` (None: the claim's attempt, given back
-        or not).  ``result`` and ``reason`` are checked (depth, size:
-        codec.check_outcome): the payload is the stored one.  ``reason`` and
-        ``traceback`` are stored made to encode and bounded (codec.failure_text)."""
-        check_outcome(result, reason, self.max_payload)
-        reason, traceback = failure_text(reason, traceback, IN_RECORD)
-        record = Record(state.item.payload, state.lock.token, self.node_id,
-                        state.attempt if attempts is None else attempts, state.item.created,
-                        self.runtime.wall(), result, reason, token=state.item.token,
-                        requeued=state.item.requeued, traceback=traceback)
-        committed = self._commit(state, kind, record.encode(outcome=kind, stored=True))
+        The value is :meth:`Steps.outcome_value`'s (checked before any write);
+        F1 is :meth:`_commit`, F2-F4 :meth:`finish_committed`, as
+        :meth:`Steps.finish_step` runs them."""
+        marked = self.outcome_value(state, kind, self.runtime.wall(), result=result,
+                                    reason=reason, traceback=traceback, attempts=attempts)
+        committed = self._commit(state, kind, marked)
         if committed is not None:
             self.finish_committed(state.id, committed, state.lock)
 
     def _commit(self, state: ClaimState, kind: str, marked: str) -> Optional[Entry]:
-        """F1: the item as committed, None if it is already finished, or LockLost."""
-        key = self.layout.key("work", state.id)
-        try:
-            reply = self.etcd.put(key, marked, prev_index=state.index)
-            return Entry(state.id, reply.written_index, marked)
-        except (CompareFailed, KeyMissing):
-            # A resent CAS, or an earlier call of ours, may have applied: read it back.
-            return self._our_commit(state, kind)
-
-    def _our_commit(self, state: ClaimState, kind: str) -> Optional[Entry]:
-        """After F1 failed: our committed item, None if our record exists, else LockLost
-        (another claim's), or ClaimClosed (ours, with the other outcome)."""
-        entry = self.read("work", state.id)
-        if entry is not None:
-            try:
-                item = Item.decode(entry.value)
-            except Junk:
-                item = None
-            if item is not None and item.outcome and item.claim == state.lock.token:
-                return self._same_outcome(state, kind, item.outcome, entry)
-        else:
-            for done in (COMPLETED, FAILED):
-                if self._is_our_record(done, state):  # a claimer finished our commit
-                    return self._same_outcome(state, kind, done, None)
-        raise LockLost(f"item {state.id}: another claim took it, or it is finished")
-
-    @staticmethod
-    def _same_outcome(state: ClaimState, kind: str, done: str,
-                      entry: Optional[Entry]) -> Optional[Entry]:
-        """An earlier call of ours committed ``done``: fine if that is ``kind``."""
-        if done != kind:
-            raise ClaimClosed(f"item {state.id} was already committed as {done} by this "
-                              "claim (an earlier call whose reply was lost)", outcome=done)
-        return entry
-
-    @property
-    def locks_linger(self) -> bool:
-        """True if F4 is skipped: a finisher leaves its lock to expire (see LINGER_MAX)."""
-        return self.lock_ttl <= LINGER_MAX
+        """F1 (:meth:`Steps.commit_step`): the item as committed, None if it is
+        already finished, or LockLost."""
+        return run(self.commit_step(state, kind, marked), self.etcd)
 
     def finish_committed(self, item_id: str, entry: Entry, lock: Optional[Lock]) -> None:
-        """F2-F4 for an item whose F1 applied: by its finisher, or by a claimer after a crash.
-
-        F4 (``lock``'s delete) is sent only if locks do not linger (LINGER_MAX).
-        """
-        item = Item.decode(entry.value)
-        assert item.outcome is not None
-        self._record(item_id, item, Record.decode(entry.value).encode(stored=True), entry.index)
-        deletes: List[Tuple[str, Dict[str, Any]]] = [
-            (self.layout.key("work", item_id), {"prevIndex": entry.index})]
-        if lock is not None and not self.locks_linger:
-            deletes.append((self.layout.key("locks", item_id), {"prevValue": lock.encode()}))
-        for outcome in self.etcd.delete_all(deletes):
-            # Both are conditional: "not found"/"compare failed" means already done.
-            if isinstance(outcome, EtcdqError) and not isinstance(
-                    outcome, (KeyMissing, CompareFailed)):
-                raise outcome
-
-    def _record_ttl(self, item: Item) -> Optional[int]:
-        """F2's TTL: that of the record's kind, but at least TOMBSTONE_TTL for an
-        item that carried ``q`` (requeued, or delayed): a late Q3 or a late copy
-        of D2 may create it again, and its first claim must find the record (C3).
-        None (kept until purged) stays None."""
-        assert item.outcome is not None
-        ttl = self.record_ttls[item.outcome]
-        return max(ttl, TOMBSTONE_TTL) if ttl is not None and item.requeued else ttl
-
-    def _record(self, item_id: str, item: Item, record: str, committed: int) -> None:
-        """F2: PUT the record prevExist=false; "already exists" is read back.
-
-        A record that is gone when read back expired (its TTL) or was purged
-        in between: if the item is still in work/ at F1's index (``committed``)
-        it still carries the record, so F2 is sent again (a few times: each
-        needs the record to vanish again).  An item gone too was purged with
-        its record, or finished by another claimer: nothing to write.
-        """
-        assert item.outcome is not None
-        key = self.layout.key(item.outcome, item_id)
-        for _ in range(5):
-            try:
-                self.etcd.put(key, record, ttl=self._record_ttl(item), prev_exist=False)
-                return
-            except AlreadyExists:
-                if self._check_record(item_id, item):
-                    return
-            if not self._still_committed(item_id, committed):
-                log.info("the %s record of item %s of %s vanished as it was read back, and "
-                         "so did the item (purged, or finished by another claimer); not "
-                         "writing it again", item.outcome, item_id, self.layout.root,
-                         extra=item_fields(self.layout.name, item_id, item.attempts))
-                return
-            log.info("the %s record of item %s of %s vanished as it was read back; "
-                     "writing it again", item.outcome, item_id, self.layout.root,
-                     extra=item_fields(self.layout.name, item_id, item.attempts))
-        raise EtcdRejected(f"{key} kept vanishing as it was written; the item stays in "
-                           "work/, committed, until it is removed", code=AlreadyExists.code)
-
-    def _still_committed(self, item_id: str, committed: int) -> bool:
-        """Before F2 is sent again: ``work/<id>`` is still the item F1 wrote."""
-        entry = self.read("work", item_id)
-        return entry is not None and entry.index == committed
-
-    def _check_record(self, item_id: str, item: Item) -> bool:
-        """F2 found a record: ours (resent, or written by a claimer), one of 0.1.0's,
-        or junk, which must not take the place of the record (the item stays).
-        False if it is gone again (expired, purged): F2 is to be sent again."""
-        assert item.outcome is not None
-        try:
-            holder = self._record_claim(item.outcome, item_id)
-        except Junk:
-            raise EtcdRejected(
-                f"{self.layout.key(item.outcome, item_id)} holds something that is not a "
-                "record; the item stays in work/, committed, until it is removed",
-                code=AlreadyExists.code) from None
-        if holder is None:
-            return False
-        if holder != item.claim:
-            log.warning("item %s of %s has a %s record of another claim, written before "
-                        "commits were fenced; keeping it", item_id, self.layout.root,
-                        item.outcome, extra=item_fields(self.layout.name, item_id,
-                                                        item.attempts))
-        return True
-
-    def _is_our_record(self, kind: str, state: ClaimState) -> bool:
-        try:
-            return self._record_claim(kind, state.id) == state.lock.token
-        except Junk:
-            return False
-
-    def _record_claim(self, kind: str, item_id: str) -> Optional[str]:
-        """The claim token of ``kind/<id>``'s record; None if there is none, Junk if
-        something else has the key."""
-        existing = self.read(kind, item_id)
-        return Record.decode(existing.value).claim if existing else None
+        """F2-F4 (:meth:`Steps.record_step`) for an item whose F1 applied."""
+        run(self.record_step(item_id, entry, lock), self.etcd)
 
     # -- R: release, fail ----------------------------------------------------
     def release(self, state: ClaimState, delay: Optional[float] = 0) -> GivenBack:
@@ -1165,7 +756,7 @@ class Protocol:
         entry = self.read("work", state.id)
         if entry is None:
             for done in (COMPLETED, FAILED):
-                if self._is_our_record(done, state):
+                if run(self._is_our_record(done, state), self.etcd):
                     raise _committed_before(state, done)
         else:
             try:
@@ -1541,7 +1132,8 @@ class Protocol:
             return None
         entry, item = found
         state = ClaimState(item_id, lock, item, entry.index, self.runtime.boot_clock())
-        if item.outcome or ((item.attempts or item.requeued) and self._finished_before(state)):
+        if item.outcome or ((item.attempts or item.requeued)
+                            and run(self._finished_before(state), self.etcd)):
             return None
         return state
 
@@ -1740,12 +1332,7 @@ class Protocol:
     # -- reads -----------------------------------------------------------------
     def read(self, kind: str, item_id: str) -> Optional[Entry]:
         """A linearizable read of one key of the queue; None if it does not exist."""
-        try:
-            node = self.etcd.get(self.layout.key(kind, item_id), quorum=True).node
-        except KeyMissing:
-            return None
-        return Entry(item_id, node["modifiedIndex"], node.get("value"),
-                     node.get("expiration"), node.get("ttl", 0))
+        return run(self.read_step(kind, item_id), self.etcd)
 
     def read_locks(self, item_ids: Sequence[str], since: Optional[int] = None
                    ) -> List[Tuple[str, int, Optional[Entry]]]:
@@ -1937,15 +1524,11 @@ class Protocol:
         return entry.value if entry else None
 
     def _drop_lock(self, item_id: str, lock: Lock) -> None:
-        self._delete_quietly(self.layout.key("locks", item_id), prev_value=lock.encode())
+        run(self.drop_lock_step(item_id, lock), self.etcd)
 
     def _delete_quietly(self, key: str, **condition: Any) -> bool:
         """A conditional delete whose "already gone / changed" outcome is fine."""
-        try:
-            self.etcd.delete(key, **condition)
-            return True
-        except (KeyMissing, CompareFailed):
-            return False
+        return run(self.delete_quietly_step(key, **condition), self.etcd)
 
 
 def _marked_ttl(entry: Entry) -> Optional[int]:

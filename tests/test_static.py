@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Set, Tuple
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 TOX = configparser.ConfigParser(interpolation=None)
 TOX.read(ROOT / "tox.ini")
@@ -73,6 +75,36 @@ def layer(module: str) -> str:
     if parts[1:3] == ["testing", "sim"]:
         return "sim"
     return parts[1] if parts[1] in ("cli", "testing", "server") else "core"
+
+
+#: The core without I/O, and the only etcdq_v2 modules each may import: the
+#: steps reach etcd, the clock and tokens through their driver only.
+NO_IO = {"etcdq_v2.steps": {"etcdq_v2.codec", "etcdq_v2.errors", "etcdq_v2.keys"}}
+#: What a module without I/O never imports (sockets, threads, clocks, randomness).
+IO_MODULES = {"socket", "ssl", "selectors", "asyncio", "threading", "_thread", "time",
+              "random", "secrets", "http", "urllib", "subprocess", "multiprocessing",
+              "concurrent", "queue"}
+
+
+def stdlib_imports(path: Path) -> Set[str]:
+    """The top-level names of the absolute imports of the module at ``path``."""
+    found: Set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(NO_IO))
+def test_the_core_without_io_imports_no_transport_runtime_socket_thread_or_clock(
+        module: str) -> None:
+    path = PACKAGE / f"{module.split('.', 1)[1]}.py"
+    name, imports = etcdq_imports(path)
+    assert name == module
+    assert imports <= NO_IO[module], imports - NO_IO[module]
+    assert not stdlib_imports(path) & IO_MODULES
 
 
 def test_each_layer_imports_only_from_below() -> None:

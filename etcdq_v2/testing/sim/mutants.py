@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
+from ...driver import run
 from ...errors import AmbiguousWrite, CompareFailed, KeyMissing
 from ...protocol import Entry, Protocol, Version
 from ...transport import Transport
@@ -23,7 +24,7 @@ def _f1_unfenced(self: Protocol, state: Any, kind: str, marked: str) -> Optional
         reply = self.etcd.put(key, marked)
         return Entry(state.id, reply.written_index, marked)
     except (CompareFailed, KeyMissing):
-        return self._our_commit(state, kind)
+        return run(self._our_commit(state, kind), self.etcd)
 
 
 def _plain_refresh(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,0 +1,76 @@
+"""The threaded (blocking) driver of the protocol's steps (steps.py).
+
+:func:`run` drives one step to its end on a :class:`~etcdq_v2.transport.Transport`;
+:func:`send` is the one function through which every request of a step
+passes, real or simulated (a simulated etcd is a Transport on a simulated
+network), so a test can observe or alter them in one place.  The driver
+holds no rule: it sends what the step asks and hands back what came.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Union
+
+from .errors import EtcdqError
+from .steps import Request, Step, T
+from .transport import Reply, Transport
+
+
+def run(step: Step[T], transport: Transport) -> T:
+    """Drive ``step``: send each request it yields (:func:`send`), then send it
+    the reply, or throw into it the exception the request raised; return
+    what the step returns (or raise what it raises)."""
+    reply: Any = None
+    error: Optional[BaseException] = None
+    while True:
+        try:
+            request = step.send(reply) if error is None else step.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        error = None
+        try:
+            reply = send(transport, request)
+        except BaseException as exc:  # the step decides, and re-raises what it cannot handle
+            reply, error = None, exc
+
+
+def send(transport: Transport, request: Request) -> Any:
+    """One request of a step, on ``transport``: etcd's Reply (raising the
+    library's exception for an error reply or a request that failed), a list
+    of replies and errors for ``ALL``, or the runtime's clock for ``NOW``
+    (boot clock) and ``WALL``."""
+    if request.method == "GET":
+        return transport.get(request.key, quorum=request.quorum, sorted=request.sorted)
+    if request.method == "PUT":
+        return transport.put(request.key, request.value, ttl=request.ttl,
+                             prev_exist=request.prev_exist, prev_value=request.prev_value,
+                             prev_index=request.prev_index, refresh=request.refresh)
+    if request.method == "DELETE":
+        return transport.delete(request.key, prev_value=request.prev_value,
+                                prev_index=request.prev_index)
+    if request.method == "ALL":
+        return _all(transport, request.together)
+    if request.method == "NOW":
+        return transport.runtime.boot_clock()
+    if request.method == "WALL":
+        return transport.runtime.wall()
+    raise ValueError(f"no such request: {request.method}")
+
+
+def _all(transport: Transport, requests: Any) -> List[Union[Reply, EtcdqError]]:
+    """Requests sent at once on parallel connections (transport.delete_all, get_all)."""
+    if all(request.method == "DELETE" for request in requests):
+        return transport.delete_all([(request.key, _condition(request)) for request in requests])
+    if all(request.method == "GET" and request.quorum == requests[0].quorum
+           for request in requests):
+        return transport.get_all([request.key for request in requests],
+                                 quorum=requests[0].quorum)
+    raise ValueError("requests sent together are all DELETEs or all GETs of one kind")
+
+
+def _condition(request: Request) -> Dict[str, Any]:
+    condition: Dict[str, Any] = {}
+    if request.prev_index is not None:
+        condition["prevIndex"] = request.prev_index
+    if request.prev_value is not None:
+        condition["prevValue"] = request.prev_value
+    return condition

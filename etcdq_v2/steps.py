@@ -1,0 +1,637 @@
+"""The protocol's steps as sequences of requests, written without I/O.
+
+A step is a generator: it yields a :class:`Request`, and its driver sends it
+and sends back the reply, or throws into the generator the library's own
+exception for it (errors.py: ``KeyMissing``, ``CompareFailed``,
+``AlreadyExists``, ``Unavailable`` ...).  The next request depends on the
+last reply, so the rule of each step is written once, here, whoever drives
+it: the threaded driver (``driver.run``, behind :class:`~etcdq_v2.protocol.Protocol`),
+the simulator, or a test with scripted replies (tests/test_steps.py).
+
+    step = steps.take_step(item_id, held, seen)
+    request = next(step)               # Request("PUT", "/etcdq/q/work/...", ...)
+    request = step.send(reply)         # the next one, or StopIteration(value)
+    request = step.throw(CompareFailed(...))
+
+Nothing here reads a clock, a thread, a socket or a random source (a test
+enforces the imports): the time comes from the driver (a ``NOW`` or ``WALL``
+request), tokens and node ids are arguments.  docs/protocol.md names each
+rule; this module holds, as generators:
+
+C1          :meth:`Steps.lock_step`
+C2, C3      :meth:`Steps.take_step` (the re-fence, a dead letter at max_attempts,
+            finishing a crashed finisher's item: all within)
+F1          :meth:`Steps.commit_step` (a failed compare read back)
+F2-F4       :meth:`Steps.record_step`
+F1-F4       :meth:`Steps.finish_step` (the dead letter of C3)
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import typing
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, Generator, List, Optional, Tuple, TypeVar, Union
+
+from .codec import IN_RECORD, Item, Junk, Lock, Record, check_outcome, failure_text
+from .errors import (AlreadyExists, ClaimClosed, CompareFailed, EtcdqError, EtcdRejected,
+                     KeyMissing, LockLost)
+from .keys import Layout
+
+log = logging.getLogger("etcdq_v2.protocol")
+
+COMPLETED, FAILED = "completed", "failed"
+
+#: Seconds a requeued dead letter stays as a tombstone, so that a late copy of
+#: its F2 (held by a frozen member) finds the key taken instead of re-creating it.
+TOMBSTONE_TTL = 7 * 24 * 3600
+
+#: F4 (deleting the finisher's lock) is skipped when lock_ttl is at most this
+#: many seconds: the lock is left to expire.  A finished item's lock holds
+#: nothing (the item left work/ at F3, and readers count only locks of items
+#: in work/), and an expiry is no write: one write and one request less per
+#: item.  With a longer lock_ttl F4 is sent, so that locks/ never holds more
+#: than about (rate x 60 s) finished items' locks: every view lists locks/,
+#: and a large locks/ costs every consumer.
+LINGER_MAX = 60
+
+T = TypeVar("T")
+
+
+# -- the vocabulary ------------------------------------------------------------
+@dataclass(frozen=True)
+class Request:
+    """One request of a step: an etcd v2 keys API call, or a question to the driver.
+
+    ``method``: ``GET``, ``PUT``, ``DELETE`` (etcd; ``prev_*`` are the
+    conditions, ``refresh`` a TTL refresh); ``ALL``: the requests in
+    ``together``, sent at once (the reply is a list of each one's reply or
+    EtcdqError, none thrown); ``NOW``: the driver's boot clock (see
+    docs/protocol.md, **Time**); ``WALL``: its wall clock, for timestamps.
+    """
+
+    method: str
+    key: str = ""
+    value: Optional[str] = None
+    ttl: Optional[int] = None
+    prev_exist: Optional[bool] = None
+    prev_value: Optional[str] = None
+    prev_index: Optional[int] = None
+    refresh: bool = False
+    quorum: bool = False
+    sorted: bool = False
+    together: Tuple["Request", ...] = ()
+
+
+class Answer(typing.Protocol):
+    """etcd's reply to one request, as steps read it (transport.Reply is one)."""
+
+    index: int
+
+    @property
+    def node(self) -> Dict[str, Any]: ...
+
+    @property
+    def written_index(self) -> int: ...
+
+
+#: A step: yields requests, is sent their replies, returns its result.
+Step = Generator[Request, Any, T]
+
+
+def get(key: str, *, quorum: bool = False) -> Step[Answer]:
+    reply: Answer = yield Request("GET", key, quorum=quorum)
+    return reply
+
+
+def put(key: str, value: Optional[str] = None, *, ttl: Optional[int] = None,
+        prev_exist: Optional[bool] = None, prev_value: Optional[str] = None,
+        prev_index: Optional[int] = None, refresh: bool = False) -> Step[Answer]:
+    reply: Answer = yield Request("PUT", key, value, ttl=ttl, prev_exist=prev_exist,
+                                  prev_value=prev_value, prev_index=prev_index, refresh=refresh)
+    return reply
+
+
+def delete(key: str, *, prev_value: Optional[str] = None,
+           prev_index: Optional[int] = None) -> Step[Answer]:
+    reply: Answer = yield Request("DELETE", key, prev_value=prev_value, prev_index=prev_index)
+    return reply
+
+
+def together(*requests: Request) -> Step[List[Union[Answer, EtcdqError]]]:
+    replies: List[Union[Answer, EtcdqError]] = yield Request("ALL", together=requests)
+    return replies
+
+
+def now() -> Step[float]:
+    """The driver's boot clock: the one the lock TTL rules count on."""
+    seconds: float = yield Request("NOW")
+    return seconds
+
+
+def wall() -> Step[float]:
+    seconds: float = yield Request("WALL")
+    return seconds
+
+
+# -- what a claim knows --------------------------------------------------------
+class Gone(Exception):
+    """The item a claim tried is no longer in work/, or is finished. Internal.
+
+    ``by_us``: this claim took it out (dead-lettered it out of attempts, or
+    finished it for a finisher that stopped): no sign of another consumer."""
+
+    def __init__(self, item_id: str, by_us: bool = False) -> None:
+        super().__init__(item_id)
+        self.by_us = by_us
+
+
+class Taken(Exception):
+    """Another claim holds the item's lock; it existed at etcd index ``index``. Internal.
+
+    ``refused``: C1 was refused ("already exists"), and ``index`` is etcd's
+    index then; else C2 found the item claimed since, at ``index``."""
+
+    def __init__(self, index: int, refused: bool = False) -> None:
+        super().__init__(index)
+        self.index = index
+        self.refused = refused
+
+
+@dataclass
+class ClaimState:
+    """What a claim knows about its item: enough to finish it safely.
+
+    ``item`` and ``index`` are one version of ``work/<id>``: the value our
+    latest write to it wrote (C2, the re-fence, R0 or its undoing) and that
+    write's index, always set together (a value of one version written on
+    the index of another would count an attempt wrong, or undo a write).
+    """
+
+    id: str
+    lock: Lock
+    item: Item
+    index: int          # work/<id>'s modifiedIndex after our latest write (C2 first)
+    #: boot_clock() when the request that last proved the lock ours was sent
+    #: (C1, C3's refresh, a heartbeat): the lock lives at least lock_ttl from
+    #: then (see Protocol.lock_left).
+    confirmed: float
+    #: The claim's attempt number: ``a`` as C2 wrote it.  R0 gives it back in
+    #: etcd (``item.attempts`` is then one less), never here.
+    attempt: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.attempt = self.item.attempts
+
+    def wrote(self, item: Item, index: int) -> None:
+        """Our write of ``item`` applied at ``index``: the claim's version now."""
+        self.item, self.index = item, index
+
+
+@dataclass(frozen=True)
+class Held:
+    """A claim's lock as C1 left it: the lock, the index C1 created it at, and
+    when C1 was sent (boot_clock())."""
+
+    lock: Lock
+    index: int
+    since: float
+
+
+@dataclass(frozen=True)
+class Version:
+    """One version of ``work/<id>``: the index etcd wrote it at and the value it
+    wrote then (``raw``; None: not known here, so a claim reads the item first).
+
+    Made only from one node of one reply (:attr:`Entry.version`), or from one
+    write's own value and the index of that write's reply: never the index of
+    one version with the value of another.  C2 is a CAS on ``index`` of a
+    value built from ``raw``; a pair of two versions would write an older
+    value over a newer one (a commit, another claim) and undo it
+    (docs/protocol.md, "One version").
+    """
+
+    index: int
+    raw: Optional[str] = None
+
+
+@dataclass
+class Entry:
+    """One child of a queue directory, as listed: id, modifiedIndex, raw value."""
+
+    id: str
+    index: int
+    value: Optional[str]
+    #: For a key with a TTL: etcd's ``expiration`` (RFC 3339, its wall clock) and
+    #: ``ttl`` (seconds left, rounded up; etcd leaves it out at 0).
+    expiration: Optional[str] = None
+    ttl: int = 0
+
+    def ttl_left(self) -> Optional[int]:
+        """The TTL to write back so the key keeps its expiry; None: it has none."""
+        return max(self.ttl, 1) if self.expiration else None
+
+    @property
+    def version(self) -> Version:
+        """This node's index and value: one version, read together."""
+        return Version(self.index, self.value)
+
+
+def item_fields(queue: str, item_id: str, attempt: Optional[int] = None) -> Dict[str, Any]:
+    """The ``extra=`` of a log line about one item, for formatters that index
+    fields (JSON): its queue's name, its id, and the attempt (None: unknown)."""
+    return {"queue": queue, "item_id": item_id, "attempt": attempt}
+
+
+def entry_of(item_id: str, node: Dict[str, Any]) -> Entry:
+    """The Entry of one key's node, as a quorum GET returned it."""
+    return Entry(item_id, node["modifiedIndex"], node.get("value"), node.get("expiration"),
+                 node.get("ttl", 0))
+
+
+# -- the steps -----------------------------------------------------------------
+class Steps:
+    """The claim's and the commit's rules for one queue and one node id, as steps.
+
+    It holds configuration only; each step's state is its generator's.
+    """
+
+    def __init__(self, layout: Layout, *, node_id: str, lock_ttl: int,
+                 max_attempts: Optional[int], max_payload: int,
+                 record_ttls: Dict[str, Optional[int]]) -> None:
+        self.layout = layout
+        self.node_id = node_id
+        self.lock_ttl = lock_ttl
+        self.max_attempts = max_attempts
+        self.max_payload = max_payload
+        #: The TTL of each kind of record (F2, Q1); None: kept until purged.
+        self.record_ttls = record_ttls
+
+    def read_step(self, kind: str, item_id: str) -> Step[Optional[Entry]]:
+        """A linearizable read of one key of the queue; None if it does not exist."""
+        try:
+            reply = yield from get(self.layout.key(kind, item_id), quorum=True)
+        except KeyMissing:
+            return None
+        return entry_of(item_id, reply.node)
+
+    def delete_quietly_step(self, key: str, *, prev_value: Optional[str] = None,
+                            prev_index: Optional[int] = None) -> Step[bool]:
+        """A conditional delete whose "already gone / changed" outcome is fine."""
+        try:
+            yield from delete(key, prev_value=prev_value, prev_index=prev_index)
+            return True
+        except (KeyMissing, CompareFailed):
+            return False
+
+    def drop_lock_step(self, item_id: str, lock: Lock) -> Step[bool]:
+        return (yield from self.delete_quietly_step(self.layout.key("locks", item_id),
+                                                    prev_value=lock.encode()))
+
+    # -- C: claim ----------------------------------------------------------
+    def lock_step(self, item_id: str, lock: Lock, ttl: int) -> Step[int]:
+        """C1: create ``locks/<id>``; its index, or Taken with the index etcd saw it at."""
+        try:
+            reply = yield from put(self.layout.key("locks", item_id), lock.encode(), ttl=ttl,
+                                   prev_exist=False)
+            return reply.written_index
+        except AlreadyExists as exc:
+            # Our own first PUT may have applied before its reply was lost.
+            entry = (yield from self.read_step("locks", item_id)) if exc.retried else None
+            if entry is None or entry.value != lock.encode():
+                raise Taken(exc.index or 0, refused=True) from None
+            return entry.index
+
+    def take_step(self, item_id: str, held: Held, seen: Version) -> Step[Optional[ClaimState]]:
+        """C2 and C3 under the lock C1 made (``held``), on the item seen at ``seen``;
+        None if it kept changing under us.  Raises Taken, Gone or Junk as
+        Protocol.claim says.  Our lock is dropped unless the claim is handed
+        out (else it simply expires, if even the drop fails)."""
+        try:
+            state = yield from self._take_item(item_id, held, seen)
+        except GeneratorExit:
+            raise
+        except BaseException:
+            with contextlib.suppress(EtcdqError):
+                yield from self.drop_lock_step(item_id, held.lock)
+            raise
+        if state is None:
+            yield from self.drop_lock_step(item_id, held.lock)
+        return state
+
+    def _take_item(self, item_id: str, held: Held, seen: Version) -> Step[Optional[ClaimState]]:
+        """C2, then C3 on the item as C2 found it (fresh, unlike the view).
+
+        An item changed after the index C1 created our lock at was claimed by
+        someone who held the lock after us: ours expired before our C2 could
+        apply (it was held in flight), so the item is theirs, however stale
+        our view looked.
+        """
+        lock, locked_at = held.lock, held.index
+        index, raw, read = seen.index, seen.raw, False
+        for _ in range(5):
+            if raw is None:
+                entry = yield from self.read_step("work", item_id)
+                if entry is None:
+                    raise Gone(item_id)
+                index, raw, read = entry.index, entry.value, True
+            item = Item.decode(raw)
+            if item.outcome and not read:  # the view's: it may have left work/ since
+                raw = None
+                continue
+            if item.outcome:  # its finisher committed F1 and stopped: finish for it
+                yield from self._finish_for(item_id, Entry(item_id, index, raw))
+            if item.claim == lock.token:  # our C2 applied; its reply was lost
+                return (yield from self._checked(
+                    ClaimState(item_id, lock, item, index, held.since), held))
+            if index > locked_at:
+                raise Taken(index)
+            claimed = replace(item, attempts=item.attempts + 1, claim=lock.token)
+            try:
+                reply = yield from put(self.layout.key("work", item_id),
+                                       claimed.encode(stored=True), prev_index=index)
+            except CompareFailed:
+                raw = None
+                continue
+            except KeyMissing:
+                raise Gone(item_id) from None
+            state = ClaimState(item_id, lock, claimed, reply.written_index, held.since)
+            return (yield from self._checked(state, held))
+        return None
+
+    def _finish_for(self, item_id: str, entry: Entry) -> Step[None]:
+        """A claimer's F2-F4 for a committed item; raises Gone, or Junk if etcd refuses."""
+        try:
+            yield from self.record_step(item_id, entry, None)
+        except EtcdRejected as exc:
+            raise Junk(str(exc)) from None
+        raise Gone(item_id, by_us=True)
+
+    def _checked(self, state: ClaimState, held: Held) -> Step[ClaimState]:
+        """C3: hand out the claim unless the item is finished or out of attempts,
+        or the lock is no longer ours."""
+        before = state.item.attempts - 1
+        if (before or state.item.requeued) and (yield from self._finished_before(state)):
+            raise Gone(state.id, by_us=True)
+        if self.max_attempts and before >= self.max_attempts:
+            try:
+                yield from self._abandon(state, before)
+            except LockLost:  # another claim took it meanwhile
+                raise Gone(state.id) from None
+            raise Gone(state.id, by_us=True)
+        if (yield from now()) - held.since > self.lock_ttl / 2:
+            yield from self._still_locked(state, held.index)
+        return state
+
+    def _still_locked(self, state: ClaimState, locked_at: int) -> Step[None]:
+        """C3's last check, past half a lock TTL since C1 was sent: is the lock
+        still the one C1 created at ``locked_at``?
+
+        etcd cannot expire our lock sooner than ``lock_ttl`` after C1 was sent
+        (C1 applied after that, and TTLs round up), so within half of it the
+        lock is ours.  Later (C2's reply was held, the process stalled) it may
+        have lapsed, and a cancel may have taken the item meanwhile (K1-K3).
+        A refresh on our value proves little: a late copy of C1 can re-create
+        the lock with our value after a cancel removed the item.  The lock's
+        ``createdIndex`` does: the same as C1's, it never lapsed, so no cancel
+        or claim took the lock since.  Otherwise (re-created, or expired: then
+        retaken) the item is fenced again (:meth:`_refence`), since a cancel
+        may be between its K2 and K3.  Not ours: Gone if the item left work/ or
+        is committed, else Taken (it is live: the view frees it when that lock
+        goes).
+        """
+        started = yield from now()
+        try:
+            reply = yield from put(self.layout.key("locks", state.id), ttl=self.lock_ttl,
+                                   refresh=True, prev_exist=True, prev_value=state.lock.encode())
+            lapsed = reply.node.get("createdIndex") != locked_at
+        except CompareFailed as exc:
+            raise (yield from self._not_ours(state, exc.index or 0)) from None
+        except KeyMissing:
+            try:
+                yield from self.lock_step(state.id, state.lock, self.lock_ttl)
+            except Taken as exc:
+                raise (yield from self._not_ours(state, exc.index)) from None
+            lapsed = True
+        if lapsed:
+            yield from self._refence(state)
+        state.confirmed = started
+
+    def _refence(self, state: ClaimState) -> Step[None]:
+        """C3 on a lock that lapsed since C1, now ours again: CAS the item, unchanged,
+        on our C2 index.  A cancel that read that index (K2) while our lock was
+        gone then fails its K3, and one that committed makes this fail."""
+        try:
+            reply = yield from put(self.layout.key("work", state.id),
+                                   state.item.encode(stored=True), prev_index=state.index)
+            state.wrote(state.item, reply.written_index)
+            return
+        except (CompareFailed, KeyMissing) as exc:
+            index = exc.index or 0
+        entry = yield from self.read_step("work", state.id)  # only our writes carry our token
+        if entry is not None and self._ours_unfinished(entry, state):
+            state.wrote(state.item, entry.index)  # our resent CAS applied: the same value
+            return
+        raise (yield from self._not_ours(state, index))
+
+    @staticmethod
+    def _ours_unfinished(entry: Entry, state: ClaimState) -> bool:
+        try:
+            item = Item.decode(entry.value)
+        except Junk:
+            return False
+        return item.claim == state.lock.token and not item.outcome
+
+    def _not_ours(self, state: ClaimState, index: int) -> Step[Exception]:
+        """C3 lost the lock: Gone if the item left work/ or is finished (or junk),
+        else Taken at ``index``: it is live, free once the lock we found goes."""
+        entry = yield from self.read_step("work", state.id)
+        try:
+            live = entry is not None and not Item.decode(entry.value).outcome
+        except Junk:
+            live = False
+        return Taken(index) if live else Gone(state.id)
+
+    def _finished_before(self, state: ClaimState) -> Step[bool]:
+        """A record without a committed item: written by 0.1.0, whose F2 was the
+        commit, before a crash; remove the item (its F3)."""
+        for kind in (COMPLETED, FAILED):
+            if (yield from self.read_step(kind, state.id)) is not None:
+                log.warning("item %s of %s already has a %s record; removing it from work/",
+                            state.id, self.layout.root, kind,
+                            extra=item_fields(self.layout.name, state.id, state.item.attempts))
+                yield from self.delete_quietly_step(self.layout.key("work", state.id),
+                                                    prev_index=state.index)
+                return True
+        return False
+
+    def _abandon(self, state: ClaimState, attempts: int) -> Step[None]:
+        """Dead-letter an item whose claims keep ending without complete/fail."""
+        reason = (f"abandoned: claimed {attempts} times (max_attempts {self.max_attempts}) "
+                  "without completing; its workers crashed or hung")
+        log.warning("item %s of %s: %s", state.id, self.layout.root, reason,
+                    extra=item_fields(self.layout.name, state.id, attempts))
+        yield from self.finish_step(state, FAILED, reason=reason, attempts=attempts)
+
+    # -- F: complete, dead-letter --------------------------------------------
+    def outcome_value(self, state: ClaimState, kind: str, at: float, *, result: Any = None,
+                      reason: Optional[str] = None, traceback: Optional[str] = None,
+                      attempts: Optional[int] = None) -> str:
+        """F1's value: the item's record finished at wall time ``at``, marked ``kind``.
+
+        The record counts ``attempts`` (None: the claim's attempt, given back
+        or not).  ``result`` and ``reason`` are checked (depth, size:
+        codec.check_outcome): the payload is the stored one.  ``reason`` and
+        ``traceback`` are stored made to encode and bounded (codec.failure_text)."""
+        check_outcome(result, reason, self.max_payload)
+        reason, traceback = failure_text(reason, traceback, IN_RECORD)
+        record = Record(state.item.payload, state.lock.token, self.node_id,
+                        state.attempt if attempts is None else attempts, state.item.created,
+                        at, result, reason, token=state.item.token,
+                        requeued=state.item.requeued, traceback=traceback)
+        return record.encode(outcome=kind, stored=True)
+
+    def finish_step(self, state: ClaimState, kind: str, **outcome: Any) -> Step[None]:
+        """F1-F4: commit ``kind`` on the item, record it, remove it (``outcome``:
+        as :meth:`outcome_value` takes it)."""
+        marked = self.outcome_value(state, kind, (yield from wall()), **outcome)
+        committed = yield from self.commit_step(state, kind, marked)
+        if committed is not None:
+            yield from self.record_step(state.id, committed, state.lock)
+
+    def commit_step(self, state: ClaimState, kind: str, marked: str) -> Step[Optional[Entry]]:
+        """F1: the item as committed, None if it is already finished, or LockLost."""
+        try:
+            reply = yield from put(self.layout.key("work", state.id), marked,
+                                   prev_index=state.index)
+        except (CompareFailed, KeyMissing):
+            # A resent CAS, or an earlier call of ours, may have applied: read it back.
+            return (yield from self._our_commit(state, kind))
+        return Entry(state.id, reply.written_index, marked)
+
+    def _our_commit(self, state: ClaimState, kind: str) -> Step[Optional[Entry]]:
+        """After F1 failed: our committed item, None if our record exists, else LockLost
+        (another claim's), or ClaimClosed (ours, with the other outcome)."""
+        entry = yield from self.read_step("work", state.id)
+        if entry is not None:
+            try:
+                item: Optional[Item] = Item.decode(entry.value)
+            except Junk:
+                item = None
+            if item is not None and item.outcome and item.claim == state.lock.token:
+                return self._same_outcome(state, kind, item.outcome, entry)
+        else:
+            for done in (COMPLETED, FAILED):
+                if (yield from self._is_our_record(done, state)):  # a claimer finished it
+                    return self._same_outcome(state, kind, done, None)
+        raise LockLost(f"item {state.id}: another claim took it, or it is finished")
+
+    @staticmethod
+    def _same_outcome(state: ClaimState, kind: str, done: str,
+                      entry: Optional[Entry]) -> Optional[Entry]:
+        """An earlier call of ours committed ``done``: fine if that is ``kind``."""
+        if done != kind:
+            raise ClaimClosed(f"item {state.id} was already committed as {done} by this "
+                              "claim (an earlier call whose reply was lost)", outcome=done)
+        return entry
+
+    @property
+    def locks_linger(self) -> bool:
+        """True if F4 is skipped: a finisher leaves its lock to expire (see LINGER_MAX)."""
+        return self.lock_ttl <= LINGER_MAX
+
+    def record_step(self, item_id: str, entry: Entry, lock: Optional[Lock]) -> Step[None]:
+        """F2-F4 for an item whose F1 applied: by its finisher, or by a claimer after a crash.
+
+        F4 (``lock``'s delete) is sent only if locks do not linger (LINGER_MAX).
+        """
+        item = Item.decode(entry.value)
+        assert item.outcome is not None
+        yield from self._record(item_id, item, Record.decode(entry.value).encode(stored=True),
+                                entry.index)
+        deletes = [Request("DELETE", self.layout.key("work", item_id), prev_index=entry.index)]
+        if lock is not None and not self.locks_linger:
+            deletes.append(Request("DELETE", self.layout.key("locks", item_id),
+                                   prev_value=lock.encode()))
+        for outcome in (yield from together(*deletes)):
+            # Both are conditional: "not found"/"compare failed" means already done.
+            if isinstance(outcome, EtcdqError) and not isinstance(
+                    outcome, (KeyMissing, CompareFailed)):
+                raise outcome
+
+    def _record_ttl(self, item: Item) -> Optional[int]:
+        """F2's TTL: that of the record's kind, but at least TOMBSTONE_TTL for an
+        item that carried ``q`` (requeued, or delayed): a late Q3 or a late copy
+        of D2 may create it again, and its first claim must find the record (C3).
+        None (kept until purged) stays None."""
+        assert item.outcome is not None
+        ttl = self.record_ttls[item.outcome]
+        return max(ttl, TOMBSTONE_TTL) if ttl is not None and item.requeued else ttl
+
+    def _record(self, item_id: str, item: Item, record: str, committed: int) -> Step[None]:
+        """F2: PUT the record prevExist=false; "already exists" is read back.
+
+        A record that is gone when read back expired (its TTL) or was purged
+        in between: if the item is still in work/ at F1's index (``committed``)
+        it still carries the record, so F2 is sent again (a few times: each
+        needs the record to vanish again).  An item gone too was purged with
+        its record, or finished by another claimer: nothing to write.
+        """
+        assert item.outcome is not None
+        key = self.layout.key(item.outcome, item_id)
+        for _ in range(5):
+            try:
+                yield from put(key, record, ttl=self._record_ttl(item), prev_exist=False)
+                return
+            except AlreadyExists:
+                if (yield from self._check_record(item_id, item)):
+                    return
+            if not (yield from self._still_committed(item_id, committed)):
+                log.info("the %s record of item %s of %s vanished as it was read back, and "
+                         "so did the item (purged, or finished by another claimer); not "
+                         "writing it again", item.outcome, item_id, self.layout.root,
+                         extra=item_fields(self.layout.name, item_id, item.attempts))
+                return
+            log.info("the %s record of item %s of %s vanished as it was read back; "
+                     "writing it again", item.outcome, item_id, self.layout.root,
+                     extra=item_fields(self.layout.name, item_id, item.attempts))
+        raise EtcdRejected(f"{key} kept vanishing as it was written; the item stays in "
+                           "work/, committed, until it is removed", code=AlreadyExists.code)
+
+    def _still_committed(self, item_id: str, committed: int) -> Step[bool]:
+        """Before F2 is sent again: ``work/<id>`` is still the item F1 wrote."""
+        entry = yield from self.read_step("work", item_id)
+        return entry is not None and entry.index == committed
+
+    def _check_record(self, item_id: str, item: Item) -> Step[bool]:
+        """F2 found a record: ours (resent, or written by a claimer), one of 0.1.0's,
+        or junk, which must not take the place of the record (the item stays).
+        False if it is gone again (expired, purged): F2 is to be sent again."""
+        assert item.outcome is not None
+        try:
+            holder = yield from self._record_claim(item.outcome, item_id)
+        except Junk:
+            raise EtcdRejected(
+                f"{self.layout.key(item.outcome, item_id)} holds something that is not a "
+                "record; the item stays in work/, committed, until it is removed",
+                code=AlreadyExists.code) from None
+        if holder is None:
+            return False
+        if holder != item.claim:
+            log.warning("item %s of %s has a %s record of another claim, written before "
+                        "commits were fenced; keeping it", item_id, self.layout.root,
+                        item.outcome, extra=item_fields(self.layout.name, item_id,
+                                                        item.attempts))
+        return True
+
+    def _is_our_record(self, kind: str, state: ClaimState) -> Step[bool]:
+        try:
+            return (yield from self._record_claim(kind, state.id)) == state.lock.token
+        except Junk:
+            return False
+
+    def _record_claim(self, kind: str, item_id: str) -> Step[Optional[str]]:
+        """The claim token of ``kind/<id>``'s record; None if there is none, Junk if
+        something else has the key."""
+        existing = yield from self.read_step(kind, item_id)
+        return Record.decode(existing.value).claim if existing else None

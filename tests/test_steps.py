@@ -1,0 +1,339 @@
+"""The claim's and the commit's steps (steps.py), driven with scripted replies: no etcd.
+
+Each test feeds a step the replies (or the library's exceptions) a real etcd
+could give, and checks the requests it sends next against the rule of
+docs/protocol.md that the test is named after.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Iterable, List, Optional
+
+import pytest
+
+from etcdq_v2.codec import Item, Lock, Record
+from etcdq_v2.driver import run
+from etcdq_v2.errors import (AlreadyExists, ClaimClosed, CompareFailed, EtcdqError, KeyMissing,
+                             LockLost, Unavailable)
+from etcdq_v2.keys import Layout
+from etcdq_v2.steps import (COMPLETED, FAILED, ClaimState, Entry, Gone, Held, Request, Step,
+                            Steps, Taken, Version)
+from etcdq_v2.transport import Reply
+
+LAYOUT = Layout("/etcdq", "jobs")
+ITEM = "00000000000000000042"
+WORK, LOCK_KEY = LAYOUT.key("work", ITEM), LAYOUT.key("locks", ITEM)
+OURS = Lock("node-a", "claim-token")
+LOCK_TTL = 30
+LOCKED_AT, SEEN_AT = 50, 40   # C1's index; the index at which the view saw the item
+
+
+def steps(*, lock_ttl: int = LOCK_TTL, max_attempts: Optional[int] = None) -> Steps:
+    return Steps(LAYOUT, node_id="node-a", lock_ttl=lock_ttl, max_attempts=max_attempts,
+                 max_payload=1 << 20, record_ttls={COMPLETED: 86400, FAILED: None})
+
+
+def written(index: int) -> Reply:
+    """A write's reply: etcd's index header names it."""
+    return Reply(b'{"action":"set"}', index)
+
+
+def node(index: int, value: Optional[str], **fields: Any) -> Reply:
+    """A read's (or a refresh's) reply: one node."""
+    body: Dict[str, Any] = {"modifiedIndex": index, "value": value, **fields}
+    return Reply(json.dumps({"node": body}).encode(), index)
+
+
+def missing(index: int = 99) -> KeyMissing:
+    return KeyMissing("Key not found", code=KeyMissing.code, index=index)
+
+
+def compare_failed(index: int = 99, retried: bool = False) -> CompareFailed:
+    exc = CompareFailed("Compare failed", code=CompareFailed.code, index=index)
+    exc.retried = retried
+    return exc
+
+
+class Script:
+    """Drives a step, answering its requests in order: a reply is sent back, an
+    exception is thrown in.  ``sent`` holds the requests it made."""
+
+    def __init__(self, step: Step[Any], answers: Iterable[Any]) -> None:
+        self.step, self.answers, self.sent = step, list(answers), []  # type: List[Request]
+
+    def result(self) -> Any:
+        reply: Any = None
+        error: Optional[BaseException] = None
+        while True:
+            try:
+                request = self.step.throw(error) if error is not None else self.step.send(reply)
+            except StopIteration as stop:
+                assert not self.answers, f"unsent answers: {self.answers}"
+                return stop.value
+            self.sent.append(request)
+            assert self.answers, f"a request beyond the script: {request}"
+            answer = self.answers.pop(0)
+            reply, error = (None, answer) if isinstance(answer, BaseException) else (answer, None)
+
+
+def unclaimed(attempts: int = 0, claim: Optional[str] = None) -> str:
+    return Item("payload", "put-token", attempts, claim, 1.0).encode()
+
+
+def held(since: float = 100.0) -> Held:
+    return Held(OURS, LOCKED_AT, since)
+
+
+def claimed_state(index: int = 60, attempts: int = 1) -> ClaimState:
+    return ClaimState(ITEM, OURS, Item("payload", "put-token", attempts, OURS.token, 1.0),
+                      index, 100.0)
+
+
+# -- C1 ----------------------------------------------------------------------
+def test_c1_refused_with_already_exists_is_taken_and_sends_nothing_more() -> None:
+    script = Script(steps().lock_step(ITEM, OURS, LOCK_TTL),
+                    [AlreadyExists("Key already exists", code=AlreadyExists.code, index=77)])
+    with pytest.raises(Taken) as taken:
+        script.result()
+    assert (taken.value.index, taken.value.refused) == (77, True)
+    assert script.sent == [Request("PUT", LOCK_KEY, OURS.encode(), ttl=LOCK_TTL,
+                                   prev_exist=False)]
+
+
+def test_c1_already_exists_after_a_resend_is_read_back_and_our_value_is_ours() -> None:
+    echo = AlreadyExists("Key already exists", code=AlreadyExists.code, index=77)
+    echo.retried = True
+    script = Script(steps().lock_step(ITEM, OURS, LOCK_TTL), [echo, node(51, OURS.encode())])
+    assert script.result() == 51
+    assert script.sent[1] == Request("GET", LOCK_KEY, quorum=True)
+
+
+# -- C2 ----------------------------------------------------------------------
+def test_c2_is_a_cas_on_the_seen_index_writing_one_more_attempt_and_our_token() -> None:
+    script = Script(steps().take_step(ITEM, held(), Version(SEEN_AT, unclaimed(2))),
+                    [written(60), missing(), missing(), 100.5])
+    state = script.result()
+    c2 = script.sent[0]
+    assert (c2.method, c2.key, c2.prev_index) == ("PUT", WORK, SEEN_AT)
+    item = Item.decode(c2.value)
+    assert (item.attempts, item.claim) == (3, OURS.token)
+    assert (state.index, state.attempt) == (60, 3)
+    # C3: claimed before, so its records are read; within half a TTL, no refresh
+    assert script.sent[1:] == [Request("GET", LAYOUT.key(kind, ITEM), quorum=True)
+                               for kind in (COMPLETED, FAILED)] + [Request("NOW")]
+
+
+def test_c2_whose_reply_was_lost_is_read_back_and_our_token_there_is_our_claim() -> None:
+    """The transport resent the CAS; its echo fails the compare.  The item read
+    back carries our claim token: our C2 applied, and no second C2 is sent."""
+    ours = Item("payload", "put-token", 1, OURS.token, 1.0).encode()
+    script = Script(steps().take_step(ITEM, held(), Version(SEEN_AT, unclaimed())),
+                    [compare_failed(retried=True), node(60, ours), 100.5])
+    state = script.result()
+    assert [r.method for r in script.sent] == ["PUT", "GET", "NOW"]
+    assert script.sent[1] == Request("GET", WORK, quorum=True)
+    assert state.index == 60
+
+
+def test_an_item_claimed_after_our_lock_was_created_is_taken_and_our_lock_dropped() -> None:
+    """C2 fails; the item read back changed after C1's index: another claim held
+    the lock after ours expired, so the item is theirs."""
+    theirs = Item("payload", "put-token", 1, "their-token", 1.0).encode()
+    script = Script(steps().take_step(ITEM, held(), Version(SEEN_AT, unclaimed())),
+                    [compare_failed(), node(LOCKED_AT + 5, theirs), written(70)])
+    with pytest.raises(Taken) as taken:
+        script.result()
+    assert taken.value.index == LOCKED_AT + 5 and not taken.value.refused
+    assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=OURS.encode())
+
+
+def test_c2_on_an_item_gone_from_work_is_gone_and_drops_our_lock() -> None:
+    script = Script(steps().take_step(ITEM, held(), Version(SEEN_AT, unclaimed())),
+                    [missing(), written(70)])
+    with pytest.raises(Gone) as gone:
+        script.result()
+    assert not gone.value.by_us
+    assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=OURS.encode())
+
+
+def test_c2_unanswered_raises_after_dropping_our_lock_and_a_failed_drop_changes_nothing(
+        ) -> None:
+    script = Script(steps().take_step(ITEM, held(), Version(SEEN_AT, unclaimed())),
+                    [Unavailable("no answer"), Unavailable("still none")])
+    with pytest.raises(Unavailable, match="no answer"):
+        script.result()
+    assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=OURS.encode())
+
+
+def test_a_committed_item_is_finished_only_from_a_version_read_never_the_views() -> None:
+    """The view's value carries "o": the claim reads the item first (quorum),
+    and the item gone since means nothing is written."""
+    committed = Record("payload", "their-token", "node-b", 1, 1.0, 2.0,
+                       token="put-token").encode(outcome=COMPLETED)
+    script = Script(steps().take_step(ITEM, held(), Version(SEEN_AT, committed)),
+                    [missing(), written(70)])
+    with pytest.raises(Gone):
+        script.result()
+    assert [r.method for r in script.sent] == ["GET", "DELETE"]
+
+
+# -- C3 ----------------------------------------------------------------------
+def test_c3_past_half_the_ttl_refreshes_and_a_lock_created_anew_fences_the_item_again(
+        ) -> None:
+    late = 100.0 + LOCK_TTL / 2 + 1
+    script = Script(steps().take_step(ITEM, held(), Version(SEEN_AT, unclaimed())),
+                    [written(60), late, late,
+                     node(80, OURS.encode(), createdIndex=LOCKED_AT + 20),  # not C1's lock
+                     written(81)])
+    state = script.result()
+    refresh, refence = script.sent[3], script.sent[4]
+    assert refresh == Request("PUT", LOCK_KEY, ttl=LOCK_TTL, prev_exist=True,
+                              prev_value=OURS.encode(), refresh=True)
+    assert (refence.method, refence.key, refence.prev_index) == ("PUT", WORK, 60)
+    assert (state.index, state.confirmed) == (81, late)
+
+
+def test_c3_past_half_the_ttl_with_c1s_own_lock_needs_no_fence() -> None:
+    late = 100.0 + LOCK_TTL / 2 + 1
+    script = Script(steps().take_step(ITEM, held(), Version(SEEN_AT, unclaimed())),
+                    [written(60), late, late, node(80, OURS.encode(), createdIndex=LOCKED_AT)])
+    assert script.result().index == 60
+    assert len(script.sent) == 4
+
+
+def test_c3_finding_another_claims_lock_hands_nothing_out_and_the_item_is_taken() -> None:
+    late = 100.0 + LOCK_TTL / 2 + 1
+    ours = Item("payload", "put-token", 1, OURS.token, 1.0).encode()
+    script = Script(steps().take_step(ITEM, held(), Version(SEEN_AT, unclaimed())),
+                    [written(60), late, late, compare_failed(index=90), node(60, ours),
+                     written(91)])
+    with pytest.raises(Taken) as taken:
+        script.result()
+    assert taken.value.index == 90
+
+
+def test_c3_at_max_attempts_dead_letters_the_item_and_hands_nothing_out() -> None:
+    script = Script(steps(max_attempts=3).take_step(ITEM, held(), Version(SEEN_AT, unclaimed(3))),
+                    [written(60), missing(), missing(),       # C2; C3: no records
+                     1234.5, written(61), written(62),         # WALL; F1; F2
+                     [written(63)], written(64)])              # F3; our lock dropped
+    with pytest.raises(Gone) as gone:
+        script.result()
+    assert gone.value.by_us
+    f1 = script.sent[4]
+    assert (f1.key, f1.prev_index) == (WORK, 60)
+    assert Item.decode(f1.value).outcome == FAILED
+    assert script.sent[5].key == LAYOUT.key("failed", ITEM) and script.sent[5].prev_exist is False
+
+
+# -- F1 ----------------------------------------------------------------------
+def marked(kind: str = COMPLETED, claim: str = OURS.token) -> str:
+    return Record("payload", claim, "node-a", 1, 1.0, 2.0, "done", token="put-token").encode(
+        outcome=kind)
+
+
+def test_f1_is_a_cas_on_the_index_of_the_claims_version() -> None:
+    script = Script(steps().commit_step(claimed_state(index=60), COMPLETED, marked()),
+                    [written(61)])
+    assert script.result() == Entry(ITEM, 61, marked())
+    assert script.sent == [Request("PUT", WORK, marked(), prev_index=60)]
+
+
+def test_f1_failed_compare_read_back_with_our_outcome_is_our_commit() -> None:
+    script = Script(steps().commit_step(claimed_state(), COMPLETED, marked()),
+                    [compare_failed(retried=True), node(61, marked())])
+    assert script.result() == Entry(ITEM, 61, marked())
+
+
+def test_f1_failed_compare_on_an_item_another_claim_took_is_lock_lost() -> None:
+    theirs = Item("payload", "put-token", 2, "their-token", 1.0).encode()
+    script = Script(steps().commit_step(claimed_state(), COMPLETED, marked()),
+                    [compare_failed(), node(70, theirs)])
+    with pytest.raises(LockLost):
+        script.result()
+
+
+def test_f1_read_back_of_our_own_other_outcome_is_claim_closed() -> None:
+    script = Script(steps().commit_step(claimed_state(), COMPLETED, marked()),
+                    [compare_failed(retried=True), node(61, marked(FAILED))])
+    with pytest.raises(ClaimClosed):
+        script.result()
+
+
+def test_f1_on_an_item_gone_with_our_record_is_committed_already() -> None:
+    record = Record("payload", OURS.token, "node-a", 1, 1.0, 2.0, "done").encode()
+    script = Script(steps().commit_step(claimed_state(), COMPLETED, marked()),
+                    [missing(), missing(), node(62, record)])
+    assert script.result() is None
+    assert [r.key for r in script.sent[1:]] == [WORK, LAYOUT.key("completed", ITEM)]
+
+
+# -- F2-F4 -------------------------------------------------------------------
+def test_f2_refused_then_no_record_is_sent_again_while_the_item_holds_f1s_index() -> None:
+    record_key = LAYOUT.key("completed", ITEM)
+    script = Script(steps().record_step(ITEM, Entry(ITEM, 61, marked()), OURS),
+                    [AlreadyExists("exists", code=AlreadyExists.code), missing(),  # expired
+                     node(61, marked()), written(63), [written(64)]])
+    script.result()
+    assert [(r.method, r.key) for r in script.sent[:4]] == [
+        ("PUT", record_key), ("GET", record_key), ("GET", WORK), ("PUT", record_key)]
+
+
+def test_f2_refused_then_no_record_and_no_item_writes_nothing_again() -> None:
+    script = Script(steps().record_step(ITEM, Entry(ITEM, 61, marked()), OURS),
+                    [AlreadyExists("exists", code=AlreadyExists.code), missing(), missing(),
+                     [missing()]])
+    script.result()
+    assert [r.method for r in script.sent] == ["PUT", "GET", "GET", "ALL"]
+
+
+@pytest.mark.parametrize("lock_ttl, deletes", [(30, 1), (120, 2)])
+def test_f3_and_f4_go_together_and_f4_only_when_locks_do_not_linger(lock_ttl: int,
+                                                                    deletes: int) -> None:
+    script = Script(steps(lock_ttl=lock_ttl).record_step(ITEM, Entry(ITEM, 61, marked()), OURS),
+                    [written(62), [written(63)] * deletes])
+    script.result()
+    f3_f4 = script.sent[1].together
+    assert f3_f4[0] == Request("DELETE", WORK, prev_index=61)
+    assert f3_f4[1:] == ((Request("DELETE", LOCK_KEY, prev_value=OURS.encode()),)
+                         if deletes == 2 else ())
+
+
+def test_f3_finding_the_item_gone_is_done_but_another_error_is_raised() -> None:
+    Script(steps().record_step(ITEM, Entry(ITEM, 61, marked()), None),
+           [written(62), [missing()]]).result()
+    with pytest.raises(Unavailable):
+        Script(steps().record_step(ITEM, Entry(ITEM, 61, marked()), None),
+               [written(62), [Unavailable("no answer")]]).result()
+
+
+# -- the driver --------------------------------------------------------------
+class FakeTransport:
+    """Answers as etcd would for one missing key; counts what it was sent."""
+
+    class Clock:
+        def boot_clock(self) -> float:
+            return 7.0
+
+    runtime = Clock()
+
+    def __init__(self) -> None:
+        self.calls: List[str] = []
+
+    def get(self, key: str, **_: Any) -> Reply:
+        self.calls.append(f"GET {key}")
+        raise missing()
+
+
+def test_the_driver_throws_a_requests_error_into_the_step_and_returns_its_result() -> None:
+    def step() -> Step[str]:
+        seconds = yield Request("NOW")
+        try:
+            yield Request("GET", WORK, quorum=True)
+        except EtcdqError as exc:
+            return f"{type(exc).__name__} at {seconds}"
+        return "no error"
+
+    transport = FakeTransport()
+    assert run(step(), transport) == "KeyMissing at 7.0"  # type: ignore[arg-type]
+    assert transport.calls == [f"GET {WORK}"]
