@@ -248,16 +248,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 from dataclasses import dataclass, replace
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple,
                     Union)
 
-from .codec import (IN_LOCK, Item, Junk, Lock, Record, check_outcome, failure_text,
-                    tombstone, tombstone_token)
-from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdFailure,
-                     EtcdqError, EtcdRejected, InvalidArgument, KeyMissing, LockLost, NotFound,
-                     Unavailable)
+from .codec import Item, Junk, Lock, Record, check_outcome, tombstone, tombstone_token
+from .errors import (AlreadyExists, AmbiguousWrite, CompareFailed, EtcdqError, EtcdRejected,
+                     InvalidArgument, KeyMissing, LockLost, NotFound, Unavailable)
 from .keys import DIRS, Layout, check_item_id, check_prefix, is_queue_name
 from .driver import run
 from .runtime import SYSTEM
@@ -268,11 +265,13 @@ from .steps import LINGER_MAX as LINGER_MAX
 from .steps import TOMBSTONE_TTL as TOMBSTONE_TTL
 from .steps import ClaimState as ClaimState
 from .steps import Entry as Entry
+from .steps import GivenBack as GivenBack
 from .steps import Gone as Gone
 from .steps import Held, Steps
 from .steps import Taken as Taken
 from .steps import Version as Version
 from .steps import item_fields as item_fields
+from .steps import ttl_seconds as ttl_seconds
 from .transport import EventStream, Node, Reply, Transport, UndecodableReply
 
 log = logging.getLogger("etcdq_v2.protocol")
@@ -291,11 +290,6 @@ MAX_TTL = 2**31 - 1
 #: connection each (Protocol.post_items).
 MAX_IN_FLIGHT = 64
 
-#: What R1 (release, or a failure's retry) tells of an item given back: the
-#: seconds until it is claimable again (its delay lock's TTL; 0: now), and the
-#: etcd index at which R1 applied, so that a view does not let an older
-#: listing undo what it learnt.
-GivenBack = Tuple[int, int]
 
 
 def boot_clock() -> float:
@@ -319,11 +313,6 @@ class ImportState:
     #: The index of our latest write, which names the next key (I3); None: unknown.
     name: Optional[int]
     refreshed: float    # runtime.monotonic() before the lock was last created or refreshed
-
-
-def ttl_seconds(seconds: float) -> int:
-    """etcd TTLs are whole seconds: round up, never below 1."""
-    return max(1, math.ceil(seconds))
 
 
 def delay_ttl(delay: Optional[float]) -> int:
@@ -615,15 +604,9 @@ class Protocol(Steps):
         return confirmed + self.lock_ttl - self.runtime.boot_clock()
 
     def confirm(self, state: ClaimState) -> None:
-        """Claim.refresh(): make sure the lock is ours, or raise LockLost."""
-        started = self.runtime.boot_clock()
-        try:
-            self.etcd.put(self.layout.key("locks", state.id), ttl=self.lock_ttl, refresh=True,
-                          prev_exist=True, prev_value=state.lock.encode())
-            failure: Optional[EtcdFailure] = None
-        except (CompareFailed, KeyMissing) as exc:
-            failure = exc
-        self._confirmed(state, failure, started)
+        """Claim.refresh() (:meth:`Steps.confirm_step`): make sure the lock is ours,
+        or raise LockLost."""
+        run(self.confirm_step(state), self.etcd)
 
     def confirm_in_time(self, state: ClaimState) -> Optional[EtcdqError]:
         """The heartbeat's confirm(): it gives up once the lock may have expired
@@ -637,56 +620,6 @@ class Protocol(Steps):
         except EtcdqError as exc:
             return exc
         return None
-
-    def _confirmed(self, state: ClaimState, failure: Optional[EtcdqError],
-                   started: float) -> None:
-        """After a refresh of the lock sent at ``started`` that raised
-        ``failure`` (None: it applied): the lock is confirmed ours, re-created
-        if it expired while the item is still ours (KeyMissing), or LockLost;
-        any other failure is raised as it is."""
-        try:
-            if isinstance(failure, CompareFailed):
-                raise LockLost(f"item {state.id}: another claim holds the lock")
-            if isinstance(failure, KeyMissing):
-                self._retake(state, state.lock, self.lock_ttl)
-            elif failure is not None:
-                raise failure
-        except LockLost:
-            state.confirmed = float("-inf")
-            raise
-        state.confirmed = started
-
-    def _retake(self, state: ClaimState, lock: Lock, ttl: int) -> int:
-        """Re-create our expired lock, if the item is still ours, or raise LockLost;
-        the new lock's index.
-
-        Checked before (no use taking it otherwise) and again after: another
-        claim may have come and gone in between (C1, C2, release), and while
-        we hold the lock no new C2 can apply, so the second check decides.
-        """
-        self._still_ours(state)
-        try:
-            index = self._create_lock(state.id, lock, ttl)
-        except Taken:
-            raise LockLost(f"item {state.id}: the lock expired and another claim took it"
-                           ) from None
-        try:
-            self._still_ours(state)
-        except LockLost:
-            self._drop_lock(state.id, lock)
-            raise
-        return index
-
-    def _still_ours(self, state: ClaimState) -> None:
-        """After our lock expired: the claim is still ours if nobody claimed since."""
-        entry = self.read("work", state.id)
-        try:
-            holder = Item.decode(entry.value).claim if entry else None
-        except Junk:
-            holder = None
-        if holder != state.lock.token:
-            raise LockLost(f"item {state.id}: the lock expired and the item was claimed again"
-                           if entry else f"item {state.id} is no longer in work/")
 
     # -- F: complete, dead-letter --------------------------------------------
     def finish(self, state: ClaimState, kind: str, *, result: Any = None,
@@ -714,124 +647,33 @@ class Protocol(Steps):
 
     # -- R: release, fail ----------------------------------------------------
     def release(self, state: ClaimState, delay: Optional[float] = 0) -> GivenBack:
-        """R0, then R1: give the attempt back, then the item (now, or after ``delay``).
-        Returns R1's :data:`GivenBack`.
+        """R0, then R1 (:meth:`Steps.release_step`): give the attempt back, then the
+        item (now, or after ``delay``).  Returns R1's :data:`GivenBack`.
 
         A ``delay`` that is no number of seconds from 0 to MAX_TTL raises
         InvalidArgument before any write.
         """
-        ttl = delay_ttl(delay)
-        self._give_back(state)
-        return self._unlock(state, ttl)
+        return run(self.release_step(state, delay_ttl(delay)), self.etcd)
 
     def _give_back(self, state: ClaimState) -> None:
-        """R0: CAS ``work/<id>`` on the claim's index to a-1, our claim token kept.
-
-        A release is not an attempt (a worker shutting down, a rolling deploy):
-        the next claim counts ``a`` again.  The write is fenced like F1, so a
-        stale claim changes nothing.  A second call (the first one's R1 got no
-        answer) finds the claim's version already at a-1, and writes nothing.
-        """
-        self._set_attempts(state, state.attempt - 1)
-
-    def _set_attempts(self, state: ClaimState, attempts: int) -> None:
-        """Make the item count ``attempts``: R0 (a-1), or a failure undoing a
-        release's R0 (``a`` again: a release that stopped after R0 and was then
-        failed).  A CAS on the claim's version, our token kept; nothing to write
-        if that version already counts ``attempts``."""
-        if state.item.attempts == attempts:
-            return
-        written = replace(state.item, attempts=attempts)
-        try:
-            reply = self.etcd.put(self.layout.key("work", state.id), written.encode(stored=True),
-                                  prev_index=state.index)
-            state.wrote(written, reply.written_index)
-        except (CompareFailed, KeyMissing):
-            state.wrote(written, self._attempts_set(state, attempts))
-
-    def _attempts_set(self, state: ClaimState, attempts: int) -> int:
-        """After R0 (or its undoing) failed: the index of our own write (a resent
-        request, or an earlier call), ClaimClosed if an earlier call of ours
-        committed the item, else LockLost."""
-        entry = self.read("work", state.id)
-        if entry is None:
-            for done in (COMPLETED, FAILED):
-                if run(self._is_our_record(done, state), self.etcd):
-                    raise _committed_before(state, done)
-        else:
-            try:
-                item: Optional[Item] = Item.decode(entry.value)
-            except Junk:
-                item = None
-            if item is not None and item.claim == state.lock.token:
-                if item.outcome:
-                    raise _committed_before(state, item.outcome)
-                if item.attempts == attempts:
-                    return entry.index
-        raise LockLost(f"item {state.id}: another claim took it, or it is finished")
-
-    def _unlock(self, state: ClaimState, delay: float = 0, reason: Optional[str] = None,
-                traceback: Optional[str] = None) -> GivenBack:
-        """R1: the item is claimable again now, or after ``delay`` seconds (etcd's
-        clock): returns those seconds as the lock's TTL (0: now), and the etcd
-        index at which R1 applied (or at which our lock was found gone).  The
-        delay lock carries a failed attempt's ``reason`` and ``traceback``,
-        made to encode and cut short (codec.IN_LOCK): every view lists locks/."""
-        key, mine = self.layout.key("locks", state.id), state.lock.encode()
-        if delay <= 0:
-            try:
-                return 0, self.etcd.delete(key, prev_value=mine).written_index
-            except KeyMissing as exc:
-                self._still_ours(state)
-                return 0, exc.index or 0
-            except CompareFailed:
-                raise LockLost(f"item {state.id}: another claim holds the lock") from None
-        why, trace = failure_text(reason, traceback, IN_LOCK)
-        delayed = replace(state.lock, delay=True, reason=why, traceback=trace)
-        ttl = ttl_seconds(delay)
-        try:
-            return ttl, self.etcd.put(key, delayed.encode(), ttl=ttl,
-                                      prev_value=mine).written_index
-        except KeyMissing:
-            return ttl, self._retake(state, delayed, ttl)
-        except CompareFailed:
-            return self._delay_lock_back(state)
-
-    def _delay_lock_back(self, state: ClaimState) -> GivenBack:
-        """R1 (a delay) found the lock changed: our own PUT may have applied, a
-        resent one's first copy or an earlier call's that timed out (a release,
-        or a fail with another reason).  Ours if the lock is a delay lock with
-        our claim token (its reason and traceback are the first call's), or
-        gone (expired meanwhile) with the item still ours; else LockLost."""
-        try:
-            node = self.etcd.get(self.layout.key("locks", state.id), quorum=True).node
-        except KeyMissing as exc:
-            self._still_ours(state)
-            return 0, exc.index or 0
-        if not _our_delay_lock(node.get("value"), state.lock):
-            raise LockLost(f"item {state.id}: another claim holds the lock")
-        # Still there: at least a second, even past its expiry (no ttl), which
-        # etcd's sweep (every 0.5 s) is due to remove: reported as given back
-        # at once, a consumer's claim would be refused on it, and a quiet view
-        # would hold the item a lock TTL.
-        return max(1, int(node.get("ttl", 0))), node["modifiedIndex"]
+        """R0 alone (:meth:`Steps.give_back_step`)."""
+        run(self.give_back_step(state), self.etcd)
 
     def fail(self, state: ClaimState, reason: str, *, traceback: Optional[str] = None,
              delay: Optional[float] = None, retry: bool = True) -> Optional[GivenBack]:
         """Dead-letter the item if it used its attempts (or ``retry`` is False), else
-        retry it after ``delay`` seconds (None: the queue's backoff).
+        retry it after ``delay`` seconds (None: the queue's backoff):
+        :meth:`Steps.dead_letters`, then :meth:`finish` or :meth:`Steps.retry_step`.
 
         Returns None if the item went to failed/, else R1's :data:`GivenBack`.
         PayloadTooLarge for a reason over the limit, whether or not it would be stored.
         """
         check_outcome(None, reason, self.max_payload)
-        if not retry or (self.max_attempts and state.attempt >= self.max_attempts):
+        if self.dead_letters(state, retry):
             self.finish(state, FAILED, reason=reason, traceback=traceback)
             return None
         wait = self.backoff(state.attempt) if delay is None else delay
-        # No R0: a failure counts; a release that stopped after its R0 is undone.
-        self._set_attempts(state, state.attempt)
-        return self._unlock(state, wait, reason, traceback)
+        return run(self.retry_step(state, wait, reason, traceback), self.etcd)
 
     # -- Q: requeue ----------------------------------------------------------
     def requeue(self, item_id: str) -> Tuple[str, Optional[Version]]:
@@ -1541,22 +1383,6 @@ def _marked_ttl(entry: Entry) -> Optional[int]:
     taken as long as the other late-write bounds (F2, Q4) last."""
     ttl = entry.ttl_left()
     return None if ttl is None else max(ttl, TOMBSTONE_TTL)
-
-
-def _our_delay_lock(raw: Optional[str], ours: Lock) -> bool:
-    """``raw`` is a delay lock of our claim: our node and claim token, ``"d"``
-    (whatever reason and traceback it carries)."""
-    try:
-        lock = Lock.decode(raw)
-    except Junk:
-        return False
-    return lock.delay and (lock.node_id, lock.token) == (ours.node_id, ours.token)
-
-
-def _committed_before(state: ClaimState, done: str) -> ClaimClosed:
-    """A release found the item committed by an earlier call of the same claim."""
-    return ClaimClosed(f"item {state.id} was already committed as {done} by this claim "
-                       "(an earlier call whose reply was lost)", outcome=done)
 
 
 def _put_token(decode: Callable[[Optional[str]], Any], raw: Optional[str]) -> Optional[str]:

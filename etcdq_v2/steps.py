@@ -24,16 +24,21 @@ C2, C3      :meth:`Steps.take_step` (the re-fence, a dead letter at max_attempts
 F1          :meth:`Steps.commit_step` (a failed compare read back)
 F2-F4       :meth:`Steps.record_step`
 F1-F4       :meth:`Steps.finish_step` (the dead letter of C3)
+R0, R1      :meth:`Steps.release_step` (:meth:`Steps.give_back_step`,
+            :meth:`Steps.unlock_step`); a failure's retry :meth:`Steps.retry_step`
+heartbeat   :meth:`Steps.confirm_step` (an expired lock retaken:
+            :meth:`Steps.retake_step`)
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import typing
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Generator, List, Optional, Tuple, TypeVar, Union
 
-from .codec import IN_RECORD, Item, Junk, Lock, Record, check_outcome, failure_text
+from .codec import IN_LOCK, IN_RECORD, Item, Junk, Lock, Record, check_outcome, failure_text
 from .errors import (AlreadyExists, ClaimClosed, CompareFailed, EtcdqError, EtcdRejected,
                      KeyMissing, LockLost)
 from .keys import Layout
@@ -56,6 +61,17 @@ TOMBSTONE_TTL = 7 * 24 * 3600
 LINGER_MAX = 60
 
 T = TypeVar("T")
+
+#: What R1 (release, or a failure's retry) tells of an item given back: the
+#: seconds until it is claimable again (its delay lock's TTL; 0: now), and the
+#: etcd index at which R1 applied, so that a view does not let an older
+#: listing undo what it learnt.
+GivenBack = Tuple[int, int]
+
+
+def ttl_seconds(seconds: float) -> int:
+    """etcd TTLs are whole seconds: round up, never below 1."""
+    return max(1, math.ceil(seconds))
 
 
 # -- the vocabulary ------------------------------------------------------------
@@ -635,3 +651,183 @@ class Steps:
         something else has the key."""
         existing = yield from self.read_step(kind, item_id)
         return Record.decode(existing.value).claim if existing else None
+
+    # -- heartbeat ---------------------------------------------------------------
+    def confirm_step(self, state: ClaimState) -> Step[None]:
+        """Claim.refresh(): a CAS refresh of our lock; the lock is confirmed ours
+        from the refresh's send (``state.confirmed``), re-created if it expired
+        while the item is still ours (KeyMissing), or LockLost (the claim is
+        lost: ``confirmed`` is -inf)."""
+        started = yield from now()
+        try:
+            try:
+                yield from put(self.layout.key("locks", state.id), ttl=self.lock_ttl,
+                               refresh=True, prev_exist=True, prev_value=state.lock.encode())
+            except CompareFailed:
+                raise LockLost(f"item {state.id}: another claim holds the lock") from None
+            except KeyMissing:
+                yield from self.retake_step(state, state.lock, self.lock_ttl)
+        except LockLost:
+            state.confirmed = float("-inf")
+            raise
+        state.confirmed = started
+
+    def retake_step(self, state: ClaimState, lock: Lock, ttl: int) -> Step[int]:
+        """Re-create our expired lock, if the item is still ours, or raise LockLost;
+        the new lock's index.
+
+        Checked before (no use taking it otherwise) and again after: another
+        claim may have come and gone in between (C1, C2, release), and while
+        we hold the lock no new C2 can apply, so the second check decides.
+        """
+        yield from self.still_ours_step(state)
+        try:
+            index = yield from self.lock_step(state.id, lock, ttl)
+        except Taken:
+            raise LockLost(f"item {state.id}: the lock expired and another claim took it"
+                           ) from None
+        try:
+            yield from self.still_ours_step(state)
+        except LockLost:
+            yield from self.drop_lock_step(state.id, lock)
+            raise
+        return index
+
+    def still_ours_step(self, state: ClaimState) -> Step[None]:
+        """After our lock expired: the claim is still ours if nobody claimed since."""
+        entry = yield from self.read_step("work", state.id)
+        try:
+            holder = Item.decode(entry.value).claim if entry else None
+        except Junk:
+            holder = None
+        if holder != state.lock.token:
+            raise LockLost(f"item {state.id}: the lock expired and the item was claimed again"
+                           if entry else f"item {state.id} is no longer in work/")
+
+    # -- R: release, fail ----------------------------------------------------
+    def release_step(self, state: ClaimState, ttl: int) -> Step[GivenBack]:
+        """R0, then R1: give the attempt back, then the item (now, or after ``ttl``
+        seconds); R1's :data:`GivenBack`."""
+        yield from self.give_back_step(state)
+        return (yield from self.unlock_step(state, ttl))
+
+    def give_back_step(self, state: ClaimState) -> Step[None]:
+        """R0: CAS ``work/<id>`` on the claim's index to a-1, our claim token kept.
+
+        A release is not an attempt (a worker shutting down, a rolling deploy):
+        the next claim counts ``a`` again.  The write is fenced like F1, so a
+        stale claim changes nothing.  A second call (the first one's R1 got no
+        answer) finds the claim's version already at a-1, and writes nothing.
+        """
+        yield from self._set_attempts(state, state.attempt - 1)
+
+    def dead_letters(self, state: ClaimState, retry: bool) -> bool:
+        """fail() dead-letters (F1-F4) when asked to (``retry`` False: no retry
+        can help) or once the item used its attempts; else it is retried."""
+        return not retry or bool(self.max_attempts and state.attempt >= self.max_attempts)
+
+    def retry_step(self, state: ClaimState, delay: float, reason: Optional[str],
+                   traceback: Optional[str]) -> Step[GivenBack]:
+        """A failure with attempts left: R1 with ``delay``, carrying the reason.
+        No R0 (a failure counts), and a release that stopped after its R0 is
+        undone first."""
+        yield from self._set_attempts(state, state.attempt)
+        return (yield from self.unlock_step(state, delay, reason, traceback))
+
+    def _set_attempts(self, state: ClaimState, attempts: int) -> Step[None]:
+        """Make the item count ``attempts``: R0 (a-1), or a failure undoing a
+        release's R0 (``a`` again: a release that stopped after R0 and was then
+        failed).  A CAS on the claim's version, our token kept; nothing to write
+        if that version already counts ``attempts``."""
+        if state.item.attempts == attempts:
+            return
+        written = replace(state.item, attempts=attempts)
+        try:
+            reply = yield from put(self.layout.key("work", state.id),
+                                   written.encode(stored=True), prev_index=state.index)
+            state.wrote(written, reply.written_index)
+        except (CompareFailed, KeyMissing):
+            state.wrote(written, (yield from self._attempts_set(state, attempts)))
+
+    def _attempts_set(self, state: ClaimState, attempts: int) -> Step[int]:
+        """After R0 (or its undoing) failed: the index of our own write (a resent
+        request, or an earlier call), ClaimClosed if an earlier call of ours
+        committed the item, else LockLost."""
+        entry = yield from self.read_step("work", state.id)
+        if entry is None:
+            for done in (COMPLETED, FAILED):
+                if (yield from self._is_our_record(done, state)):
+                    raise committed_before(state, done)
+        else:
+            try:
+                item: Optional[Item] = Item.decode(entry.value)
+            except Junk:
+                item = None
+            if item is not None and item.claim == state.lock.token:
+                if item.outcome:
+                    raise committed_before(state, item.outcome)
+                if item.attempts == attempts:
+                    return entry.index
+        raise LockLost(f"item {state.id}: another claim took it, or it is finished")
+
+    def unlock_step(self, state: ClaimState, delay: float = 0, reason: Optional[str] = None,
+                    traceback: Optional[str] = None) -> Step[GivenBack]:
+        """R1: the item is claimable again now, or after ``delay`` seconds (etcd's
+        clock): returns those seconds as the lock's TTL (0: now), and the etcd
+        index at which R1 applied (or at which our lock was found gone).  The
+        delay lock carries a failed attempt's ``reason`` and ``traceback``,
+        made to encode and cut short (codec.IN_LOCK): every view lists locks/."""
+        key, mine = self.layout.key("locks", state.id), state.lock.encode()
+        if delay <= 0:
+            try:
+                return 0, (yield from delete(key, prev_value=mine)).written_index
+            except KeyMissing as exc:
+                yield from self.still_ours_step(state)
+                return 0, exc.index or 0
+            except CompareFailed:
+                raise LockLost(f"item {state.id}: another claim holds the lock") from None
+        why, trace = failure_text(reason, traceback, IN_LOCK)
+        delayed = replace(state.lock, delay=True, reason=why, traceback=trace)
+        ttl = ttl_seconds(delay)
+        try:
+            return ttl, (yield from put(key, delayed.encode(), ttl=ttl,
+                                        prev_value=mine)).written_index
+        except KeyMissing:
+            return ttl, (yield from self.retake_step(state, delayed, ttl))
+        except CompareFailed:
+            return (yield from self._delay_lock_back(state))
+
+    def _delay_lock_back(self, state: ClaimState) -> Step[GivenBack]:
+        """R1 (a delay) found the lock changed: our own PUT may have applied, a
+        resent one's first copy or an earlier call's that timed out (a release,
+        or a fail with another reason).  Ours if the lock is a delay lock with
+        our claim token (its reason and traceback are the first call's), or
+        gone (expired meanwhile) with the item still ours; else LockLost."""
+        try:
+            node = (yield from get(self.layout.key("locks", state.id), quorum=True)).node
+        except KeyMissing as exc:
+            yield from self.still_ours_step(state)
+            return 0, exc.index or 0
+        if not _our_delay_lock(node.get("value"), state.lock):
+            raise LockLost(f"item {state.id}: another claim holds the lock")
+        # Still there: at least a second, even past its expiry (no ttl), which
+        # etcd's sweep (every 0.5 s) is due to remove: reported as given back
+        # at once, a consumer's claim would be refused on it, and a quiet view
+        # would hold the item a lock TTL.
+        return max(1, int(node.get("ttl", 0))), node["modifiedIndex"]
+
+
+def _our_delay_lock(raw: Optional[str], ours: Lock) -> bool:
+    """``raw`` is a delay lock of our claim: our node and claim token, ``"d"``
+    (whatever reason and traceback it carries)."""
+    try:
+        lock = Lock.decode(raw)
+    except Junk:
+        return False
+    return lock.delay and (lock.node_id, lock.token) == (ours.node_id, ours.token)
+
+
+def committed_before(state: ClaimState, done: str) -> ClaimClosed:
+    """A release found the item committed by an earlier call of the same claim."""
+    return ClaimClosed(f"item {state.id} was already committed as {done} by this claim "
+                       "(an earlier call whose reply was lost)", outcome=done)

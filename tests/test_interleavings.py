@@ -257,16 +257,18 @@ def test_r6_a_retake_after_another_claim_came_and_went_lets_go(
         a._heartbeat.discard(claim_a)
         p = a._protocol
         wait_until(lambda: p.read("locks", item_id) is None, 5, message="A's lock to expire")
-        checked = p._still_ours
+        lock_key, put = p.layout.key("locks", item_id), p.etcd.put
 
-        def still_ours_then_pause(state):  # A pauses right after the retake's check
-            checked(state)
-            monkeypatch.setattr(p, "_still_ours", checked)
-            claim_b = b.claim(timeout=3)   # ... while B claims and releases
-            assert claim_b is not None and claim_b.id == item_id
-            claim_b.release()
+        def pause_before_the_lock_create(key, value=None, **kw):
+            # A pauses right after the retake's check, before it creates the lock ...
+            if key == lock_key and kw.get("prev_exist") is False:
+                monkeypatch.setattr(p.etcd, "put", put)
+                claim_b = b.claim(timeout=3)   # ... while B claims and releases
+                assert claim_b is not None and claim_b.id == item_id
+                claim_b.release()
+            return put(key, value, **kw)
 
-        monkeypatch.setattr(p, "_still_ours", still_ours_then_pause)
+        monkeypatch.setattr(p.etcd, "put", pause_before_the_lock_create)
         with pytest.raises(LockLost):
             claim_a.refresh()
         assert claim_a.lost

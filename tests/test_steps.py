@@ -7,6 +7,7 @@ docs/protocol.md that the test is named after.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, Dict, Iterable, List, Optional
 
 import pytest
@@ -305,6 +306,122 @@ def test_f3_finding_the_item_gone_is_done_but_another_error_is_raised() -> None:
     with pytest.raises(Unavailable):
         Script(steps().record_step(ITEM, Entry(ITEM, 61, marked()), None),
                [written(62), [Unavailable("no answer")]]).result()
+
+
+# -- R0, R1 ------------------------------------------------------------------
+def test_r0_is_a_cas_on_the_claims_index_giving_the_attempt_back_with_our_token() -> None:
+    state = claimed_state(index=60, attempts=2)
+    script = Script(steps().release_step(state, 0), [written(61), written(62)])
+    assert script.result() == (0, 62)
+    r0, r1 = script.sent
+    assert (r0.key, r0.prev_index) == (WORK, 60)
+    assert (Item.decode(r0.value).attempts, Item.decode(r0.value).claim) == (1, OURS.token)
+    assert r1 == Request("DELETE", LOCK_KEY, prev_value=OURS.encode())
+    assert (state.index, state.item.attempts, state.attempt) == (61, 1, 2)
+
+
+def test_r0_whose_reply_was_lost_is_read_back_and_our_token_with_one_less_is_ours() -> None:
+    state = claimed_state(index=60, attempts=2)
+    given_back = Item("payload", "put-token", 1, OURS.token, 1.0).encode()
+    script = Script(steps().give_back_step(state), [compare_failed(retried=True),
+                                                    node(61, given_back)])
+    script.result()
+    assert script.sent[1] == Request("GET", WORK, quorum=True)
+    assert (state.index, state.item.attempts) == (61, 1)
+
+
+def test_r0_read_back_of_our_own_commit_is_claim_closed() -> None:
+    script = Script(steps().give_back_step(claimed_state(attempts=2)),
+                    [compare_failed(retried=True), node(61, marked())])
+    with pytest.raises(ClaimClosed):
+        script.result()
+
+
+def test_a_release_again_after_its_r0_applied_sends_no_second_r0() -> None:
+    state = claimed_state(index=61, attempts=2)
+    state.wrote(replace(state.item, attempts=1), 61)
+    script = Script(steps().release_step(state, 0), [written(62)])
+    script.result()
+    assert [r.method for r in script.sent] == ["DELETE"]
+
+
+def test_r1_with_a_delay_refused_reads_back_our_delay_lock_and_reports_at_least_a_second(
+        ) -> None:
+    ours = replace(OURS, delay=True, reason="an earlier call's").encode()
+    script = Script(steps().unlock_step(claimed_state(), 5, "boom"),
+                    [compare_failed(retried=True), node(70, ours)])  # past expiry: no ttl
+    assert script.result() == (1, 70)
+    r1 = script.sent[0]
+    assert (r1.ttl, r1.prev_value, Lock.decode(r1.value).delay) == (5, OURS.encode(), True)
+
+
+def test_r1_finding_another_claims_lock_is_lock_lost() -> None:
+    script = Script(steps().unlock_step(claimed_state(), 0), [compare_failed()])
+    with pytest.raises(LockLost):
+        script.result()
+
+
+@pytest.mark.parametrize("holder, ours", [(OURS.token, True), ("their-token", False)])
+def test_r1_on_a_lock_gone_is_ours_only_while_the_item_carries_our_token(holder: str,
+                                                                       ours: bool) -> None:
+    item = Item("payload", "put-token", 1, holder, 1.0).encode()
+    script = Script(steps().unlock_step(claimed_state(), 0), [missing(88), node(60, item)])
+    if ours:
+        assert script.result() == (0, 88)
+    else:
+        with pytest.raises(LockLost):
+            script.result()
+
+
+@pytest.mark.parametrize("attempt, retry, dead", [(2, True, False), (3, True, True),
+                                                  (1, False, True)])
+def test_a_failure_dead_letters_at_max_attempts_or_without_retry(attempt: int, retry: bool,
+                                                                 dead: bool) -> None:
+    assert steps(max_attempts=3).dead_letters(claimed_state(attempts=attempt), retry) is dead
+
+
+def test_a_failure_after_a_release_stopped_at_r0_writes_its_attempt_back_first() -> None:
+    state = claimed_state(index=61, attempts=2)
+    state.wrote(replace(state.item, attempts=1), 61)
+    script = Script(steps().retry_step(state, 10, "boom", None), [written(62), written(63)])
+    assert script.result() == (10, 63)
+    assert Item.decode(script.sent[0].value).attempts == 2
+    assert Lock.decode(script.sent[1].value).reason == "boom"
+
+
+# -- the heartbeat's refresh -----------------------------------------------------
+def test_a_refresh_is_a_cas_on_our_lock_and_confirms_it_from_its_send() -> None:
+    state = claimed_state()
+    script = Script(steps().confirm_step(state), [500.0, node(60, OURS.encode())])
+    script.result()
+    assert script.sent[1] == Request("PUT", LOCK_KEY, ttl=LOCK_TTL, prev_exist=True,
+                                     prev_value=OURS.encode(), refresh=True)
+    assert state.confirmed == 500.0
+
+
+def test_a_refresh_finding_another_claims_lock_loses_the_claim() -> None:
+    state = claimed_state()
+    with pytest.raises(LockLost):
+        Script(steps().confirm_step(state), [500.0, compare_failed()]).result()
+    assert state.confirmed == float("-inf")
+
+
+def test_a_lock_retaken_after_another_claim_came_and_went_is_let_go() -> None:
+    """The lock expired; the item was ours at the first check, then another
+    claim took it and gave it back before our create: the second check finds
+    their token, so the lock we created is dropped and the claim is lost."""
+    state = claimed_state()
+    ours = Item("payload", "put-token", 1, OURS.token, 1.0).encode()
+    theirs = Item("payload", "put-token", 1, "their-token", 1.0).encode()
+    script = Script(steps().confirm_step(state),
+                    [500.0, missing(), node(60, ours), written(90), node(85, theirs),
+                     written(91)])
+    with pytest.raises(LockLost):
+        script.result()
+    assert [r.method for r in script.sent] == ["NOW", "PUT", "GET", "PUT", "GET", "DELETE"]
+    assert script.sent[3].prev_exist is False
+    assert script.sent[5] == Request("DELETE", LOCK_KEY, prev_value=OURS.encode())
+    assert state.confirmed == float("-inf")
 
 
 # -- the driver --------------------------------------------------------------
