@@ -6,6 +6,11 @@ between any two of them loses no item, loses no completion record, and never
 hands out an item that has a completion record.  docs/protocol.md says the
 same at more length.
 
+The claim (C1-C3), the commit (F1-F4), release and fail (R0, R1) and the
+heartbeat's refresh are written as generator steps without I/O in steps.py;
+the methods of :class:`Protocol` of the same names run them on the transport
+(driver.run).  The other operations below call the transport here.
+
 Values (see codec.py): an item carries its put token ``t``, its claim count
 ``a`` and the token of its latest claim ``c``; a lock carries the claimer's
 node id and claim token (a delayed put's lock: its put token).
