@@ -8,7 +8,7 @@ holds no rule: it sends what the step asks and hands back what came.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from .errors import EtcdqError
 from .steps import Request, Step, T
@@ -56,7 +56,8 @@ def send(transport: Transport, request: Request) -> Any:
     raise ValueError(f"no such request: {request.method}")
 
 
-def _all(transport: Transport, requests: Any) -> List[Union[Reply, EtcdqError]]:
+def _all(transport: Transport, requests: Sequence[Request]
+         ) -> List[Union[Reply, EtcdqError]]:
     """Requests sent at once on parallel connections (transport.delete_all, get_all)."""
     if all(request.method == "DELETE" for request in requests):
         return transport.delete_all([(request.key, _condition(request)) for request in requests])

@@ -507,10 +507,12 @@ class Steps:
                         requeued=state.item.requeued, traceback=traceback)
         return record.encode(outcome=kind, stored=True)
 
-    def finish_step(self, state: ClaimState, kind: str, **outcome: Any) -> Step[None]:
-        """F1-F4: commit ``kind`` on the item, record it, remove it (``outcome``:
-        as :meth:`outcome_value` takes it)."""
-        marked = self.outcome_value(state, kind, (yield from wall()), **outcome)
+    def finish_step(self, state: ClaimState, kind: str, *, reason: Optional[str] = None,
+                    attempts: Optional[int] = None) -> Step[None]:
+        """F1-F4: commit ``kind`` on the item, record it, remove it (C3's dead
+        letter; Protocol.finish runs F1 and F2-F4 each on its own)."""
+        marked = self.outcome_value(state, kind, (yield from wall()), reason=reason,
+                                    attempts=attempts)
         committed = yield from self.commit_step(state, kind, marked)
         if committed is not None:
             yield from self.record_step(state.id, committed, state.lock)
