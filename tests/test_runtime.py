@@ -70,6 +70,30 @@ def test_no_library_module_reads_a_clock_thread_or_random_source_but_through_the
     assert {name: found for name, found in uses.items() if found} == {}
 
 
+#: The parts of the library that do no I/O: state machines that drivers feed
+#: (the time too), and what they import of etcdq_v2.
+NO_IO = {"viewstate.py": {"etcdq_v2.codec", "etcdq_v2.keys", "etcdq_v2.versions"},
+         "versions.py": set()}
+
+
+def test_the_view_s_state_machine_imports_no_source_of_io_time_threads_or_randomness() -> None:
+    """viewstate.py (and what it holds, versions.py) import neither a source of
+    time, threads or randomness, nor socket, nor the runtime, transport, wire
+    or protocol modules: it is fed events and the time, and returns what to do."""
+    for name, allowed in NO_IO.items():
+        source = (PACKAGE / name).read_text()
+        assert direct_uses(source) == [], name
+        imported = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                imported.add(f"etcdq_v2.{node.module}" if node.level else str(node.module))
+        ours = {module for module in imported if module.startswith("etcdq_v2")}
+        assert ours <= allowed, f"{name} imports {sorted(ours - allowed)}"
+        assert not imported & {"socket", "ssl", "http", "urllib", "os", "logging"}, name
+
+
 @pytest.mark.parametrize("source", [
     "import time\ntime.sleep(1)", "import threading as t", "from random import choice",
     "import os\nos.urandom(12)", "from os import urandom", "from queue import SimpleQueue",
