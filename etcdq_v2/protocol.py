@@ -1715,7 +1715,7 @@ class Protocol:
         """These items' locks, read at once (one round trip): ``(id, the etcd
         index of the read, the lock or None)``.  For a view that needs a few
         of them, not the lingering locks of a lock TTL's worth of finished
-        items that a listing of locks/ would bring (QueueView._list).
+        items that a listing of locks/ would bring (ViewState.plan_round).
 
         ``since``: the index at which the caller's stream began.  Reads are
         served by the member from its own copy (no raft proposal, no WAL

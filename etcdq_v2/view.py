@@ -266,8 +266,7 @@ class QueueView:
             try:
                 self._list_locks(generation, full=True, round_=round_)
             except BaseException:
-                with self._cond:  # not given up: the next claim checks again
-                    state.plan_confirm(self._runtime.monotonic())
+                self._call(state.confirm_unlisted, self._runtime.monotonic())
                 raise
         elif check == "delays":
             self._list_due_locks(generation)

@@ -625,6 +625,11 @@ class ViewState:
         return any(at <= upto and item_id in self.items and self.read_signs.get(item_id) != at
                    for item_id, at in self.locks.items())
 
+    def confirm_unlisted(self, now: float) -> None:
+        """The confirm check's listing of locks/ failed: not given up, the check
+        is due again CONFIRM later."""
+        self.plan_confirm(now)
+
     def delays_unlisted(self, now: float) -> None:
         """The listing of locks/ for due delays failed: tried again CONFIRM later
         (failing the claim would hand out nothing while such listings fail)."""

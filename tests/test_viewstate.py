@@ -109,6 +109,20 @@ def test_a_listing_of_a_replaced_round_is_not_applied() -> None:
     assert state.items == {}
 
 
+def test_a_listing_of_locks_decided_before_a_new_round_or_listing_is_dropped() -> None:
+    x = item_id(2)
+    state, _ = ready_state([(x, 2, value("a"))], watching=True)
+    decided, relists = state.generation, state.relists
+    stale = (3, [Entry(x, 3, lock_value())])  # x locked when it was listed
+    state.new_round(watching=True)
+    state.apply_locks(decided, None, stale, full=True, now=0.0, wall=0.0)
+    assert x not in state.locks
+    state.apply_locks(state.generation, relists - 1, stale, full=True, now=0.0, wall=0.0)
+    assert x not in state.locks  # a confirm check decided before the view listed again
+    state.apply_locks(state.generation, None, stale, full=True, now=0.0, wall=0.0)
+    assert state.locks == {x: 3}
+
+
 def test_a_gone_sign_during_an_attempt_frees_the_item_when_the_attempt_ends() -> None:
     x = item_id(2)
     state, _ = ready_state([(x, 2, value("a"))])
