@@ -346,7 +346,8 @@ class ViewMachine(RuleBasedStateMachine):
         #: lock (docs/protocol.md, "Claims read off work/"): such an item is
         #: freed by a later listing of locks/ or confirm check, not at once.
         self.hints: Dict[str, Set[int]] = {}
-        self.finished: Set[str] = set()
+        #: Our claims that hold their lock: id -> its index.
+        self.ours: Dict[str, int] = {}
 
     # -- etcd's writes, by others ----------------------------------------------------
     def _deliver(self, block: bytes) -> None:
@@ -364,7 +365,10 @@ class ViewMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.etcd.items)
     @rule(data=st.data())
     def lock_taken(self, data: st.DataObject) -> None:
-        ident = data.draw(st.sampled_from(sorted(self.etcd.items)))
+        self._lock(data.draw(st.sampled_from(sorted(self.etcd.items))))
+
+    def _lock(self, ident: str) -> None:
+        """Another consumer's C1 on the item, unless it is locked."""
         if ident in self.etcd.locks:
             return
         at = self.etcd.write()
@@ -378,6 +382,7 @@ class ViewMachine(RuleBasedStateMachine):
     def lock_gone(self, data: st.DataObject, expired: bool) -> None:
         ident = data.draw(st.sampled_from(sorted(self.etcd.locks)))
         del self.etcd.locks[ident]
+        self.ours.pop(ident, None)  # ours too: expired (we stalled), or deleted by a tool
         at = self.etcd.write()
         if self.round.watching:
             self.gone_signs[ident] = max(self.gone_signs.get(ident, 0), at)
@@ -386,8 +391,11 @@ class ViewMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.etcd.items)
     @rule(data=st.data())
     def claimed_elsewhere(self, data: st.DataObject) -> None:
-        """Another consumer's C2: a CAS on the item carrying its claim token."""
+        """Another consumer's C1 and C2: a CAS on the item carrying its claim token."""
         ident = data.draw(st.sampled_from(sorted(self.etcd.items)))
+        if ident in self.ours:
+            return  # our lock: no C1 of another succeeds
+        self._lock(ident)
         at = self.etcd.write()
         raw = value(f"c{at}", claim="k" * 24)
         self.etcd.items[ident] = (at, raw)
@@ -472,6 +480,7 @@ class ViewMachine(RuleBasedStateMachine):
         elif outcome == "won" and ident not in self.etcd.locks:
             at = self.etcd.write()
             self.etcd.locks[ident] = at
+            self.ours[ident] = at
             self._ended(ident, at)
         else:
             at = self.etcd.locks.get(ident, began)
@@ -494,6 +503,48 @@ class ViewMachine(RuleBasedStateMachine):
         if data.draw(st.booleans()):
             self.state.offer_own(at)
 
+    @rule(ttl=st.integers(min_value=1, max_value=5))
+    def own_delayed_put(self, ttl: int) -> None:
+        """D1 (a delay lock), then D2 (the item), both this process's."""
+        lock_at = self.etcd.write()
+        at = self.etcd.write()
+        ident, raw = item_id(at), value(f"d{at}", requeued=True)
+        self.etcd.locks[ident] = lock_at
+        self.etcd.items[ident] = (at, raw)
+        self.etcd.versions.setdefault(ident, {})[at] = raw
+        self.signs[ident] = lock_at
+        self._deliver(event("create", "locks", ident, lock_at, lock_value(delay=True)))
+        self._deliver(event("create", "work", ident, at, raw))
+        self.state.delayed(ident, Version(at, raw), lock_at, ttl, self.now)
+
+    @precondition(lambda self: self.ours)
+    @rule(data=st.data(), seconds=st.sampled_from([0, 0, 3]))
+    def give_back(self, data: st.DataObject, seconds: int) -> None:
+        """Our claim's release (R1): its lock deleted, or turned into a delay lock."""
+        ident = data.draw(st.sampled_from(sorted(self.ours)))
+        del self.ours[ident]
+        at = self.etcd.write()
+        if seconds:
+            self.etcd.locks[ident] = at
+            self.signs[ident] = at
+            self._deliver(event("compareAndSwap", "locks", ident, at, lock_value(delay=True)))
+        else:
+            del self.etcd.locks[ident]
+            self.gone_signs[ident] = max(self.gone_signs.get(ident, 0), at)
+            self._deliver(event("delete", "locks", ident, at))
+        self.state.returned(ident, seconds, at, self.now)
+
+    @precondition(lambda self: self.attempts)
+    @rule(data=st.data())
+    def junk_found(self, data: st.DataObject) -> None:
+        """A claim found the version junk: that version is skipped for good."""
+        ident = data.draw(st.sampled_from(sorted(self.attempts)))
+        del self.attempts[ident]
+        held = self.state.items.get(ident)
+        if held is not None:
+            self.state.skip_version(ident, held[0])
+        self.state.untaken(ident)
+
     @rule(seconds=st.floats(min_value=0.0, max_value=40.0))
     def time_passes(self, seconds: float) -> None:
         self.now += seconds
@@ -502,9 +553,10 @@ class ViewMachine(RuleBasedStateMachine):
     # -- the invariants -------------------------------------------------------------------
     @invariant()
     def nothing_offered_is_taken_or_locked(self) -> None:
-        for ident, _ in self.state.candidates(10 ** 6)[0]:
+        for ident, version in self.state.candidates(10 ** 6)[0]:
             assert ident not in self.state.locks and ident not in self.state.trying
-            assert ident not in self.attempts
+            assert ident not in self.attempts and ident not in self.ours
+            assert self.state.skip.get(ident) != version.index, "a junk version offered"
 
     @invariant()
     def no_item_stays_taken_after_a_newer_sign_its_lock_went(self) -> None:
@@ -528,9 +580,10 @@ class ViewMachine(RuleBasedStateMachine):
     def the_free_list_is_sorted_and_holds_every_free_item(self) -> None:
         free = self.state.free
         assert free == sorted(set(free)) and self.state.in_free == set(free)
-        expected = {i for i in self.state.items
+        expected = {i for i, (index, _) in self.state.items.items()
                     if i not in self.state.locks and i not in self.state.trying
-                    and i not in self.state.recorded and i not in self.state.orphans}
+                    and i not in self.state.recorded and i not in self.state.orphans
+                    and self.state.skip.get(i) != index}
         assert {i for i in free if self.state.is_free(i)} == expected
 
 
