@@ -1,76 +1,12 @@
 """A consumer's view of the queue: the items in work/ and which are locked, kept current.
 
-This module is the view's threaded driver: the follower threads, the lock
-and the claimers' wake-ups, the requests to etcd.  The view's state and every
-rule below live in :mod:`etcdq_v2.viewstate`, which does no I/O: the driver
-feeds it each reply with the time and carries out what it returns.
-
-Listing work/ on every claim costs time and memory in proportion to the
-queue's length (etcd v2 sends every value with a listing), so each Queue
-keeps one view, made by one follower thread in rounds.  docs/protocol.md,
-"The consumer's view", has the full rules; in short:
-
-Rounds.  A *quiet* round lists work/ (and locks/ when asked) with quorum
-reads and watches nothing.  A *watching* round opens a streaming watch of the
-whole queue directory (``?wait=true&recursive=true&stream=true``, registered
-at etcd's current index S), lists at indexes >= S, and applies each event
-newer than the listing until the stream ends, errs, goes silent, or ROUND
-(60 s) has passed since the listing: a stream on a member that a raft snapshot
-caught up misses the writes it covered and stays open, so no stream is trusted
-longer.  The first round is quiet and lists both work/ and locks/; a claim
-waits up to its deadline for it.  Whatever a round raises is logged, never
-fatal (a view whose thread died would stop seeing new items without a word),
-and the next round goes to the next member.
-
-Modes.  etcd sends every event to every watcher, so a view watches only while
-its process finds nothing to claim: a quiet view starts watching when a claim
-finds nothing free, and a watching one goes quiet when a claim sees a backlog
-of free items.  A quiet view learns what others did by missing (a claim finds
-its item locked or gone: :meth:`QueueView.missed`) and lists work/ again once
-its misses cost about what a listing does (:meth:`QueueView.relist_work`); a
-listing of work/ shows which items were claimed since the last one (their new
-version carries a claim token).  locks/, which holds about a lock TTL's
-worth of finished items' locks, is listed only at the first listing, when a
-view goes quiet knowing of locked items, once per lock TTL while a quiet view
-knows of taken items, when a delay lock is due, and with a listing of work/
-that shows new items that may be delayed.  A round that starts watching
-checks at once the claim signs from before its previous listing (those locks
-may have gone while it was quiet): it reads up to FEW_LOCKS of those locks,
-or lists locks/; newer signs it checks CONFIRM s later if they are still
-there.
-
-Where a claim looks (:meth:`QueueView.pick`).  A lone consumer takes the
-head; concurrent ones walk the backlog from random places, jumping after each
-miss, so that they rarely try the same item.
-
-Order.  A lone consumer claims items in put order, whoever put them.  The view
-knows work/ completely up to an etcd index; items others put after it are
-unknown to it, so an item this process put later (:meth:`QueueView.added`) is
-not offered yet: when only such items are left, the view catches up first
-(:meth:`QueueView.catch_up`): it lists again while it is quiet, or waits for
-their events.
-
-Taken items.  A claim attempt marks its item taken (:meth:`QueueView.taken`)
-until it ends with the etcd index at which the item's lock existed
-(:meth:`QueueView.locked_at`: ours after C2, or the index etcd gave with C1's
-"already exists").  A sign that the lock is gone (a listing without it, its
-delete or expire event) that comes while the attempt is under way is kept
-and compared with that index then; any later one frees the item at once.  So
-no item stays taken after its lock went, whatever the order of the news.
-
-A claim never trusts the view: the lock create (C1) and the compare-and-swap
-on the item (C2) decide, so a stale view costs a retry, never a wrong answer.
-A claim that finds items gone tells the view (:meth:`QueueView.finished`); a few
-in a row and the view lists again (:meth:`QueueView.relist`).
-
-Waiting.  A claimer waits on the view's condition for :attr:`QueueView.version`
-to change; a claimer over several queues (a Worker given several) registers
-one Event with every view instead (:meth:`QueueView.add_waker`), which each
-view sets on every change, so it waits on all of them at once without polling.
-
-Free items (in work/, not locked) are kept in a sorted list: new items always
-sort last (their ids are etcd indexes), so appending is cheap and the head of
-the queue is at the front.
+This module is the view's threaded driver: the follower threads that make
+its rounds (subscribe, list, apply events), the lock, the claimers' wake-ups
+(:attr:`QueueView.version`, :meth:`QueueView.add_waker`), and the requests
+to etcd.  The view's state and every rule live in :mod:`etcdq_v2.viewstate`,
+which does no I/O: the driver feeds it each reply, stream block and failure
+with the time, and carries out what it returns.  Its public methods are what
+queue.py and claim.py call; each one's rule is the state method it names.
 """
 from __future__ import annotations
 
@@ -331,8 +267,8 @@ class QueueView:
         self.wait_ready(timeout)
 
     def behind(self, timeout: float) -> None:
-        """Claims found the view stale: list again (a quiet view, work/ only)."""
-        if self.watching_locks:
+        """Claims found the view stale: list again (ViewState.relist_how)."""
+        if self._call(self.state.relist_how) == "relist":
             self.relist(timeout)
         else:
             self.relist_work()

@@ -24,6 +24,73 @@ time (``now``: monotonic seconds; ``wall``: the host's clock for etcd's
 - ``version`` bumped: wake the claimers.
 
 The driver holds its lock around every call; the state is not thread-safe.
+
+Listing work/ on every claim costs time and memory in proportion to the
+queue's length (etcd v2 sends every value with a listing), so each Queue
+keeps one view, made by one follower thread in rounds.  docs/protocol.md,
+"The consumer's view", has the full rules; in short:
+
+Rounds.  A *quiet* round lists work/ (and locks/ when asked) with quorum
+reads and watches nothing.  A *watching* round opens a streaming watch of the
+whole queue directory (``?wait=true&recursive=true&stream=true``, registered
+at etcd's current index S), lists at indexes >= S, and applies each event
+newer than the listing until the stream ends, errs, goes silent, or ROUND
+(60 s) has passed since the listing: a stream on a member that a raft snapshot
+caught up misses the writes it covered and stays open, so no stream is trusted
+longer.  The first round is quiet and lists both work/ and locks/; a claim
+waits up to its deadline for it.  Whatever a round raises is logged, never
+fatal (a view whose thread died would stop seeing new items without a word),
+and the next round goes to the next member.
+
+Modes.  etcd sends every event to every watcher, so a view watches only while
+its process finds nothing to claim: a quiet view starts watching when a claim
+finds nothing free, and a watching one goes quiet when a claim sees a backlog
+of free items.  A quiet view learns what others did by missing (a claim finds
+its item locked or gone: :meth:`ViewState.missed`) and lists work/ again once
+its misses cost about what a listing does (:meth:`ViewState.start_relist`); a
+listing of work/ shows which items were claimed since the last one (their new
+version carries a claim token).  locks/, which holds about a lock TTL's
+worth of finished items' locks, is listed only at the first listing, when a
+view goes quiet knowing of locked items, once per lock TTL while a quiet view
+knows of taken items, when a delay lock is due, and with a listing of work/
+that shows new items that may be delayed.  A round that starts watching
+checks at once the claim signs from before its previous listing (those locks
+may have gone while it was quiet): it reads up to FEW_LOCKS of those locks,
+or lists locks/; newer signs it checks CONFIRM s later if they are still
+there.
+
+Where a claim looks (:meth:`ViewState.pick`).  A lone consumer takes the
+head; concurrent ones walk the backlog from random places, jumping after each
+miss, so that they rarely try the same item.
+
+Order.  A lone consumer claims items in put order, whoever put them.  The view
+knows work/ completely up to an etcd index; items others put after it are
+unknown to it, so an item this process put later (:meth:`ViewState.added`) is
+not offered yet: when only such items are left, the view catches up first
+(:meth:`ViewState.catch_up_how`): it lists again while it is quiet, or waits for
+their events.
+
+Taken items.  A claim attempt marks its item taken (:meth:`ViewState.taken`)
+until it ends with the etcd index at which the item's lock existed
+(:meth:`ViewState.locked_at`: ours after C2, or the index etcd gave with C1's
+"already exists").  A sign that the lock is gone (a listing without it, its
+delete or expire event) that comes while the attempt is under way is kept
+and compared with that index then; any later one frees the item at once.  So
+no item stays taken after its lock went, whatever the order of the news.
+
+A claim never trusts the view: the lock create (C1) and the compare-and-swap
+on the item (C2) decide, so a stale view costs a retry, never a wrong answer.
+A claim that finds items gone tells the view (:meth:`ViewState.finished`); a few
+in a row and the view lists again (:meth:`ViewState.relist_how`).
+
+Waiting.  A claimer waits on the view's condition for :attr:`ViewState.version`
+to change; a claimer over several queues (a Worker given several) registers
+one Event with every view instead (the driver's ``QueueView.add_waker``), which each
+view sets on every change, so it waits on all of them at once without polling.
+
+Free items (in work/, not locked) are kept in a sorted list: new items always
+sort last (their ids are etcd indexes), so appending is cheap and the head of
+the queue is at the front.
 """
 from __future__ import annotations
 
@@ -570,6 +637,12 @@ class ViewState:
         if not self.watching:
             return "list work"
         return "offer own" if self.unlisted else "relist"
+
+    def relist_how(self) -> str:
+        """How a view that claims found stale lists again: "relist" (a watching
+        view: a new round, subscribe and list) or "list work" (a quiet view:
+        work/ only, in the claimer's thread, staying ready)."""
+        return "relist" if self.watching else "list work"
 
     def offer_own(self, upto: int) -> None:
         """A catch-up could not learn of work/ up to ``upto``: this process's own

@@ -239,6 +239,15 @@ def test_new_delayed_items_list_locks_with_the_round() -> None:
     assert plan.delayed == {delayed.id} and plan.list_locks and plan.may_fail
 
 
+def test_a_stale_or_behind_view_lists_by_its_mode() -> None:
+    quiet, _ = ready_state([])
+    assert quiet.relist_how() == "list work" and quiet.catch_up_how() == "list work"
+    watching, round_ = ready_state([], watching=True)
+    assert watching.relist_how() == "relist" and watching.catch_up_how() == "relist"
+    watching.work_unlisted_by_round(round_)  # its round's listing of work/ failed
+    assert watching.catch_up_how() == "offer own"
+
+
 # -- deadlines -------------------------------------------------------------------------
 def test_every_deadline_is_in_the_one_table_and_none_is_due_at_first() -> None:
     state, _ = ready_state([])
