@@ -269,15 +269,15 @@ from .steps import FAILED as FAILED
 from .steps import LINGER_MAX as LINGER_MAX
 from .steps import TOMBSTONE_TTL as TOMBSTONE_TTL
 from .steps import ClaimState as ClaimState
-from .steps import Entry as Entry
 from .steps import GivenBack as GivenBack
 from .steps import Gone as Gone
 from .steps import Held, Steps
 from .steps import Taken as Taken
-from .steps import Version as Version
 from .steps import item_fields as item_fields
 from .steps import ttl_seconds as ttl_seconds
 from .transport import EventStream, Node, Reply, Transport, UndecodableReply
+from .versions import Entry as Entry
+from .versions import Version as Version
 
 log = logging.getLogger("etcdq_v2.protocol")
 
@@ -1186,7 +1186,7 @@ class Protocol(Steps):
         """These items' locks, read at once (one round trip): ``(id, the etcd
         index of the read, the lock or None)``.  For a view that needs a few
         of them, not the lingering locks of a lock TTL's worth of finished
-        items that a listing of locks/ would bring (QueueView._list).
+        items that a listing of locks/ would bring (ViewState.plan_round).
 
         ``since``: the index at which the caller's stream began.  Reads are
         served by the member from its own copy (no raft proposal, no WAL

@@ -129,7 +129,7 @@ def quiet_view_whose_head_is_held(etcd_url: str, proxy_url: str, name: str, lock
             Queue(connect(proxy_url, timeout=1.0), name, lock_ttl=lock_ttl) as consumer:
         ids = producer.put_many([{"b": n} for n in range(items)])
         view = consumer._ensure_view()
-        assert not view.watching_locks and set(ids) <= set(view._items)
+        assert not view.watching_locks and set(ids) <= set(view.state.items)
         held = other.claim(timeout=0)
         assert held is not None and held.id == ids[0]
         yield producer, other, consumer, ids, view, held
@@ -177,9 +177,8 @@ def q_item(queue: Any, n: int = 1) -> str:
 
 
 def unplanned(view: Any) -> Dict[str, int]:
-    """The view's new delayed items whose delay no listing of locks/ covered yet
-    ({} for a view without that state)."""
-    return dict(getattr(view, "_unplanned", {}))
+    """The view's new delayed items whose delay no listing of locks/ covered yet."""
+    return dict(view.state.unplanned)
 
 
 def claim_noting(queue: Any, got: List[str], failed: List[BaseException],
@@ -250,7 +249,7 @@ def hands_out(consumer: Any, item_id: str, within: float, other: Any = None) -> 
     got = consumer.claim(timeout=within)
     waited = time.monotonic() - started
     view = consumer._view
-    stuck = dict(view._locks), view._confirm_at
+    stuck = dict(view.state.locks), view.state.confirm_at
     if got is None and other is not None:
         assert is_free_in_etcd(consumer, item_id)
         taken = other.claim(timeout=0)
@@ -313,7 +312,7 @@ def watching_with_a_free_item(queue: Any) -> Tuple[Any, str]:
     view = queue._ensure_view()
     assert view.watching_locks
     item_id = queue.put("stuck")
-    wait_until(lambda: view._is_free(item_id), 5, message="the put's event")
+    wait_until(lambda: view.state.is_free(item_id), 5, message="the put's event")
     return view, item_id
 
 
@@ -327,7 +326,7 @@ def watching_view_holding_one_claim(queue: Any) -> Tuple[Any, Any]:
     view = queue._ensure_view()
     assert view.watching_locks
     index = queue.etcd.put(f"{queue.layout.root}/sentinel", "x").written_index
-    wait_until(lambda: view._known >= index, 5, message="the view's events")
+    wait_until(lambda: view.state.known >= index, 5, message="the view's events")
     return claim, view
 
 

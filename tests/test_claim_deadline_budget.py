@@ -1,6 +1,6 @@
 """A claim's requests share one deadline within one claim() call
 (Transport.spending): only a listing the view could not make within its
-deadline, and went on without (QueueView._work_unlisted, Unavailable), leaves
+deadline, and went on without (ViewState.work_unlisted, Unavailable), leaves
 the later requests one timeout each; a request that merely took long, and
 answered, spends nothing.  So a frozen etcd's claim takes one deadline, not
 two, a stalled C1 after a slow listing gets its full deadline, and the budget
@@ -76,7 +76,7 @@ def test_a_stalled_c1_after_a_slow_listing_raises_and_leaves_the_lock(
         assert held is not None and held.id == first
         view = queue._view
         # The next claim's round lists work/ and locks/ again (quiet, a lock held a TTL).
-        wait_until(lambda: time.monotonic() - view._locks_listed >= queue._protocol.lock_ttl,
+        wait_until(lambda: time.monotonic() - view.state.locks_listed >= queue._protocol.lock_ttl,
                    5, message="the quiet view's once-per-TTL listing to be due")
         proxy.hold("up", match=work_listing(queue_name))
         thread, outcome = in_background(lambda: queue.claim(timeout=0), "budget-claim")

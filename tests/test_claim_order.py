@@ -264,7 +264,7 @@ def test_offer_due_at_every_round_never_offers_an_orphan_before_f3_is_overdue(
         wait_until(lambda: view.watching_locks, 10, message="the view watches locks/")
         ids = [q.put(n) for n in range(12)]
         x = ids[0]
-        wait_until(lambda: all(i in view._in_free for i in ids), 10, message="q knows the items")
+        wait_until(lambda: all(i in view.state.in_free for i in ids), 10, message="q knows the items")
         claim = other.claim(timeout=5)
         assert claim is not None and claim.id == x
         real = other._protocol.etcd.delete_all
@@ -276,8 +276,8 @@ def test_offer_due_at_every_round_never_offers_an_orphan_before_f3_is_overdue(
 
         other._protocol.etcd.delete_all = f3_held  # type: ignore[method-assign]
         claim.complete()
-        wait_until(lambda: x in view._orphans, 10, message="q's view holds X as an orphan")
-        due = view._orphans[x]
+        wait_until(lambda: x in view.state.orphans, 10, message="q's view holds X as an orphan")
+        due = view.state.orphans[x]
         q._window = 8  # a walk, as after a lost race
         handed: List[str] = []
         for _ in range(6):
@@ -288,7 +288,7 @@ def test_offer_due_at_every_round_never_offers_an_orphan_before_f3_is_overdue(
         assert time.monotonic() < due, "too slow a machine for this check"
         assert x not in handed
         real(held)  # F3, late
-        wait_until(lambda: x not in view._items, 10, message="q's view saw F3")
+        wait_until(lambda: x not in view.state.items, 10, message="q's view saw F3")
         while True:
             got = q.claim(timeout=0)
             if got is None:

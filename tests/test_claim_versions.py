@@ -13,7 +13,7 @@ import pytest
 
 from etcdq_v2 import Queue
 from etcdq_v2.protocol import Gone, Version
-from etcdq_v2.view import MAX_CACHED_VALUE
+from etcdq_v2.viewstate import MAX_CACHED_VALUE
 
 import test_item_versions as versions
 from faultproxy import FaultProxy

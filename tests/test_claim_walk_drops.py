@@ -1,5 +1,5 @@
 """A walk of the claim window drops the items it finds not free from the view's
-sorted free list (QueueView._drop_taken), and every way back to free puts them
+sorted free list (ViewState._drop_taken), and every way back to free puts them
 back: an orphan (an item whose outcome record F2 and lock delete F4 the view
 saw, but not F3) dropped by a walk is offered again to a consumer that polls
 with ``claim()`` (timeout 0), as to one that waits; an item dropped while
@@ -50,7 +50,7 @@ def test_an_orphan_dropped_by_a_walk_is_never_offered_to_a_polling_consumer(
         view = _watching_view(q)
         ids = [q.put(n) for n in range(10)]
         x = ids[0]
-        wait_until(lambda: all(i in view._in_free for i in ids), 10, message="q knows the items")
+        wait_until(lambda: all(i in view.state.in_free for i in ids), 10, message="q knows the items")
         claim = other.claim(timeout=5)
         assert claim is not None and claim.id == x
         real = other._protocol.etcd.delete_all
@@ -60,7 +60,8 @@ def test_an_orphan_dropped_by_a_walk_is_never_offered_to_a_polling_consumer(
 
         other._protocol.etcd.delete_all = f3_lost  # type: ignore[method-assign]
         claim.complete()
-        wait_until(lambda: x in view._orphans, 10, message="q's view holds X as an orphan")
+        wait_until(lambda: x in view.state.orphans, 10, message="q's view holds X as an orphan")
+        due = view.state.orphans[x]
         assert x in work_ids(q)
         q._window = 8  # as after one lost race
         handed: List[str] = []
@@ -70,9 +71,9 @@ def test_an_orphan_dropped_by_a_walk_is_never_offered_to_a_polling_consumer(
             handed.append(got.id)
             got.complete()
         with view._cond:
-            dropped = x not in view._in_free
-        wait_until(lambda: view._is_free(x), q.etcd.deadline + 10,
-                   message="X's orphan deadline passed")
+            dropped = x not in view.state.in_free
+        wait_until(lambda: view._runtime.monotonic() >= due, q.etcd.deadline + 10,
+                   message="X's orphan deadline passed")  # offered at the next claim's tick
         for _ in range(20):  # a polling consumer: claim(), never waiting
             got = q.claim(timeout=0)
             if got is None:
@@ -81,7 +82,7 @@ def test_an_orphan_dropped_by_a_walk_is_never_offered_to_a_polling_consumer(
             got.complete()
         left = work_ids(q)
         with view._cond:
-            state = {"in_free": x in view._in_free, "is_free": view._is_free(x),
+            state = {"in_free": x in view.state.in_free, "is_free": view.state.is_free(x),
                      "dropped_during_orphan_time": dropped, "work": left}
         assert x not in left, f"X ({x}) free in etcd and in the view, never offered: {state}"
         assert sorted(handed) == sorted(ids[1:])
@@ -96,10 +97,10 @@ def test_an_item_dropped_while_locked_elsewhere_is_offered_once_released(
     with Queue(etcd_url, queue_name) as q, Queue(etcd_url, queue_name) as other:
         view = _watching_view(q)
         ids = [q.put(n) for n in range(10)]
-        wait_until(lambda: all(i in view._in_free for i in ids), 10, message="q knows the items")
+        wait_until(lambda: all(i in view.state.in_free for i in ids), 10, message="q knows the items")
         held = other.claim(timeout=5)
         assert held is not None and held.id == ids[0]
-        wait_until(lambda: ids[0] in view._locks, 10, message="q sees the lock")
+        wait_until(lambda: ids[0] in view.state.locks, 10, message="q sees the lock")
         q._window = 8
         handed: List[str] = []
         for _ in range(9):  # every other item: its walks pass the held one
@@ -108,9 +109,9 @@ def test_an_item_dropped_while_locked_elsewhere_is_offered_once_released(
             handed.append(got.id)
             got.complete()
         with view._cond:
-            assert ids[0] not in view._in_free, "the held item was dropped"
+            assert ids[0] not in view.state.in_free, "the held item was dropped"
         held.release()
-        wait_until(lambda: ids[0] not in view._locks, 10, message="q sees the release")
+        wait_until(lambda: ids[0] not in view.state.locks, 10, message="q sees the release")
         for _ in range(20):
             got = q.claim(timeout=0)
             if got is not None:

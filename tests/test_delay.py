@@ -22,7 +22,7 @@ import pytest
 
 from etcdq_v2 import InvalidArgument, Queue, Unavailable, connect
 from etcdq_v2.protocol import Taken, Version
-from etcdq_v2.view import BACKLOG
+from etcdq_v2.viewstate import BACKLOG
 
 from crashes import left_lock
 from faultproxy import FaultProxy
@@ -179,7 +179,7 @@ def test_a_consumer_with_a_backlog_frees_its_own_delayed_item_when_due(
 
     def free_now() -> bool:
         consumer.claim().release()  # each claim checks whether locks/ is due
-        return view._is_free(item_id)
+        return view.state.is_free(item_id)
 
     assert not free_now(), "offered before its delay"
     wait_until(free_now, PATIENCE, interval=0.02, message="the view to free the item")

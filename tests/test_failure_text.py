@@ -194,7 +194,7 @@ def test_a_traceback_that_looks_like_etcd_events_adds_nothing_to_a_watching_view
             '"createdIndex":1}}\n')
     claim.fail("ValueError: " + fake, traceback=fake * 3, delay=30)
     after = queue.put({"n": 2})  # an event after R1's: once applied, so is R1's
-    wait_until(lambda: view._known >= int(after), BOUND, message="the view's events")
+    wait_until(lambda: view.state.known >= int(after), BOUND, message="the view's events")
     assert view.watching_locks
     assert view.version_of(phantom) is None
 

@@ -351,7 +351,7 @@ def test_v1_a_watching_view_finishes_an_item_after_a_crash_between_f4_and_f3(etc
         f4 = p.etcd.delete(p.layout.key("locks", item_id), prev_value=lock.value).index
         view = watcher._view
         assert view is not None
-        wait_until(lambda: view._known >= f4, 3, message="the watcher's view to apply F4")
+        wait_until(lambda: view.state.known >= f4, 3, message="the watcher's view to apply F4")
         assert watcher.claim(timeout=3) is None
         wait_until(lambda: p.read("work", item_id) is None, 4,
                    message="the watching consumer to finish the committed item (F3)")
@@ -375,7 +375,7 @@ def test_v2_a_watching_view_finishes_an_item_committed_after_its_lock_expired(et
         last = commit(crashed, claim, COMPLETED, record=record)
         view = watcher._view
         assert view is not None
-        wait_until(lambda: view._known >= last, 3, message="the watcher's view to apply F1/F2")
+        wait_until(lambda: view.state.known >= last, 3, message="the watcher's view to apply F1/F2")
         assert watcher.claim(timeout=3) is None
         wait_until(lambda: p.read("work", claim.id) is None, 4,
                    message="the watching consumer to finish the committed item")

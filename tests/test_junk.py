@@ -326,13 +326,13 @@ def test_a_refused_lock_create_wins_over_the_views_gone_sign_at_the_same_index(
     item_id = queue.put("x")
     view = queue._ensure_view()
     with view._cond:
-        view._gone[item_id] = index = view._items[item_id][0] + 5
+        view.state.gone[item_id] = index = view.state.items[item_id][0] + 5
     view.taken(item_id)
     view.locked_at(item_id, index)
-    assert view._is_free(item_id)
+    assert view.state.is_free(item_id)
     view.taken(item_id)
     view.locked_at(item_id, index, refused=True)
-    assert not view._is_free(item_id) and view._locks[item_id] == index
+    assert not view.state.is_free(item_id) and view.state.locks[item_id] == index
     with view._cond:
-        view._unlocked(item_id, index + 1)  # a newer sign that it is gone frees it
-    assert view._is_free(item_id)
+        view.state.unlocked(item_id, index + 1)  # a newer sign that it is gone frees it
+    assert view.state.is_free(item_id)

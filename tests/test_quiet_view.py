@@ -18,7 +18,8 @@ import pytest
 from etcdq_v2 import Claim, Queue, Worker, connect
 from etcdq_v2.codec import Lock
 from etcdq_v2.errors import EtcdqError, Unavailable
-from etcdq_v2.view import BACKLOG, QueueView, _is_delay
+from etcdq_v2.view import QueueView
+from etcdq_v2.viewstate import BACKLOG, _is_delay
 
 from faultproxy import FaultProxy
 from helpers import in_background, wait_until
@@ -145,7 +146,7 @@ def test_a_released_item_comes_back_to_a_quiet_view_while_delay_locks_fall_due(
         held = holder.claim()
         other = consumer.claim()  # tries the head, held.id: "already exists"; takes another
         assert other is not None and other.id != held.id
-        assert held.id in consumer._view._locks
+        assert held.id in consumer._view.state.locks
         other.release()
         held.release()  # X is free in etcd; the quiet view hears nothing of it
         assert look._protocol.read("locks", held.id) is None
@@ -169,9 +170,9 @@ def test_a_released_item_comes_back_to_a_quiet_view_while_delay_locks_fall_due(
             if time.monotonic() > deadline:
                 view = consumer._view
                 pytest.fail(f"the released item {held.id} did not come back in 8 s; "
-                            f"taken in the view: {held.id in view._locks}; its lock in "
+                            f"taken in the view: {held.id in view.state.locks}; its lock in "
                             f"etcd: {look._protocol.read('locks', held.id)}; last listing "
-                            f"of locks/ {time.monotonic() - view._locks_listed:.1f} s ago")
+                            f"of locks/ {time.monotonic() - view.state.locks_listed:.1f} s ago")
             time.sleep(0.1)
         assert not consumer._view.watching_locks
 
@@ -214,7 +215,7 @@ def test_a_released_item_comes_back_to_a_quiet_view_while_others_back_off(
             first = consumer.claim()  # the view lists: X locked, a delay lock due soon
             assert first is not None and first.id != x
             view = consumer._view
-            assert x in view._locks and view._delays and not view.watching_locks
+            assert x in view.state.locks and view.state.delays and not view.watching_locks
             first.release()
             held.release()  # X is free in etcd; the quiet view hears nothing of it
             deadline = time.monotonic() + 4 * 2  # two lock TTLs: 4 s; give it 8
@@ -226,9 +227,9 @@ def test_a_released_item_comes_back_to_a_quiet_view_while_others_back_off(
                 claim.release()
                 if time.monotonic() > deadline:
                     pytest.fail(f"the released item did not come back in 8 s; taken in "
-                                f"the view: {x in view._locks}; its lock in etcd: "
+                                f"the view: {x in view.state.locks}; its lock in etcd: "
                                 f"{look._protocol.read('locks', x)}; last listing of "
-                                f"locks/ {time.monotonic() - view._locks_listed:.1f} s ago")
+                                f"locks/ {time.monotonic() - view.state.locks_listed:.1f} s ago")
                 time.sleep(0.1)
         finally:
             stop.set()
@@ -280,10 +281,10 @@ def test_a_quiet_view_forgets_locks_of_items_finished_elsewhere_while_delay_lock
             time.sleep(0.05)
         work = {entry.id for entry in look._protocol.list("work")[1]}
         locks = {entry.id for entry in look._protocol.list("locks")[1]}
-        stale = [i for i in view._locks if i not in work and i not in locks]
+        stale = [i for i in view.state.locks if i not in work and i not in locks]
         assert not stale, (f"{len(stale)} items finished elsewhere (gone from work/ and "
                            f"locks/) still taken in the quiet view's _locks "
-                           f"({len(view._locks)} entries)")
+                           f"({len(view.state.locks)} entries)")
 
 
 def test_an_idle_consumer_sends_nothing_while_items_run_elsewhere(
@@ -378,8 +379,8 @@ def work_through_until(consumer: Queue, item_id: str, due: float, bound: float) 
             view = consumer._view
             pytest.fail(f"item {item_id} not claimed {bound:g} s after its delay ended, "
                         f"while the consumer claimed others (taken in the view: "
-                        f"{item_id in view._locks}, its expiry known: "
-                        f"{item_id in view._delays}, view watching: {view.watching_locks})")
+                        f"{item_id in view.state.locks}, its expiry known: "
+                        f"{item_id in view.state.delays}, view watching: {view.watching_locks})")
         time.sleep(0.02)
 
 
@@ -403,7 +404,7 @@ def test_a_delayed_item_put_while_the_view_watched_comes_promptly_once_it_is_qui
         item_id = producer.put("later", delay=delay)
         due = time.monotonic() + delay
         producer.put_many(range(8 * BACKLOG))
-        wait_until(lambda: item_id in consumer._view._locks, 5,
+        wait_until(lambda: item_id in consumer._view.state.locks, 5,
                    message="the delay lock's event")
         late = work_through_until(consumer, item_id, due, PROMPT + 1)
         assert not consumer._view.watching_locks, "the backlog should have kept it quiet"

@@ -14,7 +14,7 @@ from typing import List, Set
 from helpers import quiet_view_whose_head_is_held, record_calls, wait_until, work_listing
 
 from etcdq_v2.errors import EtcdqError
-from etcdq_v2.view import CONFIRM
+from etcdq_v2.viewstate import CONFIRM
 
 
 def test_claims_go_on_while_listings_of_work_fail_and_the_listing_backs_off(
@@ -46,8 +46,8 @@ def test_claims_go_on_while_listings_of_work_fail_and_the_listing_backs_off(
         # the first miss over the limit tried once; the rest waited for the backoff
         assert 1 <= work_listings <= 2, listed
         # listings answer again: once the backoff is over, a miss lists work/
-        assert view._relist_after > time.monotonic() - CONFIRM
-        wait_until(lambda: time.monotonic() >= view._relist_after, 2 * CONFIRM,
+        assert view.state.relist_after > time.monotonic() - CONFIRM
+        wait_until(lambda: time.monotonic() >= view.state.relist_after, 2 * CONFIRM,
                    message="the backoff ends")
         view.behind(1.0)  # what the next miss over the limit does
         assert listed.count("work") == work_listings + 1

@@ -207,7 +207,7 @@ def test_a_finisher_killed_after_f3_leaves_its_lock_to_expire_and_nothing_runs_a
         wait_until(still_done_and_lock_gone, 10, message="the finisher's lock to expire")
         assert watcher.claim(timeout=1) is None  # its expire event brought nothing back
         assert watcher.stats() == done and watcher.get(item_id).attempts == 1
-        assert watcher._view is not None and item_id not in watcher._view._items
+        assert watcher._view is not None and item_id not in watcher._view.state.items
         next_id = watcher.put("next")
         claim = watcher.claim(timeout=5)
         assert claim is not None and claim.id == next_id

@@ -142,7 +142,7 @@ def test_r1_delay_reply_lost_and_resent_is_ours_and_comes_back_on_time(
         assert sent["PUT"] >= 2, sent  # R1 was resent
         assert _is_delay_lock(queue, claim.id)
         view = queue._view
-        assert view is not None and claim.id in view._delays  # the expiry is planned
+        assert view is not None and claim.id in view.state.delays  # the expiry is planned
         # Not before etcd lets it go: the next claim is another item.
         nxt = queue.claim(timeout=1)
         assert nxt is not None and nxt.id != claim.id

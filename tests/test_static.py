@@ -78,8 +78,12 @@ def layer(module: str) -> str:
 
 
 #: The core without I/O, and the only etcdq_v2 modules each may import: the
-#: steps reach etcd, the clock and tokens through their driver only.
-NO_IO = {"etcdq_v2.steps": {"etcdq_v2.codec", "etcdq_v2.errors", "etcdq_v2.keys"}}
+#: steps reach etcd, the clock and tokens through their driver only; the view's
+#: state machine is fed events and the time and returns what to do.
+NO_IO = {"etcdq_v2.steps": {"etcdq_v2.codec", "etcdq_v2.errors", "etcdq_v2.keys",
+                            "etcdq_v2.versions"},
+         "etcdq_v2.viewstate": {"etcdq_v2.codec", "etcdq_v2.keys", "etcdq_v2.versions"},
+         "etcdq_v2.versions": set()}
 #: What a module without I/O never imports (sockets, threads, clocks, randomness).
 IO_MODULES = {"socket", "ssl", "selectors", "asyncio", "threading", "_thread", "time",
               "random", "secrets", "http", "urllib", "subprocess", "multiprocessing",

@@ -19,7 +19,7 @@ import pytest
 from etcdq_v2 import Queue, connect
 from etcdq_v2 import queue as queue_module
 from etcdq_v2.server import free_port
-from etcdq_v2.view import BACKLOG
+from etcdq_v2.viewstate import BACKLOG
 
 from faultproxy import FaultProxy
 from helpers import in_background, wait_until
@@ -120,7 +120,7 @@ def test_a_view_that_fell_behind_lists_again_instead_of_trying_each_stale_item(
         while (claim := other.claim()) is not None:
             claim.complete()
         fresh = other.put("fresh")
-        relists, limit = view.relists, view.miss_limit
+        relists, limit = view.relists, view.state.miss_limit
         consumer.etcd.requests.clear()
         claim = consumer.claim(timeout=5)
         assert claim is not None and claim.id == fresh
@@ -147,7 +147,7 @@ def test_a_lost_race_widens_the_claim_window_eightfold(etcd_url: str, queue_name
     with Queue(etcd_url, queue_name) as consumer, Queue(etcd_url, queue_name) as other:
         other.put_many(range(100))
         view = consumer._ensure_view()
-        order = list(view._free)
+        order = list(view.state.free)
         held = other.claim()  # the head, unseen by the quiet view
         assert held is not None and held.id == order[0]
         claim = consumer.claim(timeout=5)
@@ -176,7 +176,7 @@ def test_a_quiet_view_counts_lost_races_as_misses_and_reads_no_item(
             assert claim is not None
             stale.add(claim.id)
             claim.complete()
-        relists, limit = view.relists, view.miss_limit
+        relists, limit = view.relists, view.state.miss_limit
         consumer.etcd.requests.clear()
         claim = consumer.claim(timeout=5)
         assert claim is not None and claim.id not in stale
@@ -335,7 +335,7 @@ def test_a_consumer_that_comes_after_others_completed_items_is_not_held_up_by_th
         assert view.watching_locks  # it found nothing: it hears the expire events now
         wait_until(lambda: not other._protocol.list("locks")[1], 10,
                    message="every lingering lock to expire")
-        assert consumer.claim(timeout=0.5) is None and not view._items
+        assert consumer.claim(timeout=0.5) is None and not view.state.items
         assert consumer.stats() == {"pending": 0, "running": 0, "completed": len(ids),
                                     "failed": 0}
 
@@ -478,7 +478,7 @@ def test_a_consumer_with_a_backlog_holds_no_watch(etcd_url: str, queue_name: str
 def test_a_quiet_view_lists_work_again_after_a_few_misses_and_not_locks(
         etcd_url: str, queue_name: str) -> None:
     """Another consumer finished most of what the view listed.  The view finds that out
-    by missing (view.miss_limit tries at most), then lists work/ only: locks/ holds every
+    by missing (view.state.miss_limit tries at most), then lists work/ only: locks/ holds every
     finished item's lock until it expires, so listing it would cost every relist."""
     with FaultProxy.to(etcd_url) as proxy, Queue(proxy.url, queue_name) as consumer, \
             Queue(etcd_url, queue_name) as other:
@@ -501,4 +501,4 @@ def test_a_quiet_view_lists_work_again_after_a_few_misses_and_not_locks(
                       if line.startswith(b"PUT ") and b"/locks/" in line]
         assert view.relists == relists + 1, proxy.requests
         assert len(listings) == 1 and b"/work" in listings[0], listings
-        assert len(lock_tries) <= view.miss_limit + 1, lock_tries
+        assert len(lock_tries) <= view.state.miss_limit + 1, lock_tries

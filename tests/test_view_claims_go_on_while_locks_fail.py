@@ -118,9 +118,9 @@ def test_stale_check_fails_every_claim_while_locks_listings_fail(
         assert held is not None and held.id == ids[0]
         first = consumer.claim(timeout=0)
         # Any item but B0 (the widened window's walk is random since 12fb638).
-        assert first is not None and first.id != ids[0] and ids[0] in view._locks
+        assert first is not None and first.id != ids[0] and ids[0] in view.state.locks
         first.complete()
-        listed = view._locks_listed
+        listed = view.state.locks_listed
         wait_until(lambda: time.monotonic() - listed >= 2.1, 4, message="a lock TTL")
         proxy.hold(match=locks_get(queue_name))
         failed, got = [], []
@@ -157,7 +157,7 @@ def test_unplanned_item_finished_elsewhere_clears_and_retry_stops(
             view.relist_work()  # logged, not raised
         finally:
             proxy.pass_through()
-        assert x_id in unplanned(view) and view._next_delay == -math.inf
+        assert x_id in unplanned(view) and view.state.next_delay == -math.inf
         # other: claims X (its own view lists it) and completes it.
         while True:
             claim = other.claim(timeout=1)
@@ -176,7 +176,7 @@ def test_unplanned_item_finished_elsewhere_clears_and_retry_stops(
             claim.complete()
         assert x_id not in got
         assert calls.count("locks") <= 1, calls
-        assert not unplanned(view) and view._next_delay > -math.inf
+        assert not unplanned(view) and view.state.next_delay > -math.inf
 
 
 def test_delayed_item_offered_while_locks_fail_is_not_handed_out_early(
@@ -256,4 +256,4 @@ def test_eight_threads_drain_with_unplanned_item(
             thread.join(20)
         assert not any(thread.is_alive() for thread in threads)
         assert sorted(seen) == sorted(ids + [x_id]), (len(seen), len(set(seen)))
-        assert not unplanned(view) and view._next_delay > -math.inf
+        assert not unplanned(view) and view.state.next_delay > -math.inf

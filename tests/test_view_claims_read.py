@@ -13,7 +13,8 @@ import time
 from typing import Callable, List
 
 from etcdq_v2 import Claim, Queue
-from etcdq_v2.view import CONFIRM, QueueView
+from etcdq_v2.view import QueueView
+from etcdq_v2.viewstate import CONFIRM
 
 from helpers import record_calls, wait_until
 
@@ -61,7 +62,7 @@ def test_a_quiet_relist_takes_items_claimed_elsewhere_without_listing_locks(
         assert not {claim.id for claim in got} & {claim.id for claim in held}
         assert view.relists > relists, "the misses should have made it list work/ again"
         assert "locks" not in lists, f"listed locks/ {lists.count('locks')} times while quiet"
-        assert misses[0] <= view.miss_limit + 1, (
+        assert misses[0] <= view.state.miss_limit + 1, (
             f"{misses[0]} misses: the relist did not take the held items for running")
 
 
@@ -94,7 +95,7 @@ def test_a_view_that_starts_watching_takes_claimed_items_for_running_for_a_while
         assert "locks" not in lists, "the view listed locks/ when it started watching"
         for claim in mine + held:
             claim.complete()
-        wait_until(lambda: not view._items, 5, message="the completions' events")
+        wait_until(lambda: not view.state.items, 5, message="the completions' events")
         started = time.monotonic()
         while time.monotonic() - started < CONFIRM + 0.5:
             assert consumer.claim(timeout=0.2) is None
@@ -141,7 +142,7 @@ def test_a_view_that_starts_watching_reads_a_few_old_locks_instead_of_listing_lo
         held = other.claim()
         assert held is not None and held.id == ids[0]
         view = consumer._ensure_view()  # quiet; the first listing shows the held lock
-        assert not view.watching_locks and held.id in view._locks
+        assert not view.watching_locks and held.id in view.state.locks
         while (claim := other.claim()) is not None:
             claim.complete()
         held.release()  # unheard: the consumer's view is quiet

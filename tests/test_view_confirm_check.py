@@ -52,7 +52,7 @@ def _watching_with_a_confirm(consumer: Queue, producer: Queue, dead: Queue,
     _stalled_c2_lands_after_lock_expired(dead, item_id)
     producer.etcd.put(f"/etcdq/{queue_name}-elsewhere/k", "1")
     assert consumer.claim(timeout=0) is None  # starved: watching, confirm planned
-    assert view.watching_locks and view._confirm_at < float("inf")
+    assert view.watching_locks and view.state.confirm_at < float("inf")
     return view, item_id
 
 
@@ -74,7 +74,7 @@ def _assert_handed_out(got, queue: Queue, item_id: str, view: QueueView, when: s
     assert is_free_in_etcd(queue, item_id) or got is not None
     assert got is not None and got.id == item_id, (
         f"free item {item_id} not handed out within 3 lock TTLs {when}: "
-        f"_locks={view._locks}, _confirm_at={view._confirm_at}")
+        f"_locks={view.state.locks}, _confirm_at={view.state.confirm_at}")
 
 
 def test_item_claimed_last_before_a_watching_listing_is_stranded(
@@ -126,7 +126,7 @@ def test_stranded_item_starves_while_newer_items_are_claimed(
         assert is_free_in_etcd(consumer, item_id) or item_id in got
         assert item_id in got, (
             f"head item {item_id} (free) starved for {time.monotonic() - started:.1f} s "
-            f"while {len(got)} newer items were claimed; view._locks={view._locks}")
+            f"while {len(got)} newer items were claimed; view.state.locks={view.state.locks}")
 
 
 def test_confirm_lost_when_its_listing_fails(
@@ -212,7 +212,7 @@ def test_quiet_view_frees_an_item_released_elsewhere_within_a_lock_ttl(
         assert taken is not None and taken.id == ids[1]
         taken.release()  # R0 + R1, unseen by the quiet view
         view.relist_work()  # as after a miss
-        assert taken.id in view._locks  # inferred taken
+        assert taken.id in view.state.locks  # inferred taken
         started = time.monotonic()
         got = []
         while taken.id not in got:
@@ -245,7 +245,7 @@ def test_idle_consumer_with_a_confirm_sends_one_listing_and_spins_not(
         used = resource.getrusage(resource.RUSAGE_SELF)
         after = dict(consumer.etcd.requests)
         sent = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-        assert view._confirm_at == float("inf")
+        assert view.state.confirm_at == float("inf")
         total = sum(sent.values())
         assert total <= 6, sent
         spent = (used.ru_utime + used.ru_stime) - (cpu.ru_utime + cpu.ru_stime)
@@ -311,5 +311,5 @@ def test_committed_item_of_a_dead_finisher_is_never_finished(
         assert protocol.read("work", item_id) is None and \
             protocol.read("completed", item_id) is not None, (
                 f"committed item {item_id} of a dead finisher not finished within 3 lock "
-                f"TTLs by a consumer that kept claiming: _locks={view._locks}, "
-                f"_confirm_at={view._confirm_at}")
+                f"TTLs by a consumer that kept claiming: _locks={view.state.locks}, "
+                f"_confirm_at={view.state.confirm_at}")

@@ -69,12 +69,12 @@ def test_confirm_listing_applied_after_a_stream_restart_strands_the_item(
         held = holder.claim(timeout=0)
         assert held is not None
         assert consumer.claim(timeout=0) is None  # starved: watching, Y read off work/
-        assert view.watching_locks and view._confirm_at < float("inf")
+        assert view.watching_locks and view.state.confirm_at < float("inf")
         item_id = producer.put("x")
-        wait_until(lambda: view._is_free(item_id), 5, message="X's event")
+        wait_until(lambda: view.state.is_free(item_id), 5, message="X's event")
         # Slow: stream 1's event of X's lock, and any listing that shows it.
         proxy.hold("down", match=re.compile(rb"/locks/" + item_id.encode()))
-        wait_until(lambda: time.monotonic() >= view._confirm_at, 3, interval=0.01,
+        wait_until(lambda: time.monotonic() >= view.state.confirm_at, 3, interval=0.01,
                    message="the confirm is due")
         _dead_claimer_c1_only(dead, item_id, ttl=1)
         thread_a, outcome_a = in_background(lambda: consumer.claim(timeout=3), "claimer-a")
@@ -195,19 +195,19 @@ def _watching_with_a_confirm(consumer: Queue, producer: Queue, dead: Queue):
     view = consumer._ensure_view()  # quiet, empty: Y is new to it
     item_id = _claimed_by_the_dead(producer, dead, {"y": 1})
     assert consumer.claim(timeout=0) is None  # starts watching; Y taken, no locks/ listing
-    assert view.watching_locks and item_id in view._locks
-    assert view._confirm_at < float("inf")
+    assert view.watching_locks and item_id in view.state.locks
+    assert view.state.confirm_at < float("inf")
     return view, item_id
 
 
 def _check_in_background(view, stalled: _Stalled):
     """Run the due check (check_locks) in the stalled thread; wait until its
     listing of locks/ is answered and it is held before applying it."""
-    wait_until(lambda: time.monotonic() >= view._confirm_at, 3, interval=0.01,
+    wait_until(lambda: time.monotonic() >= view.state.confirm_at, 3, interval=0.01,
                message="the confirm is due")
     thread, outcome = in_background(view.check_locks, stalled.name)
     assert stalled.answered.wait(5)
-    assert view._confirm_at == float("inf")  # decided: only this check covers Y now
+    assert view.state.confirm_at == float("inf")  # decided: only this check covers Y now
     return thread, outcome
 
 
@@ -277,11 +277,11 @@ def test_check_dropped_by_stream_restarts_is_not_needed_and_no_loop(
         # Y's lock (one of FEW_LOCKS) and frees Y; later ones have no old sign left, so
         # they list work/ only.
         assert rounds == ["work", "work", "work"] and reads == [[item_id]], (rounds, reads)
-        wait_until(lambda: view._is_free(item_id), 2, message="Y freed by a new round")
+        wait_until(lambda: view.state.is_free(item_id), 2, message="Y freed by a new round")
         stalled.go()
         thread.join(10)
         assert not thread.is_alive() and "raised" not in outcome, outcome
-        assert view._is_free(item_id) and view._confirm_at == float("inf")
+        assert view.state.is_free(item_id) and view.state.confirm_at == float("inf")
         got = hands_out(consumer, item_id, 2 * LOCK_TTL, other)
         got.complete()
         before = len(stalled.lists)
@@ -304,7 +304,7 @@ def test_check_answered_before_the_new_round_applies(
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as consumer:
         view, y_id = _watching_with_a_confirm(consumer, producer, dead)
         x_id = producer.put("x")
-        wait_until(lambda: view._is_free(x_id), 5, message="X's event")
+        wait_until(lambda: view.state.is_free(x_id), 5, message="X's event")
         # The follower's next listing of work/ waits until the check applied.
         gate, listing = threading.Event(), threading.Event()
         original = view._protocol.list
@@ -318,11 +318,11 @@ def test_check_answered_before_the_new_round_applies(
 
         view._protocol.list = slow_rounds  # type: ignore[method-assign]
         dead._protocol._create_lock(x_id, Lock(dead.node_id, new_token()), 1)  # C1, dies
-        wait_until(lambda: x_id in view._locks, 5, message="X's lock event")
+        wait_until(lambda: x_id in view.state.locks, 5, message="X's lock event")
         view._follower.drop_stream()  # X's expiry will go unheard by stream 1
         assert listing.wait(5)
         relists = view.relists
-        wait_until(lambda: time.monotonic() >= view._confirm_at, 3, interval=0.01,
+        wait_until(lambda: time.monotonic() >= view.state.confirm_at, 3, interval=0.01,
                    message="the confirm is due")
         view.check_locks()  # applied: the round has not moved
         assert view.relists == relists
@@ -361,7 +361,7 @@ def test_new_delayed_item_decoded_whatever_its_payload(
         assert running is not None and running.id == running_id
         assert consumer.claim(timeout=0) is None  # starts watching: lists work/ and locks/
         assert view.watching_locks
-        assert delayed_id in view._locks and running_id in view._locks
+        assert delayed_id in view.state.locks and running_id in view.state.locks
         assert delayed_id not in tried and running_id not in tried, tried
         got = consumer.claim(timeout=3 + 2 * LOCK_TTL)
         assert got is not None and got.id == delayed_id, got

@@ -5,7 +5,7 @@ whatever listing another thread applies between the two blocks.  An item
 whose planning listing of locks/ is lost (it failed, or was dropped because
 the follower changed) is taken until a listing of locks/ from its first
 listing on is applied, and every listing of work/ that shows it lists locks/
-until then (QueueView._unplanned); the last tests tell that case as it went
+until then (ViewState.unplanned); the last tests tell that case as it went
 before the rule.
 
 Pausing a thread between the two locked blocks of _list is forced by
@@ -23,7 +23,7 @@ from helpers import (hands_out, in_background, lose_first_listing, pause_listing
                      wait_until)
 
 from etcdq_v2 import Queue
-from etcdq_v2 import view as view_module
+from etcdq_v2 import viewstate as view_module
 from etcdq_v2.codec import Item
 from etcdq_v2.errors import Unavailable
 
@@ -40,7 +40,7 @@ class _PauseBetweenBlocks(threading.Condition):
         self.decided, self.paused, self.resume = threading.local(), threading.Event(), threading.Event()
         self.armed = False
         self.decisions: list = []
-        original = view._new_delayed
+        original = view.state.new_delayed
 
         def new_delayed(work):
             result = original(work)
@@ -49,7 +49,7 @@ class _PauseBetweenBlocks(threading.Condition):
                 self.decided.flag = True
             return result
 
-        view._new_delayed = new_delayed  # type: ignore[method-assign]
+        view.state.new_delayed = new_delayed  # type: ignore[method-assign]
 
     def __exit__(self, *exc):
         result = super().__exit__(*exc)
@@ -94,13 +94,13 @@ def test_quiet_list_decides_delayed_before_a_concurrent_relist_work(
         thread, outcome = in_background(lambda: view.relist(5), "relister")
         assert cond.paused.wait(5)
         assert cond.decisions == [True]
-        assert not view.watching_locks and x_id not in view._items
+        assert not view.watching_locks and x_id not in view.state.items
         view.relist_work()  # the claimer's thread: applies X, plans its delay
-        assert x_id in view._items and x_id in view._locks and x_id in view._delays
+        assert x_id in view.state.items and x_id in view.state.locks and x_id in view.state.delays
         cond.go()
         thread.join(10)
         assert not thread.is_alive() and "raised" not in outcome, outcome
-        assert not view._is_free(x_id)
+        assert not view.state.is_free(x_id)
         tried = record_calls(consumer._protocol, "claim")
         got = None
         while got is None and time.monotonic() - put_at < DELAY + 3:
@@ -135,7 +135,7 @@ def test_quiet_list_older_listing_after_relist_work_forgets_no_free_item(
         x_id = producer.put({"x": 1}, delay=DELAY)
         put_at = time.monotonic()
         view.relist_work()
-        assert {x_id, y_id} <= set(view._items)
+        assert {x_id, y_id} <= set(view.state.items)
         cond.go()
         thread.join(10)
         assert not thread.is_alive() and "raised" not in outcome, outcome
@@ -207,7 +207,7 @@ def test_failed_check_is_planned_from_its_failure(
         wait_until(lambda: dead._protocol.read("locks", y_id) is None, 5,
                    message="etcd expired the dead claimer's lock")
         assert consumer.claim(timeout=0) is None
-        assert view.watching_locks and y_id in view._locks
+        assert view.watching_locks and y_id in view.state.locks
         original = view._protocol.list
         failures = []
 
@@ -219,15 +219,15 @@ def test_failed_check_is_planned_from_its_failure(
             return original(kind, *args, **kwargs)
 
         view._protocol.list = frozen_once  # type: ignore[method-assign]
-        wait_until(lambda: time.monotonic() >= view._confirm_at, 3, interval=0.01,
+        wait_until(lambda: time.monotonic() >= view.state.confirm_at, 3, interval=0.01,
                    message="the confirm is due")
         try:
             view.check_locks()
         except Unavailable:
             pass
         assert failures
-        assert view._confirm_at >= failures[0] + view_module.CONFIRM - 0.01
-        assert y_id in view._locks
+        assert view.state.confirm_at >= failures[0] + view_module.CONFIRM - 0.01
+        assert y_id in view.state.locks
         got = hands_out(consumer, y_id, 2 * view_module.CONFIRM + 1, other)
         got.complete()
 
@@ -274,7 +274,7 @@ def test_quiet_delays_listing_lost_is_never_retried(etcd_url: str, queue_name: s
         view.relist(5)  # a quiet follower without list_locks (catch_up/behind)
         # a round applies nothing before its listing of locks/:
         # the next round's listing is the first applied.
-        wait_until(lambda: lost and view.relists > relists and x_id in view._items, 5,
+        wait_until(lambda: lost and view.relists > relists and x_id in view.state.items, 5,
                    message="the failed round and a listing that shows X")
         tried = record_calls(consumer._protocol, "claim")
         got = consumer.claim(timeout=DELAY + 3)
@@ -309,7 +309,7 @@ def test_relist_work_delays_listing_dropped_by_a_new_follower(
         answered, resume = pause_listing(view._protocol, "locks", "claimer")
         thread, outcome = in_background(view.relist_work, "claimer")
         assert answered.wait(5)
-        assert x_id not in view._delays  # not planned yet (nor applied)
+        assert x_id not in view.state.delays  # not planned yet (nor applied)
         if new_follower == "quiet":
             view.relist(5)  # F1, quiet, list_locks False (catch_up, behind)
         else:
@@ -353,10 +353,10 @@ def test_quiet_delays_listing_lost_on_the_network(
             view.relist(5)
         except Unavailable:
             pass  # a round applies nothing before its listing of locks/
-        wait_until(lambda: failures or x_id in view._items, 5,
+        wait_until(lambda: failures or x_id in view.state.items, 5,
                    message="the held listing of locks/ timed out")  # applied
         proxy.pass_through()
-        wait_until(lambda: view.relists > relists and x_id in view._items, 5,
+        wait_until(lambda: view.relists > relists and x_id in view.state.items, 5,
                    message="a listing that shows X")
         tried = record_calls(consumer._protocol, "claim")
         got = consumer.claim(timeout=DELAY + 5)
@@ -380,7 +380,7 @@ def test_quiet_delays_listing_lost_costs_a_miss_per_delayed_item(
         lost = lose_first_listing(view._protocol, "locks", "etcdq-view")
         relists = view.relists
         view.relist(5)
-        wait_until(lambda: lost and view.relists > relists and set(ids) <= set(view._items), 5,
+        wait_until(lambda: lost and view.relists > relists and set(ids) <= set(view.state.items), 5,
                    message="the failed round and a listing that shows the items")
         tried = record_calls(consumer._protocol, "claim")
         assert consumer.claim(timeout=0) is None  # nothing free yet: every try a miss

@@ -77,9 +77,9 @@ def test_going_quiet_with_failed_locks_listing_keeps_delayed_item_taken_a_lock_t
                    message="C watching")
         d_id = producer.put({"d": 1}, delay=4)
         put_at = time.monotonic()
-        wait_until(lambda: d_id in view._locks, 3, message="D's delay lock heard")
+        wait_until(lambda: d_id in view.state.locks, 3, message="D's delay lock heard")
         producer.put_many([{"b": n} for n in range(200)])
-        wait_until(lambda: len(view._in_free) >= 32, 3, message="backlog heard")
+        wait_until(lambda: len(view.state.in_free) >= 32, 3, message="backlog heard")
         proxy.hold(match=locks_get(queue_name))
         got: dict = {}
         first = consumer.claim(timeout=0)  # goes quiet: list_locks=True round
@@ -90,9 +90,9 @@ def test_going_quiet_with_failed_locks_listing_keeps_delayed_item_taken_a_lock_t
         _claim_slowly_until(consumer, d_id, 9.0, got, put_at)
         assert d_id in got and got[d_id] <= 7.0, (
             f"D (delay 4 s) handed out at {got.get(d_id)} s after its put "
-            f"(None: not in 9 s); D in _locks: {d_id in view._locks}, "
-            f"_delays: {view._delays}, _next_delay - now: "
-            f"{view._next_delay - time.monotonic():.1f}, lock TTL {lock_ttl} s")
+            f"(None: not in 9 s); D in _locks: {d_id in view.state.locks}, "
+            f"_delays: {view.state.delays}, _next_delay - now: "
+            f"{view.state.next_delay - time.monotonic():.1f}, lock TTL {lock_ttl} s")
 
 
 def test_failed_stale_listing_keeps_released_item_taken_another_lock_ttl(
@@ -123,11 +123,11 @@ def test_failed_stale_listing_keeps_released_item_taken_another_lock_ttl(
         ids = producer.put_many([{"b": n} for n in range(150)])
         view = consumer._ensure_view()
         assert not view.watching_locks
-        listed = view._locks_listed
+        listed = view.state.locks_listed
         held = other.claim(timeout=0)
         assert held is not None and held.id == ids[0]
         first = consumer.claim(timeout=0)
-        assert first is not None and ids[0] in view._locks
+        assert first is not None and ids[0] in view.state.locks
         first.complete()
         held.release()  # free in etcd; C's quiet view does not hear
         got: dict = {}
@@ -144,8 +144,8 @@ def test_failed_stale_listing_keeps_released_item_taken_another_lock_ttl(
         _claim_slowly_until(consumer, ids[0], 4.5, after, passed)
         assert ids[0] in after and after[ids[0]] <= 2.5, (
             f"B0 (released, free in etcd) handed out {after.get(ids[0])} s after listings "
-            f"of locks/ worked again (None: not in 4.5 s); in _locks: {ids[0] in view._locks}, "
-            f"last listing of locks/ {time.monotonic() - view._locks_listed:.1f} s ago, "
+            f"of locks/ worked again (None: not in 4.5 s); in _locks: {ids[0] in view.state.locks}, "
+            f"last listing of locks/ {time.monotonic() - view.state.locks_listed:.1f} s ago, "
             f"lock TTL {lock_ttl} s")
 
 
@@ -167,7 +167,7 @@ def test_first_listing_without_locks_fails_the_round(
         try:
             with pytest.raises(EtcdqError):
                 consumer.claim(timeout=0)
-            assert not consumer._view._ready
+            assert not consumer._view.state.ready
         finally:
             proxy.pass_through()
         got = wait_until(lambda: consumer.claim(timeout=0), 5, ignore=(EtcdqError,))

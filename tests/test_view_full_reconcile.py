@@ -68,7 +68,7 @@ def test_older_delays_listing_resets_next_delay_and_strands_unplanned_item(
         assert not view.watching_locks
         d_id = consumer.put({"d": 1}, delay=1)
         wait_until(lambda: d_id not in _lock_ids(producer), 5, message="D's delay lock gone")
-        wait_until(lambda: view._next_delay <= time.monotonic(), 3, message="D due")
+        wait_until(lambda: view.state.next_delay <= time.monotonic(), 3, message="D due")
 
         original = view._protocol.list
         b_answered, b_resume = threading.Event(), threading.Event()
@@ -92,12 +92,12 @@ def test_older_delays_listing_resets_next_delay_and_strands_unplanned_item(
             a_thread, a_outcome = in_background(view.relist_work, "A")
             a_thread.join(5)
             assert not a_thread.is_alive()
-            assert x_id in view._items
+            assert x_id in view.state.items
         finally:
             b_resume.set()
             b_thread.join(5)
         view._protocol.list = original  # type: ignore[method-assign]
-        state = (dict(unplanned(view)), view._next_delay)
+        state = (dict(unplanned(view)), view.state.next_delay)
         got = []
         for _ in range(2):
             claim = consumer.claim(timeout=3)
@@ -178,7 +178,7 @@ def test_full_reconcile_keeps_live_locks_and_given_back_delays(
         held = other.claim(timeout=0)
         assert held is not None and held.id == b_ids[0]
         mine = consumer.claim(timeout=0)  # misses B0 (taken), then claims "B1"
-        assert mine is not None and mine.id != b_ids[0] and b_ids[0] in view._locks
+        assert mine is not None and mine.id != b_ids[0] and b_ids[0] in view.state.locks
         # Which one depends on the widened window's random walk (eightfold
         # since 12fb638: any of B1-B5); "B2" is the next of the others.
         b1 = mine.id
@@ -189,15 +189,15 @@ def test_full_reconcile_keeps_live_locks_and_given_back_delays(
         lock_index = {e.id: e.index for e in producer._protocol.list("locks")[1]}[b2]
         view.taken(b2)  # as _lost_race leaves a miss on B2
         view.locked_at(b2, lock_index)
-        assert b2 in view._locks
+        assert b2 in view.state.locks
         other._protocol.release(state)
         wait_until(lambda: b2 not in _lock_ids(producer), 3, message="B2's lock gone")
         released_at = time.monotonic()
         mine.release(delay=2)
         x_id = q_item(producer)
         view.relist_work()
-        assert not unplanned(view) and b_ids[0] in view._locks and b1 in view._locks
-        assert view._is_free(b2) and view._is_free(x_id)
+        assert not unplanned(view) and b_ids[0] in view.state.locks and b1 in view.state.locks
+        assert view.state.is_free(b2) and view.state.is_free(x_id)
         tried = record_calls(consumer._protocol, "claim")
         got = {}
         deadline = time.monotonic() + 8
@@ -241,7 +241,7 @@ def test_failed_due_listing_warns_once_per_confirm_and_claims_go_on(
             first = claim_and_complete(consumer)
             if first is not None:
                 got.append(first)
-            assert x_id in unplanned(view) and view._next_delay == -math.inf
+            assert x_id in unplanned(view) and view.state.next_delay == -math.inf
             started = time.monotonic()
             while time.monotonic() - started < 4:
                 claim = consumer.claim(timeout=0)
@@ -265,4 +265,4 @@ def test_failed_due_listing_warns_once_per_confirm_and_claims_go_on(
         assert x_id in after and len(set(got + after)) == len(got + after), after
         assert after.index(x_id) <= len(b_ids) - 1 - len(got), (after.index(x_id), len(got))
         held.complete()
-        assert view._next_delay > -math.inf and not unplanned(view)
+        assert view.state.next_delay > -math.inf and not unplanned(view)

@@ -5,7 +5,7 @@ R1 returns its etcd index (protocol.GivenBack): a listing of locks/ taken
 before R1 and applied after returned() neither drops the planned delay of an
 item given back with a delay, nor marks an item given back at once locked
 again (the view remembers the newest index at which each item's lock was
-seen gone, QueueView._gone, and ignores older signs of a lock).
+seen gone, ViewState.gone, and ignores older signs of a lock).
 
 Each test forces, against a real etcd, the interleaving its docstring tells
 (as it went before the rule).  The pauses of one thread are forced (a wrapper
@@ -19,7 +19,8 @@ import time
 from typing import Any, Callable, Dict, Tuple
 
 from etcdq_v2 import Claim, Queue
-from etcdq_v2.view import BACKLOG, QueueView
+from etcdq_v2.view import QueueView
+from etcdq_v2.viewstate import BACKLOG
 
 from helpers import claims_until, in_background, wait_until
 
@@ -62,7 +63,7 @@ def _assert_next_claim(queue: Queue, item_id: str) -> None:
     claimed ahead of it and what the view holds."""
     view = queue._view
     assert view is not None
-    locked, planned = item_id in view._locks, item_id in view._delays
+    locked, planned = item_id in view.state.locks, item_id in view.state.delays
     got = claims_until(queue, item_id, BOUND)
     assert got and got[0] == item_id, (
         f"item {item_id}, free in etcd, was not the next claim of a lone consumer: "
@@ -89,7 +90,7 @@ def listing_races_give_back(queue: Queue, give_back: Callable[[Claim, QueueView]
     y = queue.put("y", delay=1)
     # Y's plan falls due, and etcd has swept Y's lock by the time T2 lists
     # (else T2's listing plans Y again, and that next listing plans X too).
-    wait_until(lambda: view._next_delay <= time.monotonic()
+    wait_until(lambda: view.state.next_delay <= time.monotonic()
                and queue._protocol.read("locks", y) is None, 5,
                message="the delayed put's plan fell due and etcd let it go")
     listed, go, undo = _pause_locks_listing(
@@ -124,10 +125,10 @@ def switch_races_fail(queue: Queue, producer: Queue,
     view = queue._view
     assert view is not None
     assert queue.claim(timeout=0) is None  # starved: the view watches everything
-    wait_until(lambda: view.watching_locks and x.id in view._locks, 5,
+    wait_until(lambda: view.watching_locks and x.id in view.state.locks, 5,
                message="a watching view holding X locked")
     producer.put_many(range(ITEMS))
-    wait_until(lambda: len(view._in_free) >= BACKLOG, 10,
+    wait_until(lambda: len(view.state.in_free) >= BACKLOG, 10,
                message="the watching view heard of the backlog")
     listed, go, undo = _pause_locks_listing(
         queue, lambda: threading.current_thread().name == "etcdq-view")
@@ -153,7 +154,7 @@ def release_with_a_delay(x: Claim, view: QueueView) -> None:
 
 
 def delay_planned(x: Claim, view: QueueView) -> None:
-    assert x.id in view._delays, "returned() did not plan X's delay"
+    assert x.id in view.state.delays, "returned() did not plan X's delay"
 
 
 def test_a_concurrent_locks_listing_drops_the_planned_delay_of_a_released_item(
@@ -221,7 +222,7 @@ def release_at_once(x: Claim, view: QueueView) -> None:
 
 
 def freed(x: Claim, view: QueueView) -> None:
-    assert x.id not in view._locks, "returned() did not free X"
+    assert x.id not in view.state.locks, "returned() did not free X"
 
 
 def test_a_concurrent_locks_listing_relocks_an_item_released_at_once(

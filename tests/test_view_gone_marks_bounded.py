@@ -1,4 +1,4 @@
-"""The view's memory of gone locks (QueueView._gone) holds entries only for
+"""The view's memory of gone locks (ViewState.gone) holds entries only for
 items the view holds: it does not grow with the items other consumers process.
 
 As it went before the rule: a watching view added an entry to ``_gone`` for
@@ -33,7 +33,7 @@ def _leaked(consumer: Queue) -> int:
     view = consumer._view
     assert view is not None
     with view._cond:
-        return len([i for i in view._gone if i not in view._items])
+        return len([i for i in view.state.gone if i not in view.state.items])
 
 
 def test_watching_view_gone_grows_with_every_item_processed(
@@ -52,11 +52,11 @@ def test_watching_view_gone_grows_with_every_item_processed(
             # the finishers' lingering locks expire (etcd sweeps every 0.5 s)
             wait_until(lambda: not consumer._protocol.list("locks")[1], LOCK_TTL + 5,
                        message="the finished items' locks expired")
-            wait_until(lambda: not view._locks, 2, message="the view heard the locks expire")
+            wait_until(lambda: not view.state.locks, 2, message="the view heard the locks expire")
             sizes.append(_leaked(consumer))
 
         assert view.watching_locks and view.relists == relists, "the view listed again"
-        assert not view._items, "every item was finished"
+        assert not view.state.items, "every item was finished"
         assert sizes[-1] <= 5, (
             f"the watching view keeps _gone entries for items it forgot: {sizes} "
             "after 30 and 60 items processed (never pruned while its stream is busy)")
@@ -78,6 +78,6 @@ def test_an_idle_watching_view_leaks_for_items_other_consumers_process(
         _drain_one_by_one(producer, worker, 30)
         wait_until(lambda: not worker._protocol.list("locks")[1], LOCK_TTL + 5,
                    message="the finished items' locks expired")
-        wait_until(lambda: not view._locks, 2, message="the view heard the locks expire")
-        assert not view._items
+        wait_until(lambda: not view.state.locks, 2, message="the view heard the locks expire")
+        assert not view.state.items
         assert _leaked(idle) <= 5, f"{_leaked(idle)} _gone entries for forgotten items"

@@ -24,10 +24,11 @@ from helpers import record_calls, wait_until
 
 from etcdq_v2 import Claim, Queue
 from etcdq_v2.transport import connect
-from etcdq_v2 import view as view_module
-from etcdq_v2.view import CONFIRM, QueueView
+from etcdq_v2 import viewstate as view_module
+from etcdq_v2.view import QueueView
+from etcdq_v2.viewstate import CONFIRM
 
-FEW_LOCKS = getattr(view_module, "FEW_LOCKS", 8)  # so that a tree without it runs these too
+FEW_LOCKS = view_module.FEW_LOCKS
 
 
 @contextlib.contextmanager
@@ -44,7 +45,7 @@ def end_of_backlog(consumer_client: Any, etcd_url: str, name: str, *, held: int 
         claims = [other.claim() for _ in range(held)]
         assert all(c is not None for c in claims)
         view = consumer._ensure_view()
-        assert not view.watching_locks and all(c.id in view._locks for c in claims)
+        assert not view.watching_locks and all(c.id in view.state.locks for c in claims)
         while (claim := other.claim()) is not None:
             claim.complete()
         yield consumer, other, view, claims  # type: ignore[misc]
@@ -97,9 +98,9 @@ def test_a_lock_read_at_the_listings_own_index_is_listed_for_anyway(
         reads = before_reads(view, lambda ids: None)
         assert consumer.claim(timeout=0) is None
         assert view.watching_locks and len(reads) == 1
-        assert reads[0] == view._confirm_upto, "a write landed between listing and read"
+        assert reads[0] == view.state.confirm_upto, "a write landed between listing and read"
         # The read saw the lock at X: nothing about it is left to confirm.
-        planned = view._confirm_at
+        planned = view.state.confirm_at
         started = time.monotonic()
         while time.monotonic() - started < CONFIRM + 0.5:
             assert consumer.claim(timeout=0.3) is None
@@ -122,7 +123,7 @@ def sentinel(queue: Queue) -> int:
 
 def settled(view: QueueView, queue: Queue) -> None:
     index = sentinel(queue)
-    wait_until(lambda: view._known >= index, 5, message="the view's events up to the sentinel")
+    wait_until(lambda: view.state.known >= index, 5, message="the view's events up to the sentinel")
 
 
 def test_a_lock_taken_again_before_the_read_stays_taken_after_older_events(
@@ -146,7 +147,7 @@ def test_a_lock_taken_again_before_the_read_stays_taken_after_older_events(
         indexes = before_reads(view, retake)
         assert consumer.claim(timeout=0) is None and view.watching_locks
         settled(view, consumer)
-        assert view._locks.get(held[0].id) == indexes[0], view._locks
+        assert view.state.locks.get(held[0].id) == indexes[0], view.state.locks
         assert consumer.claim(timeout=0) is None, "the retaken item was handed out"
         retaken[0].release()
         got = consumer.claim(timeout=5)
@@ -173,7 +174,7 @@ def test_a_lock_gone_at_the_read_ignores_older_lock_events(
         view.starved(5)  # start watching, as a claim that found nothing does
         wait_until(lambda: indexes, 5, message="the read")
         settled(view, consumer)
-        assert view._is_free(held[0].id), (view._locks, view._gone, indexes)
+        assert view.state.is_free(held[0].id), (view.state.locks, view.state.gone, indexes)
         got = consumer.claim(timeout=0)
         assert got is not None and got.id == held[0].id
         got.complete()
@@ -197,7 +198,7 @@ def test_a_follower_replaced_during_its_reads_applies_nothing(
         view.starved(5)
         wait_until(replaced.is_set, 10, message="the new follower's listing")
         settled(view, consumer)
-        assert view._is_free(held[0].id), (view._locks, indexes)
+        assert view.state.is_free(held[0].id), (view.state.locks, indexes)
         got = consumer.claim(timeout=0)
         assert got is not None and got.id == held[0].id
         got.complete()
@@ -228,7 +229,7 @@ def test_own_release_between_the_read_and_its_apply_wins(
         indexes = before_reads(view, release_mine, after=True)
         got = consumer.claim(timeout=2)
         assert indexes, "the view did not read its own claim's lock"
-        assert got is not None and got.id == mine.id, (view._locks, view._gone, indexes)
+        assert got is not None and got.id == mine.id, (view.state.locks, view.state.gone, indexes)
         got.complete()
 
 
@@ -251,7 +252,7 @@ def test_a_read_that_fails_fails_the_round_and_the_next_frees_the_item(
         try:
             wait_until(lambda: any(lock_get in r for r in proxy.requests), 5,
                        message="the read of the lock")
-            wait_until(lambda: view._error is not None, 5, message="the round failed")
+            wait_until(lambda: view.state.error is not None, 5, message="the round failed")
         finally:
             proxy.pass_through()
         started = time.monotonic()
@@ -273,7 +274,7 @@ def test_a_quiet_view_of_a_stale_backlog_still_finds_the_free_item(
             Queue(etcd_url, queue_name, lock_ttl=60) as other:
         ids = other.put_many(range(300))
         view = consumer._ensure_view()
-        assert not view.watching_locks and view.miss_limit == 3
+        assert not view.watching_locks and view.state.miss_limit == 3
         done = set()
         for _ in range(299):
             claim = other.claim()
@@ -313,7 +314,7 @@ def test_reads_one_after_another_cost_a_round_trip_each(
         started = time.monotonic()
         view.starved(10)
         took = time.monotonic() - started
-        assert view.watching_locks and all(view._is_free(c.id) for c in held)
+        assert view.watching_locks and all(view.state.is_free(c.id) for c in held)
         assert took < 0.6, f"the round that started watching took {took:.2f} s (R = 0.1 s)"
 
 
@@ -387,7 +388,7 @@ def test_each_read_is_a_raft_proposal_and_a_wal_fsync(
         before = proposals(etcd_url)
         view.starved(10)
         after = proposals(etcd_url)
-        assert view.watching_locks and all(view._is_free(c.id) for c in held)
+        assert view.watching_locks and all(view.state.is_free(c.id) for c in held)
         made, fsyncs = after[0] - before[0], after[1] - before[1]
         assert made <= 3, (f"the round that started watching made {made:g} raft proposals "
                            f"({fsyncs:g} WAL fsyncs) for {len(held)} old signs")
@@ -424,4 +425,4 @@ def test_more_than_few_old_signs_list_locks_and_read_none(
         reads = record_calls(view._protocol, "read_locks")
         view.starved(5)
         assert view.watching_locks and lists == ["work", "locks"] and reads == []
-        assert all(view._is_free(c.id) for c in held)
+        assert all(view.state.is_free(c.id) for c in held)

@@ -15,7 +15,7 @@ from helpers import in_background, locks_get, pause_listing
 from etcdq_v2 import Queue
 from etcdq_v2.errors import EtcdqError
 from etcdq_v2.transport import connect
-from etcdq_v2.view import CONFIRM
+from etcdq_v2.viewstate import CONFIRM
 
 
 def _quiet_with_taken_head(view, consumer, other, producer, n=150):
@@ -24,7 +24,7 @@ def _quiet_with_taken_head(view, consumer, other, producer, n=150):
     held = other.claim(timeout=0)
     assert held is not None and held.id == ids[0]
     first = consumer.claim(timeout=0)  # misses the head: taken in the view
-    assert first is not None and ids[0] in view._locks
+    assert first is not None and ids[0] in view.state.locks
     first.complete()
     return ids, held
 
@@ -75,7 +75,7 @@ def test_failing_locks_listing_blocks_the_claimer_a_deadline_every_confirm(
         proxy.hold(match=locks_get(queue_name))
         blocked, failed, started = 0.0, 0, time.monotonic()
         try:
-            view._locks_listed = time.monotonic() - lock_ttl  # a lock TTL ago
+            view.state.locks_listed = time.monotonic() - lock_ttl  # a lock TTL ago
             while time.monotonic() - started < 12.0:
                 t0 = time.monotonic()
                 try:
@@ -113,7 +113,7 @@ def test_one_full_relist_at_a_time(etcd_url: str, queue_name: str, proxy) -> Non
         ids, held = _quiet_with_taken_head(view, consumer, other, producer)
         reached, resume = pause_listing(view._protocol, "locks", "A")
         b_calls = _locks_calls(view._protocol, "MainThread")
-        view._locks_listed = time.monotonic() - lock_ttl
+        view.state.locks_listed = time.monotonic() - lock_ttl
         thread, outcome = in_background(lambda: consumer.claim(timeout=0), name="A")
         try:
             assert reached.wait(5)
@@ -129,9 +129,9 @@ def test_one_full_relist_at_a_time(etcd_url: str, queue_name: str, proxy) -> Non
         if outcome.get("returned") is not None:
             assert outcome["returned"].id != ids[0]
             outcome["returned"].complete()
-        assert ids[0] in view._locks
-        assert time.monotonic() - view._locks_listed < lock_ttl - 2
-        assert view._ready
+        assert ids[0] in view.state.locks
+        assert time.monotonic() - view.state.locks_listed < lock_ttl - 2
+        assert view.state.ready
         held.complete()
 
 
@@ -169,44 +169,44 @@ def test_backoff_survives_recovery_when_taken_items_free_without_full_listing(
         assert _claim_one(consumer) is not None
         assert not view.watching_locks
         delayed = consumer.put({"d": 1}, delay=6)
-        assert delayed in view._locks
+        assert delayed in view.state.locks
         # 1. listings of locks/ fail: the backoff climbs to a lock TTL.
         proxy.hold(match=locks_get(queue_name))
         try:
             end = time.monotonic() + 12
-            while view._locks_retry < lock_ttl and time.monotonic() < end:
-                view._locks_listed = time.monotonic() - lock_ttl  # stale now
+            while view.state.locks_retry < lock_ttl and time.monotonic() < end:
+                view.state.locks_listed = time.monotonic() - lock_ttl  # stale now
                 _claim_one(consumer)
         finally:
             proxy.pass_through()
-        assert view._locks_retry == lock_ttl
+        assert view.state.locks_retry == lock_ttl
         # 2. listings work again; the delay lock expires; the delays-only
         #    listing frees the item (a lone consumer takes it in put order,
         #    after the backlog: it is enough that the view holds it free).
         end = time.monotonic() + 12
-        while view._locks and time.monotonic() < end:
+        while view.state.locks and time.monotonic() < end:
             _claim_one(consumer)
             time.sleep(0.2)
-        assert not view._locks and not view.watching_locks
-        assert view._is_free(delayed)
+        assert not view.state.locks and not view.watching_locks
+        assert view.state.is_free(delayed)
         # 3. A new taken item (held by `other`, missed by the consumer).
         end = time.monotonic() + 8
         held = None
-        while time.monotonic() < end and not view._locks:
+        while time.monotonic() < end and not view.state.locks:
             held = other.claim(timeout=0)
             _claim_one(consumer)
-            if held.id not in view._locks:
+            if held.id not in view.state.locks:
                 held.complete()
-        assert view._locks
+        assert view.state.locks
         # 4. Much later (backdated) the stale check fails once.
         proxy.hold(match=locks_get(queue_name))
         try:
-            view._locks_listed = time.monotonic() - lock_ttl
+            view.state.locks_listed = time.monotonic() - lock_ttl
             _claim_one(consumer)
         finally:
             proxy.pass_through()
-        due_in = view._locks_listed + lock_ttl - time.monotonic()
-        retry = view._locks_retry
+        due_in = view.state.locks_listed + lock_ttl - time.monotonic()
+        retry = view.state.locks_retry
         held.complete()
         assert retry == CONFIRM and due_in <= CONFIRM + 0.2, (
             f"one failure after recovery: next stale check in {due_in:.1f} s "
@@ -229,17 +229,17 @@ def test_full_listing_resets_backoff(etcd_url: str, queue_name: str, proxy) -> N
         view = consumer._ensure_view()
         held = other.claim(timeout=0)
         _claim_one(consumer)
-        assert held.id in view._locks and not view.watching_locks
+        assert held.id in view.state.locks and not view.watching_locks
         proxy.hold(match=locks_get(queue_name))
         try:
             for _ in range(2):
-                view._locks_listed = time.monotonic() - lock_ttl
+                view.state.locks_listed = time.monotonic() - lock_ttl
                 _claim_one(consumer)
-            retry = view._locks_retry  # before any listing can work again
+            retry = view.state.locks_retry  # before any listing can work again
         finally:
             proxy.pass_through()
         assert retry >= 2 * CONFIRM
-        view._locks_listed = time.monotonic() - lock_ttl
+        view.state.locks_listed = time.monotonic() - lock_ttl
         _claim_one(consumer)
-        assert view._locks_retry == 0.0
+        assert view.state.locks_retry == 0.0
         held.complete()

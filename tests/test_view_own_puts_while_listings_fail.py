@@ -35,7 +35,7 @@ from helpers import claim_one_of, in_background, wait_until, work_listing
 from etcdq_v2 import Queue
 from etcdq_v2.errors import EtcdqError
 from etcdq_v2.transport import connect
-from etcdq_v2.view import CONFIRM
+from etcdq_v2.viewstate import CONFIRM
 
 TIMEOUT, DEADLINE = 0.5, 0.6  # the consumer's request timeout and deadline (one try)
 
@@ -53,7 +53,7 @@ def _drained_stage(etcd_url: str, proxy_url: str, name: str, lock_ttl: int = 10,
                 Queue(transport, name, lock_ttl=lock_ttl) as stage:
             ids = producer.put_many([{"b": n} for n in range(items)])
             view = stage._ensure_view()
-            assert not view.watching_locks and set(ids) <= set(view._items)
+            assert not view.watching_locks and set(ids) <= set(view.state.items)
             for item_id in ids:
                 claim = stage.claim(timeout=0)
                 assert claim is not None and claim.id == item_id
@@ -91,7 +91,7 @@ def test_own_puts_overtake_older_items_after_listings_answer_again(
         proxy.hold(match=work_listing(queue_name))
         try:
             for n in range(3):  # each catch-up listing fails; the backoff doubles (1, 2, 4 s)
-                wait_until(lambda: time.monotonic() >= view._relist_after, 10)
+                wait_until(lambda: time.monotonic() >= view.state.relist_after, 10)
                 stage.put(f"own-{n}")
                 claim = _claim_one(stage)  # a674c4e: Unavailable
                 if claim is not None:
@@ -104,11 +104,11 @@ def test_own_puts_overtake_older_items_after_listings_answer_again(
         # Fixed: a catch-up lists again a second (CONFIRM) after the last
         # failure, whatever the misses' backoff; the guarantee is put order
         # from a second after listings answer again.
-        wait_until(lambda: time.monotonic() >= view._work_failed_at + CONFIRM, 10,
+        wait_until(lambda: time.monotonic() >= view.state.work_failed_at + CONFIRM, 10,
                    message="a second since the last failed listing")
         other = producer.put("other")  # put first
         own = stage.put("follow-up")  # put after it
-        backoff_left = view._relist_after - time.monotonic()
+        backoff_left = view.state.relist_after - time.monotonic()
         got: list[str] = []
         for _ in range(8):
             claim = _claim_one(stage, timeout=2)
@@ -168,7 +168,7 @@ def test_closing_the_queue_during_catch_up_hands_out_an_item_afterwards(
                 again.complete()
     assert handed is None, (
         f"claim() handed out {handed.id} (own put {own}) {time.monotonic() - closed_at:.1f} s "
-        f"after the queue was closed during its catch-up (view closed: {view._closed}); "
+        f"after the queue was closed during its catch-up (view closed: {view.state.closed}); "
         f"its lock was never refreshed and another consumer was handed the item while "
         f"it was still held: {outcome}")
 
@@ -218,7 +218,7 @@ def _stage_with_backlog(etcd_url: str, proxy_url: str, name: str, backlog: int,
     with _drained_stage(etcd_url, proxy_url, name, lock_ttl) as (producer, stage, view):
         ids = producer.put_many([{"k": n} for n in range(backlog)])
         view.relist_work()
-        assert set(ids) <= set(view._items) and not view.watching_locks
+        assert set(ids) <= set(view.state.items) and not view.watching_locks
         yield producer, stage, view, ids
 
 
@@ -325,12 +325,12 @@ def test_own_upto_is_dropped_by_the_next_listing_that_works(
         try:
             first = stage.put("own")
             claim = stage.claim(timeout=0)
-            assert claim is not None and claim.id == first and view._own_upto >= int(first)
+            assert claim is not None and claim.id == first and view.state.own_upto >= int(first)
             claim.complete()
         finally:
             proxy.pass_through()
         assert stage.claim(timeout=0) is None  # dry: watching, listed
-        assert view.watching_locks and view._own_upto == 0
+        assert view.watching_locks and view.state.own_upto == 0
         other = producer.put("other")
         own = stage.put("own-2")
         got = []

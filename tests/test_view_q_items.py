@@ -117,7 +117,7 @@ def test_failing_locks_listing_makes_every_claim_fail(
         proxy.hold(match=locks_get(queue_name))
         try:
             first = claim_and_complete(consumer)  # miss on B0 -> relist_work; locks/ lost
-            assert x_id in view._items
+            assert x_id in view.state.items
             got, failed = [first] if first else [], 0
             started = time.monotonic()
             while time.monotonic() - started < 4 and len(got) < 3:
@@ -135,7 +135,7 @@ def test_failing_locks_listing_makes_every_claim_fail(
         assert len(got) >= 3, (
             f"{len(got)} items handed out in 4 s while only listings of locks/ "
             f"failed ({failed} claims raised Unavailable): B1..B39 free in etcd; "
-            f"_next_delay={view._next_delay}")
+            f"_next_delay={view.state.next_delay}")
 
 
 def test_another_thread_starves_on_unplanned_items_and_rewatches(
@@ -210,7 +210,7 @@ def test_a_transient_locks_failure_costs_one_listing_then_none(
         assert got.index(x_id) < got.index(y_ids[0]), got
         assert len(got) == len(set(got))
         assert listed.count("locks") == 1, listed
-        assert view._next_delay == float("inf") and not unplanned(view)
+        assert view.state.next_delay == float("inf") and not unplanned(view)
 
 
 def test_follower_listing_after_the_failure_resets_next_delay(
@@ -230,7 +230,7 @@ def test_follower_listing_after_the_failure_resets_next_delay(
         assert x_id in unplanned(view)
         view.relist(5)
         wait_until(lambda: not unplanned(view), 5, message="the follower planned X")
-        assert view._next_delay == float("inf")
+        assert view.state.next_delay == float("inf")
         listed = record_calls(consumer._protocol, "list")
         claim = consumer.claim(timeout=2)
         assert claim is not None and claim.id == x_id
@@ -256,14 +256,14 @@ def test_q_item_claimed_elsewhere_between_the_two_listings(
                                             after_reply=False)
         thread, outcome = in_background(view.relist_work, "claimer")
         assert listed_work.wait(5)
-        assert not view._is_free(x_id)  # not applied yet , or taken
+        assert not view.state.is_free(x_id)  # not applied yet , or taken
         entry = other._protocol.read("work", x_id)
         state = other._protocol.claim(x_id, entry.version)
         assert state is not None
         resume.set()
         thread.join(5)
         assert not thread.is_alive() and "raised" not in outcome, outcome
-        assert not unplanned(view) and not view._is_free(x_id) and x_id not in view._delays
+        assert not unplanned(view) and not view.state.is_free(x_id) and x_id not in view.state.delays
         tried = record_calls(consumer._protocol, "claim")
         got = []
         for _ in b_ids:
@@ -304,7 +304,7 @@ def test_eight_threads_on_a_flow_of_q_items(
             assert sorted(got) == sorted(ids), (len(got), len(set(got)))
             for queue in consumers:
                 assert not unplanned(queue._view)
-                assert queue._view._next_delay > float("-inf")
+                assert queue._view.state.next_delay > float("-inf")
         finally:
             for queue in consumers:
                 queue.close()

@@ -30,11 +30,11 @@ from helpers import (force_unswept_resend, in_background, wait_until,
                      watching_view_holding_one_claim, watching_with_a_free_item)
 
 from etcdq_v2 import Queue
-from etcdq_v2 import view as view_module
+from etcdq_v2 import viewstate as view_module
 from etcdq_v2.errors import KeyMissing
 from etcdq_v2.transport import connect
 
-FEW_LOCKS = getattr(view_module, "FEW_LOCKS", 8)
+FEW_LOCKS = view_module.FEW_LOCKS
 
 
 @contextlib.contextmanager
@@ -127,7 +127,7 @@ def test_a_quiet_view_holds_a_delayed_item_refused_at_its_gone_sign_for_a_lock_t
                 f"item {claim.id}, released with delay=1 (given back as returned"
                 f"{returned[0]}), was not handed out within 5 s; the lone consumer "
                 f"got {len(given)} claims of later items meanwhile; the view holds it "
-                f"taken at {view._locks.get(claim.id)}")
+                f"taken at {view.state.locks.get(claim.id)}")
             found.complete()
             return
         pytest.skip("etcd swept the delay lock before every resend (timing)")
@@ -186,7 +186,7 @@ def test_a_junk_directory_removed_leaves_its_item_taken_in_a_watching_view(
         junk = f"{queue.layout.locks}/{stuck}"
         queue.etcd.put(f"{junk}/junk", "makes it a directory")
         assert queue.claim(timeout=0) is None  # refused: taken
-        assert not view._is_free(stuck)
+        assert not view.state.is_free(stuck)
         queue.etcd.delete(f"{junk}/junk")
         with urlopen(Request(f"{etcd_url}/v2/keys{junk}?dir=true", method="DELETE"),
                      timeout=5) as reply:
@@ -196,7 +196,7 @@ def test_a_junk_directory_removed_leaves_its_item_taken_in_a_watching_view(
         got = queue.claim(timeout=3)
         assert got is not None and got.id == stuck, (
             f"the junk at locks/{stuck} was removed; the item is free in etcd but the "
-            f"watching view holds it taken at {view._locks.get(stuck)}")
+            f"watching view holds it taken at {view.state.locks.get(stuck)}")
         got.complete()
 
 
@@ -307,7 +307,7 @@ def _restart_past_the_sweep(queue: Queue) -> bool:
     # The release reports our delay lock, still there, as a
     # 1 s delay: the view waits for it and no C1 is refused (forced stays
     # empty); on 9863fe4 one was, and the override took over.  Either way:
-    assert got is not None and got.id == item_id, (forced, view._locks.get(item_id))
+    assert got is not None and got.id == item_id, (forced, view.state.locks.get(item_id))
     got.complete()
     return True
 

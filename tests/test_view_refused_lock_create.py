@@ -26,9 +26,9 @@ from helpers import (force_unswept_resend, in_background, wait_until,
 from etcdq_v2 import Queue
 from etcdq_v2.errors import KeyMissing
 from etcdq_v2.transport import connect
-from etcdq_v2 import view as view_module
+from etcdq_v2 import viewstate as view_module
 
-FEW_LOCKS = getattr(view_module, "FEW_LOCKS", 8)
+FEW_LOCKS = view_module.FEW_LOCKS
 
 
 def v2(url: str, path: str, method: str = "GET", data: Optional[bytes] = None
@@ -133,7 +133,7 @@ def test_reads_from_a_member_that_stopped_answering_wait_a_timeout_each(
         held = [other.claim() for _ in range(FEW_LOCKS)]
         assert all(c is not None for c in held)
         view = consumer._ensure_view()
-        assert not view.watching_locks and all(c.id in view._locks for c in held)
+        assert not view.watching_locks and all(c.id in view.state.locks for c in held)
         while (claim := other.claim()) is not None:
             claim.complete()
         for claim in held:
@@ -232,15 +232,15 @@ def test_a_lock_taken_again_right_after_its_delete_is_no_junk(
             if lock_id == item_id and not raced:
                 raced.append(third.claim())  # takes the lock the view saw go
                 assert raced[0] is not None and raced[0].id == item_id
-                raced.append(view._gone.get(item_id))
+                raced.append(view.state.gone.get(item_id))
             return original(lock_id, *args)
 
         consumer._protocol._create_lock = create_lock  # type: ignore[method-assign]
         held.release()
-        wait_until(lambda: view._gone.get(item_id), 5, message="the view heard the delete")
+        wait_until(lambda: view.state.gone.get(item_id), 5, message="the view heard the delete")
         assert consumer.claim(timeout=0) is None  # lost the race to `third`
         assert raced and raced[1] is not None
-        assert item_id in view._locks and not view._is_free(item_id)
+        assert item_id in view.state.locks and not view.state.is_free(item_id)
         thread, outcome = in_background(lambda: consumer.claim(timeout=5))
         raced[0].release()
         thread.join(10)

@@ -99,7 +99,7 @@ def test_a_quiet_view_offers_an_unswept_released_item_within_its_delay_and_a_sec
             queue._protocol._create_lock = original_lock  # type: ignore[method-assign]
             assert found is not None and took < 2.5, (
                 f"A handed out {took:.2f} s after release(delay=1) returned (lock past its "
-                f"expiry at the read-back); held at {view._locks.get(claim.id)}")
+                f"expiry at the read-back); held at {view.state.locks.get(claim.id)}")
             assert not refused, f"{len(refused)} lock creates refused on A's unswept lock"
             found.complete()
             for _ in ids[1:]:
@@ -133,7 +133,7 @@ def test_a_release_at_once_and_a_zero_backoff_are_offered_at_once(
         view = queue._ensure_view()
         assert view.watching_locks
         last = queue.put("last")
-        wait_until(lambda: view._is_free(last), 5, message="the put's event")
+        wait_until(lambda: view.state.is_free(last), 5, message="the put's event")
         for end in ("release", "fail"):
             claim = queue.claim(timeout=1)
             assert claim is not None and claim.id == last
@@ -163,11 +163,11 @@ def test_an_expiring_junk_directory_frees_its_item_in_a_watching_view(
         assert _etcd(etcd_url, "PUT", f"{junk}?dir=true&ttl=2") == 201
         puts = queue.etcd.requests["PUT"]
         assert queue.claim(timeout=0) is None  # refused on the directory: taken
-        assert not view._is_free(stuck)
+        assert not view.state.is_free(stuck)
         started = time.monotonic()
         got = queue.claim(timeout=6)
         took = time.monotonic() - started
-        assert got is not None and got.id == stuck, view._locks.get(stuck)
+        assert got is not None and got.id == stuck, view.state.locks.get(stuck)
         assert took < 4.0, f"{took:.1f} s for a 2 s directory"
         assert queue.etcd.requests["PUT"] - puts <= 4  # refused C1 (1-2), C1, C2
         got.complete()
@@ -204,19 +204,19 @@ def test_a_directory_removed_below_the_listing_never_frees_a_newer_lock(
             claim.release()
             # Now make the view start watching with A claimed by other meanwhile.
             view._replace_follower(locks=True, list_locks=True)
-            wait_until(lambda: "claim" in paused and view._ready, 10,
+            wait_until(lambda: "claim" in paused and view.state.ready, 10,
                        message="the watching round")
         finally:
             protocol.list = original_list  # type: ignore[method-assign]
         held = paused["claim"]
         assert held is not None and held.id == item
-        wait_until(lambda: view._known >= held._state.index, 5,
+        wait_until(lambda: view.state.known >= held._state.index, 5,
                    message="the view's listing of the other claim")
-        assert not view._is_free(item), view._locks.get(item)
-        assert view._gone.get(item, 0) > 0  # the directory's delete was applied
+        assert not view.state.is_free(item), view.state.locks.get(item)
+        assert view.state.gone.get(item, 0) > 0  # the directory's delete was applied
         puts = queue.etcd.requests["PUT"]
         assert queue.claim(timeout=0.5) is None
-        assert not view._is_free(item), view._locks.get(item)
+        assert not view.state.is_free(item), view.state.locks.get(item)
         assert queue.etcd.requests["PUT"] == puts, "a lock create on an item held by another"
         held.complete()
 
@@ -258,7 +258,7 @@ def test_a_refusal_after_the_stream_began_is_freed_by_the_lock_s_event(
                 return original(lock_id, *args)
             except Exception as exc:
                 if lock_id == item:
-                    refused.append((exc, view._follower.since, view._confirm_upto))
+                    refused.append((exc, view._follower.since, view.state.confirm_upto))
                 raise
 
         queue._protocol._create_lock = create_lock  # type: ignore[method-assign]
@@ -268,13 +268,13 @@ def test_a_refusal_after_the_stream_began_is_freed_by_the_lock_s_event(
             queue._protocol._create_lock = original  # type: ignore[method-assign]
         assert refused, "the claim never tried A"
         assert [(e.index >= since == upto) for e, since, upto in refused if since] == [True]
-        assert view.watching_locks and not view._is_free(item)
+        assert view.watching_locks and not view.state.is_free(item)
         thread, outcome = in_background(lambda: queue.claim(timeout=5))
         other.etcd.delete(queue.layout.key("locks", item), prev_value=lock.encode())
         started = time.monotonic()
         thread.join(10)
         got = outcome.get("returned")
-        assert got is not None and got.id == item, (outcome, view._locks.get(item))
+        assert got is not None and got.id == item, (outcome, view.state.locks.get(item))
         assert time.monotonic() - started < 1.0
         got.complete()
 
@@ -321,7 +321,7 @@ def test_a_refusal_whose_lock_goes_while_the_stream_restarts_is_checked(
             queue.etcd.stream = original_stream  # type: ignore[method-assign]
         assert forced, "the claim never tried A"
         assert forced[0][1] is not None and forced[0][0] >= forced[0][1]  # a refusal at or after the stream's start
-        assert got is not None and got.id == item, (forced, view._locks.get(item))
+        assert got is not None and got.id == item, (forced, view.state.locks.get(item))
         got.complete()
 
 

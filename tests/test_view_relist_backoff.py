@@ -1,6 +1,6 @@
 """Misses back off before listing work/ again after a failed listing
 (``_relist_after``), and any listing of work/ the view applies lifts that
-backoff (QueueView._take_listing), the once-per-lock-TTL full listing
+backoff (ViewState.take_listing), the once-per-lock-TTL full listing
 included: a view whose listings answer again is not left stale.
 
 Also checked:
@@ -74,11 +74,11 @@ def test_a_listing_of_work_that_works_does_not_lift_the_relist_backoff(
         view.relist_work(full=True)  # check_locks' once-per-lock-TTL listing
         assert view.relists == relists + 1, "the full listing worked"
         worked_at = time.monotonic()
-        gate = getattr(view, "_relist_after", -1.0) - worked_at
+        gate = view.state.relist_after - worked_at
         assert _behind_lists(view, listed), (
             f"a miss right after a listing of work/ that worked listed nothing: the failed "
             f"listings' backoff still gates it for {gate:.1f} s (_work_retry="
-            f"{getattr(view, '_work_retry', None)})")
+            f"{view.state.work_retry})")
 
 
 def test_a_keyboard_interrupt_in_a_relist_ends_it_and_sets_no_backoff(
@@ -101,7 +101,7 @@ def test_a_keyboard_interrupt_in_a_relist_ends_it_and_sets_no_backoff(
         view._protocol.list = interrupting
         with pytest.raises(KeyboardInterrupt):
             view.behind(1.0)
-        assert interrupted and not view._listing
+        assert interrupted and not view.state.listing
         listed = record_calls(view._protocol, "list")
         relists = view.relists
         view.behind(1.0)
@@ -140,7 +140,7 @@ def test_a_starved_claim_waiting_for_a_failing_relist_goes_on_to_watch(
         claimer, claimed = in_background(lambda: consumer.claim(timeout=20), name="claimer")
         # the claim starved and waits on the view's condition for the listing
         wait_until(lambda: len(view._cond._waiters) > 0, 5, message="the claim to wait")
-        assert view._listing and claimer.is_alive()
+        assert view.state.listing and claimer.is_alive()
         started = time.monotonic()
         fail.set()
         claimer.join(20)
@@ -168,10 +168,10 @@ def test_a_failed_once_per_ttl_listing_is_due_again_and_frees_a_dead_workers_ite
         assert crashed._protocol.claim(ids[0], entry.version) is not None
         with Queue(connect(proxy.url, timeout=1.0), queue_name, lock_ttl=2) as consumer:
             view = consumer._ensure_view()
-            assert not view.watching_locks and ids[0] in view._locks
+            assert not view.watching_locks and ids[0] in view.state.locks
             wait_until(lambda: crashed._protocol.read("locks", ids[0]) is None, 5,
                        message="the dead worker's lock to expire")
-            wait_until(lambda: time.monotonic() - view._locks_listed >= 2, 5)
+            wait_until(lambda: time.monotonic() - view.state.locks_listed >= 2, 5)
             listed = record_calls(view._protocol, "list")
             proxy.hold(match=work_listing(queue_name))
             got: list[str] = []
@@ -224,12 +224,12 @@ def test_an_item_finished_by_another_since_the_view_cached_its_commit_is_a_miss_
         assert len(committed) == 1
         with Queue(etcd_url, queue_name, lock_ttl=2) as consumer:
             view = consumer._ensure_view()
-            assert not view.watching_locks and ids[0] in view._locks
+            assert not view.watching_locks and ids[0] in view.state.locks
             wait_until(lambda: protocol.read("locks", ids[0]) is None, 5,
                        message="the finisher's lock to expire")
-            wait_until(lambda: time.monotonic() - view._locks_listed >= 2, 5)
+            wait_until(lambda: time.monotonic() - view.state.locks_listed >= 2, 5)
             view.check_locks()  # the once-per-lock-TTL listing: free, F1's value cached
-            assert view._is_free(ids[0])
+            assert view.state.is_free(ids[0])
             real_finish_committed(*committed[0])  # the finisher resumes: F2, F3
             gones: list[Gone] = []
             real_claim = consumer._protocol.claim
@@ -247,6 +247,6 @@ def test_an_item_finished_by_another_since_the_view_cached_its_commit_is_a_miss_
             assert got is not None and got.id != ids[0]
             got.complete()
             assert [g.by_us for g in gones] == [False] and len(misses) == 1, misses
-            assert ids[0] not in view._items
+            assert ids[0] not in view.state.items
             assert producer.get(ids[0]).state == COMPLETED
             assert producer.stats()[COMPLETED] == 2

@@ -21,7 +21,7 @@ from helpers import claim_noting, claim_until_idle, locks_get, q_item, wait_unti
 from etcdq_v2 import Queue
 from etcdq_v2.errors import EtcdqError
 from etcdq_v2.transport import connect
-from etcdq_v2.view import CONFIRM
+from etcdq_v2.viewstate import CONFIRM
 
 LOCK_TTL = 30
 
@@ -92,7 +92,7 @@ def test_relist_work_rearms_check_locks_so_every_claim_waits_for_a_failing_locks
                 view.relist_work()
             except EtcdqError:
                 pass  # ce43349 raised here
-            assert x_id in getattr(view, "_unplanned", {x_id: 0})
+            assert x_id in view.state.unplanned
             times = _time_locks_listings(consumer)
             caplog.clear()
             caplog.set_level(logging.WARNING, logger="etcdq_v2")
@@ -138,7 +138,7 @@ def test_unplanned_delayed_item_skipped_by_relists_not_handed_out_early(
         got, held, passing = {}, [], False
         try:
             view.relist_work()
-            assert d_id in view._unplanned
+            assert d_id in view.state.unplanned
             while time.monotonic() - put_at < 9 and d_id not in got:
                 if not passing and time.monotonic() - put_at >= 2.5:
                     proxy.pass_through()
@@ -157,7 +157,7 @@ def test_unplanned_delayed_item_skipped_by_relists_not_handed_out_early(
                 claim.complete()
         assert d_id in got and 4.9 <= got[d_id] <= 8.5, got.get(d_id)
         assert d_id not in [c.id for c in held]
-        assert not view._unplanned
+        assert not view.state.unplanned
 
 
 def test_concurrent_claimers_cover_unplanned_item(
@@ -197,5 +197,5 @@ def test_concurrent_claimers_cover_unplanned_item(
             proxy.pass_through()
         assert not any(thread.is_alive() for thread in threads)
         assert sorted(seen) == sorted(ids + [x_id]), (len(seen), len(set(seen)))
-        wait_until(lambda: not view._unplanned or consumer.claim(timeout=0) is not None, 3)
-        assert not view._unplanned and view._next_delay > -math.inf
+        wait_until(lambda: not view.state.unplanned or consumer.claim(timeout=0) is not None, 3)
+        assert not view.state.unplanned and view.state.next_delay > -math.inf

@@ -85,8 +85,8 @@ def test_a_claimers_locks_listing_applied_after_the_switch_to_watching_strands_a
             # T1's claim of X lost the race (C1 "already exists"), and a delay
             # lock the view knows of is due: check_locks lists locks/.
             with view._cond:
-                view._locked(x, 1)
-                view._plan_delay(x, 0)
+                view.state.locked(x, 1)
+                view.state.plan_delay(x, 0, view._runtime.monotonic())
             view.check_locks()
 
         thread, outcome = in_background(claimer_t1, name="T1")
@@ -99,7 +99,7 @@ def test_a_claimers_locks_listing_applied_after_the_switch_to_watching_strands_a
         switched.set()
         assert listed.wait(10), outcome
         held.release()  # X's lock deleted: X free in etcd
-        wait_until(lambda: x not in view._locks, 5,
+        wait_until(lambda: x not in view.state.locks, 5,
                    message="the watching view never heard of X's release")
         apply.set()
         thread.join(10)
@@ -114,4 +114,4 @@ def test_a_claimers_locks_listing_applied_after_the_switch_to_watching_strands_a
         assert x in got, (f"item {x} free in etcd ({free_in_etcd}) was not claimed within "
                           f"{2 * ttl + 2} s of its release by a consumer claiming all along "
                           f"(claimed {got}); the view holds it as locked at "
-                          f"{view._locks.get(x)}, watching={view.watching_locks}")
+                          f"{view.state.locks.get(x)}, watching={view.watching_locks}")

@@ -63,7 +63,7 @@ def test_lost_race_reply_applied_after_the_watching_listing_strands_the_item(
         item_id = producer.put("x")
         with Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
             view = consumer._ensure_view()  # quiet; lists X free
-            assert not view.watching_locks and view._is_free(item_id)
+            assert not view.watching_locks and view.state.is_free(item_id)
             _dead_claimer_c1_only(dead, item_id, ttl=1)
             # Hold the reply of A's C1 ("already exists" is errorCode 105).
             proxy.hold("down", match=rb'"errorCode":105')
@@ -130,7 +130,7 @@ def test_a_consumer_running_its_own_item_lists_locks_at_every_start_of_watching(
     the process holds and heartbeats itself.  The change's claim ("64
     consumers ending a drain no longer list a lock TTL's worth of lingering
     locks each") holds only for handlers shorter than CONFIRM."""
-    from etcdq_v2.view import CONFIRM
+    from etcdq_v2.viewstate import CONFIRM
     with Queue(etcd_url, queue_name) as consumer:
         consumer.put_many(range(3))
         held = [consumer.claim(timeout=0) for _ in range(3)]  # the first listing knows all
@@ -179,7 +179,7 @@ def test_an_item_released_elsewhere_comes_back_to_a_quiet_view_within_a_lock_ttl
         assert head is not None
         head.release()
         view.relist_work()  # as after MISS_COST misses
-        assert head.id in view._locks, "the relist read the R0 version as a claim"
+        assert head.id in view.state.locks, "the relist read the R0 version as a claim"
         started = time.monotonic()
         got = []
         while time.monotonic() - started < 2 * ttl:
@@ -243,14 +243,14 @@ def test_lost_race_reply_applied_after_a_stream_restart_strands_the_item(
         view = consumer._view
         assert view.watching_locks
         item_id = producer.put("x")
-        wait_until(lambda: view._is_free(item_id), 5, message="X's event")
+        wait_until(lambda: view.state.is_free(item_id), 5, message="X's event")
         proxy.hold("down", match=rb'"action":"create","node":\{"key":"[^"]*/locks/'
                                  rb'|"errorCode":105')
         _dead_claimer_c1_only(dead, item_id, ttl=1)
         thread_a, outcome_a = in_background(lambda: consumer.claim(timeout=0), "claimer-a")
         wait_until(lambda: re.search(rb'"errorCode":105', proxy.held("down")), 5,
                    message="A's C1 answered 'already exists' (held)")
-        assert view._is_free(item_id) or item_id in view._trying
+        assert view.state.is_free(item_id) or item_id in view.state.trying
         wait_until(lambda: dead._protocol.read("locks", item_id) is None, 5,
                    message="etcd expired the dead claimer's lock")
         relists = view.relists

@@ -1,4 +1,4 @@
-"""Items taken only until their delay is planned (QueueView._unplanned: a new
+"""Items taken only until their delay is planned (ViewState.unplanned: a new
 item that may be delayed, ``"q"``, taken at the index of the first listing of
 work/ that showed it until a listing of locks/ from then on is applied): a
 relist_work whose listing of locks/ is lost makes the next claim list locks/
@@ -75,7 +75,7 @@ def test_relist_work_locks_listing_lost_holds_a_free_q_item_behind_later_items(
         # and the claim goes on).
         first = claim_and_complete(consumer)
         proxy.pass_through()
-        assert x_id in view._items  # the listing of work/ was applied
+        assert x_id in view.state.items  # the listing of work/ was applied
         failed_at = time.monotonic()
         got = [first] if first else []
         got += [] if first == x_id else claims_until(consumer, x_id, 15)
@@ -113,7 +113,7 @@ def test_mark_makes_another_thread_relist_everything(
         started = time.monotonic()
         x_id = _q_item_without_lock(producer)
         wait_until(lambda: time.monotonic() - started > 1.1, 3, message="lock_ttl passed")
-        assert not view._locks
+        assert not view.state.locks
         answered, resume = pause_listing(view._protocol, "locks", "claimer")
         thread, outcome = in_background(view.relist_work, "claimer")
         assert answered.wait(5)
@@ -130,7 +130,7 @@ def test_mark_makes_another_thread_relist_everything(
         resume.set()
         thread.join(5)
         assert not thread.is_alive() and "raised" not in outcome, outcome
-        wait_until(lambda: view._is_free(x_id), 3, message="X free")
+        wait_until(lambda: view.state.is_free(x_id), 3, message="X free")
         assert not replaced and listed == [], (
             f"check_locks in another thread relisted everything while relist_work "
             f"planned X: follower replaced {len(replaced)}x, listings {listed}")
@@ -156,10 +156,10 @@ def test_quiet_follower_retries_a_lost_planning_listing(
             view.relist(5)
         except Unavailable:
             pass  # a round applies nothing before its listing of locks/
-        wait_until(lambda: failures or x_id in view._items, 6,
+        wait_until(lambda: failures or x_id in view.state.items, 6,
                    message="the held listing of locks/ failed")  # applied
         proxy.pass_through()
-        wait_until(lambda: view.relists > relists and view._is_free(x_id), 5,
+        wait_until(lambda: view.relists > relists and view.state.is_free(x_id), 5,
                    message="the next round planned and freed X")
         assert claims_until(consumer, x_id, 5) == [x_id]
         for _ in y_ids:
@@ -195,7 +195,7 @@ def test_older_locks_listing_applied_late_does_not_free_a_delayed_item(
 
         view._protocol.list = paused_or_lost  # type: ignore[method-assign]
         follower = view._follower
-        thread, outcome = in_background(lambda: view._list_locks(follower), "older")
+        thread, outcome = in_background(lambda: view._list_locks(follower.round.generation), "older")
         assert answered.wait(5)  # L0 is taken
         x_id = producer.put({"x": 1}, delay=delay)
         put_at = time.monotonic()
@@ -207,7 +207,7 @@ def test_older_locks_listing_applied_late_does_not_free_a_delayed_item(
         resume.set()
         thread.join(5)
         assert not thread.is_alive() and "raised" not in outcome, outcome
-        assert x_id in unplanned(view) and view._next_delay == float("-inf")
+        assert x_id in unplanned(view) and view.state.next_delay == float("-inf")
         view._protocol.list = original  # type: ignore[method-assign]
         tried = record_calls(consumer._protocol, "claim")
         got = claims_until(consumer, x_id, delay + 4)
@@ -254,8 +254,8 @@ def test_q_item_released_between_listings_is_freed_by_delays_listing(
         third._protocol.release(state, 0)
         assert producer._protocol.read("locks", x_id) is None
         view.relist_work()
-        assert x_id in view._items and not unplanned(view)
-        wait_until(lambda: view._is_free(x_id), 2, message="X free in the view")
+        assert x_id in view.state.items and not unplanned(view)
+        wait_until(lambda: view.state.is_free(x_id), 2, message="X free in the view")
         got = claims_until(consumer, x_id, 5)
         assert got[-1] == x_id and len(got) == len(b_ids) + 1
 
@@ -297,7 +297,7 @@ def test_unplanned_empty_after_a_drain_with_delayed_items(
             assert not early, early
             for queue in consumers:
                 assert not unplanned(queue._view)
-                assert not queue._view._gone
+                assert not queue._view.state.gone
         finally:
             for queue in consumers:
                 queue.close()

@@ -53,7 +53,7 @@ def _watching_stage(etcd_url: str, proxy_url: str, name: str, lock_ttl: int = 10
                 assert claim is not None and claim.id == item_id
                 claim.complete()
             assert stage.claim(timeout=0) is None  # dry: starved, watching
-            wait_until(lambda: view.watching_locks and view._ready and view._error is None, 10,
+            wait_until(lambda: view.watching_locks and view.state.ready and view.state.error is None, 10,
                        message="the stage's view to watch, listed")
             yield producer, stage, view
     finally:
@@ -98,11 +98,11 @@ def test_a_stream_reset_with_etcd_healthy_puts_own_puts_first(
         for n in range(5):  # each: the stream breaks, the follower lists again
             relists = view.relists
             _reset_pulse(proxy)
-            wait_until(lambda r=relists: view.relists > r and view._error is None
+            wait_until(lambda r=relists: view.relists > r and view.state.error is None
                        and view.watching_locks, 15,
                        message=f"the follower to list again after reset {n + 1}")
         _reset_pulse(proxy)
-        wait_until(lambda: view._error is not None, 5, message="the stream's error")
+        wait_until(lambda: view.state.error is not None, 5, message="the stream's error")
         broke = time.monotonic()
         other = producer.put("other")  # put first
         own = stage.put("follow-up")  # put after it
@@ -154,9 +154,9 @@ def test_a_silent_stream_while_listings_fail_fails_every_claim(
             own = stage.put("follow-up")  # its event is held on the stream
             wait_until(lambda: b'"action":"create"' in proxy.held("down"), 5,
                        message="the stream's event of the put to be held")
-            error_before = view._error
+            error_before = view.state.error
             claim_one_of(stage, got, failed, tries=3)
-            ready = view._ready
+            ready = view.state.ready
         finally:
             proxy.pass_through()
     assert error_before is None
@@ -180,14 +180,14 @@ def test_an_own_put_offered_blind_that_another_claimed_is_not_stranded(
         proxy.hold(match=_work_listing(queue_name))
         try:
             view._follower.drop_stream()
-            wait_until(lambda: view._error is not None, 10,
+            wait_until(lambda: view.state.error is not None, 10,
                        message="the follower's listing to fail")
             own = stage.put("follow-up")
             theirs = other.claim(timeout=0)
             assert theirs is not None and theirs.id == own
             mine = _claim_one(stage)
             assert mine is None, mine.id
-            assert view._own_upto >= int(own) and own in view._locks
+            assert view.state.own_upto >= int(own) and own in view.state.locks
         finally:
             proxy.pass_through()
         theirs.release()

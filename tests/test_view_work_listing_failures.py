@@ -46,7 +46,7 @@ def _quiet(etcd_url: str, proxy_url: str, name: str, lock_ttl: int, items: int =
                   lock_ttl=lock_ttl) as consumer:
         ids = producer.put_many([{"b": n} for n in range(items)])
         view = consumer._ensure_view()
-        assert not view.watching_locks and set(ids) <= set(view._items)
+        assert not view.watching_locks and set(ids) <= set(view.state.items)
         yield producer, other, consumer, ids, view
 
 
@@ -82,7 +82,7 @@ def test_a_delay_listing_of_locks_resets_the_backoff_of_failing_full_listings(
         held = other.claim(timeout=0)
         assert held is not None and held.id == ids[0]
         claim = consumer.claim(timeout=0)  # misses the head, lists work/ again, claims another
-        assert claim is not None and ids[0] in view._locks and claim.id in view._locks
+        assert claim is not None and ids[0] in view.state.locks and claim.id in view.state.locks
         listed = record_calls(view._protocol, "list")
         proxy.hold(match=work_listing(queue_name))
         try:
@@ -92,16 +92,16 @@ def test_a_delay_listing_of_locks_resets_the_backoff_of_failing_full_listings(
                 except EtcdqError:
                     pass  # df428a7 raised
             assert listed.count("work") == 3, listed
-            retry_before = view._locks_retry
+            retry_before = view.state.locks_retry
             # A worker gives its item back to try it later: a delay lock the view plans.
             claim.release(delay=1)
             locks_before = listed.count("locks")
             _checks_until(view, lambda: listed.count("locks") > locks_before, 5)
-            assert view._locks_retry == 0.0  # the listing of locks/ worked
+            assert view.state.locks_retry == 0.0  # the listing of locks/ worked
             # The full listing is due again (4 s after the third failure): it fails.
             _checks_until(view, lambda: listed.count("work") >= 4, 8)
             failed_at = time.monotonic()
-            due_in = view._locks_listed + view._protocol.lock_ttl - failed_at
+            due_in = view.state.locks_listed + view._protocol.lock_ttl - failed_at
             # Claims go on for a while (each round checks first) while work/ still fails.
             deadline = failed_at + 3.0
             while time.monotonic() < deadline and listed.count("work") == 4:
@@ -200,11 +200,11 @@ def test_a_late_applied_listing_lifts_the_backoff_once_then_the_gate_holds(
         proxy.hold(match=work_listing(queue_name))
         try:
             view.behind(1.0)  # a miss over the limit: its listing fails
-            assert listed.count("work") == 1 and view._relist_after > time.monotonic()
+            assert listed.count("work") == 1 and view.state.relist_after > time.monotonic()
             resume.set()  # the follower's older listing is applied now
             relister.join(10)
             assert "raised" not in outcome, outcome
-            assert view._relist_after == float("-inf") and view._misses == 0
+            assert view.state.relist_after == float("-inf") and view.state.misses == 0
             got: list[str] = []
             for _ in range(8):  # each misses some of other's items first
                 claim = consumer.claim(timeout=0)
@@ -233,22 +233,22 @@ def test_failed_full_then_working_miss_listing_still_frees_a_dead_workers_item(
         assert entry is not None
         assert crashed._protocol.claim(ids[0], entry.version) is not None
         view.relist_work()  # lists work/: the claim token says it is taken
-        assert ids[0] in view._locks
+        assert ids[0] in view.state.locks
         wait_until(lambda: crashed._protocol.read("locks", ids[0]) is None, 6,
                    message="the dead worker's lock to expire")
-        wait_until(lambda: time.monotonic() - view._locks_listed >= 2, 5)
+        wait_until(lambda: time.monotonic() - view.state.locks_listed >= 2, 5)
         listed = record_calls(view._protocol, "list")
         proxy.hold(match=work_listing(queue_name))
         try:
             view.check_locks()  # the full listing: fails
-            assert listed.count("work") == 1 and ids[0] in view._locks
+            assert listed.count("work") == 1 and ids[0] in view.state.locks
         finally:
             proxy.pass_through()
-        wait_until(lambda: time.monotonic() >= view._relist_after, 3)
+        wait_until(lambda: time.monotonic() >= view.state.relist_after, 3)
         relists = view.relists
         view.behind(1.0)  # a miss over the limit: lists work/ only, and works
         assert view.relists == relists + 1 and listed.count("locks") == 0
-        assert ids[0] in view._locks
+        assert ids[0] in view.state.locks
         started = time.monotonic()
         got: list[str] = []
 

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 import urllib3
 
-import etcdq_v2.view as view_module
+import etcdq_v2.viewstate as view_module
 from etcdq_v2 import Queue
 from etcdq_v2.testing.cluster import EtcdCluster
 
@@ -127,7 +127,7 @@ def test_a_view_watching_a_member_restored_from_a_snapshot_learns_what_it_covere
         assert held is not None and held.id == held_id
         assert consumer.claim(timeout=0) is None  # all taken: the view watches `member`
         view = consumer._ensure_view()
-        assert view.watching_locks and not view._is_free(held_id)
+        assert view.watching_locks and not view.state.is_free(held_id)
         raw = _Keys(member.url, consumer.layout.root)
         stop = threading.Event()
         try:
@@ -156,7 +156,7 @@ def test_a_view_watching_a_member_restored_from_a_snapshot_learns_what_it_covere
         assert {gap_id, held_id} <= got, (
             f"not claimed {ROUND:g} s (the view's round) + a listing after the member caught "
             f"up: {sorted({gap_id, held_id} - got)}; claimed {len(got)} later items; the "
-            f"view holds {sorted(view._items)}, locks {view._locks}")
+            f"view holds {sorted(view.state.items)}, locks {view.state.locks}")
 
 
 def _claims_until(queue: Queue, wanted: Set[str], deadline: float) -> Set[str]:

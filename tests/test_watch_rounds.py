@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-import etcdq_v2.view as view_module
+import etcdq_v2.viewstate as view_module
 from etcdq_v2 import Queue
 
 from faultproxy import FaultProxy

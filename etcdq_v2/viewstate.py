@@ -1,0 +1,1193 @@
+"""The consumer's view as a state machine: its state and every decision, no I/O.
+
+docs/protocol.md, "The consumer's view", is the spec: its state table is
+:class:`ViewState`'s fields, its events table the methods below, and its
+Deadlines section :data:`DEADLINES`.  Nothing here reads a clock, sleeps,
+locks, makes a thread, draws a random number or talks to etcd (a test,
+tests/test_runtime.py, checks the imports): the driver (view.py, a follower
+thread and the claimers) makes the requests, feeds their replies in with the
+time (``now``: monotonic seconds; ``wall``: the host's clock for etcd's
+``expiration``), and carries out what a method returns:
+
+- a :class:`Round` (:meth:`ViewState.new_round`): replace the follower by one
+  that makes this round (watching the whole directory, or nothing); each has
+  a generation number, and an event of an older generation (a listing, a block
+  of events, an error of a replaced follower) is ignored;
+- a :class:`RoundPlan` (:meth:`ViewState.plan_round`): what a round lists
+  after work/ (locks/, or the locks to read);
+- a :class:`Relist` (:meth:`ViewState.start_relist`): a claimer's listing of
+  work/ (and locks/), one at a time;
+- a :data:`Check` (:meth:`ViewState.tick`): the listing a claim round makes
+  first, when a deadline of :data:`DEADLINES` is due;
+- a :class:`Switch` (:meth:`ViewState.pick`, :meth:`ViewState.candidates`):
+  go quiet;
+- ``version`` bumped: wake the claimers.
+
+The driver holds its lock around every call; the state is not thread-safe.
+
+Listing work/ on every claim costs time and memory in proportion to the
+queue's length (etcd v2 sends every value with a listing), so each Queue
+keeps one view, made by one follower thread in rounds.  docs/protocol.md,
+"The consumer's view", has the full rules; in short:
+
+Rounds.  A *quiet* round lists work/ (and locks/ when asked) with quorum
+reads and watches nothing.  A *watching* round opens a streaming watch of the
+whole queue directory (``?wait=true&recursive=true&stream=true``, registered
+at etcd's current index S), lists at indexes >= S, and applies each event
+newer than the listing until the stream ends, errs, goes silent, or ROUND
+(60 s) has passed since the listing: a stream on a member that a raft snapshot
+caught up misses the writes it covered and stays open, so no stream is trusted
+longer.  The first round is quiet and lists both work/ and locks/; a claim
+waits up to its deadline for it.  Whatever a round raises is logged, never
+fatal (a view whose thread died would stop seeing new items without a word),
+and the next round goes to the next member.
+
+Modes.  etcd sends every event to every watcher, so a view watches only while
+its process finds nothing to claim: a quiet view starts watching when a claim
+finds nothing free, and a watching one goes quiet when a claim sees a backlog
+of free items.  A quiet view learns what others did by missing (a claim finds
+its item locked or gone: :meth:`ViewState.missed`) and lists work/ again once
+its misses cost about what a listing does (:meth:`ViewState.start_relist`); a
+listing of work/ shows which items were claimed since the last one (their new
+version carries a claim token).  locks/, which holds about a lock TTL's
+worth of finished items' locks, is listed only at the first listing, when a
+view goes quiet knowing of locked items, once per lock TTL while a quiet view
+knows of taken items, when a delay lock is due, and with a listing of work/
+that shows new items that may be delayed.  A round that starts watching
+checks at once the claim signs from before its previous listing (those locks
+may have gone while it was quiet): it reads up to FEW_LOCKS of those locks,
+or lists locks/; newer signs it checks CONFIRM s later if they are still
+there.
+
+Where a claim looks (:meth:`ViewState.pick`).  A lone consumer takes the
+head; concurrent ones walk the backlog from random places, jumping after each
+miss, so that they rarely try the same item.
+
+Order.  A lone consumer claims items in put order, whoever put them.  The view
+knows work/ completely up to an etcd index; items others put after it are
+unknown to it, so an item this process put later (:meth:`ViewState.added`) is
+not offered yet: when only such items are left, the view catches up first
+(:meth:`ViewState.catch_up_how`): it lists again while it is quiet, or waits for
+their events.
+
+Taken items.  A claim attempt marks its item taken (:meth:`ViewState.taken`)
+until it ends with the etcd index at which the item's lock existed
+(:meth:`ViewState.locked_at`: ours after C2, or the index etcd gave with C1's
+"already exists").  A sign that the lock is gone (a listing without it, its
+delete or expire event) that comes while the attempt is under way is kept
+and compared with that index then; any later one frees the item at once.  So
+no item stays taken after its lock went, whatever the order of the news.
+
+A claim never trusts the view: the lock create (C1) and the compare-and-swap
+on the item (C2) decide, so a stale view costs a retry, never a wrong answer.
+A claim that finds items gone tells the view (:meth:`ViewState.finished`); a few
+in a row and the view lists again (:meth:`ViewState.relist_how`).
+
+Waiting.  A claimer waits on the view's condition for :attr:`ViewState.version`
+to change; a claimer over several queues (a Worker given several) registers
+one Event with every view instead (the driver's ``QueueView.add_waker``), which each
+view sets on every change, so it waits on all of them at once without polling.
+
+Free items (in work/, not locked) are kept in a sorted list: new items always
+sort last (their ids are etcd indexes), so appending is cheap and the head of
+the queue is at the front.
+"""
+from __future__ import annotations
+
+import bisect
+import calendar
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from .codec import Item, Junk, Lock
+from .keys import Layout
+from .versions import Entry, Version
+
+#: One event: action, key, value (absent for deletions) or dir flag, and the
+#: node's modifiedIndex.  etcd writes a node's fields in this order (Go
+#: encodes struct fields in order); a JSON decoder per event cost several
+#: times more, and every consumer reads every event of work/.
+_EVENT = re.compile(rb'\{"action":"(\w+)","node":\{"key":"([^"]*)"'
+                    rb'(?:,"value":"((?:[^"\\]|\\.)*)"|(,"dir":true))?'
+                    rb'[^{}]*?"modifiedIndex":(\d+)')
+_REMOVED = (b"delete", b"compareAndDelete", b"expire")
+_EXPIRED = b"expire"
+_CLAIMED = b"compareAndSwap"  # on work/: a claim's C2 (nothing else CASes an item)
+_RECORDS = ("completed", "failed")
+_WRITTEN = (b"create", b"set", b"update")
+#: Values larger than this are not kept in memory; a claim reads them.
+MAX_CACHED_VALUE = 64 * 1024
+#: Free items that count as a backlog: with that many, nothing is watched.
+BACKLOG = 32
+#: Items a claim looks at from where it walks (or from the head) before giving up there.
+PROBES = 8
+#: Random places a claim walks from before it falls back to the head of the view.
+JUMPS = 3
+#: About what a miss (a failed lock create) costs, in listed items: a failed
+#: write cost etcd 61-86 us of CPU and its client about as much, a listed item
+#: ~1 us of etcd's CPU and ~2 us of the client's (2026-12-01, a quiet machine:
+#: bench/README.md, "What etcd's operations cost"; docs/decisions.md, "Claims
+#: are read off `work/`").  A quiet view lists work/ again once its misses
+#: cost about what that listing does.
+MISS_COST = 100
+#: Seconds a follower waits after applying events, so that the next come in one block.
+COALESCE = 0.005
+#: Seconds a watching view trusts one stream: its round ends this long after
+#: its listing, events or not, and the next one subscribes and lists again.  A
+#: stream does not always deliver every later event or end: on a member
+#: restored from a raft snapshot it misses every write the snapshot covered
+#: and stays open (docs/protocol.md, "The consumer's view").  So a watching
+#: view's knowledge is at most ROUND plus one listing old, whatever its member
+#: does.  A round a minute: a watch, a listing of work/ and up to FEW_LOCKS lock
+#: reads; with nothing running, what a silent stream's 60 s idle end cost already.
+ROUND = 60.0
+#: Seconds before listing locks/ again when a delay lock was listed due but not yet
+#: removed (etcd removes expired keys every 0.5 s).
+RELIST_DUE = 0.2
+#: Seconds a view that started watching takes the items it saw claimed (and any
+#: other lock it noted since its previous listing) for running before it lists
+#: locks/ to check those still there: most finish sooner, and their events tell.
+#: Also the first step of every backoff of the view's listings.
+CONFIRM = 1.0
+#: A follower's pause after a round that raised, doubling per failed round up to ROUND_PAUSE_MAX.
+ROUND_PAUSE, ROUND_PAUSE_MAX = 0.1, 2.0
+#: Old lock signs a view that starts watching checks by reading each lock
+#: (GETs sent at once, see Protocol.read_locks) rather than listing locks/,
+#: which holds a lock TTL's worth of finished items' locks (F4 is not sent):
+#: at the end of a drain, 2,000 of them listed for a few items still running.
+#: A GET cost etcd 140-200 us with quorum, less from the
+#: member's own copy; a listed lock ~1 us and its client ~2 us (2026-12-01):
+#: 8 reads cost less than listing locks/ once it holds about a thousand.
+FEW_LOCKS = 8
+#: etcd's ``expiration``: RFC 3339 in UTC, with up to nanoseconds.
+_EXPIRATION = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(\.\d+)?Z")
+
+#: A free item for a claim: its id and the version the view holds (one version:
+#: see :class:`~etcdq_v2.versions.Version`).
+Candidate = Tuple[str, Version]
+#: What a claim round lists first (ViewState.tick): "full" (work/ and locks/,
+#: in the claimer's thread), "confirm" (locks/, a watching view's check),
+#: "delays" (locks/, for due delay locks), or None.
+Check = Optional[str]
+#: A lock read of a round: (id, the read's etcd index, the lock or None: gone).
+LockRead = Tuple[str, int, Optional[Entry]]
+#: A listing: its etcd index and its nodes.
+Listing = Tuple[int, List[Entry]]
+
+
+@dataclass(frozen=True)
+class Round:
+    """A follower's round, as the state made it: carry it out (subscribe, list).
+
+    ``generation`` names it: what it reports is applied only while it is the
+    state's current one (its successor lists for itself)."""
+
+    generation: int
+    #: The whole queue directory is watched (else nothing is: a quiet round).
+    watching: bool
+    #: Its listings read locks/ (see ViewState.plan_round).
+    list_locks: bool
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What a round lists after its listing of work/."""
+
+    #: Items of the listing new to the view that may be delayed (new_delayed).
+    delayed: Set[str]
+    #: List locks/ too.
+    list_locks: bool
+    #: Else read these locks one by one (old signs, FEW_LOCKS at most).
+    read: List[str]
+    #: A failed listing of locks/ does not fail the round (a quiet round's,
+    #: made for new delayed items only).
+    may_fail: bool
+
+
+@dataclass(frozen=True)
+class Relist:
+    """A claimer's listing of work/ under way (start_relist), for generation ``generation``."""
+
+    generation: int
+    #: work/ and locks/ (the once-per-lock-TTL listing).
+    full: bool
+
+
+@dataclass(frozen=True)
+class RelistPlan:
+    """What a claimer's relist lists after work/."""
+
+    #: Items of the listing new to the view that may be delayed (new_delayed).
+    delayed: Set[str]
+    #: Of those, the ones not noted unplanned before this listing.
+    new: Set[str]
+    #: List locks/ too, and apply both listings together.
+    list_locks: bool
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A claim's find asks for another round: go quiet (``watching`` False)."""
+
+    watching: bool
+    list_locks: bool
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """One deadline of the view: when it falls due, given the state; what is
+    done then (``check``: what a claim round lists, see ViewState.tick); and
+    whether a waiting claim wakes for it (``wakes``).  A deadline with no
+    check is a gate: nothing is done before it."""
+
+    when: Callable[["ViewState"], float]
+    check: Check = None
+    wakes: bool = False
+
+
+class ViewState:
+    """work/ and the locked items of one queue as one consumer knows them.
+
+    Fed events (listings, stream events, claims' outcomes, own puts, time),
+    it returns what to do.  Each field's comment names the invariant it serves
+    (docs/protocol.md, "The view's state")."""
+
+    def __init__(self, layout: Layout, *, lock_ttl: float, orphan_delay: float) -> None:
+        self.layout = layout
+        #: Seconds a claim's lock lives: the once-per-lock-TTL listing's period, every backoff's cap.
+        self.lock_ttl = float(lock_ttl)
+        #: Seconds after which an orphan's F3 is overdue (the transport's deadline).
+        self.orphan_delay = float(orphan_delay)
+        # -- what is in work/ (One version; Order) --------------------------------
+        #: Items in work/: id -> the newest version the view knows, (index, value
+        #: or None), of one write or one node read (never mixed: One version).
+        #: Tuples, not Versions: a listing makes one per item, and a tuple costs
+        #: a fraction of a Version to make.
+        self.items: Dict[str, Tuple[int, Optional[str]]] = {}
+        #: The ids of free items, sorted (ids are etcd indexes: the head is the
+        #: oldest): a lone consumer takes the head (Order).  It may hold ids no
+        #: longer free (a walk drops them as it passes); every free item is in it.
+        self.free: List[str] = []
+        #: The ids in ``free``, to test membership at no cost.
+        self.in_free: Set[str] = set()
+        #: work/ is known completely up to this etcd index: its listing's, or the
+        #: newest event's while the whole directory is watched: no item is
+        #: offered ahead of an older one the view has not seen (Order).
+        self.known = 0
+        #: Set by candidates(): the index of the oldest free item it held back
+        #: because it is newer than ``known`` (0: none): catch_up's target.
+        self.behind = 0
+        #: Items this process put up to this index are offered though newer than
+        #: ``known``: a catch-up could not list work/; a process's own items stay
+        #: claimable while listings fail (0 again at the next listing).
+        self.own_upto = 0
+        #: Versions found junk: id -> index; that version is offered no more.
+        self.skip: Dict[str, int] = {}
+        # -- locks (no locked item offered; Taken items) ---------------------------
+        #: Locked items: id -> the etcd index of the newest sign that its lock
+        #: exists: a locked item is not offered.
+        self.locks: Dict[str, int] = {}
+        #: Items whose lock was seen gone: id -> the newest etcd index at which
+        #: it was; a sign at or before it is older news (a listing applied late
+        #: never locks an item given back since).  Only for items in work/: bounded.
+        self.gone: Dict[str, int] = {}
+        #: Claim attempts of this process under way: id -> the newest etcd index
+        #: at which the item's lock was seen gone meanwhile (-1: not seen): no
+        #: item stays taken after its lock went, whatever order the news comes in.
+        self.trying: Dict[str, int] = {}
+        #: (Watching.) Items with an outcome record whose removal from work/ (F3)
+        #: the view has not seen yet, while their finisher's lock is there: a
+        #: finished item is offered to no one.
+        self.recorded: Set[str] = set()
+        #: Recorded items whose lock was deleted (F4) before F3 was seen, or whose
+        #: lock was not known: id -> when F3 is overdue; then offered (at a
+        #: tick), so that a claim finishes an item whose finisher stopped.
+        self.orphans: Dict[str, float] = {}
+        # -- delay locks (a quiet view frees a delayed item when etcd expires its lock)
+        #: Known items held by a delay lock (a delayed put, a release delay): id ->
+        #: the time at which etcd expires the lock.
+        self.delays: Dict[str, float] = {}
+        #: The earliest of ``delays`` (-inf: the next claim lists locks/ first).
+        self.next_delay = math.inf
+        #: Items of ``delays`` given back by this process's claims: id -> R1's
+        #: etcd index (a listing of locks/ older than it shows our claim's lock
+        #: and leaves the plan alone).
+        self.given_back: Dict[str, int] = {}
+        #: Items that may be delayed (``"q"``), new in a listing of work/ taken at
+        #: the index noted, whose delay lock no listing of locks/ from then on has
+        #: covered, because it failed: a delayed item is never handed out early,
+        #: and its delay gets planned (listings of work/ that show one list locks/
+        #: too, and so does the next claim, until one is applied).
+        self.unplanned: Dict[str, int] = {}
+        # -- a watching view's check of old signs (A view that starts watching)
+        #: When the signs up to ``confirm_upto`` are checked (a listing of
+        #: locks/): a lock that went while the view was quiet frees its item
+        #: within CONFIRM.
+        self.confirm_at = math.inf
+        #: The index of the watching round's listing: signs up to it may be stale.
+        self.confirm_upto = 0
+        #: Locks that the round read: id -> the read's index.  A sign from such a
+        #: read needs no check, even at the listing's own index: the lock was
+        #: there after the stream began.
+        self.read_signs: Dict[str, int] = {}
+        # -- the once-per-lock-TTL listing and the backoffs (a claim does not pay a
+        # request's deadline at every miss while listings fail)
+        #: When locks/ was last listed in full (-inf: never).
+        self.locks_listed = -math.inf
+        #: After a failed once-per-lock-TTL listing of locks/: seconds until it
+        #: is tried again (CONFIRM, doubling up to a lock TTL); 0 after one that worked.
+        self.locks_retry = 0.0
+        #: After a failed listing of work/: no miss lists it again before this;
+        #: and the backoff's seconds (both reset by any listing of work/ applied).
+        self.relist_after, self.work_retry = -math.inf, 0.0
+        #: When the last listing of work/ failed (the catch-up's gate).
+        self.work_failed_at = -math.inf
+        #: The watching follower's last listing of work/ failed: a catch-up offers
+        #: own items without waiting for a new follower's listing.
+        self.unlisted = False
+        #: A claimer's relist of work/ is under way: one at a time; a starved
+        #: claim waits for it before it starts watching.
+        self.listing = False
+        # -- mode and rounds (events cost nothing while the process has work) -------
+        #: The whole queue directory is watched (locks/ too); False: quiet.
+        self.watching = False
+        #: The current round's number: what an older round reports is ignored.
+        self.generation = 0
+        #: When the current watching round's listing was applied (its ROUND ends then).
+        self.round_listed_at = math.inf
+        # -- a quiet view's misses (it lists again once misses cost a listing)
+        #: Misses (an item found taken or gone) since the last listing of work/.
+        self.misses = 0
+        #: The free items that listing offered: the miss limit is one per MISS_COST.
+        self.listed_free = 0
+        #: Where a claim walking the backlog goes on from (see pick); None: jump.
+        #: Concurrent consumers spread over the backlog.
+        self.cursor: Optional[str] = None
+        # -- for claimers (a claim waits for the first listing, and fails with its cause)
+        #: A listing is in.
+        self.ready = False
+        #: The current follower's last error (None after a listing).
+        self.error: Optional[BaseException] = None
+        #: close() was called: no more rounds, claims, waits.
+        self.closed = False
+        #: Bumped by every change a claim may act on: a waiting claim wakes for
+        #: every change, and only then (the driver wakes it).
+        self.version = 0
+        #: Listings of work/ applied.
+        self.relists = 0
+
+    # -- queries -------------------------------------------------------------------
+    def is_free(self, item_id: str) -> bool:
+        """The item may be offered: in work/, no lock sign, no attempt of this
+        process, no record pending, not an orphan, not a version found junk."""
+        entry = self.items.get(item_id)
+        return (entry is not None and item_id not in self.locks
+                and item_id not in self.trying and item_id not in self.recorded
+                and item_id not in self.orphans and self.skip.get(item_id) != entry[0])
+
+    def version_of(self, item_id: str) -> Optional[Version]:
+        """The version of the item a claim would be offered (None: not held)."""
+        held = self.items.get(item_id)
+        return None if held is None else Version(*held)
+
+    @property
+    def offer_upto(self) -> int:
+        """Items up to this etcd index may be offered: what the view knows of
+        work/, or this process's own puts after a failed catch-up."""
+        return max(self.known, self.own_upto)
+
+    @property
+    def miss_limit(self) -> int:
+        """Misses after which a quiet view lists work/ again (see MISS_COST)."""
+        return max(1, (self.listed_free + MISS_COST // 2) // MISS_COST)
+
+    def next_deadline(self) -> float:
+        """The earliest deadline of DEADLINES that makes a tick do something (inf:
+        none): when to call tick().  Not the gates, nor the follower's round end."""
+        return _earliest(rule.when(self) for rule in DEADLINES.values()
+                         if rule.check is not None or rule.wakes)
+
+    def until_due(self, now: float, timeout: Optional[float]) -> Optional[float]:
+        """``timeout``, cut short to the first deadline a waiting claim wakes for."""
+        due = _earliest(rule.when(self) for rule in DEADLINES.values() if rule.wakes)
+        if due < math.inf:  # a little after: the tick then finds it due
+            wait = max(due - now + 0.01, 0.0)
+            timeout = wait if timeout is None else min(timeout, wait)
+        return timeout
+
+    # -- claims ----------------------------------------------------------------------
+    def candidates(self, limit: int) -> Tuple[List[Candidate], Optional[Switch]]:
+        """Up to ``limit`` free items from the head, and whether to go quiet: a
+        watching view that sees a backlog does (listing locks/ if it knows of
+        locks: a quiet view, which hears no expire event, must list them)."""
+        found: List[Candidate] = []
+        stale, self.behind = 0, 0
+        for position, item_id in enumerate(self.free):
+            if self.is_free(item_id):
+                index, raw = self.items[item_id]
+                if index > self.offer_upto:
+                    # Put by this process after what the view knows of work/:
+                    # an item of another producer may come before it.
+                    self.behind = index
+                    break
+                found.append((item_id, Version(index, raw)))
+                if len(found) == limit:
+                    break
+            elif position == stale:
+                stale += 1
+        self._drop_taken(0, stale)
+        switch = None
+        if self.watching and len(self.in_free) >= BACKLOG:
+            switch = Switch(watching=False, list_locks=bool(self.locks))
+        return found, switch
+
+    def pick(self, window: int, rng: Any) -> Tuple[Optional[Candidate], Optional[Switch]]:
+        """A free item among the first ``window`` the view holds, marked
+        :meth:`taken`; or None.  ``rng``: randrange() and choice() (the driver's
+        random source).
+
+        With a window of more than one (other consumers race for the head),
+        the view walks forward from a random place in it, and jumps to
+        another after each miss (:meth:`missed`): consumers spread over the
+        backlog in runs, so they rarely try the same item, and a quiet view's
+        stale items (taken by others since its listing) cost one miss per
+        run that reaches them rather than one per item.  A walk that reaches
+        the end of the window goes on from the head (:meth:`_walk`), so the
+        oldest items do not wait for a random place to land on them.  After
+        JUMPS walks, or with a window of one, a random one of the head's
+        first items.  Never an item put after what the view knows of work/.
+        """
+        for _ in range(JUMPS if window > 1 else 0):
+            found = self._walk(min(window, bisect.bisect_right(
+                self.free, _id_at(self.offer_upto))), rng)
+            if found is not None:
+                self.taken(found[0])
+                return found, None
+        head, switch = self.candidates(min(window, PROBES))
+        if not head:
+            return None, switch
+        found = rng.choice(head)
+        self.taken(found[0])
+        return found, switch
+
+    def _walk(self, end: int, rng: Any) -> Optional[Candidate]:
+        """The first free item from the cursor on (among the first ``end``).
+
+        A walk that reaches the end of the window goes on from the head, not
+        from a random place: the window narrowed past the cursor, or the
+        walk went through the newest items, and what is left behind it is
+        the oldest (a consumer left alone would otherwise claim out of put
+        order whenever its narrowing window left the cursor outside)."""
+        if end <= 0 or not self.free:
+            return None
+        if self.cursor is None:
+            self.cursor = self.free[rng.randrange(min(end, len(self.free)))]
+        start = bisect.bisect_left(self.free, self.cursor)
+        if start >= end:
+            start = 0
+        stop = min(end, start + PROBES)
+        for position in range(start, min(stop, len(self.free))):
+            item_id = self.free[position]
+            if self.is_free(item_id) and self.items[item_id][0] <= self.offer_upto:
+                self._drop_taken(start, position)
+                self.cursor = item_id
+                return item_id, Version(*self.items[item_id])
+        dropped = self._drop_taken(start, stop)
+        if stop >= end:  # the window's end: from the head next time
+            self.cursor = self.free[0] if self.free and start > 0 else None
+        elif not dropped:  # free items changed since the view's listing: jump
+            self.cursor = None
+        return None  # else the next walk goes on where this one stopped
+
+    def _drop_taken(self, start: int, stop: int) -> bool:
+        """Forget the listed places in ``free[start:stop]`` of items not free
+        (this process's claims, known locks): a walk goes on past them rather
+        than jumping away (so a consumer left alone does not jump over its
+        own claims, out of put order).  Free again, an item is listed anew
+        (make_free, which every way back to free goes through)."""
+        kept: List[str] = []
+        gone: List[str] = []
+        for item_id in self.free[start:stop]:
+            (kept if self.is_free(item_id) else gone).append(item_id)
+        if gone:
+            self.free[start:stop] = kept
+            self.in_free.difference_update(gone)
+        return bool(gone)
+
+    def walk_from_head(self) -> None:
+        """The next walk starts at the head: the consumer looks alone."""
+        self.cursor = self.free[0] if self.free else None
+
+    def missed(self) -> bool:
+        """A claim found its item taken or gone.  True when a quiet view should
+        list work/ again: its misses cost what that listing does (MISS_COST)."""
+        self.misses += 1
+        self.cursor = None  # another consumer's run, or a stale one: jump
+        return not self.watching and self.misses >= self.miss_limit
+
+    def taken(self, item_id: str) -> None:
+        """A claim attempt of this process on the item is under way: offer it to no other."""
+        self.trying.setdefault(item_id, -1)
+
+    def locked_at(self, item_id: str, index: int, *, refused: bool = False,
+                  since: Optional[int] = None, now: float = 0.0) -> None:
+        """The attempt ended (:meth:`taken`): the item's lock (ours, or the claim
+        that beat us) existed at etcd index ``index`` (0: at some time before).
+        ``since``: the index at which the watching round's stream began.
+
+        A later sign that the lock is gone frees the item: a listing of locks/
+        or an event, also one that came while the attempt was under way.
+
+        ``refused``: C1 was refused at ``index``, etcd's index then: the key
+        was there at that index, even if the view took the lock for gone at
+        that very index.  Then the refusal wins, until a newer sign: the key
+        holds something no listing or read of locks/ shows (a directory: its
+        removal is an event), or the view's sign was its own making (a
+        release that reported a delay lock past its expiry, not yet removed
+        by etcd, as given back at once).  Not a C2 that found the item
+        claimed since: its index is the item's, which a listing at that index
+        may rightly show without a lock (a late C2 whose lock expired).
+        """
+        gone = self.trying.pop(item_id, None)
+        if gone is None:
+            return  # forgotten meanwhile, or another thread's attempt ended it
+        if refused and 0 < index == max(gone, self.gone.get(item_id, -1)):
+            self.gone.pop(item_id, None)
+            gone = -1
+        if index > gone:
+            self.locked(item_id, index)
+            if self.watching and index <= self.confirm_upto and not (
+                    refused and index >= (since or math.inf)):
+                # A sign from before the watching listing, which did not see
+                # it: that lock may have gone unheard.  Not a refusal at or
+                # after the stream began: the lock was there then, so its end
+                # comes as an event (checking it would retry a junk lock
+                # every CONFIRM).
+                self.plan_confirm(now)
+        elif self.locks.get(item_id, -1) <= gone:
+            self.locks.pop(item_id, None)  # gone since: free
+        self.make_free(item_id)
+
+    def untaken(self, item_id: str) -> None:
+        """Undo :meth:`taken` after a claim attempt failed before reaching etcd."""
+        if self.trying.pop(item_id, None) is not None:
+            self.make_free(item_id)
+
+    def finished(self, item_id: str) -> None:
+        """The item is gone (completed, dead-lettered, found gone): never offered again.
+
+        F3 and F4 are committed together and their events may come in either
+        order; without this, the lock's removal (or its expiry, when F4 is
+        skipped) could offer the item again."""
+        self.forget(item_id)
+
+    def skip_version(self, item_id: str, index: int) -> None:
+        """Never offer this version of the item again (it is junk)."""
+        self.skip[item_id] = index
+
+    # -- own puts ---------------------------------------------------------------------
+    def added(self, item_id: str, seen: Version) -> None:
+        """This process wrote the item (a put, a requeue) or read it back after
+        a lost reply, at version ``seen``: offer it before etcd's event arrives."""
+        if self.ready and seen.index > self.items.get(item_id, (0, None))[0]:
+            self.apply_item(item_id, seen.index, seen.raw)
+
+    def delayed(self, item_id: str, seen: Version, lock_index: int, ttl: float,
+                now: float) -> None:
+        """This process put a delayed item (D2 wrote it, or read it back, at
+        version ``seen``): offer it once its delay lock, created at
+        ``lock_index``, expires in about ``ttl`` seconds.
+
+        A watching view that knows of etcd's writes past that index saw the
+        lock come (and maybe go) itself.  A quiet view may have listed the item
+        (a relist of work/ between D2 and now) but never the lock: it always
+        notes the lock and when it is due.
+        """
+        known = seen.index <= self.items.get(item_id, (0, None))[0]
+        if not self.ready or (known and self.watching):
+            return  # the next listing has it; or it is known (or finished) already
+        if lock_index > self.known or not self.watching:
+            self.locked(item_id, lock_index)
+        self.plan_delay(item_id, ttl, now)
+        if not known:
+            self.apply_item(item_id, seen.index, seen.raw)
+
+    def returned(self, item_id: str, seconds: float, index: int, now: float) -> None:
+        """A claim of this process gave the item back (release, or fail with a
+        retry) at etcd ``index``, claimable again in ``seconds``.  Now: free,
+        before etcd's event arrives (unless locked again since).  Later: note
+        when etcd expires its delay lock, so that a quiet view, which hears no
+        expiry, lists locks/ then rather than up to a lock TTL later; a listing
+        older than ``index``, which shows our claim's lock, does not undo that."""
+        if not seconds:
+            self.unlocked(item_id, index)
+        elif item_id in self.locks:
+            self.given_back[item_id] = index
+            self.plan_delay(item_id, seconds, now)
+
+    def catch_up_how(self) -> str:
+        """How a catch-up whose items' events did not come (or a quiet view's)
+        learns of work/: "list work" (a quiet view lists work/ in the claimer's
+        thread and stays ready), "offer own" (the watching round's last listing
+        of work/ failed: a new round, unready, would fail claims), or "relist"
+        (a new round)."""
+        if not self.watching:
+            return "list work"
+        return "offer own" if self.unlisted else "relist"
+
+    def relist_how(self) -> str:
+        """How a view that claims found stale lists again: "relist" (a watching
+        view: a new round, subscribe and list) or "list work" (a quiet view:
+        work/ only, in the claimer's thread, staying ready)."""
+        return "relist" if self.watching else "list work"
+
+    def offer_own(self, upto: int) -> None:
+        """A catch-up could not learn of work/ up to ``upto``: this process's own
+        items up to there are offered without it (put order with other
+        producers' items waits for a listing that works)."""
+        self.own_upto = max(self.own_upto, upto)
+
+    def plan_delay(self, item_id: str, seconds: float, now: float) -> None:
+        """The item's delay lock expires in about ``seconds`` (see tick)."""
+        self.delays[item_id] = now + seconds
+        self.next_delay = min(self.next_delay, self.delays[item_id])
+
+    # -- time ---------------------------------------------------------------------------
+    def tick(self, now: float) -> Check:
+        """The time: offer the orphans due, and say what the claim round lists
+        first (the first due deadline of DEADLINES with a check).
+
+        A confirm check due lists locks/ only if an item is still taken on a
+        sign up to the watching listing (:meth:`unconfirmed`); a full listing
+        (work/ too), because a taken item whose lock went may have been
+        finished meanwhile (the view no longer sees records): only work/ tells.
+        """
+        self.offer_due(now)
+        for rule in DEADLINES.values():
+            if rule.check is None or rule.when(self) > now:
+                continue
+            if rule.check == "confirm":
+                self.confirm_at = math.inf
+                if not self.unconfirmed():
+                    continue
+            return rule.check
+        return None
+
+    def offer_due(self, now: float) -> None:
+        """Offer the orphans whose F3 event is overdue: a claim finishes them."""
+        for item_id, due in list(self.orphans.items()):
+            if due <= now:
+                del self.orphans[item_id]
+                self.make_free(item_id)
+
+    def plan_confirm(self, now: float) -> None:
+        """Check the signs up to confirm_upto CONFIRM s from now, or sooner if planned."""
+        self.confirm_at = min(self.confirm_at, now + CONFIRM)
+
+    def unconfirmed(self) -> bool:
+        """Whether an item still in work/ is taken on a sign no newer than the
+        listing of the view's watching follower: its lock may have gone before
+        the watch began, and no event would say so.  At the listing's own index
+        too: a sign read off work/ is the index of the item's last write (a C2,
+        R0 or F1, fenced on the item, not the lock), which may have landed after
+        its lock expired."""
+        upto = self.confirm_upto
+        return any(at <= upto and item_id in self.items and self.read_signs.get(item_id) != at
+                   for item_id, at in self.locks.items())
+
+    def confirm_unlisted(self, now: float) -> None:
+        """The confirm check's listing of locks/ failed: not given up, the check
+        is due again CONFIRM later."""
+        self.plan_confirm(now)
+
+    def delays_unlisted(self, now: float) -> None:
+        """The listing of locks/ for due delays failed: tried again CONFIRM later
+        (failing the claim would hand out nothing while such listings fail)."""
+        self.next_delay = now + CONFIRM
+
+    def close(self) -> None:
+        """No more rounds; claims and waits end."""
+        self.closed = True
+
+    # -- rounds (the follower) --------------------------------------------------------------
+    def new_round(self, *, watching: bool, list_locks: bool = False) -> Optional[Round]:
+        """A new follower's round in place of the current one (None: closed).
+        Everything an older round reports from now on is ignored."""
+        if self.closed:
+            return None
+        self.generation += 1
+        self.watching = watching
+        self.round_listed_at = math.inf
+        return Round(self.generation, watching, list_locks)
+
+    def switch(self, *, watching: bool, list_locks: bool = False) -> Optional[Round]:
+        """A new round in the other mode, or None if the view is in that mode already."""
+        if self.watching == watching:
+            return None
+        return self.new_round(watching=watching, list_locks=list_locks)
+
+    def start_relisting(self) -> bool:
+        """A claim asks for a new round (subscribe, list); True: start it (False:
+        another one's, or the first listing, is under way)."""
+        under_way = not self.ready
+        self.ready, self.error = False, None
+        return not under_way
+
+    def round_failed(self, round_: Round, exc: BaseException) -> bool:
+        """The round raised: its error, for waiting claims (a replaced round's is moot)."""
+        if round_.generation != self.generation:
+            return False
+        self.error = exc
+        return True
+
+    def work_unlisted_by_round(self, round_: Round) -> None:
+        """The round's listing of work/ failed: a catch-up offers own items."""
+        self.unlisted = self.unlisted or round_.generation == self.generation
+
+    def plan_round(self, round_: Round, work: List[Entry]) -> RoundPlan:
+        """What the round lists after its listing of work/.
+
+        Every view lists locks/ for new delayed items, which it would
+        otherwise try each, in this round, so that no claim finds them taken
+        before it is applied; and a watching view for old signs, unless they
+        are few: it reads their locks instead.  A quiet view's listing of
+        locks/ made for them only may fail without failing the round.  Not one
+        the round was asked for: a first listing has nothing to go on, and a
+        view going quiet must learn its delay locks."""
+        delayed = self.new_delayed(work)  # once: it decodes each new item
+        noted = self._noted_before(work) if round_.watching else []
+        list_locks = round_.list_locks or bool(delayed) or len(noted) > FEW_LOCKS
+        return RoundPlan(delayed, list_locks, [] if list_locks else noted,
+                         may_fail=not round_.watching and not round_.list_locks)
+
+    def apply_round(self, round_: Round, work: Listing, plan: RoundPlan,
+                    locks: Optional[Listing], reads: Sequence[LockRead],
+                    now: float, wall: float) -> bool:
+        """Apply the round's listings (``locks`` None: not listed, or failed as
+        ``plan`` allowed) and lock reads; False if the round was replaced: an
+        older listing applied after the successor's events could mark a
+        released item locked for good."""
+        if round_.generation != self.generation:
+            return False
+        work_index, entries = work
+        self.take_listing(work_index, entries, plan.delayed)
+        if locks is not None:
+            self.reconcile_locks(locks[0], locks[1], now=now, wall=wall)
+        elif plan.delayed:  # the next claim lists locks/ first
+            self.next_delay = -math.inf
+        self._apply_lock_reads(reads)
+        self.confirm_upto, self.confirm_at = work_index, math.inf
+        if round_.watching and locks is None and self.unconfirmed():
+            self.plan_confirm(now)
+        if round_.watching:
+            self.round_listed_at = now
+        self.ready, self.error = True, None
+        return True
+
+    def round_over(self, round_: Round, now: float) -> bool:
+        """The round has trusted its stream long enough (ROUND after its listing)."""
+        return round_.generation != self.generation or now >= DEADLINES["round end"].when(self)
+
+    def stream_idle(self, round_: Round, now: float, idle_timeout: float) -> float:
+        """How long the stream may stay silent: idle_timeout, cut short at the round's end."""
+        if round_.generation != self.generation:
+            return idle_timeout  # replaced: stopped, its stream closed
+        return min(idle_timeout, DEADLINES["round end"].when(self) - now)
+
+    def apply_block(self, round_: Round, block: bytes, floors: Dict[str, int],
+                    now: float) -> bool:
+        """Apply a block of events, each only if newer than its directory's
+        listing (``floors``: directory -> index).  True when a claim waiting to
+        catch up may go on (work/ is known up to what it waits for)."""
+        if round_.generation != self.generation:
+            return False  # replaced: its successor's listing covers these events
+        for action, key, value, is_dir, index in _EVENT.findall(block):
+            number = int(index)
+            self._apply_event(action, key.decode("utf-8", "replace"), value, is_dir,
+                              number, floors, now)
+            if round_.watching:  # events come in etcd's order: work/ is known up to here
+                self.known = max(self.known, number)
+        return bool(self.behind) and self.known >= self.behind
+
+    def _apply_event(self, action: bytes, key: str, value: bytes, is_dir: bytes, index: int,
+                     floors: Dict[str, int], now: float) -> None:
+        parsed = self.layout.split(key)
+        if parsed is None or (is_dir and parsed[0] != "locks"):
+            return  # not an item
+        if is_dir:  # junk at a lock's key: C1 is refused until it goes
+            if action in _REMOVED:
+                self.unlocked(parsed[1], index)
+            return
+        if parsed[0] in _RECORDS:
+            self._record(parsed[1], now)
+        elif index <= floors[parsed[0]]:
+            return  # already in the listing
+        elif parsed[0] == "work":
+            self._apply_work(action, parsed[1], value, index)
+        elif action in _REMOVED:
+            self._lock_removed(action, parsed[1], index, now)
+        elif action != _CLAIMED:  # a lock's CAS keeps it locked (a release delay)
+            self.locked(parsed[1], index)
+
+    def _lock_removed(self, action: bytes, item_id: str, index: int, now: float) -> None:
+        self.unlocked(item_id, index)
+        if item_id in self.recorded:
+            # Expired: its finisher died before F3.  Deleted (F4): F3 was sent
+            # with it, but may never apply (lost, the finisher gave up or died).
+            self.recorded.discard(item_id)
+            if action == _EXPIRED:
+                self.make_free(item_id)  # a claim finishes it (F3, F4)
+            else:
+                self.orphans[item_id] = now + self.orphan_delay
+
+    def _record(self, item_id: str, now: float) -> None:
+        """An outcome record (F2) of the item: it is finished, offer it no more.
+
+        While the whole directory is watched and its finisher's lock is
+        there, the item stays known until F3 removes it from work/: if the
+        lock expires first, its finisher died between F2 and F3, and a claim
+        must finish the item.  Otherwise (a quiet view has no events: a stale
+        one) it is forgotten; a finisher's crash is then found by the next listing.
+        """
+        if not self.watching or item_id not in self.items:
+            self.forget(item_id)
+        elif item_id in self.locks:
+            self.recorded.add(item_id)
+        else:  # its finisher's lock expired before F1: offered if F3 is overdue
+            self.orphans[item_id] = now + self.orphan_delay
+
+    def _apply_work(self, action: bytes, item_id: str, value: bytes, index: int) -> None:
+        if action in _REMOVED:
+            self.forget(item_id)
+        elif action == _CLAIMED:
+            if item_id in self.items:
+                # A claim reads it afresh.  Not a sign of a lock: the lock's own
+                # events tell, and a commit (F1) may apply after the lock expired.
+                self.items[item_id] = (index, None)
+        elif action in _WRITTEN:
+            self.apply_item(item_id, index, _unescape(value))  # the event's own node
+
+    # -- a claimer's relist (a quiet view) ------------------------------------------------
+    def start_relist(self, now: float, *, full: bool = False,
+                     catching_up: bool = False) -> Optional[Relist]:
+        """A quiet view lists work/ again in the claimer's thread (None: not now:
+        one is under way, the view watches, or a gate of DEADLINES is closed).
+        ``full``: locks/ too, once per lock TTL.  A catch-up waits CONFIRM after
+        the last failure, not the misses' backoff: put order waits for it."""
+        gate = DEADLINES["catch-up relist" if catching_up else "misses' relist"]
+        if self.listing or self.watching or self.closed or (
+                not full and now < gate.when(self)):
+            return None
+        self.listing = True
+        return Relist(self.generation, full)
+
+    def plan_relist(self, relist: Relist, work: List[Entry]) -> RelistPlan:
+        """What a relist lists after work/: locks/ for the listing's new
+        delayed items new since the last try (those noted before are the next
+        claim's to list for: listing for them here too would cost each claim
+        that misses a timeout while listings of locks/ fail), or for a full
+        listing."""
+        delayed = self.new_delayed(work)
+        new = delayed - set(self.unplanned)
+        return RelistPlan(delayed, new, list_locks=bool(new) or relist.full)
+
+    def end_relist(self) -> None:
+        """The claimer's relist is over: a starved claim may wait for it."""
+        self.listing = False
+
+    def apply_relist(self, relist: Relist, work: Listing, plan: RelistPlan,
+                     locks: Optional[Listing], now: float, wall: float) -> None:
+        """Apply a claimer's relist (``locks`` None: not listed, or failed)."""
+        self.end_relist()
+        if relist.generation != self.generation:
+            return  # the new follower lists for itself
+        self.take_listing(work[0], work[1], plan.delayed)
+        if locks is not None:  # work/ and locks/ listed in turn: a full listing
+            self.reconcile_locks(locks[0], locks[1], now=now, wall=wall)
+        else:
+            self._locks_unlisted_due(plan.new, relist.full, now)
+
+    def _locks_unlisted_due(self, new: Set[str], full: bool, now: float) -> None:
+        """A relist listed no locks/, or that failed.  New delayed items are
+        offered (a claim finds a delay lock at C1), but the next claim lists
+        locks/ first, not a relist after some miss or a lock TTL later; not for
+        those noted before, whose retry stays CONFIRM after its last failure.
+        A failed listing once per lock TTL is due again CONFIRM later, then
+        twice as long after each failure, up to a lock TTL: each costs its
+        claim a request's deadline."""
+        if new:
+            self.next_delay = -math.inf
+        if full:
+            self.locks_retry = min(self.lock_ttl, max(CONFIRM, 2 * self.locks_retry))
+            self.locks_listed = now - self.lock_ttl + self.locks_retry
+
+    def work_unlisted(self, relist: Relist, now: float) -> float:
+        """A relist could not list work/: the claim goes on with what the view
+        holds, and no miss lists again for CONFIRM, then twice as long after
+        each failure, up to a lock TTL; a full listing is due again after the
+        same time.  Returns the backoff's seconds."""
+        self.end_relist()
+        self.work_retry = min(self.lock_ttl, max(CONFIRM, 2 * self.work_retry))
+        self.work_failed_at = now
+        self.relist_after = now + self.work_retry
+        if relist.full:  # not on locks_retry, which a due delay's listing of locks/ resets
+            self.locks_listed = now - self.lock_ttl + self.work_retry
+        return self.work_retry
+
+    def apply_locks(self, generation: int, relists: Optional[int], locks: Listing, *,
+                    full: bool, now: float, wall: float) -> None:
+        """Apply a listing of locks/ decided at ``generation`` (and, for a
+        confirm check, at listing ``relists``): in a quiet view, to delayed
+        items only unless ``full``.  A round that took over since lists locks/
+        itself, and may have applied newer events already; and if the view
+        listed again since, that listing and its own check stand (applied
+        after it, this older one would mark locked an item whose lock had
+        expired unheard)."""
+        if generation == self.generation and relists in (None, self.relists):
+            self.reconcile_locks(locks[0], locks[1], delays=not self.watching and not full,
+                                 now=now, wall=wall)
+
+    # -- listings -------------------------------------------------------------------------
+    def new_delayed(self, work: List[Entry]) -> Set[str]:
+        """The items of a listing of work/ that are new to the view and carry
+        ``"q"`` (a delayed put, among others), or that an earlier listing showed
+        so and whose delay lock is not planned yet (:attr:`unplanned`): their
+        delay locks must be planned, so locks/ is listed too."""
+        return {entry.id for entry in work if entry.id in self.unplanned or (
+            entry.id not in self.items and _maybe_delayed(entry.value))}
+
+    def _noted_before(self, work: List[Entry]) -> List[str]:
+        """The items of a listing of work/ taken on a sign the view had at its
+        previous listing: that lock may have gone while the view was quiet,
+        so a view that starts watching checks them at once (their locks read,
+        or locks/ listed if there are more than FEW_LOCKS).  Newer signs
+        (misses, claims seen in this listing) wait for the confirm check."""
+        known = self.known
+        return [entry.id for entry in work if self.locks.get(entry.id, known + 1) <= known]
+
+    def take_listing(self, index: int, work: List[Entry], delayed: Set[str]) -> None:
+        """Apply a listing of work/ taken at ``index``; ``delayed``: its items
+        whose delay lock is to be planned (new_delayed).
+
+        An item claimed since the view last saw it (a new version that carries
+        a claim token: C2 wrote it under the claim's lock) is taken at that
+        version's index, as if a claim of ours had lost the race for it:
+        running elsewhere, most likely.  Without that, every item others were
+        running would look free after a relist and cost a miss each.  It is
+        freed as any taken item is: by a listing of locks/ without its lock,
+        or an event.
+
+        Listings of work/ answer again: a miss may list at once.
+        """
+        self.relist_after, self.work_retry, self.unlisted = -math.inf, 0.0, False
+        for entry in work:
+            if entry.index != self.items.get(entry.id, (0, None))[0] and _claimed(entry.value):
+                self.locked(entry.id, entry.index)
+        self.items = {e.id: (e.index, _cacheable(e.value)) for e in work}
+        self.gone = {i: at for i, at in self.gone.items() if i in self.items}
+        for item_id in delayed:  # the oldest listing that showed it
+            self.unplanned[item_id] = min(self.unplanned.get(item_id, index), index)
+        self.unplanned = {i: at for i, at in self.unplanned.items() if i in self.items}
+        self.free = [e.id for e in work]
+        self.in_free = set(self.free)
+        self.recorded.clear()  # one still in work/ now is one a claim must finish
+        self.orphans.clear()
+        self.known, self.own_upto = index, 0
+        self.misses, self.listed_free, self.cursor = 0, len(work), None
+        self.relists += 1
+        self.version += 1
+
+    def reconcile_locks(self, index: int, locks: List[Entry], *, delays: bool = False,
+                        now: float, wall: float) -> None:
+        """Apply a listing of locks/ taken at ``index``; ``delays``: free only
+        items whose known delay lock went, or that waited for a listing of
+        locks/ to plan theirs (the others may have been finished)."""
+        listed = {entry.id: entry.index for entry in locks}
+        # Their delay locks were there before them (D1 before D2): planned now.
+        planned = {i for i, at in self.unplanned.items() if at <= index}
+        for item_id in [i for i in {**self.locks, **self.trying} if i not in listed]:
+            if not delays or item_id in self.delays or item_id in planned:
+                self.unlocked(item_id, index)
+        for item_id, lock_index in listed.items():
+            if item_id in self.items:  # not the lingering locks of finished items
+                self.locked(item_id, lock_index)
+        self._plan_delays(locks, now, wall)
+        self.unplanned = {i: at for i, at in self.unplanned.items() if i not in planned}
+        if self.unplanned:  # an older listing: the next claim lists locks/ again
+            self.next_delay = -math.inf
+        self.locks_retry = 0.0  # listings of locks/ work again: no backoff
+        if not delays:  # a delays-only listing leaves the other taken items as they were
+            self.locks_listed = now
+
+    def _plan_delays(self, locks: List[Entry], now: float, wall: float) -> None:
+        """Note when etcd expires each listed delay lock of a known item, so that
+        a tick lists locks/ then, not a lock TTL later.  One that is due but
+        not swept yet (etcd sweeps every 0.5 s) is listed again soon."""
+        for entry in locks:
+            if entry.id in self.items and entry.expiration and _is_delay(entry.value):
+                self.delays[entry.id] = now + max(_expires_in(entry, wall), RELIST_DUE)
+            elif entry.index >= self.given_back.get(entry.id, 0):
+                self.delays.pop(entry.id, None)  # a claim's lock: refreshed, not waited for
+        for item_id in [i for i in self.delays if i not in self.locks]:
+            del self.delays[item_id]
+        for item_id in [i for i in self.given_back if i not in self.delays]:
+            del self.given_back[item_id]
+        self.next_delay = min(self.delays.values(), default=math.inf)
+
+    def _apply_lock_reads(self, reads: Sequence[LockRead]) -> None:
+        """Apply reads of single locks, each at its etcd index: a lock there is
+        a sign at that index (at or after the round's stream began, so its
+        later changes come as events, and no confirm check is needed for it:
+        read_signs), a lock gone frees the item as a listing of locks/
+        without it would."""
+        self.read_signs = {}
+        for item_id, index, lock in reads:
+            if lock is None:
+                self.unlocked(item_id, index)
+            elif item_id in self.items:
+                self.locked(item_id, index)
+                if self.locks.get(item_id) == index:
+                    self.read_signs[item_id] = index
+
+    # -- the items' bookkeeping ----------------------------------------------------------
+    def make_free(self, item_id: str) -> None:
+        """Every way back to free goes through here: listed anew, claimers woken."""
+        if self.is_free(item_id):
+            if item_id not in self.in_free:
+                bisect.insort(self.free, item_id)
+                self.in_free.add(item_id)
+            self.version += 1
+
+    def forget(self, item_id: str) -> None:
+        self.items.pop(item_id, None)
+        self.locks.pop(item_id, None)
+        self.gone.pop(item_id, None)
+        self.trying.pop(item_id, None)
+        self.recorded.discard(item_id)
+        self.orphans.pop(item_id, None)
+        self.unplanned.pop(item_id, None)
+
+    def apply_item(self, item_id: str, index: int, value: Optional[str]) -> None:
+        """The item's version ``index`` with ``value``: the value etcd wrote at
+        that index, or None (never another version's: see Version)."""
+        self.items[item_id] = (index, _cacheable(value))
+        self.make_free(item_id)
+
+    def locked(self, item_id: str, index: int) -> None:
+        """A sign at ``index`` that the item is locked; ignored if its lock was
+        seen gone since (an older listing applied late)."""
+        if index > self.locks.get(item_id, 0) and index > self.gone.get(item_id, 0):
+            self.locks[item_id] = index
+
+    def unlocked(self, item_id: str, index: int) -> None:
+        """The item's lock was gone at ``index``: free, unless locked again since.
+
+        While a claim attempt on it is under way, remember ``index`` for
+        :meth:`locked_at`, which learns only then at which index the lock existed.
+        """
+        if self.trying.get(item_id, index) < index:
+            self.trying[item_id] = index
+        # Only for items the view holds: a finished item's lock goes after the
+        # item did, and noting it would keep one entry per item.
+        if item_id in self.items and index > self.gone.get(item_id, 0):
+            self.gone[item_id] = index
+        if 0 <= self.locks.get(item_id, -1) <= index:
+            del self.locks[item_id]
+            self.delays.pop(item_id, None)
+            self.make_free(item_id)
+
+
+def _earliest(values: Any) -> float:
+    return min(values, default=math.inf)
+
+
+#: Every deadline of the view, in the order tick() takes them (the first due wins).
+#: A time is runtime.monotonic() seconds; inf: not due.  docs/protocol.md, "Deadlines".
+DEADLINES: Dict[str, Deadline] = {
+    # Recorded items whose lock was deleted (F4) before F3 was seen: offered
+    # once F3's event is overdue (the transport's deadline), at any tick.
+    "orphan due": Deadline(lambda s: _earliest(s.orphans.values()), wakes=True),
+    # A quiet view that knows of taken items lists work/ and locks/ a lock TTL
+    # after its last full listing (a taken item's lock may have gone unheard).
+    "full listing": Deadline(
+        lambda s: s.locks_listed + s.lock_ttl if not s.watching and s.locks else math.inf,
+        check="full"),
+    # A watching view checks the signs up to its listing CONFIRM s after it.
+    "confirm check": Deadline(lambda s: s.confirm_at if s.watching else math.inf,
+                              check="confirm", wakes=True),
+    # A quiet view lists locks/ when a delay lock of a known item is due.
+    "delay due": Deadline(lambda s: s.next_delay if not s.watching else math.inf,
+                          check="delays"),
+    # Gates.  After a failed listing of work/: no miss lists it again before this.
+    "misses' relist": Deadline(lambda s: s.relist_after),
+    # A catch-up for own items lists at most once a CONFIRM while listings fail.
+    "catch-up relist": Deadline(lambda s: s.work_failed_at + CONFIRM),
+    # A watching round ends ROUND after its listing, events or not.
+    "round end": Deadline(lambda s: s.round_listed_at + ROUND if s.watching else math.inf),
+}
+
+
+def round_pause(pause: Optional[float]) -> float:
+    """A follower's pause after a failed round, ``pause`` the last one (None: the first)."""
+    return ROUND_PAUSE if pause is None else min(pause * 2, ROUND_PAUSE_MAX)
+
+
+def _maybe_delayed(value: Optional[str]) -> bool:
+    """Whether an item's value may carry ``"q"`` (None: too large to say)."""
+    return value is None or _item_says(value, '"q":', lambda item: item.requeued)
+
+
+def _claimed(value: Optional[str]) -> bool:
+    """Whether an item's value carries a claim token (written by a claim's C2)."""
+    return value is not None and _item_says(value, '"c":', lambda item: item.claim is not None)
+
+
+def _item_says(value: str, field: str, test: Callable[[Item], bool]) -> bool:
+    """``test`` of the decoded item, if its value has the text ``field`` at all:
+    the cheap test first (most have not), then the item's own field, not one of
+    its payload's (a payload may hold the same text).  Junk says nothing."""
+    if field not in value:
+        return False
+    try:
+        return test(Item.decode(value))
+    except Junk:
+        return False
+
+
+def _is_delay(value: Optional[str]) -> bool:
+    try:
+        return Lock.decode(value).delay
+    except Junk:
+        return False
+
+
+def _expires_in(entry: Entry, wall: float) -> float:
+    """Seconds until etcd expires a listed key (<= 0: due), from ``wall`` (the host's clock).
+
+    etcd gives the seconds left rounded up (``ttl``), and the ``expiration``
+    time on its own clock: that time, as this host's clock sees it, kept
+    within the second ``ttl`` allows, so a skewed clock errs by under 1 s.
+    """
+    match = _EXPIRATION.fullmatch(entry.expiration or "")
+    if match is None:
+        return float(entry.ttl)
+    *fields, fraction = match.groups()
+    at = calendar.timegm(tuple(int(field) for field in fields)) + float(fraction or 0)
+    return min(max(at - wall, entry.ttl - 1.0), float(entry.ttl))
+
+
+def _id_at(index: int) -> str:
+    """The id etcd gives an item POSTed at ``index``: ids sort as their indexes do."""
+    return f"{index:020d}"
+
+
+def _unescape(value: bytes) -> str:
+    """A JSON string's contents (as matched by _EVENT) as the string it encodes."""
+    return json.loads(b'"' + value + b'"') if b"\\" in value else value.decode("utf-8")
+
+
+def _cacheable(value: Optional[str]) -> Optional[str]:
+    return value if value is not None and len(value) <= MAX_CACHED_VALUE else None
