@@ -1,0 +1,93 @@
+"""What the protocol's methods still are, now that its steps run in a driver (driver.run):
+the seams a mutant or a test replaces, and what a failed step leaves behind.
+
+docs/decisions.md ("Steps are generators of requests") says a mutant that
+replaces F1 (``Protocol._commit``) still takes effect on a claim and a
+completion; the simulator's ``f1-unfenced`` mutant relies on it for every F1,
+C3's dead letter at max_attempts included.
+"""
+from __future__ import annotations
+
+import gc
+from typing import Any, Iterator, Optional
+
+import pytest
+
+from etcdq_v2 import Queue
+from etcdq_v2.codec import Lock, Record
+from etcdq_v2.errors import AlreadyExists
+from etcdq_v2.keys import Layout
+from etcdq_v2.protocol import FAILED, Gone, Protocol, Taken, Version
+from etcdq_v2.runtime import SYSTEM
+from etcdq_v2.testing.sim.mutants import mutant
+
+ITEM = "00000000000000000042"
+
+
+@pytest.mark.xfail(strict=True, reason="C3's dead letter runs Steps.commit_step, not the "
+                   "Protocol._commit the f1-unfenced mutant replaces: its F1 stays fenced")
+def test_the_f1_unfenced_mutant_unfences_the_dead_letter_of_c3(etcd_url: str,
+                                                               queue_name: str) -> None:
+    """A claim A whose C2 reply came after its lock went (B claimed meanwhile)
+    dead-letters the item at C3 (max_attempts): with F1 unfenced (the mutant)
+    that F1 writes over B's claim, which is what the mutant is there to show."""
+    with Queue(etcd_url, queue_name, lock_ttl=30, max_attempts=1) as a, \
+            Queue(etcd_url, queue_name, lock_ttl=30, max_attempts=None) as b:
+        item_id = a.put("poison")
+        work_key, lock_key = (a._protocol.layout.key(kind, item_id) for kind in ("work", "locks"))
+        first = b._protocol.claim(item_id, Version(a._protocol.read("work", item_id).index))
+        assert first is not None and first.attempt == 1
+        b.etcd.delete(lock_key)  # that claim's worker died: a=1, its lock gone
+        put = a.etcd.put
+        others = []
+
+        def c2_reply_held_past_the_lock(key: str, value: Optional[str] = None, **kw: Any) -> Any:
+            reply = put(key, value, **kw)
+            if key == work_key and kw.get("prev_index") and '"o":' not in (value or "") \
+                    and not others:
+                b.etcd.delete(lock_key)  # A's lock expired while its C2 reply was held
+                seen = b._protocol.read("work", item_id)
+                others.append(b._protocol.claim(item_id, seen.version))  # B: C1, C2 (a=3)
+            return reply
+
+        a.etcd.put = c2_reply_held_past_the_lock  # type: ignore[method-assign]
+        with mutant("f1-unfenced"):
+            with pytest.raises(Gone):
+                a._protocol.claim(item_id, Version(a._protocol.read("work", item_id).index))
+        a.etcd.put = put  # type: ignore[method-assign]
+        assert others and others[0] is not None and others[0].attempt == 3
+        record = a._protocol.read(FAILED, item_id)
+        assert record is not None, "F1 of C3's dead letter was fenced: the mutant did nothing"
+        assert Record.decode(record.value).reason.startswith("abandoned")
+
+
+class RefusingTransport:
+    """Every PUT is refused "already exists": C1 on a lock another claim holds."""
+
+    runtime = SYSTEM
+
+    def put(self, key: str, value: Optional[str] = None, **kw: Any) -> Any:
+        raise AlreadyExists("Key already exists", code=AlreadyExists.code, index=7)
+
+
+@pytest.fixture
+def collector_off() -> Iterator[None]:
+    gc.collect()
+    gc.disable()
+    yield
+    gc.enable()
+
+
+@pytest.mark.xfail(strict=True, reason="driver.run keeps the request's exception in a local "
+                   "while the step's own exception leaves it: exception -> traceback -> "
+                   "run's frame -> exception, a cycle per refused C1")
+def test_a_refused_lock_create_leaves_no_reference_cycle(collector_off: None) -> None:
+    """Refused C1s are the claim race's common case (every consumer that lost an
+    item): each must be freed when its Taken is, not left to the cyclic collector."""
+    protocol = Protocol(RefusingTransport(), Layout("/etcdq", "jobs"),  # type: ignore[arg-type]
+                        node_id="node-a", lock_ttl=30, max_attempts=None, max_payload=1 << 20,
+                        backoff=lambda attempt: 1.0)
+    for _ in range(10):
+        with pytest.raises(Taken):
+            protocol._create_lock(ITEM, Lock("node-a", "claim-token"), 30)
+    assert gc.collect() == 0
