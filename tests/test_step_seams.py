@@ -9,13 +9,13 @@ C3's dead letter at max_attempts included.
 from __future__ import annotations
 
 import gc
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
 from etcdq_v2 import Queue
 from etcdq_v2.codec import Lock, Record
-from etcdq_v2.errors import AlreadyExists
+from etcdq_v2.errors import AlreadyExists, KeyMissing
 from etcdq_v2.keys import Layout
 from etcdq_v2.protocol import FAILED, Gone, Protocol, Taken, Version
 from etcdq_v2.runtime import SYSTEM
@@ -62,12 +62,16 @@ def test_the_f1_unfenced_mutant_unfences_the_dead_letter_of_c3(etcd_url: str,
 
 
 class RefusingTransport:
-    """Every PUT is refused "already exists": C1 on a lock another claim holds."""
+    """etcd refusing every request: a PUT "already exists" (C1 on a lock another
+    claim holds), a GET "not found"."""
 
     runtime = SYSTEM
 
     def put(self, key: str, value: Optional[str] = None, **kw: Any) -> Any:
         raise AlreadyExists("Key already exists", code=AlreadyExists.code, index=7)
+
+    def get(self, key: str, **kw: Any) -> Any:
+        raise KeyMissing("Key not found", code=KeyMissing.code, index=7)
 
 
 @pytest.fixture
@@ -78,16 +82,28 @@ def collector_off() -> Iterator[None]:
     gc.enable()
 
 
+def refused_lock_create(protocol: Protocol) -> None:
+    with pytest.raises(Taken):  # the step raises: the request's error is not handled
+        protocol._create_lock(ITEM, Lock("node-a", "claim-token"), 30)
+
+
+def read_of_a_missing_key(protocol: Protocol) -> None:
+    assert protocol.read("locks", ITEM) is None  # the step handles the request's error
+
+
 @pytest.mark.xfail(strict=True, reason="driver.run keeps the request's exception in a local "
-                   "while the step's own exception leaves it: exception -> traceback -> "
-                   "run's frame -> exception, a cycle per refused C1")
-def test_a_refused_lock_create_leaves_no_reference_cycle(collector_off: None) -> None:
-    """Refused C1s are the claim race's common case (every consumer that lost an
-    item): each must be freed when its Taken is, not left to the cyclic collector."""
+                   "after throwing it in: exception -> traceback -> run's frame -> exception, "
+                   "a cycle per failed request, freed only by the cyclic collector")
+@pytest.mark.parametrize("call", [refused_lock_create, read_of_a_missing_key],
+                         ids=["refused-C1", "missing-key-read"])
+def test_a_request_that_fails_leaves_no_reference_cycle(collector_off: None,
+                                                        call: Callable[[Protocol], None]) -> None:
+    """A failed request is the claim race's common case (a refused C1, a C2 on a
+    changed item, a read of a lock that is gone): what it made must be freed
+    with its result, not left to the cyclic collector."""
     protocol = Protocol(RefusingTransport(), Layout("/etcdq", "jobs"),  # type: ignore[arg-type]
                         node_id="node-a", lock_ttl=30, max_attempts=None, max_payload=1 << 20,
                         backoff=lambda attempt: 1.0)
     for _ in range(10):
-        with pytest.raises(Taken):
-            protocol._create_lock(ITEM, Lock("node-a", "claim-token"), 30)
+        call(protocol)
     assert gc.collect() == 0
