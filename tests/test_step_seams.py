@@ -21,6 +21,8 @@ from etcdq_v2.protocol import FAILED, Gone, Protocol, Taken, Version
 from etcdq_v2.runtime import SYSTEM
 from etcdq_v2.testing.sim.mutants import mutant
 
+from helpers import record_calls, wait_until
+
 ITEM = "00000000000000000042"
 
 
@@ -59,6 +61,24 @@ def test_the_f1_unfenced_mutant_unfences_the_dead_letter_of_c3(etcd_url: str,
         record = a._protocol.read(FAILED, item_id)
         assert record is not None, "F1 of C3's dead letter was fenced: the mutant did nothing"
         assert Record.decode(record.value).reason.startswith("abandoned")
+
+
+@pytest.mark.xfail(strict=True, reason="the refresh's retake runs Steps.lock_step, not "
+                   "Protocol._create_lock: a test or mutant replacing C1 misses it")
+def test_a_replaced_lock_create_sees_the_lock_a_refresh_retakes(etcd_url: str,
+                                                                queue_name: str) -> None:
+    """C1 (``Protocol._create_lock``) is the seam of every lock create of a claim:
+    the heartbeat's retake of an expired lock is one."""
+    with Queue(etcd_url, queue_name, lock_ttl=1) as queue:
+        item_id = queue.put("x")
+        state = queue._protocol.claim(item_id, Version(queue._protocol.read("work", item_id).index))
+        assert state is not None  # no heartbeat: its lock expires
+        wait_until(lambda: queue._protocol.read("locks", item_id) is None, 5,
+                   message="the lock to expire")
+        created = record_calls(queue._protocol, "_create_lock")
+        queue._protocol.confirm(state)  # KeyMissing: the item is still ours, so retaken
+        assert queue._protocol.read("locks", item_id) is not None
+        assert created == [item_id]
 
 
 class RefusingTransport:
