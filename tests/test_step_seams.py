@@ -17,10 +17,11 @@ from etcdq_v2 import Queue
 from etcdq_v2.codec import Lock, Record
 from etcdq_v2.errors import AlreadyExists, KeyMissing
 from etcdq_v2.keys import Layout
-from etcdq_v2.protocol import FAILED, Gone, Protocol, Taken, Version
+from etcdq_v2.protocol import COMPLETED, FAILED, Gone, Protocol, Taken, Version
 from etcdq_v2.runtime import SYSTEM
 from etcdq_v2.testing.sim.mutants import mutant
 
+from crashes import commit_then_crash
 from helpers import record_calls, wait_until
 
 ITEM = "00000000000000000042"
@@ -79,6 +80,27 @@ def test_a_replaced_lock_create_sees_the_lock_a_refresh_retakes(etcd_url: str,
         queue._protocol.confirm(state)  # KeyMissing: the item is still ours, so retaken
         assert queue._protocol.read("locks", item_id) is not None
         assert created == [item_id]
+
+
+@pytest.mark.xfail(strict=True, reason="C3 finishes a crashed finisher's item with "
+                   "Steps.record_step, not Protocol.finish_committed")
+def test_a_replaced_record_write_sees_a_claimer_finish_a_crashed_finishers_item(
+        etcd_url: str, queue_name: str) -> None:
+    """F2-F4 (``Protocol.finish_committed``) is the seam of every record write:
+    a claimer that finds an item committed by a finisher that died after F1
+    (C3) writes its record through it too."""
+    with Queue(etcd_url, queue_name, lock_ttl=1) as finisher, \
+            Queue(etcd_url, queue_name, lock_ttl=1) as claimer:
+        finisher.put("x")
+        item_id = commit_then_crash(finisher, COMPLETED, record=False)  # F1 only
+        wait_until(lambda: claimer._protocol.read("locks", item_id) is None, 5,
+                   message="the finisher's lock to expire")
+        recorded = record_calls(claimer._protocol, "finish_committed")
+        seen = claimer._protocol.read("work", item_id)
+        with pytest.raises(Gone):
+            claimer._protocol.claim(item_id, seen.version)
+        assert claimer._protocol.read(COMPLETED, item_id) is not None
+        assert recorded == [item_id]
 
 
 class RefusingTransport:
