@@ -26,7 +26,10 @@ def run(step: Step[T], transport: Transport) -> T:
             request = step.send(reply) if error is None else step.throw(error)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
-        error = None
+        finally:
+            # The exception's traceback holds this frame, which held the
+            # exception: dropped here, a failed request leaves no cycle.
+            error = None
         try:
             reply = send(transport, request)
         except BaseException as exc:  # the step decides, and re-raises what it cannot handle

@@ -133,9 +133,6 @@ def read_of_a_missing_key(protocol: Protocol) -> None:
     assert protocol.read("locks", ITEM) is None  # the step handles the request's error
 
 
-@pytest.mark.xfail(strict=True, reason="driver.run keeps the request's exception in a local "
-                   "after throwing it in: exception -> traceback -> run's frame -> exception, "
-                   "a cycle per failed request, freed only by the cyclic collector")
 @pytest.mark.parametrize("call", [refused_lock_create, read_of_a_missing_key],
                          ids=["refused-C1", "missing-key-read"])
 def test_a_request_that_fails_leaves_no_reference_cycle(collector_off: None,
