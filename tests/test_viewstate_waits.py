@@ -65,3 +65,4 @@ def test_a_claim_waiting_when_a_confirm_check_is_planned_wakes_for_it() -> None:
     assert state.confirm_at < float("inf")
     assert _wakes_by(state, version, timeout, 11.0, state.confirm_at), (
         f"the confirm check is due at {state.confirm_at:g}; the waiting claim sleeps on")
+
