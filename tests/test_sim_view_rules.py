@@ -11,24 +11,16 @@ so neither defect shows.
 """
 from __future__ import annotations
 
-import logging
-from typing import Callable, Iterator, List
+from typing import Callable, List
 
 import pytest
 
 from etcdq_v2 import viewstate
 from etcdq_v2.testing.sim.simulation import simulate
 
+from test_sim import _quiet  # noqa: F401 - autouse: faults make the library warn
+
 SEEDS = 20
-
-
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logger = logging.getLogger("etcdq_v2")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)  # faults make the library warn; the checks judge
-    yield
-    logger.setLevel(level)
 
 
 def _ignoring_expiry(original: Callable[..., None]) -> Callable[..., None]:
