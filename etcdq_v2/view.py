@@ -74,6 +74,7 @@ class QueueView:
         with self._cond:
             before = self.state.version
             yield self.state
+            self.state.note_deadlines()
             if self.state.version != before:
                 self._wake()
 

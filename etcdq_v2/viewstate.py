@@ -376,6 +376,9 @@ class ViewState:
         #: Bumped by every change a claim may act on: a waiting claim wakes for
         #: every change, and only then (the driver wakes it).
         self.version = 0
+        #: The first deadline a waiting claim wakes for, after the last change
+        #: (note_deadlines): one that moves earlier bumps the version.
+        self.wake_due_seen = math.inf
         #: Listings of work/ applied.
         self.relists = 0
 
@@ -410,9 +413,22 @@ class ViewState:
         return _earliest(rule.when(self) for rule in DEADLINES.values()
                          if rule.check is not None or rule.wakes)
 
+    def wake_due(self) -> float:
+        """The first deadline a waiting claim wakes for (inf: none)."""
+        return _earliest(rule.when(self) for rule in DEADLINES.values() if rule.wakes)
+
+    def note_deadlines(self) -> None:
+        """After every change: a waiting claim cut its wait to the first deadline
+        it wakes for as it was when it began (until_due), so one that moved
+        earlier is a change it must act on, and bumps the version like any other."""
+        due = self.wake_due()
+        if due < self.wake_due_seen:
+            self.version += 1
+        self.wake_due_seen = due
+
     def until_due(self, now: float, timeout: Optional[float]) -> Optional[float]:
         """``timeout``, cut short to the first deadline a waiting claim wakes for."""
-        due = _earliest(rule.when(self) for rule in DEADLINES.values() if rule.wakes)
+        due = self.wake_due()
         if due < math.inf:  # a little after: the tick then finds it due
             wait = max(due - now + 0.01, 0.0)
             timeout = wait if timeout is None else min(timeout, wait)

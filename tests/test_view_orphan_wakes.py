@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from typing import Any, List
 
-import pytest
 
 from etcdq_v2 import Queue, connect
 from etcdq_v2.errors import QueueClosed
@@ -32,8 +31,6 @@ def _drop_f3(queue: Queue) -> None:
     queue._protocol.etcd.delete_all = f3_lost  # type: ignore[method-assign]
 
 
-@pytest.mark.xfail(strict=True, reason="an orphan noted during a wait changes no version: "
-                   "a claim waiting with timeout=None sleeps until the round's end (ROUND)")
 def test_an_orphan_noted_while_a_claim_waits_forever_is_offered_once_due(
         etcd_url: str, queue_name: str) -> None:
     """Consumer ``q`` waits with claim(timeout=None), its view watching; another
