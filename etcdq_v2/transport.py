@@ -520,6 +520,13 @@ class Transport:
         if getattr(self._limit, "until", None) is not None:
             self._limit.until = self.runtime.monotonic()
 
+    def arriving(self) -> bool:
+        """Whether a reply is arriving: bytes of one still being read came within
+        the last request ``timeout``.  A large listing on a slow link keeps
+        arriving for longer than a deadline; a member that stopped answering
+        sends nothing."""
+        return any(member.arriving(self.timeout) for member in self._members)
+
     def close(self) -> None:
         """Close every pooled connection, whichever thread opened it.
 
