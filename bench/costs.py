@@ -12,7 +12,7 @@ sim.costs`) starts when the consumers do.  Two stretches are reported:
 
 * *start*: from the consumers' start until every one of them has completed an
   item: each view's first listing of ``work/`` and ``locks/`` is here;
-* *steady*: the next ``WINDOW_PER_CONSUMER`` x C completed items.
+* *steady*: the next ``WINDOW_PER_CONSUMER`` x C completed items (``--window``).
 
 Figures are per completed item of the stretch: requests by kind (of consumers
 and producers alike: their puts are part of what an item costs), watch events
@@ -43,7 +43,7 @@ from etcdq_v2.transport import connect  # noqa: E402
 from etcdq_v2.wire import Member  # noqa: E402
 
 BACKLOG_PER_CONSUMER = 10
-WINDOW_PER_CONSUMER = 20
+WINDOW_PER_CONSUMER = 10
 #: A consumer's work on an item: uniform in this range (virtual seconds).
 WORK = (0.05, 0.45)
 #: The producers' batch: put_many of up to this many (in_flight 8).
@@ -74,14 +74,14 @@ class Run:
     seconds: float
 
 
-def measure(consumers: int, seed: int = 0) -> Run:
+def measure(consumers: int, seed: int = 0, window_per_consumer: int = WINDOW_PER_CONSUMER) -> Run:
     """One run of ``consumers`` on a backlog of BACKLOG_PER_CONSUMER x them."""
     started = time.perf_counter()
     sim = SimRuntime(seed)
     cluster = Cluster(3, start=0.0, shuffle=random.Random(f"shuffle-{seed}").shuffle)
     network = Network(sim, cluster, random.Random(f"network-{seed}"))
     backlog = BACKLOG_PER_CONSUMER * consumers
-    window = WINDOW_PER_CONSUMER * consumers
+    window = window_per_consumer * consumers
     rng = random.Random(f"costs-{seed}")
     queues: List[Queue] = []
     done: List[str] = []  # consumers' names, one per completed item
@@ -170,12 +170,17 @@ def _units(runs: List[Run], stretch: str) -> List[Stretch]:
     return parts
 
 
+def _head(label: str, runs: List[Run], stretch: str) -> List[str]:
+    unit = "consumer" if stretch == "start" else "item"
+    return [f"| {label} {unit} | " + " | ".join(f"{run.consumers} c" for run in runs) + " |",
+            "|---|" + "---:|" * len(runs)]
+
+
 def table(runs: List[Run], stretch: str) -> str:
     """Per completed item of steady, per consumer of start: one row per kind."""
     parts = _units(runs, stretch)
     kinds = sorted({name for part in parts for name in part.kinds})
-    head = f"| per {'consumer' if stretch == 'start' else 'item'} | " + " | ".join(f"{run.consumers} c" for run in runs) + " |"
-    lines = [head, "|---|" + "---:|" * len(runs)]
+    lines = _head("per", runs, stretch)
     for name in kinds:
         cells = [_per(part.kinds[name].requests, part.items) if name in part.kinds else "0"
                  for part in parts]
@@ -200,8 +205,7 @@ def bytes_table(runs: List[Run], stretch: str) -> str:
     """kB from etcd per item (steady) or consumer (start), by kind (kinds that sent any)."""
     parts = _units(runs, stretch)
     kinds = sorted({name for part in parts for name, t in part.kinds.items() if t.from_etcd})
-    lines = [f"| kB from etcd per {'consumer' if stretch == 'start' else 'item'} | " + " | ".join(f"{run.consumers} c" for run in runs)
-             + " |", "|---|" + "---:|" * len(runs)]
+    lines = _head("kB from etcd per", runs, stretch)
     for name in kinds:
         cells = [_per(part.kinds[name].from_etcd / 1000, part.items) if name in part.kinds
                  else "0" for part in parts]
@@ -233,12 +237,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--consumers", type=int, nargs="+", default=[1, 8, 64, 256, 1024])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--window", type=int, default=WINDOW_PER_CONSUMER,
+                        help="items per consumer in the steady stretch")
     parser.add_argument("--json", help="write every run's counts here")
     args = parser.parse_args(argv)
     logging.getLogger("etcdq_v2").setLevel(logging.CRITICAL)
     runs = []
     for consumers in args.consumers:
-        run = measure(consumers, args.seed)
+        run = measure(consumers, args.seed, args.window)
         print(f"costs: {consumers} consumers, backlog {run.backlog}: {run.seconds:.0f} s",
               file=sys.stderr)
         runs.append(run)
