@@ -294,6 +294,11 @@ MAX_TTL = 2**31 - 1
 #: The most POSTs a put_many may have in flight at once (``in_flight``): one
 #: connection each (Protocol.post_items).
 MAX_IN_FLIGHT = 64
+#: A put's read-back reads the keys its POST can have taken one by one when they
+#: are at most this many (see Protocol.find_puts); more, and it lists.
+SEARCH_SPAN = 128
+#: Reads of one batch of that search, sent together.
+SEARCH_BATCH = 16
 
 
 
@@ -392,11 +397,12 @@ class Protocol(Steps):
         it twice.  Unavailable says so instead; the version is None for an
         item that was already finished.
         """
+        floor = self.etcd.seen_index  # read before the POST is sent: it lands above
         try:
             node = self.etcd.post(self.layout.work, raw).node
             return node["key"].rsplit("/", 1)[-1], Version(node["modifiedIndex"], raw)
         except AmbiguousWrite as exc:
-            found = self._search_doubts({token}).get(token)
+            found = self._search_doubts({token}, floor).get(token)
             if found is None:
                 raise Unavailable(
                     f"a put to {self.layout.work} may or may not be stored ({exc}): it was not "
@@ -417,10 +423,20 @@ class Protocol(Steps):
         """The id and version of the item put with ``token``, wherever it is now."""
         return self.find_puts({token}).get(token)
 
-    def find_puts(self, tokens: Set[str]) -> Dict[str, Tuple[str, Optional[Version]]]:
+    def find_puts(self, tokens: Set[str], floor: int = 0
+                  ) -> Dict[str, Tuple[str, Optional[Version]]]:
         """The id of each item put with one of ``tokens`` that is stored now, and
-        its version in work/ as listed (None: it is finished): one pass over the
-        quorum listings, whatever the number of tokens."""
+        its version in work/ as read (None: it is finished).
+
+        ``floor``: an etcd index seen before their POSTs were sent, so each
+        took an id above it.  When at most SEARCH_SPAN ids lie between it and
+        the index now, those keys are read (:meth:`_find_in_span`); else, one
+        pass over the quorum listings, whatever the number of tokens.
+        """
+        if floor:
+            spanned = self._find_in_span(tokens, floor)
+            if spanned is not None:
+                return spanned
         found: Dict[str, Tuple[str, Optional[Version]]] = {}
         for kind in ("work", COMPLETED, FAILED):
             entries = self.list(kind)[1]
@@ -436,12 +452,79 @@ class Protocol(Steps):
                 break
         return found
 
-    def _search_doubts(self, tokens: Set[str]) -> Dict[str, Tuple[str, Optional[Version]]]:
+    def _find_in_span(self, tokens: Set[str], floor: int
+                      ) -> Optional[Dict[str, Tuple[str, Optional[Version]]]]:
+        """find_puts by reading ``work/<n>`` for each n above ``floor`` up to
+        ``top``, etcd's index at a quorum read made now, then ``completed/<n>``
+        and ``failed/<n>`` for each n not in work/; None if they are more
+        than SEARCH_SPAN.
+
+        A POST applied before that read took such an n.  An item gone from
+        work/ by the time its key was read left its record first (F2 before
+        F3; a requeue's tombstone keeps its put token), which a quorum read
+        made after shows: so work/ is read before the records, as the
+        listings are.  A POST applied after it is not stored now, as for the
+        listings.
+        """
+        top = self._quorum_index()
+        if top - floor > SEARCH_SPAN:
+            return None
+        ids = [f"{n:020d}" for n in range(floor + 1, top + 1)]
+        found: Dict[str, Tuple[str, Optional[Version]]] = {}
+        entries = self._read_each("work", ids)
+        for entry, item in self.decode_entries("work", entries):
+            if item.token in tokens and item.token not in found:
+                found[item.token] = (entry.id, entry.version)
+        gone = sorted(set(ids) - {entry.id for entry in entries})
+        for kind in (COMPLETED, FAILED):
+            if len(found) == len(tokens):
+                break
+            self._match_records(kind, self._read_each(kind, gone), tokens, found)
+        return found
+
+    def _match_records(self, kind: str, entries: List[Entry], tokens: Set[str],
+                       found: Dict[str, Tuple[str, Optional[Version]]]) -> None:
+        """Add to ``found`` the records among ``entries`` put with one of ``tokens``
+        (a requeued dead letter's tombstone keeps its put token)."""
+        for entry, record in self.decode_entries(kind, entries):
+            if record.token in tokens:
+                found.setdefault(record.token, (entry.id, None))
+        if kind == FAILED:
+            for entry in entries:
+                token = tombstone_token(entry.value)
+                if token in tokens:
+                    found.setdefault(token, (entry.id, None))
+
+    def _quorum_index(self) -> int:
+        """etcd's index at a quorum read made now (of a key no POST can take)."""
+        try:
+            return self.etcd.get(self.layout.key("work", "0" * 20), quorum=True).index
+        except KeyMissing as exc:
+            return exc.index or 0
+
+    def _read_each(self, kind: str, ids: Sequence[str]) -> List[Entry]:
+        """The entries of ``kind/<id>`` that exist, by quorum reads, SEARCH_BATCH at once."""
+        entries: List[Entry] = []
+        for start in range(0, len(ids), SEARCH_BATCH):
+            batch = ids[start:start + SEARCH_BATCH]
+            keys = [self.layout.key(kind, item_id) for item_id in batch]
+            for item_id, reply in zip(batch, self.etcd.get_all(keys, quorum=True)):
+                if isinstance(reply, KeyMissing):
+                    continue
+                if isinstance(reply, EtcdqError):
+                    raise reply
+                node = reply.node
+                entries.append(Entry(item_id, node["modifiedIndex"], node.get("value"),
+                                     node.get("expiration"), node.get("ttl", 0)))
+        return entries
+
+    def _search_doubts(self, tokens: Set[str], floor: int = 0
+                       ) -> Dict[str, Tuple[str, Optional[Version]]]:
         """find_puts for puts in doubt: a search that cannot be made (etcd still
         unreachable, even refusing every connection) leaves them in doubt, and
         Unavailable says so, never that nothing was stored."""
         try:
-            return self.find_puts(tokens)
+            return self.find_puts(tokens, floor)
         except Unavailable as exc:
             raise Unavailable(
                 f"{len(tokens)} put(s) to {self.layout.work} may or may not be stored: "
@@ -464,16 +547,17 @@ class Protocol(Steps):
         placed: List[Tuple[str, Optional[Version]]] = []
         while len(placed) < len(items):
             rest = items[len(placed):]
+            floor = self.etcd.seen_index  # read before the round's POSTs are sent
             results = self.etcd.post_many(self.layout.work, [raw for raw, _ in rest],
                                           lanes=in_flight, depth=1)
-            settled = self._settled(rest, results)
+            settled = self._settled(rest, results, floor)
             if not settled:  # post_many sends at least one POST a round, or raises
                 raise Unavailable(f"no put to {self.layout.work} was sent")
             placed += settled
         return placed
 
     def _settled(self, items: Sequence[Tuple[str, str]],
-                 results: List[Union[Reply, EtcdqError, None]]
+                 results: List[Union[Reply, EtcdqError, None]], floor: int = 0
                  ) -> List[Tuple[str, Optional[Version]]]:
         """The places of one round's items, up to the first that was not sent."""
         places: List[Optional[Tuple[str, Optional[Version]]]] = []
@@ -489,16 +573,16 @@ class Protocol(Steps):
                 raise result
             else:  # etcd names an in-order key by the POST's index, in 20 digits
                 places.append((f"{result.index:020d}", Version(result.index, raw)))
-        for token, place in self._find_doubts(doubts, results).items():
+        for token, place in self._find_doubts(doubts, results, floor).items():
             places[doubts[token]] = place
         return [place for place in places if place is not None]
 
-    def _find_doubts(self, doubts: Dict[str, int], results: Sequence[object]
+    def _find_doubts(self, doubts: Dict[str, int], results: Sequence[object], floor: int = 0
                      ) -> Dict[str, Tuple[str, Optional[Version]]]:
         """Where the POSTs in doubt are stored; Unavailable if any is not found."""
         if not doubts:
             return {}
-        found = self._search_doubts(set(doubts))
+        found = self._search_doubts(set(doubts), floor)
         missing = len(doubts) - len(found)
         if missing:
             first = results[min(p for t, p in doubts.items() if t not in found)]

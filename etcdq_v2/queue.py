@@ -375,8 +375,15 @@ class Queue:
     def _ensure_view(self) -> QueueView:
         if self._view is None:
             self._view = QueueView(self._protocol)
-        self._view.wait_ready(self.etcd.deadline)
-        return self._view
+        while True:
+            try:
+                self._view.wait_ready(self.etcd.deadline)
+                return self._view
+            except Unavailable:
+                # A listing still arriving is not a dead etcd: wait on for it,
+                # a deadline at a time, while its bytes keep coming.
+                if self._closed or not self.etcd.arriving():
+                    raise
 
     # -- inspecting ----------------------------------------------------------------
     @public_errors()

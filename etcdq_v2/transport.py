@@ -256,6 +256,9 @@ class Transport:
         self._limit = runtime.local()
         self.requests: Counter[str] = Counter()
         self._observers: Tuple[Observer, ...] = ()
+        #: The largest X-Etcd-Index of a reply so far.  etcd applied that index
+        #: before it answered, so a write sent after this was read lands above it.
+        self.seen_index = 0
 
     @classmethod
     def from_client(cls, client: Any, runtime: Runtime = SYSTEM) -> "Transport":
@@ -520,6 +523,13 @@ class Transport:
         if getattr(self._limit, "until", None) is not None:
             self._limit.until = self.runtime.monotonic()
 
+    def arriving(self) -> bool:
+        """Whether a reply is arriving: bytes of one still being read came within
+        the last request ``timeout``.  A large listing on a slow link keeps
+        arriving for longer than a deadline; a member that stopped answering
+        sends nothing."""
+        return any(member.arriving(self.timeout) for member in self._members)
+
     def close(self) -> None:
         """Close every pooled connection, whichever thread opened it.
 
@@ -608,6 +618,8 @@ class Transport:
         """The Reply of a success; raises the error (or _Transient) of a failure."""
         if response.status in (200, 201):
             index = int(response.headers.get("x-etcd-index") or 0)
+            if index > self.seen_index:  # a lost race keeps a smaller one: still a bound
+                self.seen_index = index
             return Reply(response.body, index)
         error = self._error(member.url, response.status, response.body)
         if isinstance(error, EtcdFailure):

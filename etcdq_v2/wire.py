@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import (Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple,
+from typing import (Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple,
                     TypeVar, Union)
 from urllib.parse import urlsplit
 
@@ -128,6 +128,8 @@ class Connection:
         self.reusable = True
         #: The pool generation of the Member that opened it (see Member.close).
         self.generation = 0
+        #: time.monotonic() when bytes last arrived (0: none since the reply was awaited).
+        self.heard = 0.0
         self.set_timeout(sock.gettimeout())  # in kernel mode: moves it to the kernel
 
     def set_timeout(self, timeout: Optional[float]) -> None:
@@ -352,6 +354,8 @@ class Connection:
             self._compact()
         block = self.sock.recv(_BLOCK)
         self._buffer += block
+        if block:
+            self.heard = time.monotonic()
         return bool(block)
 
 
@@ -388,11 +392,21 @@ class Member:
         self._lock = threading.Lock()
         self._idle: List[Connection] = []
         self._generation = 0
+        #: The connections whose reply request() is reading now.
+        self._reading: Set[Connection] = set()
 
     def request(self, method: str, path: str, body: Optional[str],
                 timeout: float) -> Response:
         """One request on a pooled keep-alive connection."""
         return self._finish(self._start(method, path, body, timeout))
+
+    def arriving(self, within: float) -> bool:
+        """Whether a reply that request() is reading is arriving: some of its
+        bytes came within the last ``within`` seconds (a long listing on a slow
+        link, not a member that stopped answering)."""
+        now = time.monotonic()
+        with self._lock:
+            return any(c.heard and now - c.heard <= within for c in self._reading)
 
     def request_all(self, requests: Sequence[Tuple[str, str, Optional[str]]],
                     timeout: float) -> List[Union[Response, Exception]]:
@@ -495,11 +509,17 @@ class Member:
 
     def _finish(self, connection: Connection) -> Response:
         """The reply; the connection goes back to the pool only once it is read whole."""
+        connection.heard = 0.0  # what arrives now is this reply's
+        with self._lock:
+            self._reading.add(connection)
         try:
             response = _receive(connection)
         except BaseException:
             connection.close()
             raise
+        finally:
+            with self._lock:
+                self._reading.discard(connection)
         self._give_back(connection)
         return response
 

@@ -12,6 +12,8 @@ most of them per direction: ``"up"`` is what the client sends (requests),
 ================  ==========================================================
 pass_through()    forward everything (clears every fault below; held bytes go on)
 delay(ms)         add ``ms`` milliseconds to each chunk's way
+throttle(rate)    forward at most ``rate`` bytes a second (a slow link), in
+                  pieces of a twentieth of a second's bytes
 hold()            buffer what arrives and forward nothing until release();
                   ``match=`` (a bytes regex) holds only a connection once a
                   chunk matching it arrives, so a test can let reads by and
@@ -64,6 +66,7 @@ class Faults:
     """The faults in force: a snapshot that the pumps read, replaced as a whole on change."""
 
     delay: Tuple[Tuple[str, float], ...] = ()
+    rate: Tuple[Tuple[str, float], ...] = ()
     hold: Tuple[str, ...] = ()
     hold_match: Optional[Pattern[bytes]] = None
     drop: Tuple[str, ...] = ()
@@ -73,6 +76,9 @@ class Faults:
 
     def delay_of(self, direction: str) -> float:
         return dict(self.delay).get(direction, 0.0)
+
+    def rate_of(self, direction: str) -> Optional[float]:
+        return dict(self.rate).get(direction)
 
 
 class FaultProxy:
@@ -147,6 +153,11 @@ class FaultProxy:
         delays = dict(self.faults.delay)
         delays.update((d, ms / 1000.0) for d in _directions(direction))
         self._set(dataclasses.replace(self.faults, delay=tuple(delays.items())))
+
+    def throttle(self, bytes_per_second: float, direction: str = "both") -> None:
+        rates = dict(self.faults.rate)
+        rates.update((d, float(bytes_per_second)) for d in _directions(direction))
+        self._set(dataclasses.replace(self.faults, rate=tuple(rates.items())))
 
     def hold(self, direction: str = "both", *, match: Union[bytes, Pattern[bytes], None] = None
              ) -> None:
@@ -308,6 +319,7 @@ class _Link:
         self._client_gone = False  # the client closed: deliver what it sent, then close
         self._cut = False
         self._dropped: Set[str] = set()  # directions in which bytes were discarded
+        self._free_at: Dict[str, float] = {UP: 0.0, DOWN: 0.0}  # a throttled link's next slot
         self._killed: Optional[bool] = None  # None, or abort (RST) or not
 
     def held_bytes(self, direction: str) -> bytes:
@@ -427,7 +439,20 @@ class _Link:
         if self._held[direction] or self._holds(direction, data, faults):
             self._held[direction] += data
             return
-        self._pending[direction].append((now + faults.delay_of(direction), data))
+        self._schedule(direction, now + faults.delay_of(direction), data, faults)
+
+    def _schedule(self, direction: str, due: float, data: bytes, faults: Faults) -> None:
+        """Queue ``data`` to go at ``due``; on a throttled link, in pieces that
+        each wait for the link to have carried the one before."""
+        rate = faults.rate_of(direction)
+        if rate is None:
+            self._pending[direction].append((due, data))
+            return
+        size = max(1, int(rate / 20))
+        for start in range(0, len(data), size):
+            piece = data[start:start + size]
+            self._free_at[direction] = max(due, self._free_at[direction]) + len(piece) / rate
+            self._pending[direction].append((self._free_at[direction], piece))
 
     def _holds(self, direction: str, data: bytes, faults: Faults) -> bool:
         if direction not in faults.hold:
@@ -445,7 +470,7 @@ class _Link:
             if self._held[direction]:
                 data = bytes(self._held[direction])
                 self._held[direction].clear()
-                self._pending[direction].append((now + faults.delay_of(direction), data))
+                self._schedule(direction, now + faults.delay_of(direction), data, faults)
 
     def _deliver(self, faults: Faults, now: float) -> None:
         for direction in (UP, DOWN):

@@ -41,6 +41,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from ...wire import Lost, NotSent, Refused, Response
 from .cluster import SWEEP_PERIOD, Cluster, Pending
+from .costs import Costs
 from .runtime import SimRuntime
 from .store import Watcher
 
@@ -107,6 +108,8 @@ class Network:
         self.requests = 0
         self.faults: Dict[str, int] = {}
         self.opened = 0
+        #: Counts by kind of request, reply and stream, when set (:mod:`.costs`).
+        self.costs: Optional[Costs] = None
         #: Lines this network added to the trace (the rest are hand-overs).
         self.notes = 0
         self._late: List[Tuple[float, _Flight]] = []
@@ -186,6 +189,8 @@ class Network:
                                                      "pipeline failed")))
                 continue
             self.requests += 1
+            if self.costs is not None:
+                self.costs.request(method, path, body)
             fault = self._fault()
             refused = chained and fault is Fault.REFUSE
             self.note(f"{self.sim.current().name} {method} m{member} {path}"
@@ -230,6 +235,8 @@ class Network:
         self._trip()
         if flight.fault is Fault.LOST_REPLY:
             raise Lost("ConnectionResetError: reset after the request was sent (simulated)")
+        if self.costs is not None:
+            self.costs.reply(flight.request, reply.body)
         return Response(reply.status, dict(reply.headers), reply.body)
 
     # -- streams -------------------------------------------------------------------
@@ -241,7 +248,8 @@ class Network:
             flight.fault = None  # a stream's lost reply is a cut stream (the courier's)
         response = self.finish(flight, self.sim.now + connect_timeout)
         assert flight.pending is not None and flight.pending.reply is not None
-        connection = SimConnection(self, flight.pending.reply.watch, response.body, idle_timeout)
+        connection = SimConnection(self, flight.pending.reply.watch, response.body, idle_timeout,
+                                   target=path)
         if connection.watcher is not None:
             self._streams.append(connection)
             self.opened += 1
@@ -382,6 +390,9 @@ class SimMember:
         return self.network.open_stream(self.index, path, idle_timeout, connect_timeout,
                                         self.client)
 
+    def arriving(self, within: float) -> bool:
+        return False  # a reply's body comes whole
+
     def close(self) -> None:
         pass  # no pool to empty
 
@@ -411,6 +422,7 @@ class SimConnection:
     cut: bool = False
     silent_until: float = 0.0
     number: int = 0
+    target: str = ""
 
     def set_timeout(self, timeout: Optional[float]) -> None:
         self.timeout = timeout
@@ -435,6 +447,8 @@ class SimConnection:
             lines = watcher.take()
             if lines:
                 self.network.note(f"stream #{self.number} gives {len(lines)} events")
+                if self.network.costs is not None:
+                    self.network.costs.streamed(self.target, lines)
                 yield b"".join(lines)
             elif watcher.ended:
                 raise Lost("the member closed the connection")

@@ -1,0 +1,75 @@
+"""A listing still arriving on a slow link is waited for; a member that sends nothing is not.
+
+Through the real TCP proxy (tests/faultproxy.py), throttled to a rate at
+which the queue's listing of ``work/`` takes about twice the transport's
+deadline to arrive: every recv gets bytes well within the request timeout,
+so the wire never times out, and the first claim waits for the listing as
+long as its bytes keep coming.  A black-holed member, which sends nothing,
+still fails the first claim at the deadline.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from etcdq_v2 import Queue, Unavailable, connect
+
+from faultproxy import FaultProxy
+
+TIMEOUT = 0.5  # the transport's request timeout; its deadline is 3x
+ITEMS = 1500
+VALUE = "v" * 1000  # ~1.2 kB per listed node: a listing of ~1.8 MB
+RATE = 600_000  # bytes a second: ~3 s for the listing, twice the deadline
+
+
+def _filled(etcd_url: str, queue_name: str) -> None:
+    filler = Queue(connect(etcd_url), queue_name)
+    filler.put_many([VALUE] * ITEMS, in_flight=8)
+    filler.close()
+
+
+def test_a_first_claim_waits_for_a_listing_that_keeps_arriving(
+        etcd_url: str, queue_name: str, proxy: FaultProxy) -> None:
+    _filled(etcd_url, queue_name)
+    proxy.throttle(RATE, "down")
+    queue = Queue(connect(proxy.url, timeout=TIMEOUT), queue_name)
+    try:
+        began = time.monotonic()
+        claim = queue.claim(timeout=30)
+        took = time.monotonic() - began
+        assert claim is not None
+        # The premise: the listing took longer than a deadline to arrive.
+        assert took > queue.etcd.deadline, f"the throttled listing took only {took:.2f} s"
+        claim.complete()
+    finally:
+        queue.close()
+
+
+def test_a_listing_that_keeps_arriving_outlives_the_request_timeout(
+        etcd_url: str, queue_name: str, proxy: FaultProxy) -> None:
+    _filled(etcd_url, queue_name)
+    proxy.throttle(RATE, "down")
+    transport = connect(proxy.url, timeout=TIMEOUT)
+    work = f"/etcdq/{queue_name}/work"
+    try:
+        began = time.monotonic()
+        whole = transport.get(work, sorted=True, quorum=True)
+        streamed = sum(1 for _ in transport.listing(work, sorted=True, quorum=True).nodes())
+        took = time.monotonic() - began
+        assert len(whole.node["nodes"]) == streamed == ITEMS
+        assert took > 2 * transport.deadline, f"the throttled listings took only {took:.2f} s"
+    finally:
+        transport.close()
+
+
+def test_a_first_claim_from_a_member_that_sends_nothing_fails_at_its_deadline(
+        etcd_url: str, queue_name: str, proxy: FaultProxy) -> None:
+    _filled(etcd_url, queue_name)
+    proxy.black_hole("down")
+    queue = Queue(connect(proxy.url, timeout=TIMEOUT), queue_name)
+    try:
+        with pytest.raises(Unavailable):
+            queue.claim(timeout=30)
+    finally:
+        queue.close()
