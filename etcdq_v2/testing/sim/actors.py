@@ -105,7 +105,9 @@ class History:
         not lost for longer than ``overlap``."""
         for item, claims in self.open.items():
             claims[:] = [claim for claim in claims if claim.outcome is None]
-            live = [claim for claim in claims if not claim.lost]
+            # One whose complete()/fail()/release() runs has left the item to its
+            # fence (its own give-back may have deleted the lock already).
+            live = [claim for claim in claims if not claim.lost and not settling(claim)]
             if len(live) < 2:
                 self._overlapping.pop(item, None)
                 continue
@@ -125,6 +127,14 @@ class History:
     def error(self, exc: BaseException) -> None:
         name = type(exc).__name__
         self.errors[name] = self.errors.get(name, 0) + 1
+
+
+def settling(claim: Claim) -> bool:
+    """Whether the claim's complete(), fail() or release() runs: a thread other
+    than a heartbeat's refresher holds the claim's mutex (a SimLock, whose
+    holder is its ``_owner``; the heartbeat takes it for each refresh)."""
+    owner = getattr(claim._mutex, "_owner", None)
+    return owner is not None and owner.name != "etcdq-refresh"
 
 
 @dataclass

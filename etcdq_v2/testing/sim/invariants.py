@@ -51,7 +51,8 @@ view-knows-work            no item stays in work/ unknown to a ready view for
 lone-put-order             in a run with one consumer, no item is handed out at a
                            window of one (no lost race since: docs/protocol.md,
                            "Where a claim looks") while an older one had been
-                           free for ORDER_SLACK
+                           free in the store, and held free by its view, for
+                           ORDER_SLACK
 wait-agrees                every outcome wait() returned is the item's record at
                            the end
 no-thread-died             no sim-thread of the library died of an exception
@@ -71,7 +72,7 @@ from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 from ...claim import Claim
 from ...codec import Item, Junk, Lock, Record
 from ...queue import Queue
-from .actors import Commit, History
+from .actors import Commit, History, settling
 from .api import Request, answer_local
 from .cluster import Cluster
 
@@ -326,8 +327,7 @@ def claim_state(claim: Claim) -> ClaimState:
     """The one reader of a Claim's internals in the simulator."""
     state = claim._state
     return ClaimState(state.index, state.item, state.confirmed, claim.lost,
-                      claim._refresh_error is not None,
-                      getattr(claim._mutex, "_owner", None) is not None,  # a SimLock's holder
+                      claim._refresh_error is not None, settling(claim),
                       claim._heartbeat._closed, claim._heartbeat.interval)
 
 
@@ -365,6 +365,8 @@ class Live:
     _taken: Dict[Tuple[str, str], float] = field(default_factory=dict)
     _unknown: Dict[Tuple[str, str], float] = field(default_factory=dict)
     _free: Dict[str, float] = field(default_factory=dict)
+    #: (process, item) -> since when its view has held the item, not taken.
+    _held: Dict[Tuple[str, str], float] = field(default_factory=dict)
     _judged: int = 0  # hand-outs judged by lone-put-order
     _failed: Dict[int, float] = field(default_factory=dict)  # id(claim) -> refresh failure seen
     #: The longest each bounded state lasted (figures: how close to the bound).
@@ -435,6 +437,12 @@ class Live:
             self._bounded("view-knows-work", self._unknown, (name, item),
                           item not in view.items, now, self.bounds.known,
                           f"item {item} is in work/ but not in the view of {name}")
+            if item in view.items and item not in view.taken:
+                self._held.setdefault((name, item), now)
+            else:
+                self._held.pop((name, item), None)
+        for key in [key for key in self._held if key[0] == name and key[1] not in store.work]:
+            del self._held[key]
         for key in [key for key in self._taken if key[0] == name and key[1] not in store.work]:
             del self._taken[key]
         for key in [key for key in self._unknown if key[0] == name and key[1] not in store.work]:
@@ -486,23 +494,24 @@ class Live:
         self._failed[key] = math.inf  # said once
 
     def _order(self, store: Stored, now: float) -> None:
-        """lone-put-order, for the hand-outs since the last check."""
+        """lone-put-order, for the hand-outs since the last check: none at a window
+        of one while an older item had been free in the store, and held free by
+        the consumer's view, for ``order`` seconds, and still is (what the view
+        does not know is view-knows-work's and view-taken-freed's to judge)."""
+        free = {item for item, (_, value) in store.work.items()
+                if item not in store.locks and '"o":' not in value}
         for out in self.history.hand_outs[self._judged:]:
+            cut = out.time - self.bounds.order
             older = [item for item, since in self._free.items()
-                     if item < out.item and since <= out.time - self.bounds.order]
+                     if item < out.item and item in free and since <= cut
+                     and self._held.get((out.consumer, item), math.inf) <= cut]
             if older and out.fifo:
                 self._seen("lone-put-order", f"item {out.item} was handed out at "
-                           f"{out.time:.3f} while the older {older[0]} had been free since "
-                           f"{self._free[older[0]]:.3f}")
+                           f"{out.time:.3f} while the older {older[0]}, free since "
+                           f"{self._free[older[0]]:.3f}, was held free by its view")
             self._free.pop(out.item, None)
         self._judged = len(self.history.hand_outs)
-        for item, (_, value) in store.work.items():
-            if item in store.locks or '"o":' in value:
-                self._free.pop(item, None)
-            else:
-                self._free.setdefault(item, now)
-        for item in [item for item in self._free if item not in store.work]:
-            del self._free[item]
+        self._free = {item: self._free.get(item, now) for item in sorted(free)}
 
 
 # -- checked at the end ------------------------------------------------------------------
