@@ -47,6 +47,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     schedule = dict(MUTANTS[args.mutant].options) if args.mutant else {}
     args.consumers = schedule.get("consumers", 3) if args.consumers is None else args.consumers
     args.workers = schedule.get("workers", 1) if args.workers is None else args.workers
+    # The rest of the mutant's schedule (its fault rates, follow-up puts) has no flag.
+    extra = {key: value for key, value in schedule.items() if key not in ("consumers", "workers")}
     if args.consumers + args.workers < 1 or args.workers < 0 or args.items < 1 \
             or args.seeds < 1:
         print("sim: --items, --seeds and --consumers plus --workers must be at least 1",
@@ -59,7 +61,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for seed in seeds:
         with mutant(args.mutant):
             result = simulate(seed, consumers=args.consumers, items=args.items,
-                              faults=args.faults, workers=args.workers)
+                              faults=args.faults, workers=args.workers, **extra)
         runs += 1
         steps += result.handovers + result.requests
         if args.trace and args.seed is not None:
