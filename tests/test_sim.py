@@ -9,7 +9,8 @@ from typing import Iterator, List, Tuple
 import pytest
 
 from etcdq_v2.testing.sim.__main__ import main
-from etcdq_v2.testing.sim.invariants import NAMES
+from etcdq_v2.testing.sim.actors import History
+from etcdq_v2.testing.sim.invariants import NAMES, Stored, waits_agree
 from etcdq_v2.testing.sim.mutants import MUTANTS, mutant
 from etcdq_v2.testing.sim.simulation import simulate
 
@@ -79,3 +80,12 @@ def test_a_known_defect_put_back_breaks_its_invariant(name: str, seeds: int) -> 
 def test_every_mutant_names_an_invariant_the_simulator_checks() -> None:
     for name, found in MUTANTS.items():
         assert found.invariant in NAMES, name
+
+
+def test_an_outcome_wait_returned_that_the_store_does_not_hold_breaks_wait_agrees() -> None:
+    history = History()
+    history.waits = [("a", "a", "completed"), ("b", "b", "failed")]
+    store = Stored(work={}, completed={"a": (5, "{}")}, failed={})
+    assert [v.name for v in waits_agree(history, store)] == ["wait-agrees"]  # b is nowhere
+    store.failed["b"] = (7, "{}")
+    assert list(waits_agree(history, store)) == []
