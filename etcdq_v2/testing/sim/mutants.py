@@ -266,6 +266,15 @@ def _list_once(original: Callable[..., Any]) -> Callable[..., Any]:
     return list_
 
 
+def _record_forgets(original: Callable[..., Any]) -> Callable[..., Any]:
+    """An outcome record's event makes every view forget the item, also while
+    its finisher's lock is there: a finisher that dies between F2 and F3 leaves
+    it in work/, unknown to the views that watch, until their next listing."""
+    def record(self: QueueView, item_id: str) -> None:
+        self._forget(item_id)
+    return record
+
+
 def _orphans_waited_for(original: Callable[..., Any]) -> Callable[..., Any]:
     """Orphans (recorded items whose F3 never came) are offered only to a claim
     that waits: a walk that dropped one leaves it out for good."""
@@ -347,6 +356,10 @@ MUTANTS: Dict[str, Mutant] = {
         [(QueueView, "_list", _list_once)], "view-knows-work",
         "a watching follower whose stream ended subscribes again without listing "
         "work/ and locks/", {"consumers": 1, "workers": 0}),
+    "record-forgets-item": Mutant(
+        [(QueueView, "_record", _record_forgets)], "view-knows-work",
+        "an outcome record's event forgets its item while its finisher's lock is there",
+        {"rates": FaultRates(silence_stream=0, restore=0)}),
     "orphans-never-offered": Mutant(
         [(QueueView, "offer_due", _orphans_waited_for)], "liveness",
         "recorded items whose F3 never came offered only to a claim that waits"),
