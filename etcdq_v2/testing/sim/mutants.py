@@ -20,8 +20,8 @@ from ...claim import Heartbeat
 from ...errors import AmbiguousWrite, CompareFailed, KeyMissing
 from ...protocol import Entry, Protocol, Version
 from ...transport import Transport
-from .net import FaultRates
 from ...view import QueueView
+from .net import FaultRates
 
 #: A patch: (owner, attribute, replacement(original)).
 Patch = Tuple[Any, str, Callable[[Any], Any]]
