@@ -296,17 +296,21 @@ class ViewState:
 def view_state(queue: Queue) -> Optional[ViewState]:
     """The state of ``queue``'s view (None: it has none, or not ready, or closed).
 
-    The one reader of QueueView's fields in the simulator: the view's state
-    may move into another shape, and this function follows it.  No lock is
-    taken: one sim-thread runs at a time, and the view changes its state
-    under its lock without blocking in between."""
+    The one reader of the view's state in the simulator (``QueueView.state``,
+    a :class:`~etcdq_v2.viewstate.ViewState`): the state may move into
+    another shape, and this function follows it.  No lock is taken: one
+    sim-thread runs at a time, and the view changes its state under its lock
+    without blocking in between."""
     view = queue._view
-    if view is None or view._closed or not view._ready:
+    if view is None:
+        return None
+    state = view.state
+    if state.closed or not state.ready:
         return None
     now = view._runtime.monotonic()
-    held = {item for item, due in view._orphans.items() if due > now}
-    taken = (set(view._locks) | view._recorded | held) - set(view._trying)
-    return ViewState(dict(view._items), taken & set(view._items), view.watching_locks)
+    held = {item for item, due in state.orphans.items() if due > now}
+    taken = (set(state.locks) | state.recorded | held) - set(state.trying)
+    return ViewState(dict(state.items), taken & set(state.items), state.watching)
 
 
 @dataclass

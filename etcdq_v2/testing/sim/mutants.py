@@ -15,13 +15,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ...driver import run
-from ... import view as view_module
+from ... import viewstate as viewstate_module
 from ...claim import Heartbeat
 from ...errors import AmbiguousWrite, CompareFailed, KeyMissing
 from ...protocol import Entry, Protocol, Version
+from ...steps import Step, Steps, put
 from ...transport import Transport
 from ...view import QueueView
+from ...viewstate import Listing, Relist, Round, ViewState
 from .net import FaultRates
 
 #: A patch: (owner, attribute, replacement(original)).
@@ -38,14 +39,14 @@ class Mutant:
 
 
 # -- commits and claims ---------------------------------------------------------------
-def _f1_unfenced(self: Protocol, state: Any, kind: str, marked: str) -> Optional[Entry]:
-    """F1 without its prevIndex fence: a stale claim's commit overwrites the item."""
-    key = self.layout.key("work", state.id)
+def _f1_unfenced(self: Steps, state: Any, kind: str, marked: str) -> Step[Optional[Entry]]:
+    """F1 without its prevIndex fence: a stale claim's commit overwrites the
+    item (every F1: a finisher's and C3's dead letter)."""
     try:
-        reply = self.etcd.put(key, marked)
-        return Entry(state.id, reply.written_index, marked)
+        reply = yield from put(self.layout.key("work", state.id), marked)
     except (CompareFailed, KeyMissing):
-        return run(self._our_commit(state, kind), self.etcd)
+        return (yield from self._our_commit(state, kind))
+    return Entry(state.id, reply.written_index, marked)
 
 
 def _plain_refresh(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -181,88 +182,84 @@ def _no_round_end(original: Any) -> Any:
 def _listing_keeps_backoff(original: Callable[..., Any]) -> Callable[..., Any]:
     """A listing of work/ that worked leaves the misses' relist backoff on:
     after a failed one, a quiet view relists up to a lock TTL late."""
-    def take_listing(self: QueueView, index: int, work: Any, delayed: Any) -> None:
-        kept = self._relist_after, self._work_retry
+    def take_listing(self: ViewState, index: int, work: Any, delayed: Any) -> None:
+        kept = self.relist_after, self.work_retry
         original(self, index, work, delayed)
-        self._relist_after, self._work_retry = kept
+        self.relist_after, self.work_retry = kept
     return take_listing
 
 
 def _full_listing_wrong_timer(original: Callable[..., Any]) -> Callable[..., Any]:
     """A failed once-per-lock-TTL listing of work/ is due again a lock TTL later
     (the locks/ timer it was on), not after the work/ backoff."""
-    def work_unlisted(self: QueueView, exc: Any, full: bool) -> None:
-        original(self, exc, False)
-        if full:
-            self._locks_listed = self._runtime.monotonic()
+    def work_unlisted(self: ViewState, relist: Relist, now: float) -> float:
+        retry: float = original(self, Relist(relist.generation, False), now)
+        if relist.full:
+            self.locks_listed = now
+        return retry
     return work_unlisted
 
 
 def _catch_up_relists(original: Callable[..., Any]) -> Callable[..., Any]:
     """A catch-up goes through relist(): the view is unready until a listing
     works, and every claim of the process fails meanwhile, its own items free."""
-    def catch_up(self: QueueView, timeout: float) -> bool:
-        with self._cond:
-            behind = self._behind
-            if not behind or self._closed:
-                return False
-        self.relist(timeout)
-        return True
-    return catch_up
+    def catch_up_how(self: ViewState) -> str:
+        return "relist"
+    return catch_up_how
 
 
 def _own_puts_first(original: Callable[..., Any]) -> Callable[..., Any]:
     """A watching view offers its own puts ahead of what it knows after any
     error of its follower (a stream reset), not only a failed listing of work/."""
-    def catch_up(self: QueueView, timeout: float) -> bool:
-        with self._cond:
-            self._unlisted = self._unlisted or self._error is not None
-        held: bool = original(self, timeout)
-        return held
-    return catch_up
+    def catch_up_how(self: ViewState) -> str:
+        self.unlisted = self.unlisted or self.error is not None
+        how: str = original(self)
+        return how
+    return catch_up_how
 
 
 def _stale_check_applied(original: Callable[..., Any]) -> Callable[..., Any]:
-    """A check's listing of locks/ decided before the follower listed anew is
+    """A check's listing of locks/ decided before the view listed anew is
     applied after it: an item whose lock expired unheard stays taken."""
-    def list_locks(self: QueueView, follower: Any, full: bool = False,
-                   round_: Optional[int] = None) -> None:
-        original(self, follower, full, None)
-    return list_locks
+    def apply_locks(self: ViewState, generation: int, relists: Optional[int],
+                    locks: Listing, **kwargs: Any) -> None:
+        original(self, generation, None, locks, **kwargs)
+    return apply_locks
 
 
 def _replaced_follower_applied(original: Callable[..., Any]) -> Callable[..., Any]:
-    """A listing of locks/ decided under a follower since replaced is applied:
-    older than the new follower's events, it marks a released item locked."""
-    def list_locks(self: QueueView, follower: Any, full: bool = False,
-                   round_: Optional[int] = None) -> None:
-        original(self, self._follower, full, round_)
-    return list_locks
+    """A listing of locks/ decided under a round since replaced is applied:
+    older than the new round's events, it marks a released item locked."""
+    def apply_locks(self: ViewState, generation: int, relists: Optional[int],
+                    locks: Listing, **kwargs: Any) -> None:
+        original(self, self.generation, relists, locks, **kwargs)
+    return apply_locks
 
 
 def _gone_sign_dropped(original: Callable[..., Any]) -> Callable[..., Any]:
     """A sign that the lock went, arriving while a claim attempt on the item is
     under way, is dropped: the attempt's end marks the item taken after its lock went."""
-    def unlocked(self: QueueView, item_id: str, index: int) -> None:
-        trying = self._trying.pop(item_id, None)
+    def unlocked(self: ViewState, item_id: str, index: int) -> None:
+        trying = self.trying.pop(item_id, None)
         try:
             original(self, item_id, index)
         finally:
             if trying is not None:
-                self._trying[item_id] = trying
-                self._gone.pop(item_id, None)
+                self.trying[item_id] = trying
+                self.gone.pop(item_id, None)
     return unlocked
 
 
 def _list_once(original: Callable[..., Any]) -> Callable[..., Any]:
-    """A follower whose stream ended (or whose round did) subscribes again
-    without listing: what was written between the two streams is never seen."""
-    def list_(self: QueueView, follower: Any) -> Dict[str, int]:
-        floors = follower.__dict__.get("_floors")
-        if floors is not None and follower.directory is not None:
-            return dict(floors)
-        listed: Dict[str, int] = original(self, follower)
-        follower.__dict__["_floors"] = dict(listed)
+    """A watching round whose stream ended (or whose ROUND did) subscribes
+    again without listing: what was written between the two streams is never
+    seen.  The rule is the driver's: _Follower._follow lists on each stream."""
+    def list_(self: QueueView, round_: Round, since: Optional[int]) -> Dict[str, int]:
+        floors = self.__dict__.setdefault("_floors", {})
+        if round_.watching and round_.generation in floors:
+            return dict(floors[round_.generation])
+        listed: Dict[str, int] = original(self, round_, since)
+        floors[round_.generation] = dict(listed)
         return listed
     return list_
 
@@ -271,22 +268,27 @@ def _record_forgets(original: Callable[..., Any]) -> Callable[..., Any]:
     """An outcome record's event makes every view forget the item, also while
     its finisher's lock is there: a finisher that dies between F2 and F3 leaves
     it in work/, unknown to the views that watch, until their next listing."""
-    def record(self: QueueView, item_id: str) -> None:
-        self._forget(item_id)
+    def record(self: ViewState, item_id: str, now: float) -> None:
+        self.forget(item_id)
     return record
 
 
 def _orphans_waited_for(original: Callable[..., Any]) -> Callable[..., Any]:
     """Orphans (recorded items whose F3 never came) are offered only to a claim
-    that waits: a walk that dropped one leaves it out for good."""
-    def offer_due(self: QueueView) -> None:
-        return None
-    return offer_due
+    that waits (wait_for_change), not at a claim round's tick: a walk that
+    dropped one leaves it out while claims find other work."""
+    def tick(self: ViewState, now: float) -> Any:
+        orphans, self.orphans = self.orphans, {}
+        try:
+            return original(self, now)
+        finally:
+            self.orphans = orphans
+    return tick
 
 
 MUTANTS: Dict[str, Mutant] = {
     "f1-unfenced": Mutant(
-        [(Protocol, "_commit", lambda _: _f1_unfenced)], "no-commit-after-reclaim",
+        [(Steps, "commit_step", lambda _: _f1_unfenced)], "no-commit-after-reclaim",
         "F1 (the commit of an outcome on work/<id>) without its prevIndex fence"),
     "heartbeat-plain-refresh": Mutant(
         [(Transport, "put", _plain_refresh)], "refresh-of-own-lock",
@@ -310,7 +312,7 @@ MUTANTS: Dict[str, Mutant] = {
         "a put's read-back after a lost reply offers the index it read with the value "
         "the put sent (C2 on it undoes a commit)", {"rates": FaultRates(slow_reply=0.05), "follow_ups": 1.0, "consumers": 5}),
     "round-without-end": Mutant(
-        [(view_module, "ROUND", _no_round_end)], "view-knows-work",
+        [(viewstate_module, "ROUND", _no_round_end)], "view-knows-work",
         "a watching round that trusts its stream until it ends (no ROUND): a stream on "
         "a member restored from a snapshot misses items for good",
         {"consumers": 1, "workers": 0, "rates": FaultRates(lag=0.05, restore=1.0)}),
@@ -327,42 +329,42 @@ MUTANTS: Dict[str, Mutant] = {
         "a closed queue's claims (and one a claim() under way hands out) not marked lost: "
         "nothing refreshes them, and they say they hold their item"),
     "listing-keeps-relist-backoff": Mutant(
-        [(QueueView, "_take_listing", _listing_keeps_backoff)], "lone-put-order",
+        [(ViewState, "take_listing", _listing_keeps_backoff)], "lone-put-order",
         "a listing of work/ that worked leaves the relist backoff of a failed one on",
         {"consumers": 1, "workers": 0}),
     "full-listing-wrong-timer": Mutant(
-        [(QueueView, "_work_unlisted", _full_listing_wrong_timer)], "view-taken-freed",
+        [(ViewState, "work_unlisted", _full_listing_wrong_timer)], "view-taken-freed",
         "a failed once-per-lock-TTL listing due again a lock TTL later, not after the "
         "work/ backoff", {"consumers": 1, "workers": 0}),
     "catch-up-makes-view-unready": Mutant(
-        [(QueueView, "catch_up", _catch_up_relists)], "lone-put-order",
+        [(ViewState, "catch_up_how", _catch_up_relists)], "lone-put-order",
         "a catch-up for own puts through relist(): the view unready, claims failing",
         {"consumers": 1, "workers": 0}),
     "own-puts-first-after-stream-error": Mutant(
-        [(QueueView, "catch_up", _own_puts_first)], "lone-put-order",
+        [(ViewState, "catch_up_how", _own_puts_first)], "lone-put-order",
         "own puts offered ahead of older items after any follower error, not only a "
         "failed listing of work/", {"consumers": 1, "workers": 0}),
     "stale-lock-check-applied": Mutant(
-        [(QueueView, "_list_locks", _stale_check_applied)], "view-taken-freed",
+        [(ViewState, "apply_locks", _stale_check_applied)], "view-taken-freed",
         "a check's listing of locks/ applied after the follower listed anew"),
     "replaced-follower-listing-applied": Mutant(
-        [(QueueView, "_list_locks", _replaced_follower_applied)], "view-taken-freed",
+        [(ViewState, "apply_locks", _replaced_follower_applied)], "view-taken-freed",
         "a listing of locks/ decided under a replaced follower applied after the new "
         "one's events"),
     "gone-sign-dropped-during-attempt": Mutant(
-        [(QueueView, "_unlocked", _gone_sign_dropped)], "view-taken-freed",
+        [(ViewState, "unlocked", _gone_sign_dropped)], "view-taken-freed",
         "a sign that a lock went, arriving during a claim attempt, dropped (the "
-        "_trying rule)"),
+        "trying rule)"),
     "stream-end-without-relisting": Mutant(
         [(QueueView, "_list", _list_once)], "view-knows-work",
         "a watching follower whose stream ended subscribes again without listing "
         "work/ and locks/", {"consumers": 1, "workers": 0}),
     "record-forgets-item": Mutant(
-        [(QueueView, "_record", _record_forgets)], "view-knows-work",
+        [(ViewState, "_record", _record_forgets)], "view-knows-work",
         "an outcome record's event forgets its item while its finisher's lock is there",
         {"rates": FaultRates(silence_stream=0, restore=0)}),
     "orphans-never-offered": Mutant(
-        [(QueueView, "offer_due", _orphans_waited_for)], "liveness",
+        [(ViewState, "tick", _orphans_waited_for)], "liveness",
         "recorded items whose F3 never came offered only to a claim that waits"),
 }
 

@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, cast
 from ...keys import Layout
 from ...queue import Queue
 from ...transport import connect
-from ...view import ROUND
+from ...viewstate import ROUND
 from ...wire import Member
 from ...worker import Worker
 from . import invariants
