@@ -77,6 +77,13 @@ def test_a_known_defect_put_back_breaks_its_invariant(name: str, seeds: int) -> 
     assert simulate(seed, **MUTANTS[name].options).violations == []
 
 
+def test_every_mutant_patches_a_rule_the_library_has() -> None:
+    # A patch of an attribute the owner no longer defines (a rule moved) puts nothing back.
+    for name, found in MUTANTS.items():
+        for owner, attribute, _ in found.patches:
+            assert attribute in vars(owner), (name, owner, attribute)
+
+
 def test_every_mutant_names_an_invariant_the_simulator_checks() -> None:
     for name, found in MUTANTS.items():
         assert found.invariant in NAMES, name
