@@ -28,7 +28,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, default=10, help="how many seeds, from --first")
     parser.add_argument("--first", type=int, default=0, help="the first seed of --seeds")
     parser.add_argument("--seed", type=int, help="run (replay) this one seed")
-    parser.add_argument("--consumers", type=int, default=3)
+    parser.add_argument("--consumers", type=int,
+                        help="claim loops (default 3, or the --mutant's schedule's)")
+    parser.add_argument("--workers", type=int,
+                        help="Workers with concurrency (default 1, or the --mutant's schedule's)")
     parser.add_argument("--items", type=int, default=20)
     parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--trace", help="write the run's trace here (with --seed)")
@@ -41,8 +44,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    if args.consumers < 1 or args.items < 1 or args.seeds < 1:
-        print("sim: --consumers, --items and --seeds must be at least 1", file=sys.stderr)
+    schedule = dict(MUTANTS[args.mutant].options) if args.mutant else {}
+    args.consumers = schedule.get("consumers", 3) if args.consumers is None else args.consumers
+    args.workers = schedule.get("workers", 1) if args.workers is None else args.workers
+    # The rest of the mutant's schedule (its fault rates, follow-up puts) has no flag.
+    extra = {key: value for key, value in schedule.items() if key not in ("consumers", "workers")}
+    if args.consumers + args.workers < 1 or args.workers < 0 or args.items < 1 \
+            or args.seeds < 1:
+        print("sim: --items, --seeds and --consumers plus --workers must be at least 1",
+              file=sys.stderr)
         return 2
     logging.getLogger("etcdq_v2").setLevel(logging.CRITICAL)  # faults make it talk
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
@@ -51,7 +61,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for seed in seeds:
         with mutant(args.mutant):
             result = simulate(seed, consumers=args.consumers, items=args.items,
-                              faults=args.faults)
+                              faults=args.faults, workers=args.workers, **extra)
         runs += 1
         steps += result.handovers + result.requests
         if args.trace and args.seed is not None:
@@ -62,7 +72,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"FAIL seed={seed} invariant={violation.name}: {violation.detail}")
         if result.violations:
             print(f"  replay: python -m etcdq_v2.testing.sim --seed {seed} "
-                  f"--consumers {args.consumers} --items {args.items} "
+                  f"--consumers {args.consumers} --workers {args.workers} --items {args.items} "
                   f"{'--faults' if args.faults else '--no-faults'} --trace sim-{seed}.trace"
                   + (f" --mutant {args.mutant}" if args.mutant else ""))
             if not args.keep_going:

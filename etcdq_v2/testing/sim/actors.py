@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set, Tuple
 
 from ...claim import Claim
-from ...errors import EtcdqError
+from ...errors import EtcdqError, QueueClosed
 from ...queue import Queue
+from ...worker import Worker, current_task
 
 if TYPE_CHECKING:
     from .net import Network
@@ -29,6 +30,8 @@ class HandOut:
     index: int  # the claim's C2 index
     consumer: str
     token: str = ""  # the claim's token, which its writes of work/<id> carry
+    #: Claimed at a window of one item, and no lost race in the call: from the head.
+    fifo: bool = False
 
 
 @dataclass
@@ -65,13 +68,46 @@ class History:
     seq: int = 0
     #: item -> (since when, the claims) of two or more open claims saying they are not lost.
     _overlapping: Dict[str, Tuple[float, List[Claim]]] = field(default_factory=dict)
+    #: Each consumer's (process's) current Queue, by name: the views the checks read.
+    queues: Dict[str, Queue] = field(default_factory=dict)
+    #: The node ids of each process's queues (its locks carry them), by name.
+    nodes: Dict[str, Set[str]] = field(default_factory=dict)
+    #: Each process's pauses, (from, to), by name; a killed one's lasts for ever.
+    paused: Dict[str, List[Tuple[float, float]]] = field(default_factory=dict)
+    #: When close() of a Queue returned, by id(queue).
+    closed: Dict[int, float] = field(default_factory=dict)
+    #: wait() calls that returned a record: (item waited for, the id it names, its state).
+    waits: List[Tuple[str, str, str]] = field(default_factory=list)
+    #: The claims a Worker's handlers got (their commits are the Worker's to make).
+    worked: List[Claim] = field(default_factory=list)
+
+    def hand_out(self, claim: Claim, consumer: str, now: float, fifo: bool = False) -> None:
+        """A claim was handed out to ``consumer``."""
+        index = claim._state.index  # the C2 index: what the invariants key claims by
+        self.hand_outs.append(HandOut(self.next(), now, claim.id, index, consumer,
+                                      claim._state.lock.token, fifo))
+        self.open.setdefault(claim.id, []).append(claim)
+        self.check_live_claims(now)
+
+    def closed_claim(self, claim: Claim, when: str) -> None:
+        """closed-claims-lost: an open claim of a closed queue says it is lost
+        (nothing refreshes its lock)."""
+        if claim.outcome is None and not claim.lost:
+            self.seen.append(("closed-claims-lost", f"the claim of item {claim.id} says it "
+                              f"is not lost, though {when}"))
+
+    def was_paused(self, name: str, since: float, now: float) -> bool:
+        """Whether ``name``'s process was paused (or killed) at some time in [since, now]."""
+        return any(start <= now and end >= since for start, end in self.paused.get(name, []))
 
     def check_live_claims(self, now: float) -> None:
         """one-live-claim: of the open claims of an item, at most one says it is
         not lost for longer than ``overlap``."""
         for item, claims in self.open.items():
             claims[:] = [claim for claim in claims if claim.outcome is None]
-            live = [claim for claim in claims if not claim.lost]
+            # One whose complete()/fail()/release() runs has left the item to its
+            # fence (its own give-back may have deleted the lock already).
+            live = [claim for claim in claims if not claim.lost and not settling(claim)]
             if len(live) < 2:
                 self._overlapping.pop(item, None)
                 continue
@@ -93,6 +129,14 @@ class History:
         self.errors[name] = self.errors.get(name, 0) + 1
 
 
+def settling(claim: Claim) -> bool:
+    """Whether the claim's complete(), fail() or release() runs: a thread other
+    than a heartbeat's refresher holds the claim's mutex (a SimLock, whose
+    holder is its ``_owner``; the heartbeat takes it for each refresh)."""
+    owner = getattr(claim._mutex, "_owner", None)
+    return owner is not None and owner.name != "etcdq-refresh"
+
+
 @dataclass
 class Plan:
     """What the actors do: drawn from the seed."""
@@ -101,6 +145,8 @@ class Plan:
     faults_until: float
     lock_ttl: int
     rng: random.Random
+    #: The share of completes, while faults last, after which a consumer puts an item.
+    follow_ups: float = 0.2
 
 
 def producer(queue: Queue, name: str, plan: Plan, history: History, count: int,
@@ -133,49 +179,166 @@ def producer(queue: Queue, name: str, plan: Plan, history: History, count: int,
         sim.sleep(rng.uniform(0.0, 2.0 * max(plan.faults_until * 0.8, 2.0) * size / count))
 
 
-def consumer(queue: Queue, name: str, plan: Plan, history: History,
+def consumer(make: Callable[[], Queue], name: str, plan: Plan, history: History,
              running: Callable[[], bool], network: "Network") -> None:
     """Claims until ``running()`` is False; completes, fails or releases at
-    random while faults last (sometimes pausing past its lock TTL), and only
-    completes once they stopped."""
+    random while faults last (sometimes pausing past its lock TTL, sometimes
+    putting a follow-up item as a pipeline stage does, sometimes with its
+    queue closed under it by another thread), and only completes once they
+    stopped.  ``make()`` opens its (next) Queue."""
+    queue = make()
     sim = queue.runtime
     rng = plan.rng
+    history.queues[name] = queue
+    history.nodes.setdefault(name, set()).add(queue.node_id)
     while running():
+        faulty = sim.monotonic() < plan.faults_until
+        if faulty and rng.random() < 0.02:
+            _close_soon(queue, history, rng.uniform(0.0, 1.0))
+        started, window = sim.monotonic(), _window(queue)
         try:
             claim = queue.claim(timeout=rng.uniform(0.5, 2.0))
+        except QueueClosed:  # closed under it: a new one, as a process would
+            queue = make()
+            history.queues[name] = queue
+            history.nodes[name].add(queue.node_id)
+            continue
         except EtcdqError as exc:
             history.error(exc)
             sim.sleep(0.5)
             continue
         if claim is None:
             continue
-        index = claim._state.index  # the C2 index: what the invariants key claims by
-        history.hand_outs.append(HandOut(history.next(), sim.monotonic(), claim.id, index, name,
-                                         claim._state.lock.token))
-        history.open.setdefault(claim.id, []).append(claim)
-        history.check_live_claims(sim.monotonic())
-        if sim.monotonic() < plan.faults_until and rng.random() < 0.1:
+        closed = history.closed.get(id(queue))
+        if closed is not None and closed <= started:
+            history.seen.append(("no-claim-after-close", f"{name} was handed item {claim.id} "
+                                 f"by a claim() called at {started:.3f}, after its queue's "
+                                 f"close() returned at {closed:.3f}"))
+        history.hand_out(claim, name, sim.monotonic(), fifo=window == _window(queue) == 1)
+        if id(queue) in history.closed:
+            history.closed_claim(claim, "its queue was closed while claim() ran")
+        if faulty and rng.random() < 0.1:
             pause = plan.lock_ttl * rng.uniform(0.5, 2.5)
             network.pause(name, pause)  # the whole process: its heartbeat too
             sim.sleep(pause + rng.uniform(0.0, 2.0 * plan.lock_ttl))  # and works on
         else:
             sim.sleep(rng.uniform(0.0, 0.5))
-        draw = rng.random() if sim.monotonic() < plan.faults_until else 0.0
-        kind = "complete" if draw < 0.7 else "fail" if draw < 0.85 else "release"
+        _settle(queue, claim, name, plan, history)
+
+
+def _window(queue: Queue) -> int:
+    """How many items from the head the queue's next claim looks at (docs/protocol.md,
+    "Where a claim looks"): 1 is put order."""
+    return queue._window
+
+
+def _settle(queue: Queue, claim: Claim, name: str, plan: Plan, history: History) -> None:
+    """Complete (and now and then put a follow-up), fail or release the claim."""
+    sim = queue.runtime
+    rng = plan.rng
+    faulty = sim.monotonic() < plan.faults_until
+    draw = rng.random() if faulty else 0.0
+    kind = "complete" if draw < 0.7 else "fail" if draw < 0.85 else "release"
+    index = claim._state.index
+    try:
+        if kind == "complete":
+            claim.complete({"by": name})
+        elif kind == "fail":
+            claim.fail("simulated failure", delay=rng.choice([None, 0.5]))
+        else:
+            claim.release(delay=rng.choice([0, 0, 1]))
+    except EtcdqError as exc:
+        history.error(exc)
+        if claim.outcome is None:
+            claim.abandon()
+        return
+    history.commits.append(Commit(history.next(), sim.monotonic(), claim.id, index,
+                                  claim._state.lock.token, kind, claim.outcome))
+    if kind == "complete" and faulty and rng.random() < plan.follow_ups:
+        _put_one(queue, f"{claim.id}-next", history)
+
+
+def _put_one(queue: Queue, payload: str, history: History) -> None:
+    """A put of this process, recorded as the producers' are."""
+    try:
+        item_id = queue.put(payload)
+    except EtcdqError as exc:
+        history.error(exc)
+        history.doubtful.append(payload)
+        return
+    history.next()
+    history.puts[item_id] = (queue.runtime.monotonic(), payload)
+
+
+def _close_soon(queue: Queue, history: History, after: float) -> None:
+    """Another thread of the process closes ``queue`` ``after`` seconds from now."""
+    sim = queue.runtime
+
+    def close() -> None:
+        sim.sleep(after)
+        queue.close()
+        history.closed.setdefault(id(queue), sim.monotonic())
+        for claims in history.open.values():
+            for claim in claims:
+                if claim._heartbeat is queue._heartbeat:
+                    history.closed_claim(claim, "its queue's close() returned")
+    sim.Thread(close, name="closer", daemon=True).start()
+
+
+def worker(queue: Queue, name: str, plan: Plan, history: History,
+           started: List[Worker]) -> None:
+    """A Worker with concurrency on ``queue``: its handler works a while and
+    returns (completed) or, while faults last, raises (failed, retried)."""
+    sim = queue.runtime
+    rng = plan.rng
+    history.queues[name] = queue
+    history.nodes.setdefault(name, set()).add(queue.node_id)
+
+    def handle(payload: object) -> Dict[str, str]:
+        task = current_task()
+        history.hand_out(task.claim, name, sim.monotonic())
+        history.worked.append(task.claim)
+        # Some run for a few refreshes of their lock: the heartbeat keeps several going.
+        task.cancelled.wait(rng.uniform(0.0, 1.0) if rng.random() < 0.7
+                            else rng.uniform(plan.lock_ttl, 3.0 * plan.lock_ttl))
+        if sim.monotonic() < plan.faults_until and rng.random() < 0.15:
+            raise RuntimeError("simulated handler failure")
+        return {"by": name}
+
+    made = Worker(queue, handle, concurrency=rng.choice([2, 4, 8]), claim_timeout=1.0,
+                  install_signal_handlers=False)
+    started.append(made)
+    made.run()
+
+
+def operator(queue: Queue, plan: Plan, history: History) -> None:
+    """While faults last, now and then requeues a dead letter (a cancelled or
+    dead-lettered item) or waits a while for an item's outcome."""
+    sim = queue.runtime
+    rng = plan.rng
+    while sim.monotonic() < plan.faults_until:
+        sim.sleep(rng.uniform(1.0, 5.0))
         try:
-            if kind == "complete":
-                claim.complete({"by": name})
-            elif kind == "fail":
-                claim.fail("simulated failure", delay=rng.choice([None, 0.5]))
-            else:
-                claim.release(delay=rng.choice([0, 0, 1]))
+            if rng.random() < 0.5:
+                _requeue_one(queue, history, rng)
+            elif history.puts:
+                item = rng.choice(sorted(history.puts))
+                info = queue.wait(item, timeout=rng.uniform(0.5, 10.0))
+                if info is not None:
+                    history.waits.append((item, info.id, info.state))
         except EtcdqError as exc:
             history.error(exc)
-            if claim.outcome is None:
-                claim.abandon()
-            continue
-        history.commits.append(Commit(history.next(), sim.monotonic(), claim.id, index,
-                                      claim._state.lock.token, kind, claim.outcome))
+
+
+def _requeue_one(queue: Queue, history: History, rng: random.Random) -> None:
+    """Requeue one dead letter, if there is one: its new id is a put acknowledged."""
+    dead = [info.id for info in queue.items("failed")]
+    if not dead:
+        return
+    item = rng.choice(sorted(dead))
+    new_id = queue.requeue(item)
+    history.next()
+    history.puts[new_id] = (queue.runtime.monotonic(), history.puts.get(item, (0.0, item))[1])
 
 
 def canceller(queue: Queue, plan: Plan, history: History) -> None:

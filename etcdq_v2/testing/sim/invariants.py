@@ -30,23 +30,57 @@ cancel-wins                no item that cancel() returned True for was handed ou
                            after it, nor completed OK
 liveness                   once faults stop, every stored item has its record
                            in completed/ or failed/ within LIVENESS_BOUND
+no-claim-after-close       no claim() called after its queue's close() returned
+                           handed out a claim
+closed-claims-lost         every open claim of a closed queue says it is lost,
+                           from the moment close() returns (also one a claim()
+                           under way then hands out)
+refresh-of-own-lock        no refresh of a lock that applied found another claim's
+                           lock there (read from the committed log: the request's
+                           sender and the reply's prevNode)
+heartbeat-on-time          the refresh of every open claim of a running process is
+                           on the network within 0.5 s of its due time (lock_ttl/3
+                           after its last confirmation's send, or 1 s after a
+                           refresh that failed), each claim's on its own
+one-version                every index a view or a claim holds for an item is of
+                           the write that wrote the value it holds (the log)
+view-taken-freed           no item stays taken in a view for longer than
+                           TAKEN_BOUND after its lock went (the store has none)
+view-knows-work            no item stays in work/ unknown to a ready view for
+                           longer than KNOWN_BOUND
+lone-put-order             in a run with one consumer, no item is handed out at a
+                           window of one (no lost race since: docs/protocol.md,
+                           "Where a claim looks") while an older one had been
+                           free in the store, and held free by its view, for
+                           ORDER_SLACK
+wait-agrees                every outcome wait() returned is the item's record at
+                           the end
 no-thread-died             no sim-thread of the library died of an exception
 no-deadlock                the run's sim-threads never all waited with no deadline
 =========================  =====================================================
+
+The checks made as the run goes (:class:`Live`) read a view's state only
+through :func:`view_state`, and a claim's only through :func:`claim_state`.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
-from ...codec import Item, Junk, Record
-from .actors import Commit, History
+from ...claim import Claim
+from ...codec import Item, Junk, Lock, Record
+from ...queue import Queue
+from .actors import Commit, History, settling
 from .api import Request, answer_local
 from .cluster import Cluster
 
 NAMES = ("acknowledged-put-kept", "stored-once", "one-outcome", "no-commit-after-reclaim",
-         "no-hand-out-after-outcome", "one-live-claim", "delay-kept", "cancel-wins", "liveness", "no-thread-died", "no-deadlock")
+         "no-hand-out-after-outcome", "one-live-claim", "delay-kept", "cancel-wins", "liveness",
+         "no-claim-after-close", "closed-claims-lost", "refresh-of-own-lock", "heartbeat-on-time", "one-version",
+         "view-taken-freed", "view-knows-work", "lone-put-order", "wait-agrees",
+         "no-thread-died", "no-deadlock")
 
 
 @dataclass
@@ -63,6 +97,7 @@ class Stored:
     work: Dict[str, Tuple[int, str]]
     completed: Dict[str, Tuple[int, str]]
     failed: Dict[str, Tuple[int, str]]
+    locks: Dict[str, Tuple[int, str]] = field(default_factory=dict)
 
     def finished(self) -> Dict[str, str]:
         return {**{i: "completed" for i in self.completed}, **{i: "failed" for i in self.failed}}
@@ -74,7 +109,8 @@ def stored(cluster: Cluster, root: str, now: float) -> Stored:
     reply = answer_local(member.store, Request("GET", root, recursive=True, sorted=True),
                          member.clock(now))
     doc = json.loads(reply.body) if reply.status == 200 else {}
-    dirs: Dict[str, Dict[str, Tuple[int, str]]] = {"work": {}, "completed": {}, "failed": {}}
+    dirs: Dict[str, Dict[str, Tuple[int, str]]] = {"work": {}, "completed": {}, "failed": {},
+                                                   "locks": {}}
     for directory in (doc.get("node") or {}).get("nodes", []):
         name = directory["key"].rsplit("/", 1)[1]
         if name in dirs:
@@ -82,7 +118,7 @@ def stored(cluster: Cluster, root: str, now: float) -> Stored:
                 if not node.get("dir"):
                     dirs[name][node["key"].rsplit("/", 1)[1]] = (node["modifiedIndex"],
                                                                 node.get("value", ""))
-    return Stored(dirs["work"], dirs["completed"], dirs["failed"])
+    return Stored(dirs["work"], dirs["completed"], dirs["failed"], dirs["locks"])
 
 
 def _work_writes(cluster: Cluster, root: str) -> Iterator[Tuple[str, str, int]]:
@@ -242,3 +278,279 @@ def _cancel_wins(history: History) -> Iterator[Violation]:
             if commit.item == item and commit.outcome == "completed":
                 yield Violation("cancel-wins", f"item {item} was completed OK at "
                                 f"{commit.time:.3f}, and cancel() returned True")
+
+
+# -- the library's state, read in one place each ---------------------------------------
+@dataclass
+class ViewState:
+    """What a consumer's view holds (see :func:`view_state`)."""
+
+    #: Items in work/ it knows: id -> (index, value or None), one version each.
+    items: Dict[str, Tuple[int, Optional[str]]]
+    #: Items it offers to no claim on a sign that their lock (or their
+    #: finisher's) is there; not this process's claim attempts under way.
+    taken: Set[str]
+    watching: bool
+
+
+def view_state(queue: Queue) -> Optional[ViewState]:
+    """The state of ``queue``'s view (None: it has none, or not ready, or closed).
+
+    The one reader of the view's state in the simulator (``QueueView.state``,
+    a :class:`~etcdq_v2.viewstate.ViewState`): the state may move into
+    another shape, and this function follows it.  No lock is taken: one
+    sim-thread runs at a time, and the view changes its state under its lock
+    without blocking in between."""
+    view = queue._view
+    if view is None:
+        return None
+    state = view.state
+    if state.closed or not state.ready:
+        return None
+    now = view._runtime.monotonic()
+    held = {item for item, due in state.orphans.items() if due > now}
+    taken = (set(state.locks) | state.recorded | held) - set(state.trying)
+    return ViewState(dict(state.items), taken & set(state.items), state.watching)
+
+
+@dataclass
+class ClaimState:
+    """What an open claim holds (see :func:`claim_state`)."""
+
+    index: int
+    item: Item
+    confirmed: float  # boot_clock() of the last confirmation's send (-inf: another's)
+    lost: bool
+    refresh_failed: bool  # the heartbeat's last refresh got no answer
+    committing: bool  # complete()/fail()/release() runs (they confirm the lock themselves)
+    closed: bool  # its queue was closed
+    interval: float  # its heartbeat's: a refresh is due this long after the last one's send
+
+
+def claim_state(claim: Claim) -> ClaimState:
+    """The one reader of a Claim's internals in the simulator."""
+    state = claim._state
+    return ClaimState(state.index, state.item, state.confirmed, claim.lost,
+                      claim._refresh_error is not None, settling(claim),
+                      claim._heartbeat._closed, claim._heartbeat.interval)
+
+
+# -- checked as the run goes -------------------------------------------------------------
+@dataclass
+class Bounds:
+    lock_ttl: float
+    #: An item taken in a view after its lock went (the store has none).
+    taken: float
+    #: An item in work/ that a ready view does not hold.
+    known: float
+    #: How long an older item may have been free when a lone consumer is handed another.
+    order: float
+    #: How late a refresh may leave after its due time.
+    grace: float = 0.5
+
+
+@dataclass
+class Live:
+    """The invariants judged on the library's state as the run goes (every
+    ``check``): one-version, view-taken-freed, view-knows-work,
+    lone-put-order (``lone``: a run with one consumer) and heartbeat-on-time."""
+
+    history: History
+    cluster: Cluster
+    root: str
+    bounds: Bounds
+    lone: bool
+    #: (process, request path) -> when a request of it was last on the network (Network.touched).
+    touched: Dict[Tuple[str, str], float] = field(default_factory=dict)
+    #: (item, index) -> the value a write of work/<item> at that index wrote.
+    writes: Dict[Tuple[str, int], str] = field(default_factory=dict)
+    _read: int = 0
+    _unanswered: List[int] = field(default_factory=list)
+    _taken: Dict[Tuple[str, str], float] = field(default_factory=dict)
+    _unknown: Dict[Tuple[str, str], float] = field(default_factory=dict)
+    _free: Dict[str, float] = field(default_factory=dict)
+    #: (process, item) -> since when its view has held the item, not taken.
+    _held: Dict[Tuple[str, str], float] = field(default_factory=dict)
+    _judged: int = 0  # hand-outs judged by lone-put-order
+    _failed: Dict[int, float] = field(default_factory=dict)  # id(claim) -> refresh failure seen
+    #: The longest each bounded state lasted (figures: how close to the bound).
+    longest: Dict[str, float] = field(default_factory=dict)
+
+    def check(self, now: float, *, store: bool) -> None:
+        """The checks on the library's state; ``store``: also those that compare
+        it with the store (each costs a read of it)."""
+        self._read_writes()
+        held = stored(self.cluster, self.root, now) if store else None
+        for name, queue in sorted(self.history.queues.items()):
+            view = view_state(queue)
+            if view is None:
+                continue
+            for item, (index, raw) in view.items.items():
+                self._one_version(f"the view of {name}", item, index, raw)
+            if held is not None:
+                self._view(name, view, held, now)
+        self._claims(now)
+        if self.lone and held is not None:
+            self._order(held, now)
+
+    def _seen(self, name: str, detail: str) -> None:
+        self.history.seen.append((name, detail))
+
+    def _read_writes(self) -> None:
+        """Note the writes of work/ the log committed since the last check (one
+        whose member has not answered yet, when it has)."""
+        prefix = f"{self.root}/work/"
+        log = self.cluster.log
+        waiting, self._unanswered = self._unanswered + list(range(self._read, len(log))), []
+        self._read = len(log)
+        for position in waiting:
+            request, pending = log[position].request, log[position].pending
+            if request is None or pending is None or request.method != "PUT" \
+                    or not request.key.startswith(prefix) or request.refresh:
+                continue
+            if pending.reply is None:
+                self._unanswered.append(position)
+            elif pending.reply.status in (200, 201):
+                index = int(pending.reply.headers["x-etcd-index"])
+                self.writes[(request.key[len(prefix):], index)] = request.value
+
+    def _one_version(self, holder: str, item: str, index: int, raw: Optional[str],
+                     held: Optional[Item] = None) -> None:
+        """The value held at ``index`` (``raw``, or the decoded ``held``) is the
+        one written there."""
+        written = self.writes.get((item, index))
+        if written is None or (raw is None and held is None):
+            return
+        if held is not None:
+            try:
+                same = Item.decode(written) == held
+            except Junk:
+                same = False
+        else:
+            same = written == raw
+        if not same:
+            self._seen("one-version", f"{holder} holds item {item} at index {index} with "
+                       f"the value {raw!r}, but the write at that index wrote {written!r}")
+
+    def _view(self, name: str, view: ViewState, store: Stored, now: float) -> None:
+        for item in store.work:
+            gone = item in view.taken and item not in store.locks
+            self._bounded("view-taken-freed", self._taken, (name, item), gone, now,
+                          self.bounds.taken, f"item {item} is taken in the view of {name}, "
+                          "though it has no lock")
+            self._bounded("view-knows-work", self._unknown, (name, item),
+                          item not in view.items, now, self.bounds.known,
+                          f"item {item} is in work/ but not in the view of {name}")
+            if item in view.items and item not in view.taken:
+                self._held.setdefault((name, item), now)
+            else:
+                self._held.pop((name, item), None)
+        for key in [key for key in self._held if key[0] == name and key[1] not in store.work]:
+            del self._held[key]
+        for key in [key for key in self._taken if key[0] == name and key[1] not in store.work]:
+            del self._taken[key]
+        for key in [key for key in self._unknown if key[0] == name and key[1] not in store.work]:
+            del self._unknown[key]
+
+    def _bounded(self, invariant: str, since: Dict[Tuple[str, str], float],
+                 key: Tuple[str, str], holds: bool, now: float, bound: float,
+                 what: str) -> None:
+        """A state that may last up to ``bound``: a violation once it lasted longer."""
+        if not holds:
+            since.pop(key, None)
+            return
+        start = since.setdefault(key, now)
+        self.longest[invariant] = max(self.longest.get(invariant, 0.0), now - start)
+        if now - start > bound:
+            self._seen(invariant, f"{what} from {start:.3f} to {now:.3f} (bound {bound:g} s)")
+            since[key] = math.inf  # said once
+
+    def _claims(self, now: float) -> None:
+        owners = {(out.item, out.token): out.consumer for out in self.history.hand_outs}
+        for item, claims in self.history.open.items():
+            for claim in claims:
+                if claim.outcome is not None:
+                    continue
+                state = claim_state(claim)
+                self._one_version(f"the claim of {claim.id}", item, state.index, None,
+                                  state.item)
+                self._on_time(claim, state, owners.get((item, claim._state.lock.token), ""),
+                              now)
+
+    def _on_time(self, claim: Claim, state: ClaimState, owner: str, now: float) -> None:
+        """heartbeat-on-time: the refresh of an open claim's lock is on the network
+        within ``grace`` of its due time: interval after its last confirmation's
+        send, or a second after a refresh that failed (noted when first seen)."""
+        key = id(claim)
+        if not state.refresh_failed:
+            self._failed.pop(key, None)
+            due = state.confirmed + state.interval
+        else:
+            due = self._failed.setdefault(key, now) + min(1.0, state.interval)
+        if (state.lost or state.committing or state.closed or now <= due + self.bounds.grace
+                or self.history.was_paused(owner, due - state.interval, now)):
+            return
+        path = f"/v2/keys{self.root}/locks/{claim.id}"
+        if self.touched.get((owner, path), -math.inf) >= due - self.bounds.grace:
+            return  # a request of it went out since it was due, or waits for its reply
+        self._seen("heartbeat-on-time", f"the lock of item {claim.id} ({owner}), due for "
+                   f"its refresh at {due:.3f}, had no request on the network by {now:.3f}")
+        self._failed[key] = math.inf  # said once
+
+    def _order(self, store: Stored, now: float) -> None:
+        """lone-put-order, for the hand-outs since the last check: none at a window
+        of one while an older item had been free in the store, and held free by
+        the consumer's view, for ``order`` seconds, and still is (what the view
+        does not know is view-knows-work's and view-taken-freed's to judge)."""
+        free = {item for item, (_, value) in store.work.items()
+                if item not in store.locks and '"o":' not in value}
+        for out in self.history.hand_outs[self._judged:]:
+            cut = out.time - self.bounds.order
+            older = [item for item, since in self._free.items()
+                     if item < out.item and item in free and since <= cut
+                     and self._held.get((out.consumer, item), math.inf) <= cut]
+            if older and out.fifo:
+                self._seen("lone-put-order", f"item {out.item} was handed out at "
+                           f"{out.time:.3f} while the older {older[0]}, free since "
+                           f"{self._free[older[0]]:.3f}, was held free by its view")
+            self._free.pop(out.item, None)
+        self._judged = len(self.history.hand_outs)
+        self._free = {item: self._free.get(item, now) for item in sorted(free)}
+
+
+# -- checked at the end ------------------------------------------------------------------
+def refreshes_of_others(cluster: Cluster, root: str, senders: Dict[int, str],
+                        history: History) -> Iterator[Violation]:
+    """refresh-of-own-lock: every refresh of locks/<id> that applied found there a
+    lock of a claim its sender's process was handed (its node and token)."""
+    prefix = f"{root}/locks/"
+    claims: Dict[str, Set[Tuple[str, str]]] = {}  # process -> (item, token) handed to it
+    for out in history.hand_outs:
+        claims.setdefault(out.consumer, set()).add((out.item, out.token))
+    for entry in cluster.log:
+        request, pending = entry.request, entry.pending
+        if request is None or pending is None or pending.reply is None or not request.refresh:
+            continue
+        if not request.key.startswith(prefix) or pending.reply.status != 200:
+            continue
+        sender = senders.get(id(pending), "")
+        item = request.key[len(prefix):]
+        try:
+            lock = Lock.decode(json.loads(pending.reply.body)["prevNode"]["value"])
+        except (Junk, KeyError, ValueError):
+            continue
+        if (item, lock.token) not in claims.get(sender, set()):
+            yield Violation("refresh-of-own-lock", f"a refresh of {request.key} by {sender} "
+                            f"applied at index {pending.reply.headers.get('x-etcd-index')} "
+                            f"on the lock of another claim ({lock.node_id})")
+            return
+
+
+def waits_agree(history: History, store: Stored) -> Iterator[Violation]:
+    """wait-agrees: a completed outcome wait() returned is in completed/ at the
+    end; a failed one in failed/ (a dead letter, or its requeue's tombstone)."""
+    for item, named, state in history.waits:
+        where = store.completed if state == "completed" else store.failed
+        if named not in where:
+            yield Violation("wait-agrees", f"wait({item}) returned {named} {state}, which "
+                            f"is not in {'completed' if state == 'completed' else 'failed'}/")

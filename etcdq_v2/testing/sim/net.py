@@ -20,6 +20,8 @@ reset          Lost: the connection broke before the member received it
 lost_reply     the member applied it, the reply never came: Lost
 late           held on the way: the client times out (Lost), the member
                receives it ``late`` seconds later (past a lock TTL)
+slow_reply     the member applied it, its reply is held past the client's
+               timeout: Lost (timed out), while others see the write
 =============  ===============================================================
 
 and, by the courier thread (:meth:`Network.courier`): a member frozen for a
@@ -34,6 +36,7 @@ run holds both the hand-overs and the requests, in order.
 """
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from enum import Enum
@@ -55,6 +58,7 @@ class Fault(Enum):
     RESET = "reset"
     LOST_REPLY = "lost_reply"
     LATE = "late"
+    SLOW_REPLY = "slow_reply"
 
 
 @dataclass
@@ -75,9 +79,10 @@ class FaultRates:
     restore: float = 0.3
     #: A late request arrives this many seconds after it was sent, plus up to as much again.
     late_by: float = 8.0
+    slow_reply: float = 0.005
 
 
-NO_FAULTS = FaultRates(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+NO_FAULTS = FaultRates(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, slow_reply=0)
 
 
 @dataclass
@@ -90,6 +95,7 @@ class _Flight:
     sent: float
     pending: Optional[Pending] = None
     error: Optional[Exception] = None
+    client: str = ""
 
 
 class Network:
@@ -115,8 +121,18 @@ class Network:
         self._late: List[Tuple[float, _Flight]] = []
         self._streams: List["SimConnection"] = []
         self._paused: Dict[str, float] = {}
+        #: Each client's pauses, (from, to), by name; a killed one's lasts for ever.
+        self.spans: Dict[str, List[Tuple[float, float]]] = {}
+        #: client -> after how many of its requests its process dies (kill_after).
+        self._kill_at: Dict[str, int] = {}
+        self._sent_by: Dict[str, int] = {}
         self._thaw: Dict[int, float] = {}
         self._unlag: Dict[int, float] = {}
+        #: Which client sent each request a member received: id(its Pending) -> name.
+        self.senders: Dict[int, str] = {}
+        #: (client, path) -> the virtual time a request of it was last sent or
+        #: waited for (the invariants judge whether a heartbeat is on a lock).
+        self.touched: Dict[Tuple[str, str], float] = {}
 
     # -- endpoints ---------------------------------------------------------------
     def urls(self) -> List[str]:
@@ -141,8 +157,23 @@ class Network:
         that sends a request meanwhile sends it only when it resumes, its
         heartbeat's included."""
         self._paused[client] = max(self._paused.get(client, 0.0), self.sim.now + seconds)
+        self.spans.setdefault(client, []).append((self.sim.now, self._paused[client]))
         self._struck("pause")
         self.note(f"pause {client} until {self._paused[client]:.3f}")
+
+    def kill_after(self, client: str, count: int) -> None:
+        """``client``'s process dies (SIGKILL) once it sent ``count`` requests:
+        that one reaches its member, and from then on no thread of it reads a
+        reply or sends anything (its threads stop dead, nothing cleans up)."""
+        self._kill_at[client] = count
+
+    def _count(self, client: str) -> None:
+        sent = self._sent_by[client] = self._sent_by.get(client, 0) + 1
+        if sent == self._kill_at.get(client):
+            self._paused[client] = math.inf
+            self.spans.setdefault(client, []).append((self.sim.now, math.inf))
+            self._struck("kill")
+            self.note(f"kill {client}")
 
     @property
     def faulty(self) -> bool:
@@ -191,11 +222,14 @@ class Network:
             self.requests += 1
             if self.costs is not None:
                 self.costs.request(method, path, body)
+            self._count(client)
             fault = self._fault()
             refused = chained and fault is Fault.REFUSE
             self.note(f"{self.sim.current().name} {method} m{member} {path}"
                       + (f" {body}" if body else "") + (f" !{fault.value}" if fault else ""))
-            flights.append(_Flight(member, (method, path, body), fault, self.sim.now))
+            flights.append(_Flight(member, (method, path, body), fault, self.sim.now,
+                                   client=client))
+            self.touched[(client, path.split("?", 1)[0])] = self.sim.now
         self._trip()
         for flight in flights:
             self._deliver(flight)
@@ -219,16 +253,25 @@ class Network:
         method, path, body = flight.request
         try:
             flight.pending = self.cluster.request(flight.member, method, path, body, self.sim.now)
+            self.senders[id(flight.pending)] = flight.client
         except ConnectionRefusedError:
             flight.error = Refused("cannot connect: [Errno 111] Connection refused (simulated)")
 
     def finish(self, flight: _Flight, deadline: float) -> Response:
         """The flight's reply by ``deadline`` (virtual), or what wire would raise."""
+        if self._paused.get(flight.client) == math.inf:
+            self.sim.sleep(math.inf)  # killed: no reply is ever read
         if flight.error is not None:
             raise flight.error
         pending = flight.pending
-        if pending is None or not self.sim.wait_until(
-                lambda: pending.done, "a reply", max(deadline - self.sim.now, 0.0)):
+        try:
+            answered = pending is not None and self.sim.wait_until(
+                lambda: pending.done, "a reply", max(deadline - self.sim.now, 0.0))
+        finally:
+            self.touched[(flight.client, flight.request[1].split("?", 1)[0])] = self.sim.now
+        if pending is None or not answered or flight.fault is Fault.SLOW_REPLY:
+            if answered:  # applied; its reply comes after the client gave up
+                self.sim.sleep(max(deadline - self.sim.now, 0.0))
             raise Lost("timed out waiting for the reply", timed_out=True)
         reply = pending.reply
         assert reply is not None

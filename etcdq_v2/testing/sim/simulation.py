@@ -18,11 +18,13 @@ from typing import Callable, Dict, List, Optional, cast
 from ...keys import Layout
 from ...queue import Queue
 from ...transport import connect
+from ...viewstate import ROUND
 from ...wire import Member
+from ...worker import Worker
 from . import invariants
-from .actors import History, Plan, canceller, consumer, producer
+from .actors import Commit, History, Plan, canceller, consumer, operator, producer, worker
 from .cluster import SWEEP_PERIOD, Cluster
-from .invariants import Violation
+from .invariants import Bounds, Live, Violation
 from .net import NO_FAULTS, FaultRates, Network
 from .runtime import Deadlock, SimRuntime
 
@@ -35,8 +37,25 @@ FAULTS_FOR = 60.0
 #: backoff (at most 2 s here), and the view's idle stream timeout and listing
 #: round (60 s each) for a follower whose stream went silent.
 LIVENESS_BOUND = 2 * LOCK_TTL + 60.0 + 30.0
-#: Virtual seconds between two checks of the invariants checked as the run goes.
+#: Virtual seconds between two checks of one-live-claim, and of the others
+#: checked as the run goes (invariants.Live).
 CHECK_EVERY = 0.25
+CHECK_VIEWS_EVERY = 1.0
+#: An item may stay taken in a view after its lock went, or unknown to a ready
+#: view while it is in work/, this long: a watching view's round (ROUND) and
+#: its next listing, retried across failed members (a member frozen up to 15 s)
+#: and a lock TTL; a quiet view lists locks/ once per lock TTL while items are
+#: taken, and relists work/ when it starves.
+TAKEN_BOUND = KNOWN_BOUND = ROUND + 2 * LOCK_TTL + 20.0
+#: The same bound where every stream delivers what its member applies (no
+#: silent stream, no member restored from a snapshot): a consumer away from
+#: claiming for up to 4.5 lock TTLs (a pause, and its work after), then a
+#: quiet view's listing of locks/ once per lock TTL.
+TRUSTED_BOUND = 6 * LOCK_TTL
+#: A lone consumer may be handed an item while an older one is free this long:
+#: an item freed unseen (its lock expired) is found by the view's listing of
+#: locks/ once per lock TTL, whose failure is retried up to a lock TTL later.
+ORDER_SLACK = 2 * LOCK_TTL + 5.0
 #: The most a member's clock is ahead of the simulation's (and the clients').
 MAX_SKEW = 1.5
 ROOT = "/etcdq"
@@ -56,12 +75,18 @@ class Result:
     items: int = 0
     #: Virtual seconds from the end of the faults until work/ was empty (-1: never).
     settled: float = -1.0
+    #: The longest each bounded state of invariants.Live lasted.
+    longest: Dict[str, float] = field(default_factory=dict)
 
 
 def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = True,
+             workers: int = 1, follow_ups: float = 0.2,
              rates: Optional[FaultRates] = None,
              prepare: Optional[Callable[[SimRuntime], None]] = None) -> Result:
-    """Run seed ``seed``; ``prepare(sim)`` runs first in the main sim-thread."""
+    """Run seed ``seed``; ``prepare(sim)`` runs first in the main sim-thread.
+    ``workers``: Workers with concurrency besides the ``consumers``' claim loops;
+    ``follow_ups``: the share of completes (while faults last) after which a
+    consumer puts an item, as a pipeline stage does."""
     sim = SimRuntime(seed)
     clocks = random.Random(f"clocks-{seed}")
     # Members' clocks a little apart (up to MAX_SKEW): a leader ahead expires locks early.
@@ -75,12 +100,27 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
                       faults_until=faults_until)
     # The clients' clocks are the simulation's (skew 0).
     history = History(overlap=max(skews) + SWEEP_PERIOD + 1.0)
-    plan = Plan(items, faults_until, LOCK_TTL, random.Random(f"actors-{seed}"))
+    plan = Plan(items, faults_until, LOCK_TTL, random.Random(f"actors-{seed}"), follow_ups)
     root = Layout(ROOT, NAME).root
     outcome: List[Optional[str]] = [None]
     queues: List[Queue] = []
     stop = [False]
     settled = [-1.0]
+    started: List[Worker] = []
+    fault_rates = (rates or FaultRates()) if faults else NO_FAULTS
+    trusted = fault_rates.silence_stream == 0 and fault_rates.restore == 0
+    live = Live(history, cluster, Layout(ROOT, NAME).root,
+                Bounds(LOCK_TTL, TRUSTED_BOUND if trusted else TAKEN_BOUND,
+                       TRUSTED_BOUND if trusted else KNOWN_BOUND, ORDER_SLACK),
+                lone=consumers + workers == 1, touched=network.touched)
+    history.paused = network.spans
+    # In a third of the seeds with faults, consumer c0's process dies after a
+    # random number of its requests (it stops dead: see Network.kill_after).
+    kills = random.Random(f"kills-{seed}")
+    doomed = kills.randint(10, 200) if faults and consumers >= 2 and kills.random() < 0.3 \
+        else None
+    if doomed is not None:
+        network.kill_after("c0", doomed)
 
     def queue(node: str) -> Queue:
         transport = connect(network.urls(), runtime=sim, member_factory=cast(Callable[[str], Member], network.members_of(node)),
@@ -95,9 +135,12 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
         if prepare is not None:
             prepare(sim)
         def checker() -> None:  # the invariants checked as the run goes
+            ticks = 0
             while True:
                 sim.sleep(CHECK_EVERY)
                 history.check_live_claims(sim.now)
+                ticks += 1
+                live.check(sim.now, store=ticks % round(CHECK_VIEWS_EVERY / CHECK_EVERY) == 0)
 
         threads = [sim.Thread(network.courier, name="courier"),
                    sim.Thread(checker, name="checker")]
@@ -107,12 +150,18 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
                   sim.Thread(producer, name="producer-1",
                              args=(queue("p1"), "p1", plan, history, items - half, True))]
         takers = [sim.Thread(consumer, name=f"consumer-{n}",
-                             args=(queue(f"c{n}"), f"c{n}", plan, history,
+                             args=(lambda n=n: queue(f"c{n}"), f"c{n}", plan, history,
                                    lambda: not stop[0], network))
                   for n in range(consumers)]
+        takers += [sim.Thread(worker, name=f"worker-{n}",
+                              args=(queue(f"w{n}"), f"w{n}", plan, history, started))
+                   for n in range(workers)]
         if faults:
             threads.append(sim.Thread(canceller, name="canceller",
                                       args=(queue("k"), plan, history)))
+            threads.append(sim.Thread(operator, name="operator",
+                                      args=(queue("o"), plan, history)))
+
         for thread in threads + makers + takers:
             thread.start()
         for thread in makers:
@@ -131,8 +180,11 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
                               f"{faults_until:g} s: {sorted(store.work)[:5]}")
                 break
         stop[0] = True
+        for running in started:
+            running.stop(grace=False)
         for made in queues:
-            made.close()
+            if not (doomed is not None and made.node_id.startswith("c0-")):
+                made.close()  # a killed process closes nothing
 
     violations: List[Violation] = []
     try:
@@ -146,10 +198,17 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
         seen.setdefault(name, Violation(name, detail))
     violations += list(seen.values())
     store = invariants.stored(cluster, root, sim.now)
+    for claim in history.worked:  # the Worker's commits: after every hand-out
+        if claim.outcome in ("completed", "dead-lettered"):
+            history.commits.append(Commit(history.seq + 1, sim.now, claim.id,
+                                          claim._state.index, claim._state.lock.token,
+                                          "complete", claim.outcome))
+    violations += list(invariants.refreshes_of_others(cluster, root, network.senders, history))
+    violations += list(invariants.waits_agree(history, store))
     violations += invariants.check(history, store, invariants.fenced_commits(cluster, root),
                                    outcome[0], max(skews) + SWEEP_PERIOD,
                                    invariants.claim_writes(cluster, root))
     requests = network.requests
     handovers = len(sim.trace) - network.notes
     return Result(seed, violations, sim.trace, handovers, requests, sim.now, network.faults,
-                  history.errors, len(history.puts), settled[0])
+                  history.errors, len(history.puts), settled[0], live.longest)
