@@ -112,9 +112,10 @@ def _mixed_post(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _mixed_settled(original: Callable[..., Any]) -> Callable[..., Any]:
     """put_many's doubts, read back as P1's (see _mixed_post)."""
-    def settled(self: Protocol, items: Sequence[Tuple[str, str]], results: List[Any]) -> Any:
+    def settled(self: Protocol, items: Sequence[Tuple[str, str]], results: List[Any],
+                *args: Any) -> Any:
         return [_sent_value(place, raw) for place, (raw, _)
-                in zip(original(self, items, results), items)]
+                in zip(original(self, items, results, *args), items)]
     return settled
 
 
