@@ -9,24 +9,16 @@ not be stored", and stored twice by a caller that puts it again) breaks none.
 """
 from __future__ import annotations
 
-import logging
-from typing import Iterator, List
+from typing import List
 
 import pytest
 
 from etcdq_v2.protocol import Protocol
 from etcdq_v2.testing.sim.simulation import simulate
 
+from test_sim import _quiet  # noqa: F401 - autouse: faults make the library warn
+
 SEEDS = 20
-
-
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logger = logging.getLogger("etcdq_v2")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)  # faults make the library warn; the checks judge
-    yield
-    logger.setLevel(level)
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,
