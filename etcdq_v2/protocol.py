@@ -430,14 +430,20 @@ class Protocol(Steps):
 
         ``floor``: an etcd index seen before their POSTs were sent, so each
         took an id above it.  When at most SEARCH_SPAN ids lie between it and
-        the index now, those keys are read (:meth:`_find_in_span`); else, one
-        pass over the quorum listings, whatever the number of tokens.
+        the index now, those keys are read first (:meth:`_find_in_span`); a
+        token not found there, or a span too wide, takes one pass over the
+        quorum listings, whatever the number of tokens.
         """
-        if floor:
-            spanned = self._find_in_span(tokens, floor)
-            if spanned is not None:
-                return spanned
         found: Dict[str, Tuple[str, Optional[Version]]] = {}
+        if floor:
+            # Only a find is trusted from the span: a miss is settled by the
+            # listings, as if there were no floor.  The floor is a lower bound
+            # only while etcd's index never goes back (a member restored from
+            # an older backup, or started again without its data, takes ids
+            # again at or below it).
+            found.update(self._find_in_span(tokens, floor) or {})
+            if len(found) == len(tokens):
+                return found
         for kind in ("work", COMPLETED, FAILED):
             entries = self.list(kind)[1]
             for entry, decoded in self.decode_entries(kind, entries):

@@ -417,16 +417,22 @@ class Transport:
         seconds = self.runtime.monotonic() - started
         if any(isinstance(answer, Exception) for answer in answers):
             self._failed(member)  # those redone go to the next member
-        return [self._one_of_all(member, method, key, query, answer, seconds)
-                for (key, query), answer in zip(calls, answers)]
+        results: List[Union[Reply, EtcdqError]] = []
+        down: List[Unavailable] = []  # a redo that spent its deadline on every member
+        for (key, query), answer in zip(calls, answers):
+            results.append(self._one_of_all(member, method, key, query, answer, seconds, down))
+        return results
 
     def _one_of_all(self, member: Member, method: str, key: str, query: Dict[str, Any],
-                    answer: Union[Response, Exception], seconds: float
-                    ) -> Union[Reply, EtcdqError]:
+                    answer: Union[Response, Exception], seconds: float,
+                    down: List[Unavailable]) -> Union[Reply, EtcdqError]:
         """One :meth:`_all` result: its reply, its error, or the outcome of redoing it.
 
         Observers see each request with the time of the whole batch (they
-        travelled together).
+        travelled together).  Once one redo of the batch was Unavailable (it
+        tried every member for a deadline), the others fail with it at once:
+        they would ask the same members, and a batch must cost one deadline,
+        not one per request.
         """
         try:
             with self._observed(method, seconds), _translated(member.url):
@@ -434,8 +440,13 @@ class Transport:
                     raise answer
                 return self._reply(member, answer, retried=False)
         except _Transient:
+            if down:
+                return down[0]
             try:
                 return self._call(method, key, query=query)
+            except Unavailable as exc:
+                down.append(exc)
+                return exc
             except EtcdqError as exc:
                 return exc
         except EtcdqError as exc:

@@ -14,7 +14,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
-import pytest
 
 from etcdq_v2 import Queue, Unavailable, connect
 from etcdq_v2.server import EtcdServer
@@ -28,8 +27,6 @@ def _stored(queue: Queue, payload: str) -> int:
     return [info.payload for info in queue.items("pending")].count(payload)
 
 
-@pytest.mark.xfail(strict=True, reason="the span (seen_index, quorum index] is empty once "
-                   "etcd's index went back below seen_index: the stored POST is not searched")
 def test_a_lost_put_reply_is_found_after_etcd_came_back_without_its_data(
         own_etcd: EtcdServer, proxy_factory, queue_name: str) -> None:
     """etcd restarted on an empty data dir (a container without a volume):
@@ -62,8 +59,6 @@ def _write_until(etcd, index: int) -> int:  # type: ignore[no-untyped-def]
     return reached
 
 
-@pytest.mark.xfail(strict=True, reason="a POST that took an id at or below seen_index (etcd's "
-                   "index went back, then passed it again) lies below the span that is read")
 def test_a_lost_put_reply_is_found_when_etcd_passed_the_old_index_again(
         own_etcd: EtcdServer, proxy_factory, queue_name: str) -> None:
     """As above, with other clients writing meanwhile: by the search, etcd's
@@ -116,9 +111,6 @@ class _GoesAway(FaultProxy):
             self.black_hole()
 
 
-@pytest.mark.xfail(strict=True, reason="a batch of the span's reads that etcd stops answering is "
-                   "redone one read at a time, each for a whole deadline: 16 deadlines before "
-                   "Unavailable (25 s here, 4 min at the default 5 s timeout)")
 def test_a_lost_put_reply_is_settled_within_deadlines_when_etcd_goes_away_during_the_search(
         own_etcd: EtcdServer, queue_name: str) -> None:
     """etcd answers the search's first read, then nothing.  Other clients
