@@ -2,7 +2,8 @@
 at a time, seeded choices.
 
 :class:`SimRuntime` is an :class:`etcdq_v2.runtime.Runtime` whose threads are
-real OS threads of which exactly one runs at a time: it holds the baton.
+greenlets of the OS thread that calls ``run()``, of which exactly one runs at
+a time: it holds the baton.
 Every blocking call of the runtime (sleep, a wait on a condition or event, a
 lock that is held, an inbox that is empty, starting or joining a thread)
 hands the baton back to the scheduler, which picks the next sim-thread that
@@ -21,7 +22,9 @@ trace is no longer the seed's alone.
 
 ``run(target)`` runs ``target`` as the sim-thread "main"; the run ends when it
 returns (as a process ends with its main thread: the other sim-threads are
-stopped where they wait, by an exception that unwinds them).
+stopped where they wait, by an exception that unwinds them, one after the
+other in the order they were made).  ``run`` itself is the hub: a sim-thread
+that ends returns to it, naming the one it handed the baton to.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ import collections
 import itertools
 import math
 import random
-import threading
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
+
+from greenlet import getcurrent, greenlet
 
 from ...runtime import InboxLike, Runtime, ThreadLike
 
@@ -50,7 +54,10 @@ class Stopped(BaseException):
 
 
 class _SimThread:
-    """One sim-thread: a real thread that runs only while it holds the baton."""
+    """One sim-thread: a greenlet that runs only while it holds the baton.
+
+    A hand-over is a switch between greenlets of one OS thread, not a
+    thread switch through the kernel: about a microsecond instead of tens."""
 
     def __init__(self, sim: "SimRuntime", target: Callable[..., Any], name: str,
                  args: Tuple[Any, ...]) -> None:
@@ -59,7 +66,6 @@ class _SimThread:
         self.name = name
         self.daemon = True
         self._target, self._args = target, args
-        self.baton = threading.Semaphore(0)
         #: None: it runs (or may run at once); else what it waits for.
         self.ready: Optional[Callable[[], bool]] = None
         self.deadline = math.inf
@@ -68,7 +74,8 @@ class _SimThread:
         self.started = self.done = False
         self.error: Optional[BaseException] = None
         self.result: Any = None
-        self.os_thread = threading.Thread(target=self._main, name=f"sim-{name}", daemon=True)
+        #: Made when it starts; its parent is the run's hub, which it returns to on ending.
+        self.glet: Optional[greenlet] = None
 
     # ThreadLike
     def start(self) -> None:
@@ -87,8 +94,6 @@ class _SimThread:
         return self.started and not self.done
 
     def _main(self) -> None:
-        self.baton.acquire()
-        self.sim._enter(self)
         try:
             if not self.sim._stopped:
                 self.result = self._target(*self._args)
@@ -124,11 +129,14 @@ class SimRuntime(Runtime):
         self._tokens = random.Random(f"tokens-{seed}")
         self._numbers = itertools.count()
         self._threads: List[_SimThread] = []
-        self._by_ident: Dict[int, _SimThread] = {}
         self._stopped = False
         self._error: Optional[BaseException] = None
         self._main: Optional[_SimThread] = None
-        self._over = threading.Event()
+        #: The sim-thread holding the baton; the greenlet that called run(); the
+        #: sim-thread the hub starts next (the one an ending sim-thread handed on to).
+        self._running: Optional[_SimThread] = None
+        self._hub: Optional[greenlet] = None
+        self._next: Optional[_SimThread] = None
 
     # -- the run -------------------------------------------------------------
     def run(self, target: Callable[..., Any], *args: Any) -> Any:
@@ -136,20 +144,29 @@ class SimRuntime(Runtime):
         Deadlock if the sim-threads come to wait for each other."""
         if self._main is not None:
             raise RuntimeError("a SimRuntime runs once")
+        self._hub = getcurrent()
         main = self._main = _SimThread(self, target, "main", args)
         main.started = True
         self._threads.append(main)
-        main.os_thread.start()
+        main.glet = greenlet(main._main, parent=self._hub)
         self.trace.append(f"{self.now:.6f} main#{main.number}")
-        main.baton.release()
-        self._over.wait()
-        for thread in self._threads:
-            thread.os_thread.join(5)
+        # The hub: a sim-thread that ends comes back here, naming the next one.
+        self._next = main
+        while self._next is not None:
+            thread, self._next = self._next, None
+            self._switch(thread)
+        self._unwind()
         if self._error is not None:
             raise self._error
         if main.error is not None:
             raise main.error
         return main.result
+
+    def _unwind(self) -> None:
+        """Resume every sim-thread still waiting, in order: its wait raises Stopped."""
+        for thread in self._threads:
+            if thread.glet is not None and not thread.glet.dead:
+                self._switch(thread)
 
     # -- time ----------------------------------------------------------------
     def monotonic(self) -> float:
@@ -188,6 +205,9 @@ class SimRuntime(Runtime):
     def Inbox(self) -> "InboxLike[Any]":  # noqa: N802
         return SimInbox(self)
 
+    def local(self) -> "SimLocal":
+        return SimLocal()
+
     def token(self) -> str:
         return f"{self._tokens.getrandbits(96):024x}"
 
@@ -201,18 +221,21 @@ class SimRuntime(Runtime):
     # -- the scheduler ---------------------------------------------------------
     def current(self) -> _SimThread:
         """The calling sim-thread (RuntimeError from any other thread)."""
-        thread = self._by_ident.get(threading.get_ident())
-        if thread is None:
+        thread = self._running
+        if thread is None or thread.glet is not getcurrent():
             raise RuntimeError("a blocking call of a SimRuntime from outside its sim-threads")
         return thread
 
     def _spawn(self, thread: _SimThread) -> None:
         self._threads.append(thread)
         thread.ready, thread.waits_for = (lambda: True), "its start"
-        thread.os_thread.start()
+        thread.glet = greenlet(thread._main, parent=self._hub)
 
-    def _enter(self, thread: _SimThread) -> None:
-        self._by_ident[threading.get_ident()] = thread
+    def _switch(self, thread: _SimThread) -> None:
+        """Run ``thread`` until it hands the baton on (back here, or to another)."""
+        self._running = thread
+        assert thread.glet is not None
+        thread.glet.switch()
 
     def _block(self, ready: Callable[[], bool], what: str,
                timeout: Optional[float] = None) -> bool:
@@ -224,7 +247,6 @@ class SimRuntime(Runtime):
         me.ready, me.waits_for, me.timed_out = ready, what, False
         me.deadline = math.inf if timeout is None else self.now + max(timeout, 0.0)
         self._hand_on(me)
-        me.baton.acquire()
         if self._stopped:
             raise Stopped()
         return not me.timed_out
@@ -239,13 +261,24 @@ class SimRuntime(Runtime):
             self._hand_on(None)
 
     def _hand_on(self, waiting: Optional[_SimThread]) -> None:
-        """Give the baton to the next sim-thread (perhaps ``waiting`` itself)."""
+        """Give the baton to the next sim-thread (perhaps ``waiting`` itself);
+        return once ``waiting`` has it again, or the run ended.  A sim-thread
+        that ends (``waiting`` None) hands on through the hub, so that its
+        greenlet ends."""
         chosen = self._pick()
-        if chosen is None:
+        if chosen is None:  # the run ended: back to the hub, which unwinds
+            if waiting is not None:
+                assert self._hub is not None
+                self._hub.switch()
             return
         chosen.ready, chosen.waits_for = None, ""
         self.trace.append(f"{self.now:.6f} {chosen.name}#{chosen.number}")
-        chosen.baton.release()
+        if chosen is waiting:
+            return
+        if waiting is None:
+            self._next = chosen
+        else:
+            self._switch(chosen)
 
     def _pick(self) -> Optional[_SimThread]:
         """The next sim-thread to run, moving time on to the earliest deadline if
@@ -267,12 +300,10 @@ class SimRuntime(Runtime):
         return chosen
 
     def _stop(self) -> None:
-        """End the run: every waiting sim-thread unwinds with Stopped."""
+        """End the run: the hub resumes every waiting sim-thread, which unwinds
+        with Stopped."""
         self._stopped = True
-        for thread in self._threads:
-            if thread.ready is not None and not thread.done:
-                thread.baton.release()
-        self._over.set()
+        self._next = None
 
 
 class SimLock:
@@ -390,6 +421,33 @@ class SimEvent:
             return True
         self._sim._block(lambda: self._flag, "an event", timeout)
         return self._flag
+
+
+class SimLocal:
+    """threading.local() for sim-threads: greenlets of one OS thread share its
+    threading.local, so each greenlet gets its own attributes here."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_by_greenlet", {})
+
+    def _mine(self) -> Dict[str, Any]:
+        mine: Dict[str, Any] = self._by_greenlet.setdefault(getcurrent(), {})
+        return mine
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._mine()[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._mine()[name] = value
+
+    def __delattr__(self, name: str) -> None:
+        try:
+            del self._mine()[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
 class SimInbox:
