@@ -64,6 +64,8 @@ class _SimThread:
         self.sim = sim
         self.number = next(sim._numbers)
         self.name = name
+        #: How the trace names it.
+        self.label = f"{name}#{self.number}"
         self.daemon = True
         self._target, self._args = target, args
         #: None: it runs (or may run at once); else what it waits for.
@@ -129,6 +131,8 @@ class SimRuntime(Runtime):
         self._tokens = random.Random(f"tokens-{seed}")
         self._numbers = itertools.count()
         self._threads: List[_SimThread] = []
+        #: The sim-threads started and not ended, in the order they started.
+        self._live: List[_SimThread] = []
         self._stopped = False
         self._error: Optional[BaseException] = None
         self._main: Optional[_SimThread] = None
@@ -148,8 +152,9 @@ class SimRuntime(Runtime):
         main = self._main = _SimThread(self, target, "main", args)
         main.started = True
         self._threads.append(main)
+        self._live.append(main)
         main.glet = greenlet(main._main, parent=self._hub)
-        self.trace.append(f"{self.now:.6f} main#{main.number}")
+        self.trace.append(f"{self.now:.6f} {main.label}")
         # The hub: a sim-thread that ends comes back here, naming the next one.
         self._next = main
         while self._next is not None:
@@ -228,6 +233,7 @@ class SimRuntime(Runtime):
 
     def _spawn(self, thread: _SimThread) -> None:
         self._threads.append(thread)
+        self._live.append(thread)
         thread.ready, thread.waits_for = (lambda: True), "its start"
         thread.glet = greenlet(thread._main, parent=self._hub)
 
@@ -253,6 +259,7 @@ class SimRuntime(Runtime):
 
     def _exit(self, thread: _SimThread) -> None:
         thread.done, thread.ready, thread.waits_for = True, None, "ended"
+        self._live.remove(thread)
         if self._stopped:
             return
         if thread is self._main:
@@ -272,7 +279,7 @@ class SimRuntime(Runtime):
                 self._hub.switch()
             return
         chosen.ready, chosen.waits_for = None, ""
-        self.trace.append(f"{self.now:.6f} {chosen.name}#{chosen.number}")
+        self.trace.append(f"{self.now:.6f} {chosen.label}")
         if chosen is waiting:
             return
         if waiting is None:
@@ -283,18 +290,31 @@ class SimRuntime(Runtime):
     def _pick(self) -> Optional[_SimThread]:
         """The next sim-thread to run, moving time on to the earliest deadline if
         none can go on now; None once the run has ended (a deadlock ends it)."""
-        waiting = [t for t in self._threads if t.ready is not None and not t.done]
-        able = [t for t in waiting if t.ready() or t.deadline <= self.now]  # type: ignore[misc]
+        # One pass: the threads able to go on now, else those whose deadline is
+        # the soonest (every waiting thread's ready() is called, in start order).
+        now = self.now
+        able: List[_SimThread] = []
+        soonest, due = math.inf, []
+        for thread in self._live:
+            ready = thread.ready
+            if ready is None:
+                continue
+            deadline = thread.deadline
+            if ready() or deadline <= now:
+                able.append(thread)
+            elif deadline < soonest:
+                soonest, due = deadline, [thread]
+            elif deadline == soonest:
+                due.append(thread)
         if not able:
-            soonest = min((t.deadline for t in waiting), default=math.inf)
             if soonest == math.inf:
+                waiting = [t for t in self._live if t.ready is not None]
                 self._error = Deadlock(
-                    f"seed {self.seed}: no sim-thread can go on at {self.now:g} s: "
+                    f"seed {self.seed}: no sim-thread can go on at {now:g} s: "
                     + "; ".join(f"{t.name} waits for {t.waits_for}" for t in waiting))
                 self._stop()
                 return None
-            self.now = soonest
-            able = [t for t in waiting if t.deadline <= self.now]
+            self.now, able = soonest, due
         chosen = self._picks.choice(able)
         chosen.timed_out = not chosen.ready()  # type: ignore[misc]
         return chosen
