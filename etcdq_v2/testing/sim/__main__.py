@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import multiprocessing
 import os
 import sys
 import time
-from typing import List, Optional
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .mutants import MUTANTS, mutant
 from .simulation import simulate
@@ -36,37 +38,93 @@ def _parser() -> argparse.ArgumentParser:
                         help="put this known defect back (see mutants.py)")
     parser.add_argument("--keep-going", action="store_true",
                         help="run every seed even after a violation")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="run seeds in this many processes (output still in seed order)")
+    parser.add_argument("--summary", action="store_true",
+                        help="before the last line: the faults struck and the slowest settle")
     return parser
+
+
+@dataclass
+class _Seed:
+    """What the command reports of one seed (small: it crosses from a --jobs process)."""
+
+    seed: int
+    steps: int
+    violations: List[Tuple[str, str]]
+    faults: Dict[str, int] = field(default_factory=dict)
+    settled: float = -1.0
+    trace: Optional[List[str]] = None
+
+
+def _run(seed: int, args: argparse.Namespace, keep_trace: bool = False) -> _Seed:
+    with mutant(args.mutant):
+        result = simulate(seed, consumers=args.consumers, items=args.items, faults=args.faults)
+    return _Seed(seed, result.handovers + result.requests,
+                 [(violation.name, violation.detail) for violation in result.violations],
+                 result.faults, result.settled, result.trace if keep_trace else None)
+
+
+def _quiet() -> None:
+    logging.getLogger("etcdq_v2").setLevel(logging.CRITICAL)  # faults make it talk
+
+
+def _job(task: Tuple[int, argparse.Namespace]) -> _Seed:
+    return _run(*task)
+
+
+def _results(seeds: Sequence[int], args: argparse.Namespace) -> Iterator[_Seed]:
+    """Each seed's outcome, in seed order; with --jobs, computed ahead in other
+    processes, which stop (terminated) as soon as the caller stops reading."""
+    if args.jobs <= 1 or len(seeds) <= 1:
+        for seed in seeds:
+            yield _run(seed, args, keep_trace=bool(args.trace) and args.seed is not None)
+        return
+    pool = multiprocessing.Pool(min(args.jobs, len(seeds)), initializer=_quiet)
+    try:
+        yield from pool.imap(_job, [(seed, args) for seed in seeds])
+    finally:
+        pool.terminate()
+        pool.join()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    if args.consumers < 1 or args.items < 1 or args.seeds < 1:
-        print("sim: --consumers, --items and --seeds must be at least 1", file=sys.stderr)
+    if args.consumers < 1 or args.items < 1 or args.seeds < 1 or args.jobs < 1:
+        print("sim: --consumers, --items, --seeds and --jobs must be at least 1",
+              file=sys.stderr)
         return 2
-    logging.getLogger("etcdq_v2").setLevel(logging.CRITICAL)  # faults make it talk
+    _quiet()
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     started = time.perf_counter()
     steps = violations = runs = 0
-    for seed in seeds:
-        with mutant(args.mutant):
-            result = simulate(seed, consumers=args.consumers, items=args.items,
-                              faults=args.faults)
+    faults: Dict[str, int] = {}
+    slowest = (-1.0, -1)
+    results = _results(seeds, args)
+    for result in results:
         runs += 1
-        steps += result.handovers + result.requests
-        if args.trace and args.seed is not None:
+        steps += result.steps
+        for kind, count in result.faults.items():
+            faults[kind] = faults.get(kind, 0) + count
+        slowest = max(slowest, (result.settled, -result.seed))
+        if result.trace is not None:
             with open(args.trace, "w", encoding="utf-8") as out:
                 out.write("\n".join(result.trace) + "\n")
-        for violation in result.violations:
+        for name, detail in result.violations:
             violations += 1
-            print(f"FAIL seed={seed} invariant={violation.name}: {violation.detail}")
+            print(f"FAIL seed={result.seed} invariant={name}: {detail}", flush=True)
         if result.violations:
-            print(f"  replay: python -m etcdq_v2.testing.sim --seed {seed} "
+            print(f"  replay: python -m etcdq_v2.testing.sim --seed {result.seed} "
                   f"--consumers {args.consumers} --items {args.items} "
-                  f"{'--faults' if args.faults else '--no-faults'} --trace sim-{seed}.trace"
-                  + (f" --mutant {args.mutant}" if args.mutant else ""))
+                  f"{'--faults' if args.faults else '--no-faults'} "
+                  f"--trace sim-{result.seed}.trace"
+                  + (f" --mutant {args.mutant}" if args.mutant else ""), flush=True)
             if not args.keep_going:
                 break
+    results.close()  # --jobs: the seeds still running stop here
+    if args.summary:
+        print("faults: " + ", ".join(f"{kind} {count}" for kind, count in sorted(faults.items())))
+        print(f"slowest settle: {slowest[0]:.1f} s after the faults stopped (seed {-slowest[1]})")
     print(f"sim: {runs} seeds, {steps} steps, {violations} violations, "
           f"{time.perf_counter() - started:.1f} s")
     return 1 if violations else 0
