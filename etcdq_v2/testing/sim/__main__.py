@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Generator, List, Optional, Sequence, Tuple
 
 from .mutants import MUTANTS, mutant
 from .simulation import simulate
@@ -73,7 +73,8 @@ def _job(task: Tuple[int, argparse.Namespace]) -> _Seed:
     return _run(*task)
 
 
-def _results(seeds: Sequence[int], args: argparse.Namespace) -> Iterator[_Seed]:
+def _results(seeds: Sequence[int],
+             args: argparse.Namespace) -> Generator[_Seed, None, None]:
     """Each seed's outcome, in seed order; with --jobs, computed ahead in other
     processes, which stop (terminated) as soon as the caller stops reading."""
     if args.jobs <= 1 or len(seeds) <= 1:
