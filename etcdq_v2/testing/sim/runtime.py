@@ -43,6 +43,15 @@ from ...runtime import InboxLike, Runtime, ThreadLike
 EPOCH = 1_700_000_000.0
 
 
+def _always() -> bool:
+    return True
+
+
+def _never() -> bool:
+    """A sleep's readiness: only its deadline ends it (the scheduler need not ask)."""
+    return False
+
+
 class Deadlock(RuntimeError):
     """No sim-thread can go on, and none waits with a deadline."""
 
@@ -87,7 +96,7 @@ class _SimThread:
             raise RuntimeError(f"sim-thread {self.name} started twice")
         self.started = True
         self.sim._spawn(self)
-        self.sim._block(lambda: True, "start")  # the new thread may run first
+        self.sim._block(_always, "start")  # the new thread may run first
 
     def join(self, timeout: Optional[float] = None) -> None:
         self.sim._block(lambda: self.done, f"join {self.name}", timeout)
@@ -185,9 +194,9 @@ class SimRuntime(Runtime):
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
-            self._block(lambda: False, f"sleep {seconds:g}", seconds)
+            self._block(_never, f"sleep {seconds:g}", seconds)
         else:
-            self._block(lambda: True, "sleep 0")
+            self._block(_always, "sleep 0")
 
     # -- concurrency -----------------------------------------------------------
     def Lock(self) -> "SimLock":  # noqa: N802
@@ -234,7 +243,7 @@ class SimRuntime(Runtime):
     def _spawn(self, thread: _SimThread) -> None:
         self._threads.append(thread)
         self._live.append(thread)
-        thread.ready, thread.waits_for = (lambda: True), "its start"
+        thread.ready, thread.waits_for = _always, "its start"
         thread.glet = greenlet(thread._main, parent=self._hub)
 
     def _switch(self, thread: _SimThread) -> None:
@@ -290,8 +299,9 @@ class SimRuntime(Runtime):
     def _pick(self) -> Optional[_SimThread]:
         """The next sim-thread to run, moving time on to the earliest deadline if
         none can go on now; None once the run has ended (a deadlock ends it)."""
-        # One pass: the threads able to go on now, else those whose deadline is
-        # the soonest (every waiting thread's ready() is called, in start order).
+        # One pass, in start order: the threads able to go on now, else those
+        # whose deadline is the soonest.  ready() has no side effects: it is not
+        # asked of a thread already due, nor of a sleep.
         now = self.now
         able: List[_SimThread] = []
         soonest, due = math.inf, []
@@ -300,7 +310,7 @@ class SimRuntime(Runtime):
             if ready is None:
                 continue
             deadline = thread.deadline
-            if ready() or deadline <= now:
+            if deadline <= now or (ready is not _never and ready()):
                 able.append(thread)
             elif deadline < soonest:
                 soonest, due = deadline, [thread]
