@@ -8,9 +8,8 @@ and ``-k`` can run one again.  A failing seed replays with
 """
 from __future__ import annotations
 
-import logging
 import re
-from typing import Iterator, List
+from typing import List
 
 import pytest
 
@@ -20,14 +19,7 @@ from etcdq_v2.testing.sim.simulation import simulate
 SEEDS = 500
 CHUNK = 100
 
-
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logger = logging.getLogger("etcdq_v2")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)  # faults make the library warn; the checks judge
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_library")
 
 
 @pytest.mark.parametrize("first", range(0, SEEDS, CHUNK))
