@@ -457,27 +457,28 @@ class SimLocal:
     """threading.local() for sim-threads: greenlets of one OS thread share its
     threading.local, so each greenlet gets its own attributes here."""
 
-    def __init__(self) -> None:
-        object.__setattr__(self, "_by_greenlet", {})
+    __slots__ = ("_by_greenlet",)
 
-    def _mine(self) -> Dict[str, Any]:
-        mine: Dict[str, Any] = self._by_greenlet.setdefault(getcurrent(), {})
-        return mine
+    def __init__(self) -> None:
+        self._by_greenlet: Dict[greenlet, Dict[str, Any]] = {}
 
     def __getattr__(self, name: str) -> Any:
-        try:
-            return self._mine()[name]
-        except KeyError:
-            raise AttributeError(name) from None
+        mine = self._by_greenlet.get(getcurrent())
+        if mine is None or name not in mine:
+            raise AttributeError(name)
+        return mine[name]
 
     def __setattr__(self, name: str, value: Any) -> None:
-        self._mine()[name] = value
+        if name == "_by_greenlet":
+            object.__setattr__(self, name, value)
+        else:
+            self._by_greenlet.setdefault(getcurrent(), {})[name] = value
 
     def __delattr__(self, name: str) -> None:
-        try:
-            del self._mine()[name]
-        except KeyError:
-            raise AttributeError(name) from None
+        mine = self._by_greenlet.get(getcurrent())
+        if mine is None or name not in mine:
+            raise AttributeError(name)
+        del mine[name]
 
 
 class SimInbox:
