@@ -9,7 +9,11 @@ second of this process (what the machine's other load disturbs least) and
 per wall second; the per-seed figures are the median and the largest.
 
 It runs itself with ``PYTHONHASHSEED=0`` when that is not set, as the
-simulator does, so that the step counts are the seeds' own.
+simulator does, so that the step counts are the seeds' own.  A busy machine
+moves CPU seconds by tens of percent; instructions do not: under valgrind
+(``PYTHONHASHSEED=0 valgrind --tool=callgrind python bench/sim_speed.py
+--seeds 3``, less the same with ``--seeds 0``, which only imports), the
+difference over the table's steps is the instructions per step.
 """
 from __future__ import annotations
 
@@ -79,6 +83,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--items", type=int, default=20)
     args = parser.parse_args(argv)
     runs = measure(range(args.first, args.first + args.seeds), args.consumers, args.items)
+    if not runs:  # --seeds 0: the imports alone, what an instruction count subtracts
+        return 0
     command = "python bench/sim_speed.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(table(runs, command.strip()))
     return 0
