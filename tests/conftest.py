@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import logging
 import re
 import secrets
 import signal
@@ -35,6 +36,17 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 _QUEUE_NAME_MAX = 100
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@pytest.fixture
+def quiet_library() -> Iterator[None]:
+    """The library's loggers say only what is critical: a simulation's faults make it warn,
+    and its invariants judge."""
+    logger = logging.getLogger("etcdq_v2")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    yield
+    logger.setLevel(level)
 
 
 @pytest.fixture(autouse=True)

@@ -262,3 +262,15 @@ def test_etcd_profile_decodes_etcds_own_cpu_profile_of_a_drain() -> None:
     assert len(lines) == 2 + 1 + 5
     assert lines[2].startswith("| all of etcd's samples | ")
     assert etcd_profile.profile_drain(3, items=300, seconds=3, alone=True)[:2] == (3, 300)
+
+
+def test_sim_speed_counts_the_steps_the_simulator_counts() -> None:
+    """bench/sim_speed.py's steps are the simulator's (hand-overs plus requests)."""
+    from bench import sim_speed
+    from etcdq_v2.testing.sim.simulation import simulate
+
+    runs = sim_speed.measure([3], consumers=3, items=6)
+    result = simulate(3, items=6)
+    assert (runs[0].steps, runs[0].requests) == (result.handovers + result.requests,
+                                                 result.requests)
+    assert f"| 1 | {runs[0].steps:,} | {result.requests:,} |" in sim_speed.table(runs, "cmd")

@@ -3,8 +3,7 @@ the invariants of docs/guarantees.md: a seed replays byte for byte, a run of
 seeds with faults finds no violation, and a defect put back is found."""
 from __future__ import annotations
 
-import logging
-from typing import Iterator, List, Tuple
+from typing import List, Tuple
 
 import pytest
 
@@ -14,14 +13,7 @@ from etcdq_v2.testing.sim.invariants import NAMES, Stored, waits_agree
 from etcdq_v2.testing.sim.mutants import MUTANTS, mutant
 from etcdq_v2.testing.sim.simulation import simulate
 
-
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logger = logging.getLogger("etcdq_v2")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)  # faults make the library warn; the checks judge
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_library")
 
 
 def test_the_same_seed_gives_the_same_trace_byte_for_byte() -> None:

@@ -141,6 +141,46 @@ def test_a_sim_thread_that_raises_is_reported() -> None:
     assert [(name, type(exc)) for name, exc in sim.failures] == [("broken", ZeroDivisionError)]
 
 
+def test_each_sim_thread_has_its_own_thread_locals() -> None:
+    sim = SimRuntime(8)
+    local = sim.local()
+    seen: List[Tuple[str, object]] = []
+
+    def scenario() -> None:
+        def worker(name: str) -> None:
+            local.name = name
+            sim.sleep(1)  # the other sets its own meanwhile
+            seen.append((name, local.name))
+
+        threads = [sim.Thread(worker, name=name, args=(name,)) for name in "ab"]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        seen.append(("main", getattr(local, "name", None)))
+
+    sim.run(scenario)
+    assert sorted(seen, key=str) == [("a", "a"), ("b", "b"), ("main", None)]
+
+
+def test_sim_threads_still_waiting_when_main_ends_unwind_through_their_cleanups() -> None:
+    sim = SimRuntime(9)
+    cleaned: List[float] = []
+
+    def scenario() -> None:
+        def waiter() -> None:
+            try:
+                sim.Event().wait()
+            finally:
+                cleaned.append(sim.now)
+
+        sim.Thread(waiter, name="waiter").start()
+        sim.sleep(5)
+
+    sim.run(scenario)
+    assert cleaned == [5.0] and sim.failures == []
+
+
 def test_tokens_and_picks_replay_from_the_seed() -> None:
     first, again, other = SimRuntime(5), SimRuntime(5), SimRuntime(6)
     assert [first.token() for _ in range(3)] == [again.token() for _ in range(3)]

@@ -18,7 +18,8 @@ import pytest
 from etcdq_v2 import viewstate
 from etcdq_v2.testing.sim.simulation import simulate
 
-from test_sim import _quiet  # noqa: F401 - autouse: faults make the library warn
+
+pytestmark = pytest.mark.usefixtures("quiet_library")  # faults make the library warn
 
 SEEDS = 20
 

@@ -12,11 +12,14 @@ command runs itself again with PYTHONHASHSEED=0 when it is not set.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
+import multiprocessing
 import os
 import sys
 import time
-from typing import List, Optional
+from dataclasses import dataclass, field
+from typing import Dict, Generator, List, Optional, Sequence, Tuple
 
 from .mutants import MUTANTS, mutant
 from .simulation import simulate
@@ -39,7 +42,63 @@ def _parser() -> argparse.ArgumentParser:
                         help="put this known defect back (see mutants.py)")
     parser.add_argument("--keep-going", action="store_true",
                         help="run every seed even after a violation")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="run seeds in this many processes (output still in seed order)")
+    parser.add_argument("--summary", action="store_true",
+                        help="before the last line: the faults struck and the slowest settle")
     return parser
+
+
+@dataclass
+class _Seed:
+    """What the command reports of one seed (small: it crosses from a --jobs process)."""
+
+    seed: int
+    steps: int
+    violations: List[Tuple[str, str]]
+    faults: Dict[str, int] = field(default_factory=dict)
+    settled: float = -1.0
+    trace: Optional[List[str]] = None
+
+
+def _schedule(args: argparse.Namespace) -> Dict[str, object]:
+    """The --mutant's schedule, less what --consumers and --workers say: its
+    fault rates and follow-up puts have no flag."""
+    schedule = dict(MUTANTS[args.mutant].options) if args.mutant else {}
+    return {key: value for key, value in schedule.items() if key not in ("consumers", "workers")}
+
+
+def _run(seed: int, args: argparse.Namespace, keep_trace: bool = False) -> _Seed:
+    with mutant(args.mutant):
+        result = simulate(seed, consumers=args.consumers, items=args.items, faults=args.faults,
+                          workers=args.workers, **_schedule(args))  # type: ignore[arg-type]
+    return _Seed(seed, result.handovers + result.requests,
+                 [(violation.name, violation.detail) for violation in result.violations],
+                 result.faults, result.settled, result.trace if keep_trace else None)
+
+
+def _quiet() -> None:
+    logging.getLogger("etcdq_v2").setLevel(logging.CRITICAL)  # faults make it talk
+
+
+def _job(task: Tuple[int, argparse.Namespace]) -> _Seed:
+    return _run(*task)
+
+
+def _results(seeds: Sequence[int],
+             args: argparse.Namespace) -> Generator[_Seed, None, None]:
+    """Each seed's outcome, in seed order; with --jobs, computed ahead in other
+    processes, which stop (terminated) as soon as the caller stops reading."""
+    if args.jobs <= 1 or len(seeds) <= 1:
+        for seed in seeds:
+            yield _run(seed, args, keep_trace=bool(args.trace) and args.seed is not None)
+        return
+    pool = multiprocessing.Pool(min(args.jobs, len(seeds)), initializer=_quiet)
+    try:
+        yield from pool.imap(_job, [(seed, args) for seed in seeds])
+    finally:
+        pool.terminate()
+        pool.join()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -47,36 +106,42 @@ def main(argv: Optional[List[str]] = None) -> int:
     schedule = dict(MUTANTS[args.mutant].options) if args.mutant else {}
     args.consumers = schedule.get("consumers", 3) if args.consumers is None else args.consumers
     args.workers = schedule.get("workers", 1) if args.workers is None else args.workers
-    # The rest of the mutant's schedule (its fault rates, follow-up puts) has no flag.
-    extra = {key: value for key, value in schedule.items() if key not in ("consumers", "workers")}
     if args.consumers + args.workers < 1 or args.workers < 0 or args.items < 1 \
-            or args.seeds < 1:
-        print("sim: --items, --seeds and --consumers plus --workers must be at least 1",
+            or args.seeds < 1 or args.jobs < 1:
+        print("sim: --items, --seeds, --jobs and --consumers plus --workers must be at least 1",
               file=sys.stderr)
         return 2
-    logging.getLogger("etcdq_v2").setLevel(logging.CRITICAL)  # faults make it talk
+    _quiet()
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     started = time.perf_counter()
     steps = violations = runs = 0
-    for seed in seeds:
-        with mutant(args.mutant):
-            result = simulate(seed, consumers=args.consumers, items=args.items,
-                              faults=args.faults, workers=args.workers, **extra)
+    faults: Dict[str, int] = {}
+    slowest = (-1.0, -1)
+    results = _results(seeds, args)
+    for result in results:
         runs += 1
-        steps += result.handovers + result.requests
-        if args.trace and args.seed is not None:
+        steps += result.steps
+        for kind, count in result.faults.items():
+            faults[kind] = faults.get(kind, 0) + count
+        slowest = max(slowest, (result.settled, -result.seed))
+        if result.trace is not None:
             with open(args.trace, "w", encoding="utf-8") as out:
                 out.write("\n".join(result.trace) + "\n")
-        for violation in result.violations:
+        for name, detail in result.violations:
             violations += 1
-            print(f"FAIL seed={seed} invariant={violation.name}: {violation.detail}")
+            print(f"FAIL seed={result.seed} invariant={name}: {detail}", flush=True)
         if result.violations:
-            print(f"  replay: python -m etcdq_v2.testing.sim --seed {seed} "
+            print(f"  replay: python -m etcdq_v2.testing.sim --seed {result.seed} "
                   f"--consumers {args.consumers} --workers {args.workers} --items {args.items} "
-                  f"{'--faults' if args.faults else '--no-faults'} --trace sim-{seed}.trace"
-                  + (f" --mutant {args.mutant}" if args.mutant else ""))
+                  f"{'--faults' if args.faults else '--no-faults'} "
+                  f"--trace sim-{result.seed}.trace"
+                  + (f" --mutant {args.mutant}" if args.mutant else ""), flush=True)
             if not args.keep_going:
                 break
+    results.close()  # --jobs: the seeds still running stop here
+    if args.summary:
+        print("faults: " + ", ".join(f"{kind} {count}" for kind, count in sorted(faults.items())))
+        print(f"slowest settle: {slowest[0]:.1f} s after the faults stopped (seed {-slowest[1]})")
     print(f"sim: {runs} seeds, {steps} steps, {violations} violations, "
           f"{time.perf_counter() - started:.1f} s")
     return 1 if violations else 0
@@ -86,4 +151,5 @@ if __name__ == "__main__":
     if os.environ.get("PYTHONHASHSEED") is None:
         os.environ["PYTHONHASHSEED"] = "0"
         os.execv(sys.executable, [sys.executable, "-m", "etcdq_v2.testing.sim"] + sys.argv[1:])
+    gc.freeze()  # what the imports made lives on: the collector need not walk it again
     sys.exit(main())

@@ -43,7 +43,16 @@ def encode(value: Any) -> str:
     does the work unless those appear.
     """
     text = _FAST.encode(value)
-    return _slow(value) if _UNLIKE_GO.search(text) else text
+    return _slow(value) if _unlike_go(text) else text
+
+
+def _unlike_go(text: str) -> bool:
+    """Whether ``text`` has what _UNLIKE_GO matches: a scan per character is much
+    cheaper than the regular expression's alternation, and an ASCII text has none
+    of its other characters."""
+    if "<" in text or ">" in text or "&" in text or "\\b" in text or "\\f" in text:
+        return True
+    return not text.isascii() and _UNLIKE_GO.search(text) is not None
 
 
 def _slow(value: Any) -> str:

@@ -2,7 +2,8 @@
 at a time, seeded choices.
 
 :class:`SimRuntime` is an :class:`etcdq_v2.runtime.Runtime` whose threads are
-real OS threads of which exactly one runs at a time: it holds the baton.
+greenlets of the OS thread that calls ``run()``, of which exactly one runs at
+a time: it holds the baton.
 Every blocking call of the runtime (sleep, a wait on a condition or event, a
 lock that is held, an inbox that is empty, starting or joining a thread)
 hands the baton back to the scheduler, which picks the next sim-thread that
@@ -21,7 +22,9 @@ trace is no longer the seed's alone.
 
 ``run(target)`` runs ``target`` as the sim-thread "main"; the run ends when it
 returns (as a process ends with its main thread: the other sim-threads are
-stopped where they wait, by an exception that unwinds them).
+stopped where they wait, by an exception that unwinds them, one after the
+other in the order they were made).  ``run`` itself is the hub: a sim-thread
+that ends returns to it, naming the one it handed the baton to.
 """
 
 from __future__ import annotations
@@ -30,13 +33,23 @@ import collections
 import itertools
 import math
 import random
-import threading
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
+
+from greenlet import getcurrent, greenlet
 
 from ...runtime import InboxLike, Runtime, ThreadLike
 
 #: The wall clock (seconds since the epoch) at virtual time 0.
 EPOCH = 1_700_000_000.0
+
+
+def _always() -> bool:
+    return True
+
+
+def _never() -> bool:
+    """A sleep's readiness: only its deadline ends it (the scheduler need not ask)."""
+    return False
 
 
 class Deadlock(RuntimeError):
@@ -50,16 +63,20 @@ class Stopped(BaseException):
 
 
 class _SimThread:
-    """One sim-thread: a real thread that runs only while it holds the baton."""
+    """One sim-thread: a greenlet that runs only while it holds the baton.
+
+    A hand-over is a switch between greenlets of one OS thread, not a
+    thread switch through the kernel: about a microsecond instead of tens."""
 
     def __init__(self, sim: "SimRuntime", target: Callable[..., Any], name: str,
                  args: Tuple[Any, ...]) -> None:
         self.sim = sim
         self.number = next(sim._numbers)
         self.name = name
+        #: How the trace names it.
+        self.label = f"{name}#{self.number}"
         self.daemon = True
         self._target, self._args = target, args
-        self.baton = threading.Semaphore(0)
         #: None: it runs (or may run at once); else what it waits for.
         self.ready: Optional[Callable[[], bool]] = None
         self.deadline = math.inf
@@ -68,7 +85,8 @@ class _SimThread:
         self.started = self.done = False
         self.error: Optional[BaseException] = None
         self.result: Any = None
-        self.os_thread = threading.Thread(target=self._main, name=f"sim-{name}", daemon=True)
+        #: Made when it starts; its parent is the run's hub, which it returns to on ending.
+        self.glet: Optional[greenlet] = None
 
     # ThreadLike
     def start(self) -> None:
@@ -78,7 +96,7 @@ class _SimThread:
             raise RuntimeError(f"sim-thread {self.name} started twice")
         self.started = True
         self.sim._spawn(self)
-        self.sim._block(lambda: True, "start")  # the new thread may run first
+        self.sim._block(_always, "start")  # the new thread may run first
 
     def join(self, timeout: Optional[float] = None) -> None:
         self.sim._block(lambda: self.done, f"join {self.name}", timeout)
@@ -87,8 +105,6 @@ class _SimThread:
         return self.started and not self.done
 
     def _main(self) -> None:
-        self.baton.acquire()
-        self.sim._enter(self)
         try:
             if not self.sim._stopped:
                 self.result = self._target(*self._args)
@@ -124,11 +140,16 @@ class SimRuntime(Runtime):
         self._tokens = random.Random(f"tokens-{seed}")
         self._numbers = itertools.count()
         self._threads: List[_SimThread] = []
-        self._by_ident: Dict[int, _SimThread] = {}
+        #: The sim-threads started and not ended, in the order they started.
+        self._live: List[_SimThread] = []
         self._stopped = False
         self._error: Optional[BaseException] = None
         self._main: Optional[_SimThread] = None
-        self._over = threading.Event()
+        #: The sim-thread holding the baton; the greenlet that called run(); the
+        #: sim-thread the hub starts next (the one an ending sim-thread handed on to).
+        self._running: Optional[_SimThread] = None
+        self._hub: Optional[greenlet] = None
+        self._next: Optional[_SimThread] = None
 
     # -- the run -------------------------------------------------------------
     def run(self, target: Callable[..., Any], *args: Any) -> Any:
@@ -136,20 +157,30 @@ class SimRuntime(Runtime):
         Deadlock if the sim-threads come to wait for each other."""
         if self._main is not None:
             raise RuntimeError("a SimRuntime runs once")
+        self._hub = getcurrent()
         main = self._main = _SimThread(self, target, "main", args)
         main.started = True
         self._threads.append(main)
-        main.os_thread.start()
-        self.trace.append(f"{self.now:.6f} main#{main.number}")
-        main.baton.release()
-        self._over.wait()
-        for thread in self._threads:
-            thread.os_thread.join(5)
+        self._live.append(main)
+        main.glet = greenlet(main._main, parent=self._hub)
+        self.trace.append(f"{self.now:.6f} {main.label}")
+        # The hub: a sim-thread that ends comes back here, naming the next one.
+        self._next = main
+        while self._next is not None:
+            thread, self._next = self._next, None
+            self._switch(thread)
+        self._unwind()
         if self._error is not None:
             raise self._error
         if main.error is not None:
             raise main.error
         return main.result
+
+    def _unwind(self) -> None:
+        """Resume every sim-thread still waiting, in order: its wait raises Stopped."""
+        for thread in self._threads:
+            if thread.glet is not None and not thread.glet.dead:
+                self._switch(thread)
 
     # -- time ----------------------------------------------------------------
     def monotonic(self) -> float:
@@ -163,9 +194,9 @@ class SimRuntime(Runtime):
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
-            self._block(lambda: False, f"sleep {seconds:g}", seconds)
+            self._block(_never, f"sleep {seconds:g}", seconds)
         else:
-            self._block(lambda: True, "sleep 0")
+            self._block(_always, "sleep 0")
 
     # -- concurrency -----------------------------------------------------------
     def Lock(self) -> "SimLock":  # noqa: N802
@@ -188,6 +219,9 @@ class SimRuntime(Runtime):
     def Inbox(self) -> "InboxLike[Any]":  # noqa: N802
         return SimInbox(self)
 
+    def local(self) -> "SimLocal":
+        return SimLocal()
+
     def token(self) -> str:
         return f"{self._tokens.getrandbits(96):024x}"
 
@@ -201,18 +235,22 @@ class SimRuntime(Runtime):
     # -- the scheduler ---------------------------------------------------------
     def current(self) -> _SimThread:
         """The calling sim-thread (RuntimeError from any other thread)."""
-        thread = self._by_ident.get(threading.get_ident())
-        if thread is None:
+        thread = self._running
+        if thread is None or thread.glet is not getcurrent():
             raise RuntimeError("a blocking call of a SimRuntime from outside its sim-threads")
         return thread
 
     def _spawn(self, thread: _SimThread) -> None:
         self._threads.append(thread)
-        thread.ready, thread.waits_for = (lambda: True), "its start"
-        thread.os_thread.start()
+        self._live.append(thread)
+        thread.ready, thread.waits_for = _always, "its start"
+        thread.glet = greenlet(thread._main, parent=self._hub)
 
-    def _enter(self, thread: _SimThread) -> None:
-        self._by_ident[threading.get_ident()] = thread
+    def _switch(self, thread: _SimThread) -> None:
+        """Run ``thread`` until it hands the baton on (back here, or to another)."""
+        self._running = thread
+        assert thread.glet is not None
+        thread.glet.switch()
 
     def _block(self, ready: Callable[[], bool], what: str,
                timeout: Optional[float] = None) -> bool:
@@ -224,13 +262,13 @@ class SimRuntime(Runtime):
         me.ready, me.waits_for, me.timed_out = ready, what, False
         me.deadline = math.inf if timeout is None else self.now + max(timeout, 0.0)
         self._hand_on(me)
-        me.baton.acquire()
         if self._stopped:
             raise Stopped()
         return not me.timed_out
 
     def _exit(self, thread: _SimThread) -> None:
         thread.done, thread.ready, thread.waits_for = True, None, "ended"
+        self._live.remove(thread)
         if self._stopped:
             return
         if thread is self._main:
@@ -239,40 +277,63 @@ class SimRuntime(Runtime):
             self._hand_on(None)
 
     def _hand_on(self, waiting: Optional[_SimThread]) -> None:
-        """Give the baton to the next sim-thread (perhaps ``waiting`` itself)."""
+        """Give the baton to the next sim-thread (perhaps ``waiting`` itself);
+        return once ``waiting`` has it again, or the run ended.  A sim-thread
+        that ends (``waiting`` None) hands on through the hub, so that its
+        greenlet ends."""
         chosen = self._pick()
-        if chosen is None:
+        if chosen is None:  # the run ended: back to the hub, which unwinds
+            if waiting is not None:
+                assert self._hub is not None
+                self._hub.switch()
             return
         chosen.ready, chosen.waits_for = None, ""
-        self.trace.append(f"{self.now:.6f} {chosen.name}#{chosen.number}")
-        chosen.baton.release()
+        self.trace.append(f"{self.now:.6f} {chosen.label}")
+        if chosen is waiting:
+            return
+        if waiting is None:
+            self._next = chosen
+        else:
+            self._switch(chosen)
 
     def _pick(self) -> Optional[_SimThread]:
         """The next sim-thread to run, moving time on to the earliest deadline if
         none can go on now; None once the run has ended (a deadlock ends it)."""
-        waiting = [t for t in self._threads if t.ready is not None and not t.done]
-        able = [t for t in waiting if t.ready() or t.deadline <= self.now]  # type: ignore[misc]
+        # One pass, in start order: the threads able to go on now, else those
+        # whose deadline is the soonest.  ready() has no side effects: it is not
+        # asked of a thread already due, nor of a sleep.
+        now = self.now
+        able: List[_SimThread] = []
+        soonest, due = math.inf, []
+        for thread in self._live:
+            ready = thread.ready
+            if ready is None:
+                continue
+            deadline = thread.deadline
+            if deadline <= now or (ready is not _never and ready()):
+                able.append(thread)
+            elif deadline < soonest:
+                soonest, due = deadline, [thread]
+            elif deadline == soonest:
+                due.append(thread)
         if not able:
-            soonest = min((t.deadline for t in waiting), default=math.inf)
             if soonest == math.inf:
+                waiting = [t for t in self._live if t.ready is not None]
                 self._error = Deadlock(
-                    f"seed {self.seed}: no sim-thread can go on at {self.now:g} s: "
+                    f"seed {self.seed}: no sim-thread can go on at {now:g} s: "
                     + "; ".join(f"{t.name} waits for {t.waits_for}" for t in waiting))
                 self._stop()
                 return None
-            self.now = soonest
-            able = [t for t in waiting if t.deadline <= self.now]
+            self.now, able = soonest, due
         chosen = self._picks.choice(able)
         chosen.timed_out = not chosen.ready()  # type: ignore[misc]
         return chosen
 
     def _stop(self) -> None:
-        """End the run: every waiting sim-thread unwinds with Stopped."""
+        """End the run: the hub resumes every waiting sim-thread, which unwinds
+        with Stopped."""
         self._stopped = True
-        for thread in self._threads:
-            if thread.ready is not None and not thread.done:
-                thread.baton.release()
-        self._over.set()
+        self._next = None
 
 
 class SimLock:
@@ -390,6 +451,34 @@ class SimEvent:
             return True
         self._sim._block(lambda: self._flag, "an event", timeout)
         return self._flag
+
+
+class SimLocal:
+    """threading.local() for sim-threads: greenlets of one OS thread share its
+    threading.local, so each greenlet gets its own attributes here."""
+
+    __slots__ = ("_by_greenlet",)
+
+    def __init__(self) -> None:
+        self._by_greenlet: Dict[greenlet, Dict[str, Any]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        mine = self._by_greenlet.get(getcurrent())
+        if mine is None or name not in mine:
+            raise AttributeError(name)
+        return mine[name]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_by_greenlet":
+            object.__setattr__(self, name, value)
+        else:
+            self._by_greenlet.setdefault(getcurrent(), {})[name] = value
+
+    def __delattr__(self, name: str) -> None:
+        mine = self._by_greenlet.get(getcurrent())
+        if mine is None or name not in mine:
+            raise AttributeError(name)
+        del mine[name]
 
 
 class SimInbox:
