@@ -433,7 +433,9 @@ class ViewMachine(RuleBasedStateMachine):
             if '"c":' in raw:
                 self.hints.setdefault(ident, set()).add(at)
         if locks_listed:
-            for ident in set(self.state.items) | set(self.attempts):
+            # Every item of work/ too: one the state forgot (found gone) is
+            # listed again with the locks/ listing of the same round.
+            for ident in set(self.state.items) | set(self.attempts) | set(self.etcd.items):
                 if ident in self.etcd.locks:
                     self.signs[ident] = max(self.signs.get(ident, 0), self.etcd.locks[ident])
                 else:
