@@ -237,6 +237,33 @@ def consumer(make: Callable[[], Queue], name: str, plan: Plan, history: History,
         _settle(queue, claim, name, plan, history)
 
 
+def waiter(queue: Queue, name: str, plan: Plan, history: History) -> None:
+    """Claims with no timeout (each claim() waits until an item comes or the
+    queue is closed) and completes what it gets, until close() ends its wait."""
+    sim = queue.runtime
+    history.queues[name] = queue
+    history.nodes.setdefault(name, set()).add(queue.node_id)
+    while True:
+        started = sim.monotonic()
+        history.idle.setdefault(name, started)
+        try:
+            claim = queue.claim(timeout=None)
+        except QueueClosed:
+            history.idle.pop(name, None)
+            return
+        except EtcdqError as exc:
+            history.idle.pop(name, None)
+            history.error(exc)
+            if isinstance(exc, Unavailable):
+                history.unavailable.append((started, sim.monotonic(), name, repr(exc)))
+            sim.sleep(0.5)
+            continue
+        history.idle.pop(name, None)
+        if claim is not None:
+            history.hand_out(claim, name, sim.monotonic())
+            _settle(queue, claim, name, plan, history)
+
+
 def _window(queue: Queue) -> int:
     """How many items from the head the queue's next claim looks at (docs/protocol.md,
     "Where a claim looks"): 1 is put order."""

@@ -62,7 +62,8 @@ claims-available           no claim() called once the faults' aftermath is over
 wait-agrees                every outcome wait() returned is the item's record at
                            the end
 no-thread-died             no sim-thread of the library died of an exception
-no-deadlock                the run's sim-threads never all waited with no deadline
+no-deadlock                the run's sim-threads never all waited with no deadline,
+                           and a claim(timeout=None) returned once its queue closed
 =========================  =====================================================
 
 The checks made as the run goes (:class:`Live`) read a view's state only

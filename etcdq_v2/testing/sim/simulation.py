@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, cast
+from typing import Any, Callable, Dict, List, Optional, cast
 
 from ...keys import Layout
 from ...queue import Queue
@@ -24,7 +24,7 @@ from ...wire import Member
 from ...worker import Worker
 from . import invariants
 from .actors import (Commit, History, Plan, _put_one, canceller, consumer, operator,
-                     producer, worker)
+                     producer, waiter, worker)
 from .cluster import SWEEP_PERIOD, Cluster
 from .invariants import Bounds, Live, Violation
 from .net import NO_FAULTS, FaultRates, Network
@@ -159,6 +159,8 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
         queues.append(made)
         return made
 
+    waiting: List[Any] = []  # the sim-thread that claims with no timeout
+
     def drain(since: float) -> Optional[str]:
         """Wait until work/ is empty after ``since``: why not within LIVENESS_BOUND."""
         while True:
@@ -177,6 +179,8 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
         and by the consumers' processes (not a killed one)."""
         rng = random.Random(f"late-{seed}")
         sim.sleep(start - sim.now)
+        waiting.append(sim.Thread(waiter, name="waiter", args=(queue("n"), "n0", plan, history)))
+        waiting[0].start()
         putters = [queue("p2")] + [made for name, made in sorted(history.queues.items())
                                    if name.startswith("c") and not
                                    (doomed is not None and name == "c0")]
@@ -227,6 +231,12 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
         stop[0] = True
         for running in started:
             running.stop(grace=False)
+        for thread in waiting:  # close() ends a claim() that waits with no timeout
+            history.queues["n0"].close()
+            thread.join(timeout=LOCK_TTL)
+            if thread.is_alive():
+                history.seen.append(("no-deadlock", "a claim() with no timeout did not "
+                                     f"return within {LOCK_TTL} s of its queue's close()"))
         for made in queues:
             if not (doomed is not None and made.node_id.startswith("c0-")):
                 made.close()  # a killed process closes nothing
