@@ -9,7 +9,8 @@ import pytest
 
 from etcdq_v2.testing.sim.__main__ import main
 from etcdq_v2.testing.sim.actors import History
-from etcdq_v2.testing.sim.invariants import NAMES, Stored, waits_agree
+from etcdq_v2.testing.sim.invariants import (NAMES, Bounds, Live, Stored, claims_available,
+                                             waits_agree)
 from etcdq_v2.testing.sim.mutants import MUTANTS, mutant
 from etcdq_v2.testing.sim.simulation import simulate
 
@@ -88,3 +89,38 @@ def test_an_outcome_wait_returned_that_the_store_does_not_hold_breaks_wait_agree
     assert [v.name for v in waits_agree(history, store)] == ["wait-agrees"]  # b is nowhere
     store.failed["b"] = (7, "{}")
     assert list(waits_agree(history, store)) == []
+
+
+def _starving_after(history: History, checks: List[float]) -> List[str]:
+    """What no-starving-while-idle says when the store holds item a free and b
+    locked at each of ``checks`` (a bound of 14 s, the aftermath over at 0)."""
+    live = Live(history, None, "", Bounds(5, 90, 90, 15, starve=14.0), lone=False)  # type: ignore[arg-type]
+    live.calm = lambda: 0.0
+    store = Stored(work={"a": (3, "{}"), "b": (4, "{}")}, completed={}, failed={},
+                   locks={"b": (5, "{}")})
+    for now in checks:
+        live._starving(store, now)
+    return [detail for name, detail in history.seen if name == "no-starving-while-idle"]
+
+
+def test_a_free_item_unclaimed_past_its_bound_while_a_consumer_idles_breaks_no_starving() -> None:
+    idle = History()
+    idle.idle = {"c1": 0.0}
+    assert _starving_after(idle, [1.0, 14.0]) == []  # within the bound
+    said = _starving_after(idle, [1.0, 14.0, 16.0])
+    assert len(said) == 1 and "item a " in said[0]  # b is locked: not free
+    paused = History()
+    paused.idle, paused.paused = {"c1": 0.0}, {"c1": [(2.0, 3.0)]}
+    assert _starving_after(paused, [1.0, 16.0]) == []  # a paused process is not idle
+    busy = History()  # nobody idle: nobody to hand it to
+    assert _starving_after(busy, [1.0, 16.0]) == []
+
+
+def test_a_claim_that_raised_unavailable_once_every_member_answers_breaks_claims_available() -> None:
+    history = History()
+    history.unavailable = [(10.0, 16.0, "c1", "Unavailable()")]
+    assert list(claims_available(history, 20.0)) == []  # called while faults lasted
+    history.unavailable.append((30.0, 36.0, "c2", "Unavailable()"))
+    assert [v.name for v in claims_available(history, 20.0)] == ["claims-available"]
+    history.paused = {"c2": [(35.0, float("inf"))]}  # killed meanwhile: its claims must fail
+    assert list(claims_available(history, 20.0)) == []

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set, Tuple
 
 from ...claim import Claim
-from ...errors import EtcdqError, QueueClosed
+from ...errors import EtcdqError, QueueClosed, Unavailable
 from ...queue import Queue
 from ...worker import Worker, current_task
 
@@ -80,6 +80,11 @@ class History:
     waits: List[Tuple[str, str, str]] = field(default_factory=list)
     #: The claims a Worker's handlers got (their commits are the Worker's to make).
     worked: List[Claim] = field(default_factory=list)
+    #: Each consumer's claim loop that is handed nothing: since when its claim()
+    #: calls have returned None (set at a call's start, cleared by a hand-out or an error).
+    idle: Dict[str, float] = field(default_factory=dict)
+    #: claim() calls that raised Unavailable: (called, raised, consumer, the error).
+    unavailable: List[Tuple[float, float, str, str]] = field(default_factory=list)
 
     def hand_out(self, claim: Claim, consumer: str, now: float, fifo: bool = False) -> None:
         """A claim was handed out to ``consumer``."""
@@ -196,19 +201,25 @@ def consumer(make: Callable[[], Queue], name: str, plan: Plan, history: History,
         if faulty and rng.random() < 0.02:
             _close_soon(queue, history, rng.uniform(0.0, 1.0))
         started, window = sim.monotonic(), _window(queue)
+        history.idle.setdefault(name, started)
         try:
             claim = queue.claim(timeout=rng.uniform(0.5, 2.0))
         except QueueClosed:  # closed under it: a new one, as a process would
+            history.idle.pop(name, None)
             queue = make()
             history.queues[name] = queue
             history.nodes[name].add(queue.node_id)
             continue
         except EtcdqError as exc:
+            history.idle.pop(name, None)
             history.error(exc)
+            if isinstance(exc, Unavailable):
+                history.unavailable.append((started, sim.monotonic(), name, repr(exc)))
             sim.sleep(0.5)
             continue
         if claim is None:
             continue
+        history.idle.pop(name, None)
         closed = history.closed.get(id(queue))
         if closed is not None and closed <= started:
             history.seen.append(("no-claim-after-close", f"{name} was handed item {claim.id} "
@@ -224,6 +235,33 @@ def consumer(make: Callable[[], Queue], name: str, plan: Plan, history: History,
         else:
             sim.sleep(rng.uniform(0.0, 0.5))
         _settle(queue, claim, name, plan, history)
+
+
+def waiter(queue: Queue, name: str, plan: Plan, history: History) -> None:
+    """Claims with no timeout (each claim() waits until an item comes or the
+    queue is closed) and completes what it gets, until close() ends its wait."""
+    sim = queue.runtime
+    history.queues[name] = queue
+    history.nodes.setdefault(name, set()).add(queue.node_id)
+    while True:
+        started = sim.monotonic()
+        history.idle.setdefault(name, started)
+        try:
+            claim = queue.claim(timeout=None)
+        except QueueClosed:
+            history.idle.pop(name, None)
+            return
+        except EtcdqError as exc:
+            history.idle.pop(name, None)
+            history.error(exc)
+            if isinstance(exc, Unavailable):
+                history.unavailable.append((started, sim.monotonic(), name, repr(exc)))
+            sim.sleep(0.5)
+            continue
+        history.idle.pop(name, None)
+        if claim is not None:
+            history.hand_out(claim, name, sim.monotonic())
+            _settle(queue, claim, name, plan, history)
 
 
 def _window(queue: Queue) -> int:

@@ -53,10 +53,17 @@ lone-put-order             in a run with one consumer, no item is handed out at 
                            "Where a claim looks") while an older one had been
                            free in the store, and held free by its view, for
                            ORDER_SLACK
+no-starving-while-idle     once the faults' aftermath is over (Live.calm), no item
+                           free in the store (in work/, no lock, no delay lock)
+                           stays so for longer than STARVE_BOUND while a consumer
+                           was idle in claim() (handed nothing) all that time
+claims-available           no claim() called once the faults' aftermath is over
+                           (every member answers) raised Unavailable
 wait-agrees                every outcome wait() returned is the item's record at
                            the end
 no-thread-died             no sim-thread of the library died of an exception
-no-deadlock                the run's sim-threads never all waited with no deadline
+no-deadlock                the run's sim-threads never all waited with no deadline,
+                           and a claim(timeout=None) returned once its queue closed
 =========================  =====================================================
 
 The checks made as the run goes (:class:`Live`) read a view's state only
@@ -67,7 +74,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from ...claim import Claim
 from ...codec import Item, Junk, Lock, Record
@@ -79,7 +86,7 @@ from .cluster import Cluster
 NAMES = ("acknowledged-put-kept", "stored-once", "one-outcome", "no-commit-after-reclaim",
          "no-hand-out-after-outcome", "one-live-claim", "delay-kept", "cancel-wins", "liveness",
          "no-claim-after-close", "closed-claims-lost", "refresh-of-own-lock", "heartbeat-on-time", "one-version",
-         "view-taken-freed", "view-knows-work", "lone-put-order", "wait-agrees",
+         "view-taken-freed", "view-knows-work", "lone-put-order", "no-starving-while-idle", "claims-available", "wait-agrees",
          "no-thread-died", "no-deadlock")
 
 
@@ -345,6 +352,8 @@ class Bounds:
     known: float
     #: How long an older item may have been free when a lone consumer is handed another.
     order: float
+    #: How long an item may stay free in the store while a consumer is idle in claim().
+    starve: float = math.inf
     #: How late a refresh may leave after its due time.
     grace: float = 0.5
 
@@ -375,6 +384,11 @@ class Live:
     _failed: Dict[int, float] = field(default_factory=dict)  # id(claim) -> refresh failure seen
     #: The longest each bounded state lasted (figures: how close to the bound).
     longest: Dict[str, float] = field(default_factory=dict)
+    #: From when no-starving-while-idle judges: the end of the faults' aftermath
+    #: (inf while the faults last: it depends on what struck).
+    calm: Callable[[], float] = lambda: math.inf
+    #: item -> since when the store has held it free (no lock, no delay lock).
+    _free_since: Dict[str, float] = field(default_factory=dict)
 
     def check(self, now: float, *, store: bool) -> None:
         """The checks on the library's state; ``store``: also those that compare
@@ -390,6 +404,8 @@ class Live:
             if held is not None:
                 self._view(name, view, held, now)
         self._claims(now)
+        if held is not None:
+            self._starving(held, now)
         if self.lone and held is not None:
             self._order(held, now)
 
@@ -497,6 +513,29 @@ class Live:
                    f"its refresh at {due:.3f}, had no request on the network by {now:.3f}")
         self._failed[key] = math.inf  # said once
 
+    def _starving(self, store: Stored, now: float) -> None:
+        """no-starving-while-idle: no item free in the store for longer than
+        ``starve`` (counted from ``calm`` at the earliest) while a consumer that
+        was neither paused nor killed was idle in claim() all that time."""
+        free = [item for item in sorted(store.work) if item not in store.locks]
+        self._free_since = {item: self._free_since.get(item, now) for item in free}
+        calm = self.calm()
+        if now < calm:
+            return
+        cut = now - self.bounds.starve
+        idle = sorted(name for name, since in self.history.idle.items()
+                      if since <= cut and not self.history.was_paused(name, since, now))
+        for item, since in self._free_since.items():
+            start = max(since, calm)
+            self.longest["no-starving-while-idle"] = max(
+                self.longest.get("no-starving-while-idle", 0.0), now - start)
+            if idle and start <= cut:
+                self._seen("no-starving-while-idle", f"item {item} has been free in the store "
+                           f"from {start:.3f} to {now:.3f} (bound {self.bounds.starve:g} s) "
+                           f"while {idle[0]} was idle in claim() since "
+                           f"{self.history.idle[idle[0]]:.3f}")
+                self._free_since[item] = math.inf  # said once
+
     def _order(self, store: Stored, now: float) -> None:
         """lone-put-order, for the hand-outs since the last check: none at a window
         of one while an older item had been free in the store, and held free by
@@ -543,6 +582,17 @@ def refreshes_of_others(cluster: Cluster, root: str, senders: Dict[int, str],
             yield Violation("refresh-of-own-lock", f"a refresh of {request.key} by {sender} "
                             f"applied at index {pending.reply.headers.get('x-etcd-index')} "
                             f"on the lock of another claim ({lock.node_id})")
+            return
+
+
+def claims_available(history: History, since: float) -> Iterator[Violation]:
+    """claims-available: no claim() called at or after ``since`` (the faults'
+    aftermath over: every member answers) in a process neither paused nor killed
+    meanwhile (a killed one sends nothing, so its claims must fail) raised Unavailable."""
+    for called, raised, name, error in history.unavailable:
+        if called >= since and not history.was_paused(name, called, raised):
+            yield Violation("claims-available", f"a claim() of {name} called at {called:.3f} "
+                            f"raised at {raised:.3f}, with every member answering: {error}")
             return
 
 

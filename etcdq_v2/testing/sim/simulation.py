@@ -11,9 +11,10 @@ or until LIVENESS_BOUND past the end of the faults; then the invariants
 """
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, cast
+from typing import Any, Callable, Dict, List, Optional, cast
 
 from ...keys import Layout
 from ...queue import Queue
@@ -22,7 +23,8 @@ from ...viewstate import ROUND
 from ...wire import Member
 from ...worker import Worker
 from . import invariants
-from .actors import Commit, History, Plan, canceller, consumer, operator, producer, worker
+from .actors import (Commit, History, Plan, _put_one, canceller, consumer, operator,
+                     producer, waiter, worker)
 from .cluster import SWEEP_PERIOD, Cluster
 from .invariants import Bounds, Live, Violation
 from .net import NO_FAULTS, FaultRates, Network
@@ -56,6 +58,22 @@ TRUSTED_BOUND = 6 * LOCK_TTL
 #: an item freed unseen (its lock expired) is found by the view's listing of
 #: locks/ once per lock TTL, whose failure is retried up to a lock TTL later.
 ORDER_SLACK = 2 * LOCK_TTL + 5.0
+#: A free item may wait this long while a consumer is idle in claim() (no
+#: faults): an idle consumer's view watches, and hears the item's put or its
+#: lock's delete or expire at once; a sign older than its stream is checked
+#: CONFIRM (1 s) after; an orphan (F3 never came) is offered an orphan delay
+#: (the transport's deadline, 3 x 2 s) after its lock's delete; a quiet view
+#: lists locks/ once per lock TTL; and the checks read the store every
+#: CHECK_VIEWS_EVERY.
+STARVE_BOUND = LOCK_TTL + 3 * 2.0 + 1.0 + 2 * CHECK_VIEWS_EVERY
+#: The faults' aftermath: a request held in flight arrives up to 16 s late, a
+#: member frozen up to 15 s or lagging up to 10 s answers again; a view's round
+#: listed before a stream went silent or its member was restored from a
+#: snapshot ends within ROUND, added when one of those struck.
+AFTERMATH = 16.0
+#: Items put once the aftermath is over (by a producer and by the consumers'
+#: processes, as pipeline stages), to judge claims that no fault disturbs.
+LATE_ITEMS = 4
 #: The most a member's clock is ahead of the simulation's (and the clients').
 MAX_SKEW = 1.5
 ROOT = "/etcdq"
@@ -111,8 +129,18 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
     trusted = fault_rates.silence_stream == 0 and fault_rates.restore == 0
     live = Live(history, cluster, Layout(ROOT, NAME).root,
                 Bounds(LOCK_TTL, TRUSTED_BOUND if trusted else TAKEN_BOUND,
-                       TRUSTED_BOUND if trusted else KNOWN_BOUND, ORDER_SLACK),
+                       TRUSTED_BOUND if trusted else KNOWN_BOUND, ORDER_SLACK, STARVE_BOUND),
                 lone=consumers + workers == 1, touched=network.touched)
+
+    def calm() -> float:
+        """When the faults' aftermath is over (inf while they last)."""
+        if not faults:
+            return 0.0
+        if sim.now < faults_until:
+            return math.inf
+        stale = network.faults.get("silence_stream", 0) + network.faults.get("restore", 0)
+        return faults_until + AFTERMATH + (ROUND if stale else 0.0)
+    live.calm = calm
     history.paused = network.spans
     # In a third of the seeds with faults, consumer c0's process dies after a
     # random number of its requests (it stops dead: see Network.kill_after).
@@ -130,6 +158,35 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
                      backoff=[0.5, 1.0, 2.0])
         queues.append(made)
         return made
+
+    waiting: List[Any] = []  # the sim-thread that claims with no timeout
+
+    def drain(since: float) -> Optional[str]:
+        """Wait until work/ is empty after ``since``: why not within LIVENESS_BOUND."""
+        while True:
+            sim.sleep(1.0)
+            now = sim.now
+            store = invariants.stored(cluster, root, now)
+            if now >= since and not store.work:
+                return None
+            if now >= since + LIVENESS_BOUND:
+                return (f"{len(store.work)} items still in work/ at {now:.1f} s, "
+                        f"{LIVENESS_BOUND:g} s after {since:g} s (the faults stopped at "
+                        f"{faults_until:g} s): {sorted(store.work)[:5]}")
+
+    def late(start: float) -> None:
+        """LATE_ITEMS puts from ``start`` on, a second or two apart, by a producer
+        and by the consumers' processes (not a killed one)."""
+        rng = random.Random(f"late-{seed}")
+        sim.sleep(start - sim.now)
+        waiting.append(sim.Thread(waiter, name="waiter", args=(queue("n"), "n0", plan, history)))
+        waiting[0].start()
+        putters = [queue("p2")] + [made for name, made in sorted(history.queues.items())
+                                   if name.startswith("c") and not
+                                   (doomed is not None and name == "c0")]
+        for n in range(LATE_ITEMS):
+            _put_one(rng.choice(putters), f"late-{n}", history)
+            sim.sleep(rng.uniform(0.0, 2.0))
 
     def main() -> None:
         if prepare is not None:
@@ -166,22 +223,20 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
             thread.start()
         for thread in makers:
             thread.join()
-        give_up = faults_until + LIVENESS_BOUND
-        while True:
-            sim.sleep(1.0)
-            now = sim.now
-            store = invariants.stored(cluster, root, now)
-            if now >= faults_until and not store.work:
-                settled[0] = now - faults_until
-                break
-            if now >= give_up:
-                outcome[0] = (f"{len(store.work)} items still in work/ at {now:.1f} s, "
-                              f"{LIVENESS_BOUND:g} s after the faults stopped at "
-                              f"{faults_until:g} s: {sorted(store.work)[:5]}")
-                break
+        outcome[0] = drain(faults_until)
+        if outcome[0] is None:
+            settled[0] = sim.now - faults_until
+            late(max(calm(), sim.now))
+            outcome[0] = drain(sim.now)
         stop[0] = True
         for running in started:
             running.stop(grace=False)
+        for thread in waiting:  # close() ends a claim() that waits with no timeout
+            history.queues["n0"].close()
+            thread.join(timeout=LOCK_TTL)
+            if thread.is_alive():
+                history.seen.append(("no-deadlock", "a claim() with no timeout did not "
+                                     f"return within {LOCK_TTL} s of its queue's close()"))
         for made in queues:
             if not (doomed is not None and made.node_id.startswith("c0-")):
                 made.close()  # a killed process closes nothing
@@ -205,6 +260,9 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
                                           "complete", claim.outcome))
     violations += list(invariants.refreshes_of_others(cluster, root, network.senders, history))
     violations += list(invariants.waits_agree(history, store))
+    # Every member answers once a held request, a freeze and a lag are over.
+    violations += list(invariants.claims_available(
+        history, faults_until + AFTERMATH if faults else 0.0))
     violations += invariants.check(history, store, invariants.fenced_commits(cluster, root),
                                    outcome[0], max(skews) + SWEEP_PERIOD,
                                    invariants.claim_writes(cluster, root))
