@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import random
 import sys
@@ -39,6 +38,7 @@ from etcdq_v2.testing.sim.cluster import Cluster  # noqa: E402
 from etcdq_v2.testing.sim.costs import Costs, Tally  # noqa: E402
 from etcdq_v2.testing.sim.net import Network  # noqa: E402
 from etcdq_v2.testing.sim.runtime import SimRuntime  # noqa: E402
+from etcdq_v2.testing.sim.simulation import quiet_library  # noqa: E402
 from etcdq_v2.transport import connect  # noqa: E402
 from etcdq_v2.wire import Member  # noqa: E402
 
@@ -241,10 +241,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="items per consumer in the steady stretch")
     parser.add_argument("--json", help="write every run's counts here")
     args = parser.parse_args(argv)
-    logging.getLogger("etcdq_v2").setLevel(logging.CRITICAL)
     runs = []
     for consumers in args.consumers:
-        run = measure(consumers, args.seed, args.window)
+        with quiet_library():
+            run = measure(consumers, args.seed, args.window)
         print(f"costs: {consumers} consumers, backlog {run.backlog}: {run.seconds:.0f} s",
               file=sys.stderr)
         runs.append(run)

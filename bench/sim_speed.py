@@ -18,7 +18,6 @@ difference over the table's steps is the instructions per step.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import statistics
 import sys
@@ -26,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from etcdq_v2.testing.sim.simulation import simulate
+from etcdq_v2.testing.sim.simulation import quiet_library, simulate
 
 
 @dataclass
@@ -40,11 +39,11 @@ class Seed:
 
 def measure(seeds: Sequence[int], consumers: int, items: int) -> List[Seed]:
     """Each seed's steps, requests, virtual seconds, wall and CPU seconds."""
-    logging.getLogger("etcdq_v2").setLevel(logging.CRITICAL)  # faults make it talk
     runs = []
     for seed in seeds:
         wall, cpu = time.perf_counter(), time.process_time()
-        result = simulate(seed, consumers=consumers, items=items)
+        with quiet_library():
+            result = simulate(seed, consumers=consumers, items=items)
         runs.append(Seed(result.handovers + result.requests, result.requests, result.virtual,
                          time.perf_counter() - wall, time.process_time() - cpu))
     return runs

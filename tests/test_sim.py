@@ -3,6 +3,7 @@ the invariants of docs/guarantees.md: a seed replays byte for byte, a run of
 seeds with faults finds no violation, and a defect put back is found."""
 from __future__ import annotations
 
+import logging
 from typing import List, Tuple
 
 import pytest
@@ -124,3 +125,15 @@ def test_a_claim_that_raised_unavailable_once_every_member_answers_breaks_claims
     assert [v.name for v in claims_available(history, 20.0)] == ["claims-available"]
     history.paused = {"c2": [(35.0, float("inf"))]}  # killed meanwhile: its claims must fail
     assert list(claims_available(history, 20.0)) == []
+
+
+def test_the_command_run_in_a_process_leaves_the_library_s_log_level_as_it_was() -> None:
+    # A test run after it in the same process must still see the library's warnings.
+    logger = logging.getLogger("etcdq_v2")
+    before = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        assert main(["--seed", "3", "--items", "4"]) == 0
+        assert logger.level == logging.WARNING
+    finally:
+        logger.setLevel(before)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Generator, List, Optional, Sequence, Tuple
 
 from .mutants import MUTANTS, mutant
-from .simulation import simulate
+from .simulation import quiet_library, simulate
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -111,7 +111,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("sim: --items, --seeds, --jobs and --consumers plus --workers must be at least 1",
               file=sys.stderr)
         return 2
-    _quiet()
+    with quiet_library():
+        return _run_seeds(args)
+
+
+def _run_seeds(args: argparse.Namespace) -> int:
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     started = time.perf_counter()
     steps = violations = runs = 0

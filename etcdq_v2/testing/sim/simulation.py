@@ -12,9 +12,11 @@ or until LIVENESS_BOUND past the end of the faults; then the invariants
 from __future__ import annotations
 
 import math
+import contextlib
+import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, cast
+from typing import Any, Callable, Dict, Iterator, List, Optional, cast
 
 from ...keys import Layout
 from ...queue import Queue
@@ -78,6 +80,20 @@ LATE_ITEMS = 4
 MAX_SKEW = 1.5
 ROOT = "/etcdq"
 NAME = "q"
+
+
+@contextlib.contextmanager
+def quiet_library() -> Iterator[None]:
+    """The library's loggers say only what is critical inside the block (a
+    simulation's faults make it warn; the invariants judge), and what they
+    said before after it: a caller in the same process, a test, keeps its logs."""
+    logger = logging.getLogger("etcdq_v2")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @dataclass
