@@ -95,7 +95,7 @@ def test_an_outcome_wait_returned_that_the_store_does_not_hold_breaks_wait_agree
 def _starving_after(history: History, checks: List[float]) -> List[str]:
     """What no-starving-while-idle says when the store holds item a free and b
     locked at each of ``checks`` (a bound of 14 s, the aftermath over at 0)."""
-    live = Live(history, None, "", Bounds(5, 90, 90, 15, starve=14.0), lone=False)  # type: ignore[arg-type]
+    live = Live(history, None, "", Bounds(5, 90, 90, 15, starve=14.0))  # type: ignore[arg-type]
     live.calm = lambda: 0.0
     store = Stored(work={"a": (3, "{}"), "b": (4, "{}")}, completed={}, failed={},
                    locks={"b": (5, "{}")})

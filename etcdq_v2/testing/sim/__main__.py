@@ -36,6 +36,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int,
                         help="Workers with concurrency (default 1, or the --mutant's schedule's)")
     parser.add_argument("--items", type=int, default=20)
+    parser.add_argument("--kills", type=float,
+                        help="the share of seeds in which consumer 0's process dies "
+                             "(default 0.3, or the --mutant's schedule's)")
+    parser.add_argument("--record-kills", type=float,
+                        help="the share of those kills that land at a record's PUT, between "
+                             "F2 and F3 (default 0.5, or the --mutant's schedule's)")
     parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--trace", help="write the run's trace here (with --seed)")
     parser.add_argument("--mutant", choices=sorted(MUTANTS),
@@ -62,16 +68,21 @@ class _Seed:
 
 
 def _schedule(args: argparse.Namespace) -> Dict[str, object]:
-    """The --mutant's schedule, less what --consumers and --workers say: its
-    fault rates and follow-up puts have no flag."""
+    """The --mutant's schedule, less what the flags say: its fault rates and
+    follow-up puts have no flag."""
     schedule = dict(MUTANTS[args.mutant].options) if args.mutant else {}
-    return {key: value for key, value in schedule.items() if key not in ("consumers", "workers")}
+    return {key: value for key, value in schedule.items() if key not in _FLAGGED}
+
+
+#: The schedule's options that have a flag (main() resolves them against the --mutant's).
+_FLAGGED = {"consumers": 3, "workers": 1, "kills": 0.3, "record_kills": 0.5}
 
 
 def _run(seed: int, args: argparse.Namespace, keep_trace: bool = False) -> _Seed:
     with mutant(args.mutant):
         result = simulate(seed, consumers=args.consumers, items=args.items, faults=args.faults,
-                          workers=args.workers, **_schedule(args))  # type: ignore[arg-type]
+                          workers=args.workers, kills=args.kills, record_kills=args.record_kills,
+                          **_schedule(args))  # type: ignore[arg-type]
     return _Seed(seed, result.handovers + result.requests,
                  [(violation.name, violation.detail) for violation in result.violations],
                  result.faults, result.settled, result.trace if keep_trace else None)
@@ -104,8 +115,9 @@ def _results(seeds: Sequence[int],
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     schedule = dict(MUTANTS[args.mutant].options) if args.mutant else {}
-    args.consumers = schedule.get("consumers", 3) if args.consumers is None else args.consumers
-    args.workers = schedule.get("workers", 1) if args.workers is None else args.workers
+    for option, default in _FLAGGED.items():
+        if getattr(args, option) is None:
+            setattr(args, option, schedule.get(option, default))
     if args.consumers + args.workers < 1 or args.workers < 0 or args.items < 1 \
             or args.seeds < 1 or args.jobs < 1:
         print("sim: --items, --seeds, --jobs and --consumers plus --workers must be at least 1",
@@ -137,6 +149,7 @@ def _run_seeds(args: argparse.Namespace) -> int:
         if result.violations:
             print(f"  replay: python -m etcdq_v2.testing.sim --seed {result.seed} "
                   f"--consumers {args.consumers} --workers {args.workers} --items {args.items} "
+                  f"--kills {args.kills:g} --record-kills {args.record_kills:g} "
                   f"{'--faults' if args.faults else '--no-faults'} "
                   f"--trace sim-{result.seed}.trace"
                   + (f" --mutant {args.mutant}" if args.mutant else ""), flush=True)

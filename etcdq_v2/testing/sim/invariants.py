@@ -48,11 +48,11 @@ view-taken-freed           no item stays taken in a view for longer than
                            TAKEN_BOUND after its lock went (the store has none)
 view-knows-work            no item stays in work/ unknown to a ready view for
                            longer than KNOWN_BOUND
-lone-put-order             in a run with one consumer, no item is handed out at a
-                           window of one (no lost race since: docs/protocol.md,
-                           "Where a claim looks") while an older one had been
-                           free in the store, and held free by its view, for
-                           ORDER_SLACK
+lone-put-order             no item is handed out at a window of one (a consumer
+                           that looks alone, in a run with any number of them;
+                           no lost race since: docs/protocol.md, "Where a claim
+                           looks") while an older one had been free in the
+                           store, and held free by its view, for ORDER_SLACK
 no-starving-while-idle     once the faults' aftermath is over (Live.calm), no item
                            free in the store (in work/, no lock, no delay lock)
                            stays so for longer than STARVE_BOUND while a consumer
@@ -350,7 +350,7 @@ class Bounds:
     taken: float
     #: An item in work/ that a ready view does not hold.
     known: float
-    #: How long an older item may have been free when a lone consumer is handed another.
+    #: How long an older item may have been free when a claim at a window of one gets another.
     order: float
     #: How long an item may stay free in the store while a consumer is idle in claim().
     starve: float = math.inf
@@ -362,13 +362,12 @@ class Bounds:
 class Live:
     """The invariants judged on the library's state as the run goes (every
     ``check``): one-version, view-taken-freed, view-knows-work,
-    lone-put-order (``lone``: a run with one consumer) and heartbeat-on-time."""
+    lone-put-order (every hand-out at a window of one) and heartbeat-on-time."""
 
     history: History
     cluster: Cluster
     root: str
     bounds: Bounds
-    lone: bool
     #: (process, request path) -> when a request of it was last on the network (Network.touched).
     touched: Dict[Tuple[str, str], float] = field(default_factory=dict)
     #: (item, index) -> the value a write of work/<item> at that index wrote.
@@ -401,13 +400,19 @@ class Live:
                 continue
             for item, (index, raw) in view.items.items():
                 self._one_version(f"the view of {name}", item, index, raw)
-            if held is not None:
+            if held is not None and not self._killed(name, now):
                 self._view(name, view, held, now)
         self._claims(now)
         if held is not None:
             self._starving(held, now)
-        if self.lone and held is not None:
+        if held is not None:
             self._order(held, now)
+
+    def _killed(self, name: str, now: float) -> bool:
+        """Whether ``name``'s process died by ``now``: its view serves no claim,
+        so what it knows is judged no more (its stream may still deliver)."""
+        return any(start <= now and end == math.inf
+                   for start, end in self.history.paused.get(name, []))
 
     def _seen(self, name: str, detail: str) -> None:
         self.history.seen.append((name, detail))

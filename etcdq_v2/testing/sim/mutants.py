@@ -363,7 +363,7 @@ MUTANTS: Dict[str, Mutant] = {
     "record-forgets-item": Mutant(
         [(ViewState, "_record", _record_forgets)], "view-knows-work",
         "an outcome record's event forgets its item while its finisher's lock is there",
-        {"rates": FaultRates(silence_stream=0, restore=0)}),
+        {"rates": FaultRates(silence_stream=0, restore=0), "kills": 1.0, "record_kills": 1.0}),
     "orphans-never-offered": Mutant(
         [(ViewState, "tick", _orphans_waited_for)], "liveness",
         "recorded items whose F3 never came offered only to a claim that waits"),

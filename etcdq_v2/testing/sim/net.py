@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from ...wire import Lost, NotSent, Refused, Response
 from .cluster import SWEEP_PERIOD, Cluster, Pending
@@ -81,6 +82,9 @@ class FaultRates:
     late_by: float = 8.0
     slow_reply: float = 0.005
 
+
+#: A record's key (F2 writes it): completed/<id> or failed/<id>.
+_RECORD = re.compile(r"/(completed|failed)/[^/?]+(\?|$)")
 
 NO_FAULTS = FaultRates(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, slow_reply=0)
 
@@ -125,6 +129,8 @@ class Network:
         self.spans: Dict[str, List[Tuple[float, float]]] = {}
         #: client -> after how many of its requests its process dies (kill_after).
         self._kill_at: Dict[str, int] = {}
+        #: client -> its kill waits, from that count on, for a request of a record (F2).
+        self._kill_at_record: Set[str] = set()
         self._sent_by: Dict[str, int] = {}
         self._thaw: Dict[int, float] = {}
         self._unlag: Dict[int, float] = {}
@@ -161,15 +167,24 @@ class Network:
         self._struck("pause")
         self.note(f"pause {client} until {self._paused[client]:.3f}")
 
-    def kill_after(self, client: str, count: int) -> None:
+    def kill_after(self, client: str, count: int, *, at_record: bool = False) -> None:
         """``client``'s process dies (SIGKILL) once it sent ``count`` requests:
         that one reaches its member, and from then on no thread of it reads a
-        reply or sends anything (its threads stop dead, nothing cleans up)."""
+        reply or sends anything (its threads stop dead, nothing cleans up).
+        ``at_record``: at its first record's PUT (F2) from the ``count``-th
+        request on, so that it dies between a commit's F2 and F3."""
         self._kill_at[client] = count
+        if at_record:
+            self._kill_at_record.add(client)
 
-    def _count(self, client: str) -> None:
+    def _count(self, client: str, method: str, path: str) -> None:
         sent = self._sent_by[client] = self._sent_by.get(client, 0) + 1
-        if sent == self._kill_at.get(client):
+        due = self._kill_at.get(client, math.inf)
+        if client in self._kill_at_record and sent >= due:
+            if method != "PUT" or not _RECORD.search(path):
+                return
+            self._kill_at[client] = due = sent
+        if sent == due:
             self._paused[client] = math.inf
             self.spans.setdefault(client, []).append((self.sim.now, math.inf))
             self._struck("kill")
@@ -222,7 +237,7 @@ class Network:
             self.requests += 1
             if self.costs is not None:
                 self.costs.request(method, path, body)
-            self._count(client)
+            self._count(client, method, path)
             fault = self._fault()
             refused = chained and fault is Fault.REFUSE
             self.note(f"{self.sim.current().name} {method} m{member} {path}"

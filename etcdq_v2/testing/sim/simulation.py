@@ -115,12 +115,16 @@ class Result:
 
 def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = True,
              workers: int = 1, follow_ups: float = 0.2,
-             rates: Optional[FaultRates] = None,
+             rates: Optional[FaultRates] = None, kills: float = 0.3,
+             record_kills: float = 0.5,
              prepare: Optional[Callable[[SimRuntime], None]] = None) -> Result:
     """Run seed ``seed``; ``prepare(sim)`` runs first in the main sim-thread.
     ``workers``: Workers with concurrency besides the ``consumers``' claim loops;
     ``follow_ups``: the share of completes (while faults last) after which a
-    consumer puts an item, as a pipeline stage does."""
+    consumer puts an item, as a pipeline stage does; ``kills``: the share of
+    seeds with faults (and 2 or more consumers) in which consumer 0's process
+    dies, and ``record_kills`` the share of those in which it dies at a
+    record's PUT (F2), between a commit's F2 and F3."""
     sim = SimRuntime(seed)
     clocks = random.Random(f"clocks-{seed}")
     # Members' clocks a little apart (up to MAX_SKEW): a leader ahead expires locks early.
@@ -146,7 +150,7 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
     live = Live(history, cluster, Layout(ROOT, NAME).root,
                 Bounds(LOCK_TTL, TRUSTED_BOUND if trusted else TAKEN_BOUND,
                        TRUSTED_BOUND if trusted else KNOWN_BOUND, ORDER_SLACK, STARVE_BOUND),
-                lone=consumers + workers == 1, touched=network.touched)
+                touched=network.touched)
 
     def calm() -> float:
         """When the faults' aftermath is over (inf while they last)."""
@@ -158,12 +162,17 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
         return faults_until + AFTERMATH + (ROUND if stale else 0.0)
     live.calm = calm
     history.paused = network.spans
-    # In a third of the seeds with faults, consumer c0's process dies after a
-    # random number of its requests (it stops dead: see Network.kill_after).
-    kills = random.Random(f"kills-{seed}")
-    doomed = kills.randint(10, 200) if faults and consumers >= 2 and kills.random() < 0.3 \
+    # In a share (``kills``) of the seeds with faults, consumer c0's process dies
+    # after a random number of its requests (it stops dead: see Network.kill_after).
+    deaths = random.Random(f"kills-{seed}")
+    doomed = deaths.randint(10, 200) if faults and consumers >= 2 and deaths.random() < kills \
         else None
-    if doomed is not None:
+    if doomed is not None and deaths.random() < record_kills:
+        # At its first record's PUT from a quarter of that count on (a run's
+        # early records: c0 sends fewer requests than 200 in many seeds).
+        doomed //= 4
+        network.kill_after("c0", doomed, at_record=True)
+    elif doomed is not None:
         network.kill_after("c0", doomed)
 
     def queue(node: str) -> Queue:
