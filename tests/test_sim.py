@@ -60,7 +60,8 @@ FOUND_WITHIN = [("f1-unfenced", 3), ("resend-lost-post", 2), ("lost-without-time
                 ("claim-unfenced", 6), ("delay-lock-short", 2), ("heartbeat-plain-refresh", 2),
                 ("round-without-end", 5), ("heartbeat-serial", 7),
                 ("heartbeat-due-from-hand-out", 6), ("closed-queue-claims-not-lost", 9),
-                ("stream-end-without-relisting", 3), ("read-back-mixes-versions", 5)]
+                ("stream-end-without-relisting", 3), ("read-back-mixes-versions", 5),
+                ("record-forgets-item", 3)]
 
 
 @pytest.mark.parametrize("name, seeds", FOUND_WITHIN)
