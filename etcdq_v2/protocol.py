@@ -6,8 +6,9 @@ between any two of them loses no item, loses no completion record, and never
 hands out an item that has a completion record.  docs/protocol.md says the
 same at more length.
 
-The claim (C1-C3), the commit (F1-F4), release and fail (R0, R1) and the
-heartbeat's refresh are written as generator steps without I/O in steps.py;
+Put and put_many (P1, with the read-back of a lost reply), the claim
+(C1-C3), the commit (F1-F4), release and fail (R0, R1) and the heartbeat's
+refresh are written as generator steps without I/O in steps.py;
 the methods of :class:`Protocol` of the same names run them on the transport
 (driver.run).  The other operations below call the transport here.
 
@@ -254,7 +255,7 @@ import contextlib
 import json
 import logging
 from dataclasses import dataclass, replace
-from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple,
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple,
                     Union)
 
 from .codec import Item, Junk, Lock, Record, check_outcome, tombstone, tombstone_token
@@ -292,13 +293,8 @@ CANCELLED = "cancelled"
 MAX_TTL = 2**31 - 1
 
 #: The most POSTs a put_many may have in flight at once (``in_flight``): one
-#: connection each (Protocol.post_items).
+#: connection each (Steps.post_many_step).
 MAX_IN_FLIGHT = 64
-#: A put's read-back reads the keys its POST can have taken one by one when they
-#: are at most this many (see Protocol.find_puts); more, and it lists.
-SEARCH_SPAN = 128
-#: Reads of one batch of that search, sent together.
-SEARCH_BATCH = 16
 
 
 
@@ -384,40 +380,9 @@ class Protocol(Steps):
 
     # -- P: put ------------------------------------------------------------
     def post_item(self, raw: str, token: str) -> Tuple[str, Optional[Version]]:
-        """P1: the new item's id and its version (the POST's index and value);
-        a lost reply is resolved by token.
-
-        When the POST may or may not have applied, the queue is searched for
-        its token (quorum listings: they go through raft, so everything the
-        cluster committed before them is in them).  Found: that is the item,
-        at the version the search read (a claim or a commit may have changed
-        it since the POST: never the POST's value with that index).  Not
-        found: it is not stored now, but the request may still be sitting
-        in a frozen member and apply later, so sending it again could store
-        it twice.  Unavailable says so instead; the version is None for an
-        item that was already finished.
-        """
-        floor = self.etcd.seen_index  # read before the POST is sent: it lands above
-        try:
-            node = self.etcd.post(self.layout.work, raw).node
-            return node["key"].rsplit("/", 1)[-1], Version(node["modifiedIndex"], raw)
-        except AmbiguousWrite as exc:
-            found = self._search_doubts({token}, floor).get(token)
-            if found is None:
-                raise Unavailable(
-                    f"a put to {self.layout.work} may or may not be stored ({exc}): it was not "
-                    f"found in the queue{self._may_have_expired()}, but a delayed request "
-                    "could still add it, once") from None
-            log.info("a put whose reply was lost was stored as %s", found[0])
-            return found
-
-    def _may_have_expired(self) -> str:
-        """A record that lives less than a request's deadline may have come and gone
-        while the put's reply was awaited: say so, rather than "it never ran"."""
-        ttls = [ttl for ttl in self.record_ttls.values() if ttl is not None]
-        if ttls and min(ttls) < self.etcd.deadline:
-            return " (it may also have run, and its record expired)"
-        return ""
+        """P1 (:meth:`Steps.post_step`): the new item's id and version; a lost reply
+        is resolved by token, or Unavailable."""
+        return run(self.post_step(raw, token), self.etcd)
 
     def find_put(self, token: str) -> Optional[Tuple[str, Optional[Version]]]:
         """The id and version of the item put with ``token``, wherever it is now."""
@@ -425,180 +390,14 @@ class Protocol(Steps):
 
     def find_puts(self, tokens: Set[str], floor: int = 0
                   ) -> Dict[str, Tuple[str, Optional[Version]]]:
-        """The id of each item put with one of ``tokens`` that is stored now, and
-        its version in work/ as read (None: it is finished).
-
-        ``floor``: an etcd index seen before their POSTs were sent, so each
-        took an id above it.  When at most SEARCH_SPAN ids lie between it and
-        the index now, those keys are read first (:meth:`_find_in_span`); a
-        token not found there, or a span too wide, takes one pass over the
-        quorum listings, whatever the number of tokens.
-        """
-        found: Dict[str, Tuple[str, Optional[Version]]] = {}
-        if floor:
-            # Only a find is trusted from the span: a miss is settled by the
-            # listings, as if there were no floor.  The floor is a lower bound
-            # only while etcd's index never goes back (a member restored from
-            # an older backup, or started again without its data, takes ids
-            # again at or below it).
-            found.update(self._find_in_span(tokens, floor) or {})
-            if len(found) == len(tokens):
-                return found
-        for kind in ("work", COMPLETED, FAILED):
-            entries = self.list(kind)[1]
-            for entry, decoded in self.decode_entries(kind, entries):
-                if decoded.token in tokens and decoded.token not in found:
-                    found[decoded.token] = (entry.id, entry.version if kind == "work" else None)
-            if kind == FAILED:  # a requeued dead letter's tombstone keeps its put token
-                for entry in entries:
-                    token = tombstone_token(entry.value)
-                    if token in tokens and token not in found:
-                        found[token] = (entry.id, None)
-            if len(found) == len(tokens):
-                break
-        return found
-
-    def _find_in_span(self, tokens: Set[str], floor: int
-                      ) -> Optional[Dict[str, Tuple[str, Optional[Version]]]]:
-        """find_puts by reading ``work/<n>`` for each n above ``floor`` up to
-        ``top``, etcd's index at a quorum read made now, then ``completed/<n>``
-        and ``failed/<n>`` for each n not in work/; None if they are more
-        than SEARCH_SPAN.
-
-        A POST applied before that read took such an n.  An item gone from
-        work/ by the time its key was read left its record first (F2 before
-        F3; a requeue's tombstone keeps its put token), which a quorum read
-        made after shows: so work/ is read before the records, as the
-        listings are.  A POST applied after it is not stored now, as for the
-        listings.
-        """
-        top = self._quorum_index()
-        if top - floor > SEARCH_SPAN:
-            return None
-        ids = [f"{n:020d}" for n in range(floor + 1, top + 1)]
-        found: Dict[str, Tuple[str, Optional[Version]]] = {}
-        entries = self._read_each("work", ids)
-        for entry, item in self.decode_entries("work", entries):
-            if item.token in tokens and item.token not in found:
-                found[item.token] = (entry.id, entry.version)
-        gone = sorted(set(ids) - {entry.id for entry in entries})
-        for kind in (COMPLETED, FAILED):
-            if len(found) == len(tokens):
-                break
-            self._match_records(kind, self._read_each(kind, gone), tokens, found)
-        return found
-
-    def _match_records(self, kind: str, entries: List[Entry], tokens: Set[str],
-                       found: Dict[str, Tuple[str, Optional[Version]]]) -> None:
-        """Add to ``found`` the records among ``entries`` put with one of ``tokens``
-        (a requeued dead letter's tombstone keeps its put token)."""
-        for entry, record in self.decode_entries(kind, entries):
-            if record.token in tokens:
-                found.setdefault(record.token, (entry.id, None))
-        if kind == FAILED:
-            for entry in entries:
-                token = tombstone_token(entry.value)
-                if token in tokens:
-                    found.setdefault(token, (entry.id, None))
-
-    def _quorum_index(self) -> int:
-        """etcd's index at a quorum read made now (of a key no POST can take)."""
-        try:
-            return self.etcd.get(self.layout.key("work", "0" * 20), quorum=True).index
-        except KeyMissing as exc:
-            return exc.index or 0
-
-    def _read_each(self, kind: str, ids: Sequence[str]) -> List[Entry]:
-        """The entries of ``kind/<id>`` that exist, by quorum reads, SEARCH_BATCH at once."""
-        entries: List[Entry] = []
-        for start in range(0, len(ids), SEARCH_BATCH):
-            batch = ids[start:start + SEARCH_BATCH]
-            keys = [self.layout.key(kind, item_id) for item_id in batch]
-            for item_id, reply in zip(batch, self.etcd.get_all(keys, quorum=True)):
-                if isinstance(reply, KeyMissing):
-                    continue
-                if isinstance(reply, EtcdqError):
-                    raise reply
-                node = reply.node
-                entries.append(Entry(item_id, node["modifiedIndex"], node.get("value"),
-                                     node.get("expiration"), node.get("ttl", 0)))
-        return entries
-
-    def _search_doubts(self, tokens: Set[str], floor: int = 0
-                       ) -> Dict[str, Tuple[str, Optional[Version]]]:
-        """find_puts for puts in doubt: a search that cannot be made (etcd still
-        unreachable, even refusing every connection) leaves them in doubt, and
-        Unavailable says so, never that nothing was stored."""
-        try:
-            return self.find_puts(tokens, floor)
-        except Unavailable as exc:
-            raise Unavailable(
-                f"{len(tokens)} put(s) to {self.layout.work} may or may not be stored: "
-                f"the search for them failed ({exc}); a delayed request could still add "
-                "them, once each") from exc
+        """:meth:`Steps.find_puts_step`: where the items put with ``tokens`` are now."""
+        return run(self.find_puts_step(tokens, floor), self.etcd)
 
     def post_items(self, items: Sequence[Tuple[str, str]], in_flight: int
                    ) -> List[Tuple[str, Optional[Version]]]:
-        """P1 for many items at once: the id and version of each (raw, token), in
-        that order (as :meth:`post_item`'s).
-
-        The POSTs go out in the order given, ``in_flight`` at a time, each on
-        a connection of its own; each is sent only once the one ``in_flight``
-        places before it was stored, so no item is stored before one given
-        ``in_flight`` or more places earlier.  At a failure nothing more is
-        sent until the POSTs in doubt are settled as P1 settles one: by
-        looking for their tokens, all in one pass (found: stored; not found:
-        Unavailable).  Then the rest follows.
-        """
-        placed: List[Tuple[str, Optional[Version]]] = []
-        while len(placed) < len(items):
-            rest = items[len(placed):]
-            floor = self.etcd.seen_index  # read before the round's POSTs are sent
-            results = self.etcd.post_many(self.layout.work, [raw for raw, _ in rest],
-                                          lanes=in_flight, depth=1)
-            settled = self._settled(rest, results, floor)
-            if not settled:  # post_many sends at least one POST a round, or raises
-                raise Unavailable(f"no put to {self.layout.work} was sent")
-            placed += settled
-        return placed
-
-    def _settled(self, items: Sequence[Tuple[str, str]],
-                 results: List[Union[Reply, EtcdqError, None]], floor: int = 0
-                 ) -> List[Tuple[str, Optional[Version]]]:
-        """The places of one round's items, up to the first that was not sent."""
-        places: List[Optional[Tuple[str, Optional[Version]]]] = []
-        doubts: Dict[str, int] = {}  # put token -> position in places
-        for (raw, token), result in zip(items, results):
-            if result is None:
-                break
-            if isinstance(result, AmbiguousWrite) or (isinstance(result, Reply)
-                                                      and not result.index):
-                doubts[token] = len(places)  # a success without X-Etcd-Index: looked for too
-                places.append(None)
-            elif isinstance(result, EtcdqError):
-                raise result
-            else:  # etcd names an in-order key by the POST's index, in 20 digits
-                places.append((f"{result.index:020d}", Version(result.index, raw)))
-        for token, place in self._find_doubts(doubts, results, floor).items():
-            places[doubts[token]] = place
-        return [place for place in places if place is not None]
-
-    def _find_doubts(self, doubts: Dict[str, int], results: Sequence[object], floor: int = 0
-                     ) -> Dict[str, Tuple[str, Optional[Version]]]:
-        """Where the POSTs in doubt are stored; Unavailable if any is not found."""
-        if not doubts:
-            return {}
-        found = self._search_doubts(set(doubts), floor)
-        missing = len(doubts) - len(found)
-        if missing:
-            first = results[min(p for t, p in doubts.items() if t not in found)]
-            why = first if isinstance(first, Exception) else "a reply without its index"
-            raise Unavailable(
-                f"{missing} of the puts to {self.layout.work} may or may not be stored "
-                f"({why}): not found in the queue{self._may_have_expired()}, but a delayed "
-                "request could still add them, once each")
-        log.info("%d puts whose replies were lost were stored", len(found))
-        return found
+        """P1 for many items, ``in_flight`` at once (:meth:`Steps.post_many_step`):
+        the id and version of each (raw, token), in that order."""
+        return run(self.post_many_step(items, in_flight), self.etcd)
 
     def new_item(self, payload: Any, *, delayed: bool = False) -> Item:
         """A new item for P1, or for D2 (``delayed``): marked ``q``, so that its
@@ -1311,21 +1110,8 @@ class Protocol(Steps):
             return None
 
     def list(self, kind: str, *, quorum: bool = True) -> Tuple[int, List[Entry]]:
-        """``(etcd index, entries)`` of one directory, sorted, junk names skipped."""
-        try:
-            reply = self.etcd.get(self.layout.dir(kind), sorted=True, quorum=quorum)
-        except KeyMissing as exc:
-            return exc.index or 0, []
-        entries = list(self.entries(reply.node.get("nodes") or []))
-        return reply.index, entries
-
-    def entries(self, nodes: Iterable[Node]) -> Iterator[Entry]:
-        for node in nodes:
-            parsed = self.layout.split(node.get("key", ""))
-            if node.get("dir") or parsed is None:
-                continue
-            yield Entry(parsed[1], node["modifiedIndex"], node.get("value"),
-                        node.get("expiration"), node.get("ttl", 0))
+        """``(etcd index, entries)`` of one directory (:meth:`Steps.list_step`)."""
+        return run(self.list_step(kind, quorum=quorum), self.etcd)
 
     def snapshot(self, *, quorum: bool = True) -> Dict[str, List[Entry]]:
         """The entries of every directory of the queue (by kind), from ONE GET.
@@ -1364,20 +1150,6 @@ class Protocol(Steps):
     def decoded(self, kind: str) -> Iterator[Tuple[Entry, Any]]:
         """``(entry, Item or Record)`` for the entries of ``kind`` that are ours."""
         return self.decode_entries(kind, self.list(kind)[1])
-
-    @staticmethod
-    def decode_entries(kind: str, entries: List[Entry]) -> Iterator[Tuple[Entry, Any]]:
-        """``(entry, Item or Record)`` for those of ``entries`` (of ``kind``) that are ours.
-
-        work/ holds Items, completed/ and failed/ Records; a value etcdq_v2
-        did not write (junk) is skipped.
-        """
-        decode = Item.decode if kind == "work" else Record.decode
-        for entry in entries:
-            try:
-                yield entry, decode(entry.value)
-            except Junk:
-                continue
 
     def streamed(self, kind: str) -> Iterator[Tuple[Entry, Any]]:
         """Like :meth:`decoded`, but each entry as the listing arrives (quorum, sorted):

@@ -18,6 +18,8 @@ enforces the imports): the time comes from the driver (a ``NOW`` or ``WALL``
 request), tokens and node ids are arguments.  docs/protocol.md names each
 rule; this module holds, as generators:
 
+P1          :meth:`Steps.post_step` (a lost reply's read-back:
+            :meth:`Steps.find_puts_step`); put_many :meth:`Steps.post_many_step`
 C1          :meth:`Steps.lock_step`
 C2, C3      :meth:`Steps.take_step` (the re-fence, a dead letter at max_attempts,
             finishing a crashed finisher's item: all within)
@@ -36,11 +38,13 @@ import logging
 import math
 import typing
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Generator, List, Optional, Tuple, TypeVar, Union
+from typing import (Any, Dict, Generator, Iterable, Iterator, List, Optional, Sequence, Set, Tuple,
+                    TypeVar, Union)
 
-from .codec import IN_LOCK, IN_RECORD, Item, Junk, Lock, Record, check_outcome, failure_text
-from .errors import (AlreadyExists, ClaimClosed, CompareFailed, EtcdqError, EtcdRejected,
-                     KeyMissing, LockLost)
+from .codec import (IN_LOCK, IN_RECORD, Item, Junk, Lock, Record, check_outcome, failure_text,
+                    tombstone_token)
+from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdqError,
+                     EtcdRejected, KeyMissing, LockLost, Unavailable)
 from .keys import Layout
 from .versions import Entry, Version
 
@@ -63,6 +67,15 @@ LINGER_MAX = 60
 
 T = TypeVar("T")
 
+#: A put's read-back reads the keys its POST can have taken one by one when they
+#: are at most this many (see Steps.find_puts_step); more, and it lists.
+SEARCH_SPAN = 128
+#: Reads of one batch of that search, sent together.
+SEARCH_BATCH = 16
+
+#: Where a put's item is: its id, and its version in work/ (None: it is finished).
+Place = Tuple[str, Optional[Version]]
+
 #: What R1 (release, or a failure's retry) tells of an item given back: the
 #: seconds until it is claimable again (its delay lock's TTL; 0: now), and the
 #: etcd index at which R1 applied, so that a view does not let an older
@@ -80,11 +93,19 @@ def ttl_seconds(seconds: float) -> int:
 class Request:
     """One request of a step: an etcd v2 keys API call, or a question to the driver.
 
-    ``method``: ``GET``, ``PUT``, ``DELETE`` (etcd; ``prev_*`` are the
-    conditions, ``refresh`` a TTL refresh); ``ALL``: the requests in
-    ``together``, sent at once (the reply is a list of each one's reply or
-    EtcdqError, none thrown); ``NOW``: the driver's boot clock (see
-    docs/protocol.md, **Time**); ``WALL``: its wall clock, for timestamps.
+    ``method``: ``GET``, ``PUT``, ``DELETE``, ``POST`` (etcd; ``prev_*`` are
+    the conditions, ``refresh`` a TTL refresh; a POST is never resent once it
+    may have applied: AmbiguousWrite); ``ALL``: the requests in ``together``,
+    sent at once (the reply is a list of each one's reply or EtcdqError, none
+    thrown); ``POSTS``: the POSTs in ``together``, in order, ``lanes`` in
+    flight (the reply: each one's reply, EtcdqError, or None for one not sent,
+    as Transport.post_many's).  Questions to the driver: ``NOW``, its boot
+    clock (see docs/protocol.md, **Time**); ``WALL``, its wall clock, for
+    timestamps; ``MONOTONIC``, its monotonic clock, for a step's own give-up
+    time; ``SLEEP``, wait ``seconds``; ``TOKEN``, a fresh random token;
+    ``SEEN``, the highest etcd index its transport has seen (a bound below
+    any POST sent after); ``DEADLINE``, how long its transport retries a
+    request.
     """
 
     method: str
@@ -98,6 +119,10 @@ class Request:
     quorum: bool = False
     sorted: bool = False
     together: Tuple["Request", ...] = ()
+    #: ``POSTS``: the connections its POSTs travel on, one awaiting etcd on each.
+    lanes: int = 0
+    #: ``SLEEP``: how long the driver waits before it answers.
+    seconds: float = 0.0
 
 
 class Answer(typing.Protocol):
@@ -138,6 +163,29 @@ def delete(key: str, *, prev_value: Optional[str] = None,
 def together(*requests: Request) -> Step[List[Union[Answer, EtcdqError]]]:
     replies: List[Union[Answer, EtcdqError]] = yield Request("ALL", together=requests)
     return replies
+
+
+def post(key: str, value: str, *, ttl: Optional[int] = None) -> Step[Answer]:
+    reply: Answer = yield Request("POST", key, value, ttl=ttl)
+    return reply
+
+
+def post_many(key: str, values: Sequence[str], lanes: int
+              ) -> Step[List[Union[Answer, EtcdqError, None]]]:
+    replies: List[Union[Answer, EtcdqError, None]] = yield Request(
+        "POSTS", key, together=tuple(Request("POST", key, value) for value in values),
+        lanes=lanes)
+    return replies
+
+
+def ask(method: str) -> Step[Any]:
+    """A question to the driver: ``SEEN``, ``DEADLINE``, ``MONOTONIC`` or ``TOKEN``."""
+    answer: Any = yield Request(method)
+    return answer
+
+
+def sleep(seconds: float) -> Step[None]:
+    yield Request("SLEEP", seconds=seconds)
 
 
 def now() -> Step[float]:
@@ -265,6 +313,249 @@ class Steps:
     def drop_lock_step(self, item_id: str, lock: Lock) -> Step[bool]:
         return (yield from self.delete_quietly_step(self.layout.key("locks", item_id),
                                                     prev_value=lock.encode()))
+
+    # -- reads ---------------------------------------------------------------
+    def list_step(self, kind: str, *, quorum: bool = True) -> Step[Tuple[int, List[Entry]]]:
+        """``(etcd index, entries)`` of one directory, sorted, junk names skipped."""
+        try:
+            reply = yield Request("GET", self.layout.dir(kind), quorum=quorum, sorted=True)
+        except KeyMissing as exc:
+            return exc.index or 0, []
+        return reply.index, list(self.entries(reply.node.get("nodes") or []))
+
+    def entries(self, nodes: Iterable[Dict[str, Any]]) -> Iterator[Entry]:
+        """The Entry of each of a listing's nodes that is a key of this queue."""
+        for node in nodes:
+            parsed = self.layout.split(node.get("key", ""))
+            if node.get("dir") or parsed is None:
+                continue
+            yield Entry(parsed[1], node["modifiedIndex"], node.get("value"),
+                        node.get("expiration"), node.get("ttl", 0))
+
+    @staticmethod
+    def decode_entries(kind: str, entries: List[Entry]) -> Iterator[Tuple[Entry, Any]]:
+        """``(entry, Item or Record)`` for those of ``entries`` (of ``kind``) that are ours.
+
+        work/ holds Items, completed/ and failed/ Records; a value etcdq_v2
+        did not write (junk) is skipped.
+        """
+        decode = Item.decode if kind == "work" else Record.decode
+        for entry in entries:
+            try:
+                yield entry, decode(entry.value)
+            except Junk:
+                continue
+
+    # -- P: put --------------------------------------------------------------
+    def post_step(self, raw: str, token: str) -> Step[Place]:
+        """P1: the new item's id and its version (the POST's index and value);
+        a lost reply is resolved by token.
+
+        When the POST may or may not have applied, the queue is searched for
+        its token (quorum listings: they go through raft, so everything the
+        cluster committed before them is in them).  Found: that is the item,
+        at the version the search read (a claim or a commit may have changed
+        it since the POST: never the POST's value with that index).  Not
+        found: it is not stored now, but the request may still be sitting
+        in a frozen member and apply later, so sending it again could store
+        it twice.  Unavailable says so instead; the version is None for an
+        item that was already finished.
+        """
+        floor = yield from ask("SEEN")  # read before the POST is sent: it lands above
+        try:
+            node = (yield from post(self.layout.work, raw)).node
+            return node["key"].rsplit("/", 1)[-1], Version(node["modifiedIndex"], raw)
+        except AmbiguousWrite as exc:
+            lost = exc
+        found = (yield from self._search_doubts({token}, floor)).get(token)
+        if found is None:
+            raise Unavailable(
+                f"a put to {self.layout.work} may or may not be stored ({lost}): it was not "
+                f"found in the queue{(yield from self._may_have_expired())}, but a delayed "
+                "request could still add it, once")
+        log.info("a put whose reply was lost was stored as %s", found[0])
+        return found
+
+    def _may_have_expired(self) -> Step[str]:
+        """A record that lives less than a request's deadline may have come and gone
+        while the put's reply was awaited: say so, rather than "it never ran"."""
+        ttls = [ttl for ttl in self.record_ttls.values() if ttl is not None]
+        if ttls and min(ttls) < (yield from ask("DEADLINE")):
+            return " (it may also have run, and its record expired)"
+        return ""
+
+    def find_puts_step(self, tokens: Set[str], floor: int = 0) -> Step[Dict[str, Place]]:
+        """The id of each item put with one of ``tokens`` that is stored now, and
+        its version in work/ as read (None: it is finished).
+
+        ``floor``: an etcd index seen before their POSTs were sent, so each
+        took an id above it.  When at most SEARCH_SPAN ids lie between it and
+        the index now, those keys are read first (:meth:`_find_in_span`); a
+        token not found there, or a span too wide, takes one pass over the
+        quorum listings, whatever the number of tokens.
+        """
+        found: Dict[str, Place] = {}
+        if floor:
+            # Only a find is trusted from the span: a miss is settled by the
+            # listings, as if there were no floor.  The floor is a lower bound
+            # only while etcd's index never goes back (a member restored from
+            # an older backup, or started again without its data, takes ids
+            # again at or below it).
+            found.update((yield from self._find_in_span(tokens, floor)) or {})
+            if len(found) == len(tokens):
+                return found
+        for kind in ("work", COMPLETED, FAILED):
+            entries = (yield from self.list_step(kind))[1]
+            for entry, decoded in self.decode_entries(kind, entries):
+                if decoded.token in tokens and decoded.token not in found:
+                    found[decoded.token] = (entry.id, entry.version if kind == "work" else None)
+            if kind == FAILED:  # a requeued dead letter's tombstone keeps its put token
+                for entry in entries:
+                    token = tombstone_token(entry.value)
+                    if token in tokens and token not in found:
+                        found[token] = (entry.id, None)
+            if len(found) == len(tokens):
+                break
+        return found
+
+    def _find_in_span(self, tokens: Set[str], floor: int) -> Step[Optional[Dict[str, Place]]]:
+        """find_puts by reading ``work/<n>`` for each n above ``floor`` up to
+        ``top``, etcd's index at a quorum read made now, then ``completed/<n>``
+        and ``failed/<n>`` for each n not in work/; None if they are more
+        than SEARCH_SPAN.
+
+        A POST applied before that read took such an n.  An item gone from
+        work/ by the time its key was read left its record first (F2 before
+        F3; a requeue's tombstone keeps its put token), which a quorum read
+        made after shows: so work/ is read before the records, as the
+        listings are.  A POST applied after it is not stored now, as for the
+        listings.
+        """
+        top = yield from self._quorum_index()
+        if top - floor > SEARCH_SPAN:
+            return None
+        ids = [f"{n:020d}" for n in range(floor + 1, top + 1)]
+        found: Dict[str, Place] = {}
+        entries = yield from self._read_each("work", ids)
+        for entry, item in self.decode_entries("work", entries):
+            if item.token in tokens and item.token not in found:
+                found[item.token] = (entry.id, entry.version)
+        gone = sorted(set(ids) - {entry.id for entry in entries})
+        for kind in (COMPLETED, FAILED):
+            if len(found) == len(tokens):
+                break
+            self._match_records(kind, (yield from self._read_each(kind, gone)), tokens, found)
+        return found
+
+    def _match_records(self, kind: str, entries: List[Entry], tokens: Set[str],
+                       found: Dict[str, Place]) -> None:
+        """Add to ``found`` the records among ``entries`` put with one of ``tokens``
+        (a requeued dead letter's tombstone keeps its put token)."""
+        for entry, record in self.decode_entries(kind, entries):
+            if record.token in tokens:
+                found.setdefault(record.token, (entry.id, None))
+        if kind == FAILED:
+            for entry in entries:
+                token = tombstone_token(entry.value)
+                if token in tokens:
+                    found.setdefault(token, (entry.id, None))
+
+    def _quorum_index(self) -> Step[int]:
+        """etcd's index at a quorum read made now (of a key no POST can take)."""
+        try:
+            return (yield from get(self.layout.key("work", "0" * 20), quorum=True)).index
+        except KeyMissing as exc:
+            return exc.index or 0
+
+    def _read_each(self, kind: str, ids: Sequence[str]) -> Step[List[Entry]]:
+        """The entries of ``kind/<id>`` that exist, by quorum reads, SEARCH_BATCH at once."""
+        entries: List[Entry] = []
+        for start in range(0, len(ids), SEARCH_BATCH):
+            batch = ids[start:start + SEARCH_BATCH]
+            replies = yield from together(*(Request("GET", self.layout.key(kind, item_id),
+                                                    quorum=True) for item_id in batch))
+            for item_id, reply in zip(batch, replies):
+                if isinstance(reply, KeyMissing):
+                    continue
+                if isinstance(reply, EtcdqError):
+                    raise reply
+                entries.append(entry_of(item_id, reply.node))
+        return entries
+
+    def _search_doubts(self, tokens: Set[str], floor: int = 0) -> Step[Dict[str, Place]]:
+        """find_puts for puts in doubt: a search that cannot be made (etcd still
+        unreachable, even refusing every connection) leaves them in doubt, and
+        Unavailable says so, never that nothing was stored."""
+        try:
+            return (yield from self.find_puts_step(tokens, floor))
+        except Unavailable as exc:
+            raise Unavailable(
+                f"{len(tokens)} put(s) to {self.layout.work} may or may not be stored: "
+                f"the search for them failed ({exc}); a delayed request could still add "
+                "them, once each") from exc
+
+    def post_many_step(self, items: Sequence[Tuple[str, str]], in_flight: int
+                       ) -> Step[List[Place]]:
+        """P1 for many items at once: the id and version of each (raw, token), in
+        that order (as :meth:`post_step`'s).
+
+        The POSTs go out in the order given, ``in_flight`` at a time, each on
+        a connection of its own; each is sent only once the one ``in_flight``
+        places before it was stored, so no item is stored before one given
+        ``in_flight`` or more places earlier.  At a failure nothing more is
+        sent until the POSTs in doubt are settled as P1 settles one: by
+        looking for their tokens, all in one pass (found: stored; not found:
+        Unavailable).  Then the rest follows.
+        """
+        placed: List[Place] = []
+        while len(placed) < len(items):
+            rest = items[len(placed):]
+            floor = yield from ask("SEEN")  # read before the round's POSTs are sent
+            results = yield from post_many(self.layout.work, [raw for raw, _ in rest],
+                                           in_flight)
+            settled = yield from self._settled(rest, results, floor)
+            if not settled:  # post_many sends at least one POST a round, or raises
+                raise Unavailable(f"no put to {self.layout.work} was sent")
+            placed += settled
+        return placed
+
+    def _settled(self, items: Sequence[Tuple[str, str]],
+                 results: List[Union[Answer, EtcdqError, None]], floor: int = 0
+                 ) -> Step[List[Place]]:
+        """The places of one round's items, up to the first that was not sent."""
+        places: List[Optional[Place]] = []
+        doubts: Dict[str, int] = {}  # put token -> position in places
+        for (raw, token), result in zip(items, results):
+            if result is None:
+                break
+            if isinstance(result, AmbiguousWrite) or (not isinstance(result, EtcdqError)
+                                                      and not result.index):
+                doubts[token] = len(places)  # a success without X-Etcd-Index: looked for too
+                places.append(None)
+            elif isinstance(result, EtcdqError):
+                raise result
+            else:  # etcd names an in-order key by the POST's index, in 20 digits
+                places.append((f"{result.index:020d}", Version(result.index, raw)))
+        for token, place in (yield from self._find_doubts(doubts, results, floor)).items():
+            places[doubts[token]] = place
+        return [place for place in places if place is not None]
+
+    def _find_doubts(self, doubts: Dict[str, int], results: Sequence[object], floor: int = 0
+                     ) -> Step[Dict[str, Place]]:
+        """Where the POSTs in doubt are stored; Unavailable if any is not found."""
+        if not doubts:
+            return {}
+        found = yield from self._search_doubts(set(doubts), floor)
+        missing = len(doubts) - len(found)
+        if missing:
+            first = results[min(p for t, p in doubts.items() if t not in found)]
+            why = first if isinstance(first, Exception) else "a reply without its index"
+            raise Unavailable(
+                f"{missing} of the puts to {self.layout.work} may or may not be stored "
+                f"({why}): not found in the queue{(yield from self._may_have_expired())}, "
+                "but a delayed request could still add them, once each")
+        log.info("%d puts whose replies were lost were stored", len(found))
+        return found
 
     # -- C: claim ----------------------------------------------------------
     def lock_step(self, item_id: str, lock: Lock, ttl: int) -> Step[int]:

@@ -14,8 +14,8 @@ import pytest
 
 from etcdq_v2.codec import Item, Lock, Record
 from etcdq_v2.driver import run
-from etcdq_v2.errors import (AlreadyExists, ClaimClosed, CompareFailed, EtcdqError, KeyMissing,
-                             LockLost, Unavailable)
+from etcdq_v2.errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed,
+                             EtcdqError, KeyMissing, LockLost, Unavailable)
 from etcdq_v2.keys import Layout
 from etcdq_v2.steps import (COMPLETED, FAILED, ClaimState, Entry, Gone, Held, Request, Step,
                             Steps, Taken, Version)
@@ -454,3 +454,101 @@ def test_the_driver_throws_a_requests_error_into_the_step_and_returns_its_result
     transport = FakeTransport()
     assert run(step(), transport) == "KeyMissing at 7.0"  # type: ignore[arg-type]
     assert transport.calls == [f"GET {WORK}"]
+
+
+# -- P1, put_many ------------------------------------------------------------------
+PUT_RAW = Item("payload", "put-token", 0, None, 1.0).encode()
+
+
+def lost_post() -> AmbiguousWrite:
+    return AmbiguousWrite("the reply to a POST was lost")
+
+
+def posted(index: int) -> Reply:
+    """A POST's reply: the in-order key etcd made, named by its index."""
+    return node(index, PUT_RAW, key=LAYOUT.key("work", f"{index:020d}"))
+
+
+def listing(*nodes: Dict[str, Any], index: int = 90) -> Reply:
+    return Reply(json.dumps({"node": {"dir": True, "nodes": list(nodes)}}).encode(), index)
+
+
+def work_node(n: int, value: str) -> Dict[str, Any]:
+    return {"key": LAYOUT.key("work", f"{n:020d}"), "modifiedIndex": n, "value": value}
+
+
+def span_reads(kind: str, first: int, last: int) -> Request:
+    return Request("ALL", together=tuple(Request("GET", LAYOUT.key(kind, f"{n:020d}"),
+                                                  quorum=True) for n in range(first, last + 1)))
+
+
+def test_p1_reads_the_index_seen_before_its_post_and_names_the_item_by_the_reply() -> None:
+    script = Script(steps().post_step(PUT_RAW, "put-token"), [40, posted(41)])
+    assert script.result() == (f"{41:020d}", Version(41, PUT_RAW))
+    assert script.sent == [Request("SEEN"), Request("POST", LAYOUT.work, PUT_RAW)]
+
+
+def test_p1_whose_reply_was_lost_is_found_in_the_span_at_the_version_read() -> None:
+    """The POST applied (index 42) and a claim changed the item since (index 43):
+    the put gives the version it read, never the index read with the value sent."""
+    claimed = Item("payload", "put-token", 1, "someone", 1.0).encode()
+    script = Script(steps().post_step(PUT_RAW, "put-token"),
+                    [40, lost_post(), missing(43), [missing(43), node(43, claimed),
+                                                    missing(43)]])
+    assert script.result() == (f"{42:020d}", Version(43, claimed))
+    assert script.sent[2:] == [Request("GET", LAYOUT.key("work", "0" * 20), quorum=True),
+                               span_reads("work", 41, 43)]
+
+
+def test_p1_lost_and_not_in_the_span_is_settled_by_the_listings_without_a_resend() -> None:
+    """Only a find is trusted from the span; a miss lists work/, completed/ and
+    failed/ (quorum); not found anywhere: Unavailable, and no second POST."""
+    script = Script(steps().post_step(PUT_RAW, "put-token"),
+                    [40, lost_post(), missing(41), [missing(41)], [missing(41)], [missing(41)],
+                     listing(), missing(41), missing(41), 1.0])
+    with pytest.raises(Unavailable, match="may or may not be stored"):
+        script.result()
+    assert [request.method for request in script.sent].count("POST") == 1
+    assert script.sent[6:9] == [Request("GET", LAYOUT.dir(kind), quorum=True, sorted=True)
+                                for kind in ("work", COMPLETED, FAILED)]
+    assert script.sent[-1] == Request("DEADLINE")  # completed records expire: it may have run
+
+
+def test_p1_lost_over_a_wide_span_lists_and_finds_a_finished_item_as_no_version() -> None:
+    record = Record("payload", "claim", "node-b", 1, 1.0, 2.0, token="put-token")
+    done = {"key": LAYOUT.key(COMPLETED, f"{41:020d}"), "modifiedIndex": 300,
+            "value": record.encode(outcome=COMPLETED)}
+    script = Script(steps().post_step(PUT_RAW, "put-token"),
+                    [40, lost_post(), missing(400), listing(), listing(done)])
+    assert script.result() == (f"{41:020d}", None)
+    assert script.sent[2:] == [Request("GET", LAYOUT.key("work", "0" * 20), quorum=True)] + [
+        Request("GET", LAYOUT.dir(kind), quorum=True, sorted=True)
+        for kind in ("work", COMPLETED)]
+
+
+def test_put_many_settles_its_posts_in_doubt_by_one_search_then_posts_the_rest() -> None:
+    """A round: the first POST stored, the second in doubt, the third not sent.
+    The doubt is looked for (found in the span), then the third goes alone."""
+    other = Item("other", "token-2", 0, None, 1.0).encode()
+    third = Item("third", "token-3", 0, None, 1.0).encode()
+    items = [(PUT_RAW, "put-token"), (other, "token-2"), (third, "token-3")]
+    script = Script(steps().post_many_step(items, 2),
+                    [40, [written(41), lost_post(), None],
+                     missing(42), [missing(42), node(42, other)],
+                     42, [written(43)]])
+    assert script.result() == [(f"{41:020d}", Version(41, PUT_RAW)),
+                               (f"{42:020d}", Version(42, other)),
+                               (f"{43:020d}", Version(43, third))]
+    assert script.sent[1] == Request("POSTS", LAYOUT.work, together=tuple(
+        Request("POST", LAYOUT.work, raw) for raw, _ in items), lanes=2)
+    assert script.sent[5] == Request("POSTS", LAYOUT.work,
+                                     together=(Request("POST", LAYOUT.work, third),), lanes=2)
+
+
+def test_put_many_with_a_post_in_doubt_not_found_is_unavailable_and_sends_no_more() -> None:
+    other = Item("other", "token-2", 0, None, 1.0).encode()
+    script = Script(steps().post_many_step([(PUT_RAW, "put-token"), (other, "token-2")], 2),
+                    [0, [written(41), lost_post()], listing(), listing(), listing(), 1.0])
+    with pytest.raises(Unavailable, match="1 of the puts"):
+        script.result()
+    assert [request.method for request in script.sent].count("POSTS") == 1
