@@ -6,7 +6,8 @@ between any two of them loses no item, loses no completion record, and never
 hands out an item that has a completion record.  docs/protocol.md says the
 same at more length.
 
-Put and put_many (P1, with the read-back of a lost reply), the claim
+Put and put_many (P1, with the read-back of a lost reply), the delayed
+put (D1, D2), the claim
 (C1-C3), the commit (F1-F4), release and fail (R0, R1) and the heartbeat's
 refresh are written as generator steps without I/O in steps.py;
 the methods of :class:`Protocol` of the same names run them on the transport
@@ -259,7 +260,7 @@ from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
                     Union)
 
 from .codec import Item, Junk, Lock, Record, check_outcome, tombstone, tombstone_token
-from .errors import (AlreadyExists, AmbiguousWrite, CompareFailed, EtcdqError, EtcdRejected,
+from .errors import (AlreadyExists, CompareFailed, EtcdqError, EtcdRejected,
                      InvalidArgument, KeyMissing, LockLost, NotFound, Unavailable)
 from .keys import DIRS, Layout, check_item_id, check_prefix, is_queue_name
 from .driver import run
@@ -275,6 +276,7 @@ from .steps import Gone as Gone
 from .steps import Held, Steps
 from .steps import Taken as Taken
 from .steps import item_fields as item_fields
+from .steps import put_token
 from .steps import ttl_seconds as ttl_seconds
 from .transport import EventStream, Node, Reply, Transport, UndecodableReply
 from .versions import Entry as Entry
@@ -408,67 +410,9 @@ class Protocol(Steps):
     # -- D: delayed put ------------------------------------------------------
     def put_delayed(self, raw: str, token: str, ttl: int
                     ) -> Tuple[str, Optional[Version], int]:
-        """D1, D2: (id, version, lock index) of an item claimable after ``ttl``
-        seconds; the version is None if a consumer finished it already.
-
-        The lock comes first, so the item is never claimable before etcd
-        expires it; the item takes the lock's name, which no POST to work/
-        can ever get (it is the index of our own lock write).
-        """
-        item_id, locked = self._delay_lock(token, ttl)
-        return item_id, self._create_delayed(item_id, raw, token), locked
-
-    def _delay_lock(self, token: str, ttl: int) -> Tuple[str, int]:
-        """D1: POST a delay lock with ``ttl``; (its name, its index).
-
-        A lost reply is not resolved: another lock is POSTed.  A first one that
-        applied (now or later) is an orphan: it holds no item, and expires.
-        """
-        value = Lock(self.node_id, token, delay=True).encode()
-        give_up = self.runtime.monotonic() + self.etcd.deadline
-        while True:
-            try:
-                node = self.etcd.post(self.layout.locks, value, ttl=ttl).node
-                return node["key"].rsplit("/", 1)[-1], node["modifiedIndex"]
-            except AmbiguousWrite as exc:
-                if self.runtime.monotonic() >= give_up:
-                    raise Unavailable(f"a delayed put to {self.layout.work} could not create "
-                                      f"its lock ({exc}); nothing was stored") from None
-                log.info("the reply to a delay lock in %s was lost; creating another",
-                         self.layout.locks)
-                self.runtime.sleep(0.1)  # a member that resets every connection is not hammered
-
-    def _create_delayed(self, item_id: str, raw: str, token: str) -> Optional[Version]:
-        """D2: PUT ``work/<id>`` prevExist=false; its version (None: it already finished).
-
-        The transport resends a PUT whose reply was lost; "already exists" is
-        then read back.  Unanswered until the deadline: Unavailable, but the
-        item is stored at most once, as no other put uses the name.
-        """
-        key = self.layout.key("work", item_id)
-        try:
-            try:
-                return Version(self.etcd.put(key, raw, prev_exist=False).written_index, raw)
-            except AlreadyExists:
-                return self._our_delayed(item_id, token)
-        except Unavailable as exc:
-            raise Unavailable(f"a delayed put to {key} may or may not be stored ({exc}); if "
-                              "it is, it is stored once, and claimable after its delay"
-                              ) from None
-
-    def _our_delayed(self, item_id: str, token: str) -> Optional[Version]:
-        """After D2's "already exists": our item as read now (a claim may have
-        changed it since D2), or None if a consumer finished it already;
-        EtcdRejected if another writer took the name."""
-        entry = self.read("work", item_id)
-        if entry is not None and _put_token(Item.decode, entry.value) == token:
-            return entry.version
-        for kind in (COMPLETED, FAILED):
-            record = self.read(kind, item_id)
-            if record is not None and _put_token(Record.decode, record.value) == token:
-                return None
-        raise EtcdRejected(f"{self.layout.key('work', item_id)} holds a value this put did "
-                           "not write; the item was not stored", code=AlreadyExists.code)
+        """D1, D2 (:meth:`Steps.put_delayed_step`): (id, version, lock index) of an
+        item claimable after ``ttl`` seconds (version None: already finished)."""
+        return run(self.put_delayed_step(raw, token, ttl), self.etcd)
 
     # -- C: claim ----------------------------------------------------------
     def claim(self, item_id: str, seen: Version) -> Optional[ClaimState]:
@@ -987,8 +931,8 @@ class Protocol(Steps):
         tokens = set()
         for kind in ("work", COMPLETED, FAILED):
             for entry in self._streamed_entries(kind):
-                token = _put_token(Item.decode if kind == "work" else Record.decode,
-                                   entry.value)
+                token = put_token(Item.decode if kind == "work" else Record.decode,
+                                  entry.value)
                 if token is None and kind == FAILED:  # a requeued dead letter's tombstone
                     token = tombstone_token(entry.value)
                 if token:
@@ -1033,7 +977,7 @@ class Protocol(Steps):
         if node is None and retried:
             return None
         decode = Item.decode if kind == "work" else Record.decode
-        if node is not None and _put_token(decode, node.get("value")) == token:
+        if node is not None and put_token(decode, node.get("value")) == token:
             return int(node["createdIndex"])
         raise EtcdRejected(f"{self.layout.key(kind, item_id)} holds a value this import did "
                            "not write; the line was not stored", code=AlreadyExists.code)
@@ -1250,15 +1194,6 @@ def _marked_ttl(entry: Entry) -> Optional[int]:
     taken as long as the other late-write bounds (F2, Q4) last."""
     ttl = entry.ttl_left()
     return None if ttl is None else max(ttl, TOMBSTONE_TTL)
-
-
-def _put_token(decode: Callable[[Optional[str]], Any], raw: Optional[str]) -> Optional[str]:
-    """The put token of an item or record value; None for junk."""
-    try:
-        token: Optional[str] = decode(raw).token
-    except Junk:
-        return None
-    return token
 
 
 #: What :func:`lock_states` gives for a lock it cannot read (junk): a claim's

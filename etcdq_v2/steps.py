@@ -20,6 +20,7 @@ rule; this module holds, as generators:
 
 P1          :meth:`Steps.post_step` (a lost reply's read-back:
             :meth:`Steps.find_puts_step`); put_many :meth:`Steps.post_many_step`
+D1, D2      :meth:`Steps.put_delayed_step`
 C1          :meth:`Steps.lock_step`
 C2, C3      :meth:`Steps.take_step` (the re-fence, a dead letter at max_attempts,
             finishing a crashed finisher's item: all within)
@@ -267,6 +268,16 @@ def item_fields(queue: str, item_id: str, attempt: Optional[int] = None) -> Dict
     """The ``extra=`` of a log line about one item, for formatters that index
     fields (JSON): its queue's name, its id, and the attempt (None: unknown)."""
     return {"queue": queue, "item_id": item_id, "attempt": attempt}
+
+
+def put_token(decode: Any, raw: Optional[str]) -> Optional[str]:
+    """The put token of an item or record value (``decode``: Item.decode or
+    Record.decode); None for junk."""
+    try:
+        token: Optional[str] = decode(raw).token
+    except Junk:
+        return None
+    return token
 
 
 def entry_of(item_id: str, node: Dict[str, Any]) -> Entry:
@@ -556,6 +567,72 @@ class Steps:
                 "but a delayed request could still add them, once each")
         log.info("%d puts whose replies were lost were stored", len(found))
         return found
+
+    # -- D: delayed put --------------------------------------------------------
+    def put_delayed_step(self, raw: str, token: str, ttl: int
+                         ) -> Step[Tuple[str, Optional[Version], int]]:
+        """D1, D2: (id, version, lock index) of an item claimable after ``ttl``
+        seconds; the version is None if a consumer finished it already.
+
+        The lock comes first, so the item is never claimable before etcd
+        expires it; the item takes the lock's name, which no POST to work/
+        can ever get (it is the index of our own lock write).
+        """
+        item_id, locked = yield from self._delay_lock(token, ttl)
+        return item_id, (yield from self._create_delayed(item_id, raw, token)), locked
+
+    def _delay_lock(self, token: str, ttl: int) -> Step[Tuple[str, int]]:
+        """D1: POST a delay lock with ``ttl``; (its name, its index).
+
+        A lost reply is not resolved: another lock is POSTed.  A first one that
+        applied (now or later) is an orphan: it holds no item, and expires.
+        """
+        value = Lock(self.node_id, token, delay=True).encode()
+        give_up = (yield from ask("MONOTONIC")) + (yield from ask("DEADLINE"))
+        while True:
+            try:
+                node = (yield from post(self.layout.locks, value, ttl=ttl)).node
+                return node["key"].rsplit("/", 1)[-1], node["modifiedIndex"]
+            except AmbiguousWrite as exc:
+                lost = exc
+            if (yield from ask("MONOTONIC")) >= give_up:
+                raise Unavailable(f"a delayed put to {self.layout.work} could not create "
+                                  f"its lock ({lost}); nothing was stored")
+            log.info("the reply to a delay lock in %s was lost; creating another",
+                     self.layout.locks)
+            yield from sleep(0.1)  # a member that resets every connection is not hammered
+
+    def _create_delayed(self, item_id: str, raw: str, token: str) -> Step[Optional[Version]]:
+        """D2: PUT ``work/<id>`` prevExist=false; its version (None: it already finished).
+
+        The transport resends a PUT whose reply was lost; "already exists" is
+        then read back.  Unanswered until the deadline: Unavailable, but the
+        item is stored at most once, as no other put uses the name.
+        """
+        key = self.layout.key("work", item_id)
+        try:
+            try:
+                return Version((yield from put(key, raw, prev_exist=False)).written_index, raw)
+            except AlreadyExists:
+                return (yield from self._our_delayed(item_id, token))
+        except Unavailable as exc:
+            failed = exc
+        raise Unavailable(f"a delayed put to {key} may or may not be stored ({failed}); if "
+                          "it is, it is stored once, and claimable after its delay")
+
+    def _our_delayed(self, item_id: str, token: str) -> Step[Optional[Version]]:
+        """After D2's "already exists": our item as read now (a claim may have
+        changed it since D2), or None if a consumer finished it already;
+        EtcdRejected if another writer took the name."""
+        entry = yield from self.read_step("work", item_id)
+        if entry is not None and put_token(Item.decode, entry.value) == token:
+            return entry.version
+        for kind in (COMPLETED, FAILED):
+            record = yield from self.read_step(kind, item_id)
+            if record is not None and put_token(Record.decode, record.value) == token:
+                return None
+        raise EtcdRejected(f"{self.layout.key('work', item_id)} holds a value this put did "
+                           "not write; the item was not stored", code=AlreadyExists.code)
 
     # -- C: claim ----------------------------------------------------------
     def lock_step(self, item_id: str, lock: Lock, ttl: int) -> Step[int]:

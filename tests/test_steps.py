@@ -552,3 +552,59 @@ def test_put_many_with_a_post_in_doubt_not_found_is_unavailable_and_sends_no_mor
     with pytest.raises(Unavailable, match="1 of the puts"):
         script.result()
     assert [request.method for request in script.sent].count("POSTS") == 1
+
+
+# -- D1, D2 ------------------------------------------------------------------------
+DELAY_LOCK = Lock("node-a", "put-token", delay=True).encode()
+
+
+def lock_posted(index: int) -> Reply:
+    return node(index, DELAY_LOCK, key=LAYOUT.key("locks", f"{index:020d}"))
+
+
+def test_d1_posts_a_delay_lock_and_d2_creates_the_item_under_its_name() -> None:
+    script = Script(steps().put_delayed_step(PUT_RAW, "put-token", 3),
+                    [10.0, 3.0, lock_posted(70), written(71)])
+    assert script.result() == (f"{70:020d}", Version(71, PUT_RAW), 70)
+    assert script.sent == [Request("MONOTONIC"), Request("DEADLINE"),
+                           Request("POST", LAYOUT.locks, DELAY_LOCK, ttl=3),
+                           Request("PUT", LAYOUT.key("work", f"{70:020d}"), PUT_RAW,
+                                   prev_exist=False)]
+
+
+def test_d1_whose_reply_was_lost_posts_another_lock_until_the_deadline() -> None:
+    """A lost D1 is not read back: the first lock, if it applied, holds no item
+    and expires.  Past the deadline nothing was stored: Unavailable."""
+    script = Script(steps().put_delayed_step(PUT_RAW, "put-token", 3),
+                    [10.0, 3.0, lost_post(), 11.0, None, lost_post(), 13.5])
+    with pytest.raises(Unavailable, match="nothing was stored"):
+        script.result()
+    assert script.sent[3:5] == [Request("MONOTONIC"), Request("SLEEP", seconds=0.1)]
+    assert [request.method for request in script.sent].count("POST") == 2
+
+
+def test_d2_already_exists_is_read_back_and_our_put_token_is_our_item_as_read() -> None:
+    """The transport resent D2; our first copy applied and a claim changed it
+    since: the item as read, never D2's value with the index read."""
+    claimed = Item("payload", "put-token", 1, "someone", 1.0).encode()
+    exists = AlreadyExists("Key already exists", code=AlreadyExists.code, index=75)
+    script = Script(steps().put_delayed_step(PUT_RAW, "put-token", 3),
+                    [10.0, 3.0, lock_posted(70), exists, node(74, claimed)])
+    assert script.result() == (f"{70:020d}", Version(74, claimed), 70)
+    assert script.sent[-1] == Request("GET", LAYOUT.key("work", f"{70:020d}"), quorum=True)
+
+
+def test_d2_already_exists_with_a_record_of_our_put_token_is_finished() -> None:
+    record = Record("payload", "claim", "node-b", 1, 1.0, 2.0, token="put-token")
+    exists = AlreadyExists("Key already exists", code=AlreadyExists.code, index=75)
+    script = Script(steps().put_delayed_step(PUT_RAW, "put-token", 3),
+                    [10.0, 3.0, lock_posted(70), exists, missing(),
+                     node(76, record.encode(outcome=COMPLETED))])
+    assert script.result() == (f"{70:020d}", None, 70)
+
+
+def test_d2_unanswered_is_unavailable_saying_the_item_is_stored_at_most_once() -> None:
+    script = Script(steps().put_delayed_step(PUT_RAW, "put-token", 3),
+                    [10.0, 3.0, lock_posted(70), Unavailable("no member answered")])
+    with pytest.raises(Unavailable, match="stored once"):
+        script.result()

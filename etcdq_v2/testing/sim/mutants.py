@@ -76,11 +76,11 @@ def _claim_unfenced(original: Callable[..., Any]) -> Callable[..., Any]:
     return put
 
 
-def _short_delay(original: Callable[..., Any]) -> Callable[..., Any]:
+def _short_delay(original: Callable[..., Step[Any]]) -> Callable[..., Step[Any]]:
     """D1 with a delay lock of 1 s, whatever the delay: a delayed item is claimable early."""
-    def put_delayed(self: Protocol, raw: str, token: str, ttl: int) -> Any:
-        return original(self, raw, token, 1)
-    return put_delayed
+    def put_delayed_step(self: Steps, raw: str, token: str, ttl: int) -> Step[Any]:
+        return (yield from original(self, raw, token, 1))
+    return put_delayed_step
 
 
 # -- puts ---------------------------------------------------------------------------
@@ -120,10 +120,12 @@ def _mixed_settled(original: Callable[..., Step[List[Place]]]
     return settled
 
 
-def _mixed_delayed(original: Callable[..., Any]) -> Callable[..., Any]:
+def _mixed_delayed(original: Callable[..., Step[Optional[Version]]]
+                   ) -> Callable[..., Step[Optional[Version]]]:
     """D2's read-back after "already exists", as P1's (see _mixed_post)."""
-    def create_delayed(self: Protocol, item_id: str, raw: str, token: str) -> Optional[Version]:
-        seen = original(self, item_id, raw, token)
+    def create_delayed(self: Steps, item_id: str, raw: str, token: str
+                       ) -> Step[Optional[Version]]:
+        seen = yield from original(self, item_id, raw, token)
         return None if seen is None else Version(seen.index, raw)
     return create_delayed
 
@@ -303,14 +305,14 @@ MUTANTS: Dict[str, Mutant] = {
         [(Transport, "put", _claim_unfenced)], "no-hand-out-after-outcome",
         "C2, the re-fence and R0 without their prevIndex fence"),
     "delay-lock-short": Mutant(
-        [(Protocol, "put_delayed", _short_delay)], "delay-kept",
+        [(Steps, "put_delayed_step", _short_delay)], "delay-kept",
         "a delayed put's lock of 1 s, whatever its delay"),
     "resend-lost-post": Mutant(
         [(Steps, "post_step", _resend_post)], "stored-once",
         "a put whose POST reply was lost sends it again"),
     "read-back-mixes-versions": Mutant(
         [(Steps, "post_step", _mixed_post), (Steps, "_settled", _mixed_settled),
-         (Protocol, "_create_delayed", _mixed_delayed)], "one-version",
+         (Steps, "_create_delayed", _mixed_delayed)], "one-version",
         "a put's read-back after a lost reply offers the index it read with the value "
         "the put sent (C2 on it undoes a commit)", {"rates": FaultRates(slow_reply=0.05), "follow_ups": 1.0, "consumers": 5}),
     "round-without-end": Mutant(
