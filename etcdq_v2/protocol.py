@@ -7,7 +7,7 @@ hands out an item that has a completion record.  docs/protocol.md says the
 same at more length.
 
 Put and put_many (P1, with the read-back of a lost reply), the delayed
-put (D1, D2), the claim
+put (D1, D2), requeue (Q0-Q5), the claim
 (C1-C3), the commit (F1-F4), release and fail (R0, R1) and the heartbeat's
 refresh are written as generator steps without I/O in steps.py;
 the methods of :class:`Protocol` of the same names run them on the transport
@@ -255,11 +255,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple,
                     Union)
 
-from .codec import Item, Junk, Lock, Record, check_outcome, tombstone, tombstone_token
+from .codec import Item, Junk, Lock, Record, check_outcome, tombstone_token
 from .errors import (AlreadyExists, CompareFailed, EtcdqError, EtcdRejected,
                      InvalidArgument, KeyMissing, LockLost, NotFound, Unavailable)
 from .keys import DIRS, Layout, check_item_id, check_prefix, is_queue_name
@@ -515,159 +515,9 @@ class Protocol(Steps):
 
     # -- Q: requeue ----------------------------------------------------------
     def requeue(self, item_id: str) -> Tuple[str, Optional[Version]]:
-        """Q0-Q5: move dead letter ``item_id`` back to work/ as a new item.
-
-        Returns the new item's id and Q3's version (None if it was there already).
-        """
-        check_item_id(item_id)
-        lock = self._lock_dead_letter(item_id)
-        try:
-            (token, index), record = self._requeue_token(item_id)
-            self._remove_dead_item(item_id)
-            new_id = f"{index:020d}"  # Q1's own index: no POST can ever take this name
-            raw = Item(record.payload, token, created=self.runtime.wall(),
-                       requeued=True).encode(stored=True)
-            created = self._create_item(new_id, raw)
-            self._bury(item_id, new_id, record, index)  # Q4
-            return new_id, created
-        finally:
-            self._drop_lock(item_id, lock)
-
-    def _remove_dead_item(self, item_id: str) -> None:
-        """Q2: the dead letter's own item, if a crash after its commit left it in work/.
-
-        Removed first, or a claimer would finish it later and write the dead
-        letter again (or, from 0.1.0, run it as one more attempt).  We hold
-        its lock, so no claim changes it meanwhile.
-        """
-        entry = self.read("work", item_id)
-        while entry is not None and not self._remove_item(entry):
-            entry = self.read("work", item_id)
-
-    def _create_item(self, new_id: str, raw: str) -> Optional[Version]:
-        """Q3: create the requeued item; its version, or None if an earlier
-        requeue did (what is there now is not known: not offered)."""
-        try:
-            return Version(self.etcd.put(self.layout.key("work", new_id), raw,
-                                         prev_exist=False).written_index, raw)
-        except AlreadyExists:
-            return None
-
-    def _bury(self, item_id: str, new_id: str, record: Record, index: int) -> None:
-        """Q4: ``failed/<id>`` becomes a tombstone, so that a late F2 finds the key taken.
-
-        A CAS on Q1's index.  "Not found": the dead letter expired (failed_ttl)
-        or was purged since Q1: create the tombstone (prevExist=false).  A key
-        that is neither our tombstone nor the dead letter we marked is read:
-        a late copy of this dead letter's F2 (the same claim token) landed on
-        the free key first, and is turned into the tombstone on its index;
-        anything else (junk, another claim's dead letter) is left, with a
-        warning.  Only late writes change the key: we hold its lock.
-        """
-        key, buried = self.layout.key(FAILED, item_id), tombstone(new_id, record.token)
-        for _ in range(5):
-            condition: Dict[str, Any] = ({"prev_index": index} if index
-                                         else {"prev_exist": False})
-            try:
-                self.etcd.put(key, buried, ttl=TOMBSTONE_TTL, **condition)
-                return
-            except (CompareFailed, KeyMissing, AlreadyExists):
-                pass
-            entry = self.read(FAILED, item_id)
-            if entry is None:
-                index = 0  # expired or purged since: create it
-            elif entry.value == buried:
-                return  # a resent request of ours applied
-            elif self._late_copy(entry, record):
-                index = entry.index
-            else:
-                break
-        log.warning("dead letter %s of %s was requeued as %s, but %s holds something else "
-                    "now (junk, or another claim's dead letter); left as it is", item_id,
-                    self.layout.root, new_id, key, extra=item_fields(self.layout.name, item_id))
-
-    @staticmethod
-    def _late_copy(entry: Entry, record: Record) -> bool:
-        """``entry`` is the dead letter ``record`` again (a late F2: the same claim)."""
-        try:
-            return Record.decode(entry.value).claim == record.claim
-        except Junk:
-            return False
-
-    def _lock_dead_letter(self, item_id: str) -> Lock:
-        """Q0: the lock of ``locks/<id>``, so that one requeue at a time works on it.
-
-        The item itself left work/ when it was dead-lettered, so its lock key
-        is free, or holds the lock its finisher left to expire (F4 skipped:
-        its claim token is the dead letter's, and it is taken over), or one
-        whose finisher crashed after F3.  Another requeue's lock is waited
-        for; then the dead letter may be gone.
-        """
-        lock = Lock(self.node_id, self.runtime.token())
-        give_up = self.runtime.monotonic() + self.lock_ttl + self.etcd.deadline
-        while True:
-            dead = self.read(FAILED, item_id)
-            if dead is None:
-                raise NotFound(f"no dead letter {item_id} in {self.layout.label}")
-            try:
-                self._create_lock(item_id, lock, self.lock_ttl)
-                return lock
-            except Taken:
-                if self._take_finishers_lock(item_id, dead, lock):
-                    return lock
-                if self.runtime.monotonic() >= give_up:
-                    raise Unavailable(f"dead letter {item_id} stayed locked") from None
-                self.runtime.sleep(0.1)
-
-    def _take_finishers_lock(self, item_id: str, dead: Entry, lock: Lock) -> bool:
-        """Q0 on the lock the dead letter's finisher left to expire: CAS it into ours.
-
-        It is the finisher's if its claim token is the record's (tokens are
-        unique to a claim, and that claim ended at F1), and the finisher is
-        done if the item left work/ (F3 follows F2's reply, so no resent F2
-        can land on Q4's tombstone).  False if the lock is another's, or the
-        item is still there (a finisher at F3, or one that crashed before it:
-        its lock expires), or the lock changed or went meanwhile.
-        """
-        held = self.read("locks", item_id)
-        try:
-            finisher = Record.decode(dead.value).claim
-            left = held is not None and Lock.decode(held.value).token == finisher
-        except Junk:
-            left = False
-        if not left or self.read("work", item_id) is not None:
-            return False
-        assert held is not None
-        try:
-            self.etcd.put(self.layout.key("locks", item_id), lock.encode(), ttl=self.lock_ttl,
-                          prev_value=held.value)
-        except KeyMissing:
-            return False
-        except CompareFailed as exc:  # changed, unless it was our own resent CAS
-            return exc.retried and self._lock_value(item_id) == lock.encode()
-        return True
-
-    def _requeue_token(self, item_id: str) -> Tuple[Tuple[str, int], Record]:
-        """Q1: ((token, index), record): the dead letter marked with a requeue
-        token, or with the one an earlier requeue left there (it stopped
-        before Q4), at the index of that marking write."""
-        entry = self.read(FAILED, item_id)
-        try:
-            record = Record.decode(entry.value if entry else None)
-        except Junk:
-            raise NotFound(f"no dead letter {item_id} in {self.layout.label}") from None
-        assert entry is not None  # Record.decode(None) raised Junk above
-        if record.requeue_token:
-            return (record.requeue_token, entry.index), record
-        token = self.runtime.token()
-        marked = replace(record, requeue_token=token).encode(stored=True)
-        try:
-            reply = self.etcd.put(self.layout.key(FAILED, item_id), marked,
-                                  ttl=_marked_ttl(entry), prev_index=entry.index)
-        except (CompareFailed, KeyMissing):
-            # Only a resent CAS of ours can have changed it: we hold its lock.
-            return self._requeue_token(item_id)
-        return (token, reply.written_index), record
+        """Q0-Q5 (:meth:`Steps.requeue_step`): move dead letter ``item_id`` back to
+        work/ as a new item; its id and Q3's version (None if it was there already)."""
+        return run(self.requeue_step(item_id), self.etcd)
 
     # -- K: cancel -------------------------------------------------------------
     def cancel(self, item_id: str) -> bool:
@@ -1140,25 +990,15 @@ class Protocol(Steps):
         removed = 0
         for entry, _ in self.decoded(kind):
             pending = in_work.pop(entry.id, None)
-            if pending is None or self._remove_item(pending[0]):
+            if pending is None or run(self._remove_item(pending[0]), self.etcd):
                 removed += self._delete_quietly(self.layout.key(kind, entry.id),
                                                 prev_index=entry.index)
             if progress is not None:
                 progress()
         for entry, item in in_work.values():
             if item.outcome == kind:
-                removed += self._remove_item(entry)
+                removed += run(self._remove_item(entry), self.etcd)
         return removed
-
-    def _remove_item(self, entry: Entry) -> bool:
-        """F3 on a listed item: True once it is gone, False if it changed meanwhile."""
-        try:
-            self.etcd.delete(self.layout.key("work", entry.id), prev_index=entry.index)
-        except KeyMissing:
-            pass
-        except CompareFailed:
-            return False
-        return True
 
     def left_work(self, item_id: str) -> bool:
         """``work/<id>`` is gone or carries an outcome: a hint for the view (a
@@ -1172,28 +1012,12 @@ class Protocol(Steps):
         except Junk:
             return False
 
-    def _lock_value(self, item_id: str) -> Optional[str]:
-        entry = self.read("locks", item_id)
-        return entry.value if entry else None
-
     def _drop_lock(self, item_id: str, lock: Lock) -> None:
         run(self.drop_lock_step(item_id, lock), self.etcd)
 
     def _delete_quietly(self, key: str, **condition: Any) -> bool:
         """A conditional delete whose "already gone / changed" outcome is fine."""
         return run(self.delete_quietly_step(key, **condition), self.etcd)
-
-
-def _marked_ttl(entry: Entry) -> Optional[int]:
-    """Q1's TTL for the marked dead letter: none if it has none (a CAS without a
-    TTL makes the key permanent, and this Queue's failed_ttl need not be the
-    one it was written with), else at least TOMBSTONE_TTL.  A requeue that
-    dies after Q3 leaves no tombstone (Q4); were the marked dead letter to
-    expire then, a late F2 could write it again without the requeue token and
-    a second requeue would create a second item.  Kept a week, the key stays
-    taken as long as the other late-write bounds (F2, Q4) last."""
-    ttl = entry.ttl_left()
-    return None if ttl is None else max(ttl, TOMBSTONE_TTL)
 
 
 #: What :func:`lock_states` gives for a lock it cannot read (junk): a claim's

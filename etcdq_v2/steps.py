@@ -21,6 +21,7 @@ rule; this module holds, as generators:
 P1          :meth:`Steps.post_step` (a lost reply's read-back:
             :meth:`Steps.find_puts_step`); put_many :meth:`Steps.post_many_step`
 D1, D2      :meth:`Steps.put_delayed_step`
+Q0-Q5       :meth:`Steps.requeue_step`
 C1          :meth:`Steps.lock_step`
 C2, C3      :meth:`Steps.take_step` (the re-fence, a dead letter at max_attempts,
             finishing a crashed finisher's item: all within)
@@ -43,10 +44,10 @@ from typing import (Any, Dict, Generator, Iterable, Iterator, List, Optional, Se
                     TypeVar, Union)
 
 from .codec import (IN_LOCK, IN_RECORD, Item, Junk, Lock, Record, check_outcome, failure_text,
-                    tombstone_token)
+                    tombstone, tombstone_token)
 from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdqError,
-                     EtcdRejected, KeyMissing, LockLost, Unavailable)
-from .keys import Layout
+                     EtcdRejected, KeyMissing, LockLost, NotFound, Unavailable)
+from .keys import Layout, check_item_id
 from .versions import Entry, Version
 
 log = logging.getLogger("etcdq_v2.protocol")
@@ -278,6 +279,18 @@ def put_token(decode: Any, raw: Optional[str]) -> Optional[str]:
     except Junk:
         return None
     return token
+
+
+def marked_ttl(entry: Entry) -> Optional[int]:
+    """Q1's TTL for the marked dead letter: none if it has none (a CAS without a
+    TTL makes the key permanent, and this Queue's failed_ttl need not be the
+    one it was written with), else at least TOMBSTONE_TTL.  A requeue that
+    dies after Q3 leaves no tombstone (Q4); were the marked dead letter to
+    expire then, a late F2 could write it again without the requeue token and
+    a second requeue would create a second item.  Kept a week, the key stays
+    taken as long as the other late-write bounds (F2, Q4) last."""
+    ttl = entry.ttl_left()
+    return None if ttl is None else max(ttl, TOMBSTONE_TTL)
 
 
 def entry_of(item_id: str, node: Dict[str, Any]) -> Entry:
@@ -633,6 +646,192 @@ class Steps:
                 return None
         raise EtcdRejected(f"{self.layout.key('work', item_id)} holds a value this put did "
                            "not write; the item was not stored", code=AlreadyExists.code)
+
+    # -- Q: requeue ----------------------------------------------------------
+    def requeue_step(self, item_id: str) -> Step[Place]:
+        """Q0-Q5: move dead letter ``item_id`` back to work/ as a new item.
+
+        Returns the new item's id and Q3's version (None if it was there already).
+        """
+        check_item_id(item_id)
+        lock = yield from self._lock_dead_letter(item_id)
+        return (yield from self._holding(self._requeued(item_id), item_id, lock))
+
+    def _holding(self, step: Step[T], item_id: str, lock: Lock) -> Step[T]:
+        """``step`` under our ``lock`` of ``locks/<id>``, which is dropped after it
+        (R1-like; if even the drop fails, it expires), whatever the step did."""
+        try:
+            result = yield from step
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield from self.drop_lock_step(item_id, lock)
+            raise
+        yield from self.drop_lock_step(item_id, lock)
+        return result
+
+    def _requeued(self, item_id: str) -> Step[Place]:
+        """Q1-Q4 under the dead letter's lock (Q0)."""
+        (token, index), record = yield from self._requeue_token(item_id)
+        yield from self._remove_dead_item(item_id)
+        new_id = f"{index:020d}"  # Q1's own index: no POST can ever take this name
+        raw = Item(record.payload, token, created=(yield from wall()),
+                   requeued=True).encode(stored=True)
+        created = yield from self._create_item(new_id, raw)
+        yield from self._bury(item_id, new_id, record, index)  # Q4
+        return new_id, created
+
+    def _remove_dead_item(self, item_id: str) -> Step[None]:
+        """Q2: the dead letter's own item, if a crash after its commit left it in work/.
+
+        Removed first, or a claimer would finish it later and write the dead
+        letter again (or, from 0.1.0, run it as one more attempt).  We hold
+        its lock, so no claim changes it meanwhile.
+        """
+        entry = yield from self.read_step("work", item_id)
+        while entry is not None and not (yield from self._remove_item(entry)):
+            entry = yield from self.read_step("work", item_id)
+
+    def _remove_item(self, entry: Entry) -> Step[bool]:
+        """F3 on a listed item: True once it is gone, False if it changed meanwhile."""
+        try:
+            yield from delete(self.layout.key("work", entry.id), prev_index=entry.index)
+        except KeyMissing:
+            pass
+        except CompareFailed:
+            return False
+        return True
+
+    def _create_item(self, new_id: str, raw: str) -> Step[Optional[Version]]:
+        """Q3: create the requeued item; its version, or None if an earlier
+        requeue did (what is there now is not known: not offered)."""
+        try:
+            reply = yield from put(self.layout.key("work", new_id), raw, prev_exist=False)
+        except AlreadyExists:
+            return None
+        return Version(reply.written_index, raw)
+
+    def _bury(self, item_id: str, new_id: str, record: Record, index: int) -> Step[None]:
+        """Q4: ``failed/<id>`` becomes a tombstone, so that a late F2 finds the key taken.
+
+        A CAS on Q1's index.  "Not found": the dead letter expired (failed_ttl)
+        or was purged since Q1: create the tombstone (prevExist=false).  A key
+        that is neither our tombstone nor the dead letter we marked is read:
+        a late copy of this dead letter's F2 (the same claim token) landed on
+        the free key first, and is turned into the tombstone on its index;
+        anything else (junk, another claim's dead letter) is left, with a
+        warning.  Only late writes change the key: we hold its lock.
+        """
+        key, buried = self.layout.key(FAILED, item_id), tombstone(new_id, record.token)
+        for _ in range(5):
+            try:
+                if index:
+                    yield from put(key, buried, ttl=TOMBSTONE_TTL, prev_index=index)
+                else:
+                    yield from put(key, buried, ttl=TOMBSTONE_TTL, prev_exist=False)
+                return
+            except (CompareFailed, KeyMissing, AlreadyExists):
+                pass
+            entry = yield from self.read_step(FAILED, item_id)
+            if entry is None:
+                index = 0  # expired or purged since: create it
+            elif entry.value == buried:
+                return  # a resent request of ours applied
+            elif self._late_copy(entry, record):
+                index = entry.index
+            else:
+                break
+        log.warning("dead letter %s of %s was requeued as %s, but %s holds something else "
+                    "now (junk, or another claim's dead letter); left as it is", item_id,
+                    self.layout.root, new_id, key, extra=item_fields(self.layout.name, item_id))
+
+    @staticmethod
+    def _late_copy(entry: Entry, record: Record) -> bool:
+        """``entry`` is the dead letter ``record`` again (a late F2: the same claim)."""
+        try:
+            return Record.decode(entry.value).claim == record.claim
+        except Junk:
+            return False
+
+    def _lock_dead_letter(self, item_id: str) -> Step[Lock]:
+        """Q0: the lock of ``locks/<id>``, so that one requeue at a time works on it.
+
+        The item itself left work/ when it was dead-lettered, so its lock key
+        is free, or holds the lock its finisher left to expire (F4 skipped:
+        its claim token is the dead letter's, and it is taken over), or one
+        whose finisher crashed after F3.  Another requeue's lock is waited
+        for; then the dead letter may be gone.
+        """
+        lock = Lock(self.node_id, (yield from ask("TOKEN")))
+        give_up = (yield from ask("MONOTONIC")) + self.lock_ttl + (yield from ask("DEADLINE"))
+        while True:
+            dead = yield from self.read_step(FAILED, item_id)
+            if dead is None:
+                raise NotFound(f"no dead letter {item_id} in {self.layout.label}")
+            try:
+                yield from self.lock_step(item_id, lock, self.lock_ttl)
+                return lock
+            except Taken:
+                pass
+            if (yield from self._take_finishers_lock(item_id, dead, lock)):
+                return lock
+            if (yield from ask("MONOTONIC")) >= give_up:
+                raise Unavailable(f"dead letter {item_id} stayed locked")
+            yield from sleep(0.1)
+
+    def _take_finishers_lock(self, item_id: str, dead: Entry, lock: Lock) -> Step[bool]:
+        """Q0 on the lock the dead letter's finisher left to expire: CAS it into ours.
+
+        It is the finisher's if its claim token is the record's (tokens are
+        unique to a claim, and that claim ended at F1), and the finisher is
+        done if the item left work/ (F3 follows F2's reply, so no resent F2
+        can land on Q4's tombstone).  False if the lock is another's, or the
+        item is still there (a finisher at F3, or one that crashed before it:
+        its lock expires), or the lock changed or went meanwhile.
+        """
+        held = yield from self.read_step("locks", item_id)
+        try:
+            finisher = Record.decode(dead.value).claim
+            left = held is not None and Lock.decode(held.value).token == finisher
+        except Junk:
+            left = False
+        if not left or (yield from self.read_step("work", item_id)) is not None:
+            return False
+        assert held is not None
+        try:
+            yield from put(self.layout.key("locks", item_id), lock.encode(), ttl=self.lock_ttl,
+                           prev_value=held.value)
+        except KeyMissing:
+            return False
+        except CompareFailed as exc:  # changed, unless it was our own resent CAS
+            return exc.retried and (yield from self._lock_value(item_id)) == lock.encode()
+        return True
+
+    def _lock_value(self, item_id: str) -> Step[Optional[str]]:
+        entry = yield from self.read_step("locks", item_id)
+        return entry.value if entry else None
+
+    def _requeue_token(self, item_id: str) -> Step[Tuple[Tuple[str, int], Record]]:
+        """Q1: ((token, index), record): the dead letter marked with a requeue
+        token, or with the one an earlier requeue left there (it stopped
+        before Q4), at the index of that marking write."""
+        entry = yield from self.read_step(FAILED, item_id)
+        try:
+            record = Record.decode(entry.value if entry else None)
+        except Junk:
+            raise NotFound(f"no dead letter {item_id} in {self.layout.label}") from None
+        assert entry is not None  # Record.decode(None) raised Junk above
+        if record.requeue_token:
+            return (record.requeue_token, entry.index), record
+        token = yield from ask("TOKEN")
+        marked = replace(record, requeue_token=token).encode(stored=True)
+        try:
+            reply = yield from put(self.layout.key(FAILED, item_id), marked,
+                                   ttl=marked_ttl(entry), prev_index=entry.index)
+        except (CompareFailed, KeyMissing):
+            # Only a resent CAS of ours can have changed it: we hold its lock.
+            return (yield from self._requeue_token(item_id))
+        return (token, reply.written_index), record
 
     # -- C: claim ----------------------------------------------------------
     def lock_step(self, item_id: str, lock: Lock, ttl: int) -> Step[int]:

@@ -12,13 +12,13 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import pytest
 
-from etcdq_v2.codec import Item, Lock, Record
+from etcdq_v2.codec import Item, Lock, Record, tombstone
 from etcdq_v2.driver import run
 from etcdq_v2.errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed,
-                             EtcdqError, KeyMissing, LockLost, Unavailable)
+                             EtcdqError, KeyMissing, LockLost, NotFound, Unavailable)
 from etcdq_v2.keys import Layout
-from etcdq_v2.steps import (COMPLETED, FAILED, ClaimState, Entry, Gone, Held, Request, Step,
-                            Steps, Taken, Version)
+from etcdq_v2.steps import (COMPLETED, FAILED, TOMBSTONE_TTL, ClaimState, Entry, Gone, Held,
+                            Request, Step, Steps, Taken, Version)
 from etcdq_v2.transport import Reply
 
 LAYOUT = Layout("/etcdq", "jobs")
@@ -608,3 +608,111 @@ def test_d2_unanswered_is_unavailable_saying_the_item_is_stored_at_most_once() -
                     [10.0, 3.0, lock_posted(70), Unavailable("no member answered")])
     with pytest.raises(Unavailable, match="stored once"):
         script.result()
+
+
+# -- Q0-Q5 -------------------------------------------------------------------------
+DEAD = Record("payload", "dead-claim", "node-b", 3, 1.0, 2.0, reason="boom", token="put-token")
+DEAD_KEY = LAYOUT.key(FAILED, ITEM)
+REQUEUER = Lock("node-a", "requeue-lock")
+
+
+def requeue_answers_to_q1(dead: Record = DEAD) -> List[Any]:
+    """Q0 (token, clocks, the dead letter read, C1 made) and Q1 (the dead letter
+    read again, a requeue token, the marking CAS at index 81)."""
+    raw = dead.encode(outcome=FAILED, stored=True)
+    return ["requeue-lock", 10.0, 3.0, node(70, raw), written(80), node(70, raw),
+            "rq-token", written(81)]
+
+
+def test_requeue_marks_the_dead_letter_then_creates_the_item_named_by_q1s_index() -> None:
+    script = Script(steps().requeue_step(ITEM),
+                    requeue_answers_to_q1() + [missing(), 5.0, written(82), written(83),
+                                               written(84)])
+    new_id = f"{81:020d}"
+    sent = script.result()
+    q3 = script.sent[10]
+    assert (q3.method, q3.key, q3.prev_exist) == ("PUT", LAYOUT.key("work", new_id), False)
+    assert sent == (new_id, Version(82, q3.value))
+    item = Item.decode(q3.value)
+    assert (item.token, item.requeued, item.attempts) == ("rq-token", True, 0)
+    q1 = script.sent[7]
+    assert (q1.key, q1.prev_index) == (DEAD_KEY, 70)
+    assert Record.decode(q1.value).requeue_token == "rq-token"
+    assert script.sent[8:10] == [Request("GET", WORK, quorum=True), Request("WALL")]
+    assert script.sent[11:] == [
+        Request("PUT", DEAD_KEY, tombstone(new_id, "put-token"), ttl=TOMBSTONE_TTL,
+                prev_index=81),
+        Request("DELETE", LOCK_KEY, prev_value=REQUEUER.encode())]
+
+
+def test_q1_whose_cas_failed_after_a_resend_takes_the_token_its_first_copy_wrote() -> None:
+    """Only a resent CAS of ours can change the dead letter under our lock: Q1
+    reads it again and keeps the requeue token it finds; no new token."""
+    marked = replace(DEAD, requeue_token="rq-token").encode(outcome=FAILED, stored=True)
+    answers = requeue_answers_to_q1()[:-1] + [compare_failed(81), node(81, marked),
+                                              missing(), 5.0, written(82), written(83),
+                                              written(84)]
+    script = Script(steps().requeue_step(ITEM), answers)
+    assert script.result()[0] == f"{81:020d}"
+    assert [request.method for request in script.sent].count("TOKEN") == 2  # lock, Q1
+
+
+def test_q2_removes_the_dead_letters_own_item_a_crash_left_in_work() -> None:
+    committed = DEAD.encode(outcome=FAILED, stored=True)
+    script = Script(steps().requeue_step(ITEM),
+                    requeue_answers_to_q1() + [node(69, committed), written(82),
+                                               5.0, written(83), written(84), written(85)])
+    script.result()
+    assert script.sent[9] == Request("DELETE", WORK, prev_index=69)
+
+
+def test_q4_on_a_dead_letter_gone_since_q1_creates_the_tombstone_and_warns_on_junk() -> None:
+    """"Not found" at the CAS: expired or purged since Q1, so Q4 creates it
+    (prevExist=false); junk there is left as it is."""
+    new_id = f"{81:020d}"
+    script = Script(steps().requeue_step(ITEM),
+                    requeue_answers_to_q1() + [missing(), 5.0, written(82), missing(),
+                                               missing(), written(84), written(85)])
+    script.result()
+    assert script.sent[-2] == Request("PUT", DEAD_KEY, tombstone(new_id, "put-token"),
+                                      ttl=TOMBSTONE_TTL, prev_exist=False)
+
+
+def test_q0_on_a_dead_letter_gone_is_not_found_and_writes_nothing() -> None:
+    script = Script(steps().requeue_step(ITEM), ["requeue-lock", 10.0, 3.0, missing()])
+    with pytest.raises(NotFound):
+        script.result()
+
+
+def test_a_requeue_that_fails_after_q0_drops_its_lock() -> None:
+    raw = DEAD.encode(outcome=FAILED, stored=True)
+    script = Script(steps().requeue_step(ITEM),
+                    ["requeue-lock", 10.0, 3.0, node(70, raw), written(80),
+                     Unavailable("no member answered"), written(81)])
+    with pytest.raises(Unavailable):
+        script.result()
+    assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=REQUEUER.encode())
+
+
+def test_q0_takes_over_the_lock_the_dead_letters_finisher_left_to_expire() -> None:
+    raw = DEAD.encode(outcome=FAILED, stored=True)
+    finishers = Lock("node-b", "dead-claim").encode()
+    taken = AlreadyExists("Key already exists", code=AlreadyExists.code, index=79)
+    script = Script(steps()._lock_dead_letter(ITEM),
+                    ["requeue-lock", 10.0, 3.0, node(70, raw), taken, node(60, finishers),
+                     missing(), written(80)])
+    assert script.result() == REQUEUER
+    assert script.sent[-1] == Request("PUT", LOCK_KEY, REQUEUER.encode(), ttl=LOCK_TTL,
+                                      prev_value=finishers)
+
+
+def test_q0_waits_for_another_requeues_lock_then_gives_up() -> None:
+    raw = DEAD.encode(outcome=FAILED, stored=True)
+    taken = AlreadyExists("Key already exists", code=AlreadyExists.code, index=79)
+    others = Lock("node-c", "another-requeue").encode()
+    script = Script(steps()._lock_dead_letter(ITEM),
+                    ["requeue-lock", 10.0, 3.0, node(70, raw), taken, node(60, others),
+                     12.0, None, node(70, raw), taken, node(60, others), 44.0])
+    with pytest.raises(Unavailable, match="stayed locked"):
+        script.result()
+    assert Request("SLEEP", seconds=0.1) in script.sent
