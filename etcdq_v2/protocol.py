@@ -7,7 +7,7 @@ hands out an item that has a completion record.  docs/protocol.md says the
 same at more length.
 
 Put and put_many (P1, with the read-back of a lost reply), the delayed
-put (D1, D2), requeue (Q0-Q5), the claim
+put (D1, D2), requeue (Q0-Q5), cancel (K1-K4), the claim
 (C1-C3), the commit (F1-F4), release and fail (R0, R1) and the heartbeat's
 refresh are written as generator steps without I/O in steps.py;
 the methods of :class:`Protocol` of the same names run them on the transport
@@ -262,10 +262,11 @@ from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 from .codec import Item, Junk, Lock, Record, check_outcome, tombstone_token
 from .errors import (AlreadyExists, CompareFailed, EtcdqError, EtcdRejected,
                      InvalidArgument, KeyMissing, LockLost, NotFound, Unavailable)
-from .keys import DIRS, Layout, check_item_id, check_prefix, is_queue_name
+from .keys import DIRS, Layout, check_prefix, is_queue_name
 from .driver import run
 from .runtime import SYSTEM
 # Re-exported: the names callers know the protocol's by.
+from .steps import CANCELLED as CANCELLED
 from .steps import COMPLETED as COMPLETED
 from .steps import FAILED as FAILED
 from .steps import LINGER_MAX as LINGER_MAX
@@ -278,14 +279,12 @@ from .steps import Taken as Taken
 from .steps import item_fields as item_fields
 from .steps import put_token
 from .steps import ttl_seconds as ttl_seconds
-from .transport import EventStream, Node, Reply, Transport, UndecodableReply
+from .transport import EventStream, Reply, Transport, UndecodableReply
 from .versions import Entry as Entry
 from .versions import Version as Version
 
 log = logging.getLogger("etcdq_v2.protocol")
 
-#: The reason of a dead letter made by cancel().
-CANCELLED = "cancelled"
 
 
 #: The longest TTL etcdq writes from a number it was given (68 years): put and
@@ -521,151 +520,9 @@ class Protocol(Steps):
 
     # -- K: cancel -------------------------------------------------------------
     def cancel(self, item_id: str) -> bool:
-        """K1-K4: dead-letter a pending item as cancelled; False if it is running or finished.
-
-        Raises NotFound for an item that is neither in work/ nor recorded.  A
-        cancel whose lock lapsed before K3 (it stalled past lock_ttl) starts
-        again at K1 (a few times), since a claim may hold the item now; then
-        Unavailable, nothing written (the item may be pending: not False).
-        """
-        check_item_id(item_id)
-        for _ in range(3):
-            taken = self._cancel_lock(item_id)  # K1
-            if taken is None:
-                return False
-            lock, took_over, locked_at = taken
-            try:
-                cancelled = self._cancel_pending(item_id, lock, locked_at)  # K2-K4
-            except BaseException:
-                # A delay lock we took over is left to expire, no sooner than it would
-                # have: dropping it would make a delayed (or released, or backed-off)
-                # item claimable early, or a delayed put's item not created yet.
-                if not took_over:
-                    self._let_go(item_id, lock)
-                raise
-            if not cancelled or (took_over and self.locks_linger):
-                self._let_go(item_id, lock)  # K4 kept a taken-over delay lock: hours of TTL
-            if cancelled is not None:
-                return cancelled
-            log.info("the cancel of item %s of %s lost its lock before committing (it "
-                     "stalled past lock_ttl); starting again", item_id, self.layout.root,
-                     extra=item_fields(self.layout.name, item_id))
-        # Not False ("running or finished"): the item may well be pending, unheld.
-        raise Unavailable(f"could not hold the lock of item {item_id} long enough to cancel "
-                          f"it (each try took longer than lock_ttl={self.lock_ttl:g} s: a "
-                          "slow link to etcd, or stalls); it was not cancelled")
-
-    def _cancel_pending(self, item_id: str, lock: Lock, locked_at: int) -> Optional[bool]:
-        """K2-K4 under our lock, made at index ``locked_at`` (K1): True once
-        committed; False if the item is finished, or a claim took it after K2
-        (a claim's C2 held in flight past its lock); None if our lock lapsed.
-
-        After each K2 the lock must still be the one K1 made (its index and
-        value): else it expired meanwhile and a claim may have taken the item
-        the ordinary way (C1, C2, handed out) before K2 read it, and K3 on that
-        index would apply over a live claim.  A claim after this check changes
-        the item's index, so K3 fails.
-
-        K3 also fails when a release's R0, held in flight past its claim's lock,
-        lands after K2: it writes a-1 and keeps the claim token.  So a failed K3
-        reads the item again: no outcome, the claim token K2 saw -> K2, the lock
-        check and K3 again (a few times: each retry needs another held write to
-        land).
-        """
-        for _ in range(5):
-            state = self._pending_item(item_id, lock)  # K2
-            if state is None:
-                return False
-            if not self._still_held(item_id, lock, locked_at):
-                return None
-            try:
-                self.finish(state, FAILED, reason=CANCELLED)  # K3 (F1), K4 (F2-F4)
-                return True
-            except LockLost:  # K3 failed: committed, claimed, or changed by a late R0
-                if not self._unclaimed_since(state):
-                    return False
-        return False
-
-    def _still_held(self, item_id: str, lock: Lock, locked_at: int) -> bool:
-        """After K2: ``locks/<id>`` is still the lock K1 wrote at ``locked_at``
-        (a lock re-created by a late copy of K1 has our value, not that index)."""
-        entry = self.read("locks", item_id)
-        return entry is not None and entry.index == locked_at and entry.value == lock.encode()
-
-    def _unclaimed_since(self, state: ClaimState) -> bool:
-        """After a failed K3: the item has no outcome and the claim token K2 saw,
-        so no claim or cancel took it since K2 (the next K2 checks our lock)."""
-        entry = self.read("work", state.id)
-        try:
-            item = Item.decode(entry.value) if entry else None
-        except Junk:
-            return False
-        return item is not None and item.outcome is None and item.claim == state.item.claim
-
-    def _let_go(self, item_id: str, lock: Lock) -> None:
-        with contextlib.suppress(EtcdqError):  # else it simply expires
-            self._drop_lock(item_id, lock)
-
-    def _cancel_lock(self, item_id: str) -> Optional[Tuple[Lock, bool, int]]:
-        """K1: (our lock, whether it took over a delay lock, the index it was written
-        at), or None: a claim holds it.
-
-        Our lock is a delay lock (``"d"``): it holds the item back without
-        running it, so stats and ls keep calling the item pending.  A delay
-        lock already there (a release's backoff, a delayed put) is taken over
-        by a CAS on its value, its TTL never shortened; any other lock is a
-        claim's.  The loop ends when the lock changes under us too often.
-        """
-        lock = Lock(self.node_id, self.runtime.token(), delay=True)
-        for _ in range(5):
-            try:
-                return lock, False, self._create_lock(item_id, lock, self.lock_ttl)
-            except Taken:
-                pass
-            held = self._read_node("locks", item_id)
-            if held is None:
-                continue  # expired meanwhile: create it
-            try:
-                if not Lock.decode(held.get("value")).delay:
-                    return None
-            except Junk:
-                return None  # a lock we cannot read counts as held
-            locked_at = self._take_over(item_id, held, lock)
-            if locked_at:
-                return lock, True, locked_at
-        return None
-
-    def _take_over(self, item_id: str, held: Node, lock: Lock) -> int:
-        """K1 on a delay lock: CAS it into ours, ttl = max(lock_ttl, its time left);
-        the index of that write, 0 if the lock changed or went meanwhile."""
-        ttl = max(self.lock_ttl, int(held.get("ttl") or 0))
-        try:
-            return self.etcd.put(self.layout.key("locks", item_id), lock.encode(), ttl=ttl,
-                                 prev_value=held.get("value")).written_index
-        except KeyMissing:
-            return 0
-        except CompareFailed as exc:  # changed, unless it was our own resent CAS
-            entry = self.read("locks", item_id) if exc.retried else None
-            return entry.index if entry and entry.value == lock.encode() else 0
-
-    def _pending_item(self, item_id: str, lock: Lock) -> Optional[ClaimState]:
-        """K2: the item as read now (quorum), to be committed on that index (K3).
-
-        None if it is finished: committed (``"o"``), or recorded (gone from
-        work/; or, for an item claimed before or carrying ``q``, any key in
-        completed/ or failed/, a tombstone too, as C3 checks: 0.1.0's crash
-        left it, or a late Q3 or D2 copy re-created it, and it is removed);
-        NotFound if it is neither in work/ nor recorded.
-        """
-        found = self._work_item(item_id)
-        if found is None:
-            return None
-        entry, item = found
-        state = ClaimState(item_id, lock, item, entry.index, self.runtime.boot_clock())
-        if item.outcome or ((item.attempts or item.requeued)
-                            and run(self._finished_before(state), self.etcd)):
-            return None
-        return state
+        """K1-K4 (:meth:`Steps.cancel_step`): dead-letter a pending item as cancelled;
+        False if it is running or finished, NotFound if there is no such item."""
+        return run(self.cancel_step(item_id), self.etcd)
 
     # -- W: wait -----------------------------------------------------------------
     def watch_item(self, item_id: str, idle_timeout: float) -> EventStream:
@@ -682,7 +539,7 @@ class Protocol(Steps):
         found = self.record_of(item_id)
         if found is not None:
             return found
-        in_work = self._work_item(item_id)
+        in_work = run(self.work_item_step(item_id), self.etcd)
         if in_work is None:
             return self.record_of(item_id)
         entry, item = in_work
@@ -691,19 +548,6 @@ class Protocol(Steps):
         try:
             return item.outcome, Record.decode(entry.value)
         except Junk:  # an outcome without a record: not ours, as get() says
-            raise NotFound(f"no item {item_id} in {self.layout.label}") from None
-
-    def _work_item(self, item_id: str) -> Optional[Tuple[Entry, Item]]:
-        """``work/<id>`` decoded; None if it left work/ and has a record; NotFound
-        if it has neither (junk in its place counts as nothing)."""
-        entry = self.read("work", item_id)
-        if entry is None:
-            if self.record_of(item_id) is None:
-                raise NotFound(f"no item {item_id} in {self.layout.label}")
-            return None
-        try:
-            return entry, Item.decode(entry.value)
-        except Junk:
             raise NotFound(f"no item {item_id} in {self.layout.label}") from None
 
     def outcome_in(self, item_id: str, block: bytes) -> Optional[Tuple[str, Record]]:
@@ -728,13 +572,8 @@ class Protocol(Steps):
         return None
 
     def record_of(self, item_id: str) -> Optional[Tuple[str, Record]]:
-        """``(kind, record)`` from completed/ or failed/; junk (a tombstone) is skipped."""
-        for kind in (COMPLETED, FAILED):
-            entry = self.read(kind, item_id)
-            if entry is not None:
-                with contextlib.suppress(Junk):
-                    return kind, Record.decode(entry.value)
-        return None
+        """``(kind, record)`` from completed/ or failed/ (:meth:`Steps.record_of_step`)."""
+        return run(self.record_of_step(item_id), self.etcd)
 
     # -- I: import ---------------------------------------------------------------
     def begin_import(self) -> "ImportState":
@@ -750,7 +589,7 @@ class Protocol(Steps):
             state.tokens = self.put_tokens(lambda: self._keep_import_lock(state))  # I2
             state.name = self._refresh_import_lock(state)  # I4
         except BaseException:
-            self._let_go(IMPORT_LOCK, lock)
+            run(self.let_go_step(IMPORT_LOCK, lock), self.etcd)
             raise
         return state
 
@@ -823,7 +662,7 @@ class Protocol(Steps):
         """After I3's "already exists": the index of our own copy (its createdIndex,
         which a claim's CAS keeps), None if it is ours but gone again (a resent PUT
         whose first copy a consumer already finished); EtcdRejected if not ours."""
-        node = self._read_node(kind, item_id)
+        node = run(self.read_node_step(kind, item_id), self.etcd)
         if node is None and retried:
             return None
         decode = Item.decode if kind == "work" else Record.decode
@@ -857,7 +696,7 @@ class Protocol(Steps):
 
     def end_import(self, state: "ImportState") -> None:
         """I5: drop the import lock (else it expires)."""
-        self._let_go(IMPORT_LOCK, state.lock)
+        run(self.let_go_step(IMPORT_LOCK, state.lock), self.etcd)
 
     # -- reads -----------------------------------------------------------------
     def read(self, kind: str, item_id: str) -> Optional[Entry]:
@@ -895,13 +734,6 @@ class Protocol(Steps):
             raise reply
         locks = list(self.entries([reply.node]))  # a directory there is junk: no lock
         return item_id, reply.index, locks[0] if locks else None
-
-    def _read_node(self, kind: str, item_id: str) -> Optional[Node]:
-        """Like :meth:`read`, the whole node: a lock's ``ttl`` (seconds left, rounded up)."""
-        try:
-            return self.etcd.get(self.layout.key(kind, item_id), quorum=True).node
-        except KeyMissing:
-            return None
 
     def list(self, kind: str, *, quorum: bool = True) -> Tuple[int, List[Entry]]:
         """``(etcd index, entries)`` of one directory (:meth:`Steps.list_step`)."""

@@ -22,6 +22,7 @@ P1          :meth:`Steps.post_step` (a lost reply's read-back:
             :meth:`Steps.find_puts_step`); put_many :meth:`Steps.post_many_step`
 D1, D2      :meth:`Steps.put_delayed_step`
 Q0-Q5       :meth:`Steps.requeue_step`
+K1-K4       :meth:`Steps.cancel_step`
 C1          :meth:`Steps.lock_step`
 C2, C3      :meth:`Steps.take_step` (the re-fence, a dead letter at max_attempts,
             finishing a crashed finisher's item: all within)
@@ -53,6 +54,9 @@ from .versions import Entry, Version
 log = logging.getLogger("etcdq_v2.protocol")
 
 COMPLETED, FAILED = "completed", "failed"
+
+#: The reason of a dead letter made by cancel().
+CANCELLED = "cancelled"
 
 #: Seconds a requeued dead letter stays as a tombstone, so that a late copy of
 #: its F2 (held by a frozen member) finds the key taken instead of re-creating it.
@@ -832,6 +836,188 @@ class Steps:
             # Only a resent CAS of ours can have changed it: we hold its lock.
             return (yield from self._requeue_token(item_id))
         return (token, reply.written_index), record
+
+    # -- K: cancel -------------------------------------------------------------
+    def cancel_step(self, item_id: str) -> Step[bool]:
+        """K1-K4: dead-letter a pending item as cancelled; False if it is running or finished.
+
+        Raises NotFound for an item that is neither in work/ nor recorded.  A
+        cancel whose lock lapsed before K3 (it stalled past lock_ttl) starts
+        again at K1 (a few times), since a claim may hold the item now; then
+        Unavailable, nothing written (the item may be pending: not False).
+        """
+        check_item_id(item_id)
+        for _ in range(3):
+            taken = yield from self._cancel_lock(item_id)  # K1
+            if taken is None:
+                return False
+            lock, took_over, locked_at = taken
+            try:
+                cancelled = yield from self._cancel_pending(item_id, lock, locked_at)  # K2-K4
+            except GeneratorExit:
+                raise
+            except BaseException:
+                # A delay lock we took over is left to expire, no sooner than it would
+                # have: dropping it would make a delayed (or released, or backed-off)
+                # item claimable early, or a delayed put's item not created yet.
+                if not took_over:
+                    yield from self.let_go_step(item_id, lock)
+                raise
+            if not cancelled or (took_over and self.locks_linger):
+                yield from self.let_go_step(item_id, lock)  # K4 kept a taken-over delay lock
+            if cancelled is not None:
+                return cancelled
+            log.info("the cancel of item %s of %s lost its lock before committing (it "
+                     "stalled past lock_ttl); starting again", item_id, self.layout.root,
+                     extra=item_fields(self.layout.name, item_id))
+        # Not False ("running or finished"): the item may well be pending, unheld.
+        raise Unavailable(f"could not hold the lock of item {item_id} long enough to cancel "
+                          f"it (each try took longer than lock_ttl={self.lock_ttl:g} s: a "
+                          "slow link to etcd, or stalls); it was not cancelled")
+
+    def _cancel_pending(self, item_id: str, lock: Lock, locked_at: int) -> Step[Optional[bool]]:
+        """K2-K4 under our lock, made at index ``locked_at`` (K1): True once
+        committed; False if the item is finished, or a claim took it after K2
+        (a claim's C2 held in flight past its lock); None if our lock lapsed.
+
+        After each K2 the lock must still be the one K1 made (its index and
+        value): else it expired meanwhile and a claim may have taken the item
+        the ordinary way (C1, C2, handed out) before K2 read it, and K3 on that
+        index would apply over a live claim.  A claim after this check changes
+        the item's index, so K3 fails.
+
+        K3 also fails when a release's R0, held in flight past its claim's lock,
+        lands after K2: it writes a-1 and keeps the claim token.  So a failed K3
+        reads the item again: no outcome, the claim token K2 saw -> K2, the lock
+        check and K3 again (a few times: each retry needs another held write to
+        land).
+        """
+        for _ in range(5):
+            state = yield from self._pending_item(item_id, lock)  # K2
+            if state is None:
+                return False
+            if not (yield from self._still_held(item_id, lock, locked_at)):
+                return None
+            try:
+                yield from self.finish_step(state, FAILED, reason=CANCELLED)  # K3 (F1), K4
+                return True
+            except LockLost:  # K3 failed: committed, claimed, or changed by a late R0
+                if not (yield from self._unclaimed_since(state)):
+                    return False
+        return False
+
+    def _still_held(self, item_id: str, lock: Lock, locked_at: int) -> Step[bool]:
+        """After K2: ``locks/<id>`` is still the lock K1 wrote at ``locked_at``
+        (a lock re-created by a late copy of K1 has our value, not that index)."""
+        entry = yield from self.read_step("locks", item_id)
+        return entry is not None and entry.index == locked_at and entry.value == lock.encode()
+
+    def _unclaimed_since(self, state: ClaimState) -> Step[bool]:
+        """After a failed K3: the item has no outcome and the claim token K2 saw,
+        so no claim or cancel took it since K2 (the next K2 checks our lock)."""
+        entry = yield from self.read_step("work", state.id)
+        try:
+            item = Item.decode(entry.value) if entry else None
+        except Junk:
+            return False
+        return item is not None and item.outcome is None and item.claim == state.item.claim
+
+    def let_go_step(self, item_id: str, lock: Lock) -> Step[None]:
+        """Drop our lock of ``locks/<id>``; if even that fails, it expires."""
+        with contextlib.suppress(EtcdqError):
+            yield from self.drop_lock_step(item_id, lock)
+
+    def _cancel_lock(self, item_id: str) -> Step[Optional[Tuple[Lock, bool, int]]]:
+        """K1: (our lock, whether it took over a delay lock, the index it was written
+        at), or None: a claim holds it.
+
+        Our lock is a delay lock (``"d"``): it holds the item back without
+        running it, so stats and ls keep calling the item pending.  A delay
+        lock already there (a release's backoff, a delayed put) is taken over
+        by a CAS on its value, its TTL never shortened; any other lock is a
+        claim's.  The loop ends when the lock changes under us too often.
+        """
+        lock = Lock(self.node_id, (yield from ask("TOKEN")), delay=True)
+        for _ in range(5):
+            try:
+                return lock, False, (yield from self.lock_step(item_id, lock, self.lock_ttl))
+            except Taken:
+                pass
+            held = yield from self.read_node_step("locks", item_id)
+            if held is None:
+                continue  # expired meanwhile: create it
+            try:
+                if not Lock.decode(held.get("value")).delay:
+                    return None
+            except Junk:
+                return None  # a lock we cannot read counts as held
+            locked_at = yield from self._take_over(item_id, held, lock)
+            if locked_at:
+                return lock, True, locked_at
+        return None
+
+    def _take_over(self, item_id: str, held: Dict[str, Any], lock: Lock) -> Step[int]:
+        """K1 on a delay lock: CAS it into ours, ttl = max(lock_ttl, its time left);
+        the index of that write, 0 if the lock changed or went meanwhile."""
+        ttl = max(self.lock_ttl, int(held.get("ttl") or 0))
+        try:
+            return (yield from put(self.layout.key("locks", item_id), lock.encode(), ttl=ttl,
+                                   prev_value=held.get("value"))).written_index
+        except KeyMissing:
+            return 0
+        except CompareFailed as exc:  # changed, unless it was our own resent CAS
+            entry = (yield from self.read_step("locks", item_id)) if exc.retried else None
+            return entry.index if entry and entry.value == lock.encode() else 0
+
+    def _pending_item(self, item_id: str, lock: Lock) -> Step[Optional[ClaimState]]:
+        """K2: the item as read now (quorum), to be committed on that index (K3).
+
+        None if it is finished: committed (``"o"``), or recorded (gone from
+        work/; or, for an item claimed before or carrying ``q``, any key in
+        completed/ or failed/, a tombstone too, as C3 checks: 0.1.0's crash
+        left it, or a late Q3 or D2 copy re-created it, and it is removed);
+        NotFound if it is neither in work/ nor recorded.
+        """
+        found = yield from self.work_item_step(item_id)
+        if found is None:
+            return None
+        entry, item = found
+        state = ClaimState(item_id, lock, item, entry.index, (yield from now()))
+        if item.outcome or ((item.attempts or item.requeued)
+                            and (yield from self._finished_before(state))):
+            return None
+        return state
+
+    # -- W: wait (its reads) -----------------------------------------------------
+    def work_item_step(self, item_id: str) -> Step[Optional[Tuple[Entry, Item]]]:
+        """``work/<id>`` decoded; None if it left work/ and has a record; NotFound
+        if it has neither (junk in its place counts as nothing)."""
+        entry = yield from self.read_step("work", item_id)
+        if entry is None:
+            if (yield from self.record_of_step(item_id)) is None:
+                raise NotFound(f"no item {item_id} in {self.layout.label}")
+            return None
+        try:
+            return entry, Item.decode(entry.value)
+        except Junk:
+            raise NotFound(f"no item {item_id} in {self.layout.label}") from None
+
+    def record_of_step(self, item_id: str) -> Step[Optional[Tuple[str, Record]]]:
+        """``(kind, record)`` from completed/ or failed/; junk (a tombstone) is skipped."""
+        for kind in (COMPLETED, FAILED):
+            entry = yield from self.read_step(kind, item_id)
+            if entry is not None:
+                with contextlib.suppress(Junk):
+                    return kind, Record.decode(entry.value)
+        return None
+
+    def read_node_step(self, kind: str, item_id: str) -> Step[Optional[Dict[str, Any]]]:
+        """Like :meth:`read_step`, the whole node: a lock's ``ttl`` (seconds left,
+        rounded up)."""
+        try:
+            return (yield from get(self.layout.key(kind, item_id), quorum=True)).node
+        except KeyMissing:
+            return None
 
     # -- C: claim ----------------------------------------------------------
     def lock_step(self, item_id: str, lock: Lock, ttl: int) -> Step[int]:

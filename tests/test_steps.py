@@ -716,3 +716,107 @@ def test_q0_waits_for_another_requeues_lock_then_gives_up() -> None:
     with pytest.raises(Unavailable, match="stayed locked"):
         script.result()
     assert Request("SLEEP", seconds=0.1) in script.sent
+
+
+# -- K1-K4 -------------------------------------------------------------------------
+CANCELLER = Lock("node-a", "cancel-token", delay=True)
+
+
+def cancel_to_k2(item: str, locked_at: int = 50) -> List[Any]:
+    """K1 (a token, C1 made at ``locked_at``), K2 (the item read: ``item``, at
+    index 40; the boot clock)."""
+    return ["cancel-token", written(locked_at), node(40, item), 100.0]
+
+
+def test_a_cancel_commits_the_pending_item_as_read_under_its_lock_and_records_it() -> None:
+    """K1, K2, the lock still the one K1 made, K3 (F1 on K2's index), K4 (F2-F4:
+    the lock lingers at this lock_ttl, so only work/ is deleted)."""
+    script = Script(steps().cancel_step(ITEM),
+                    cancel_to_k2(unclaimed()) + [node(50, CANCELLER.encode()), 5.0,
+                                                 written(60), written(61), [written(62)]])
+    assert script.result() is True
+    assert script.sent[0:2] == [Request("TOKEN"), Request("PUT", LOCK_KEY, CANCELLER.encode(),
+                                                          ttl=LOCK_TTL, prev_exist=False)]
+    assert script.sent[2:5] == [Request("GET", WORK, quorum=True), Request("NOW"),
+                                Request("GET", LOCK_KEY, quorum=True)]
+    k3 = script.sent[6]
+    assert (k3.key, k3.prev_index) == (WORK, 40)
+    assert Record.decode(k3.value).reason == "cancelled"
+
+
+def test_a_cancel_on_a_claims_lock_is_false_and_writes_nothing() -> None:
+    taken = AlreadyExists("Key already exists", code=AlreadyExists.code, index=51)
+    script = Script(steps().cancel_step(ITEM),
+                    ["cancel-token", taken, node(50, OURS.encode(), ttl=20)])
+    assert script.result() is False
+    assert [request.method for request in script.sent] == ["TOKEN", "PUT", "GET"]
+
+
+def test_k1_takes_a_delay_lock_over_never_shortening_it_and_drops_it_after_k4() -> None:
+    """A release's backoff lock with 90 s left: CAS on its value, ttl 90.  Locks
+    linger at this lock_ttl (F4 skipped), so after K4 the taken-over lock, which
+    may have hours of TTL, is dropped."""
+    backoff = Lock("node-b", "claim-b", delay=True).encode()
+    taken = AlreadyExists("Key already exists", code=AlreadyExists.code, index=51)
+    script = Script(steps().cancel_step(ITEM),
+                    ["cancel-token", taken, node(45, backoff, ttl=90), written(52),
+                     node(40, unclaimed(1, "claim-b")), 100.0, missing(), missing(),
+                     node(52, CANCELLER.encode()), 5.0, written(60), written(61),
+                     [written(62)], written(63)])
+    assert script.result() is True
+    assert script.sent[3] == Request("PUT", LOCK_KEY, CANCELLER.encode(), ttl=90,
+                                     prev_value=backoff)
+    assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=CANCELLER.encode())
+
+
+def test_a_cancel_that_fails_after_taking_a_delay_lock_over_leaves_it_to_expire() -> None:
+    """Dropping it would make the delayed item claimable early."""
+    backoff = Lock("node-b", "claim-b", delay=True).encode()
+    taken = AlreadyExists("Key already exists", code=AlreadyExists.code, index=51)
+    script = Script(steps().cancel_step(ITEM),
+                    ["cancel-token", taken, node(45, backoff, ttl=90), written(52),
+                     Unavailable("no member answered")])
+    with pytest.raises(Unavailable):
+        script.result()
+    assert script.sent[-1] == Request("GET", WORK, quorum=True)
+
+
+def test_k1_take_over_whose_cas_failed_after_a_resend_reads_our_lock_back() -> None:
+    backoff = Lock("node-b", "claim-b", delay=True).encode()
+    taken = AlreadyExists("Key already exists", code=AlreadyExists.code, index=51)
+    script = Script(steps()._cancel_lock(ITEM),
+                    ["cancel-token", taken, node(45, backoff, ttl=9),
+                     compare_failed(53, retried=True), node(52, CANCELLER.encode())])
+    assert script.result() == (CANCELLER, True, 52)
+
+
+def test_a_cancel_whose_lock_lapsed_after_k2_starts_again_at_k1() -> None:
+    """The lock read after K2 is not the one K1 made (re-created, another index):
+    our lock is dropped and the cancel starts again; the second try commits."""
+    script = Script(steps().cancel_step(ITEM),
+                    cancel_to_k2(unclaimed()) + [node(55, CANCELLER.encode()), written(56)]
+                    + cancel_to_k2(unclaimed(), 57) + [node(57, CANCELLER.encode()), 5.0,
+                                                       written(60), written(61),
+                                                       [written(62)]])
+    assert script.result() is True
+    assert script.sent[5] == Request("DELETE", LOCK_KEY, prev_value=CANCELLER.encode())
+
+
+def test_a_failed_k3_on_an_item_claimed_since_k2_is_false_and_our_lock_dropped() -> None:
+    claimed = Item("payload", "put-token", 1, "claim-c", 1.0).encode()
+    script = Script(steps().cancel_step(ITEM),
+                    cancel_to_k2(unclaimed()) + [node(50, CANCELLER.encode()), 5.0,
+                                                 compare_failed(70), node(70, claimed),
+                                                 node(70, claimed), written(71)])
+    assert script.result() is False
+    assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=CANCELLER.encode())
+
+
+def test_a_cancel_of_an_item_neither_in_work_nor_recorded_is_not_found_and_drops_its_lock(
+        ) -> None:
+    script = Script(steps().cancel_step(ITEM),
+                    ["cancel-token", written(50), missing(), missing(), missing(),
+                     written(51)])
+    with pytest.raises(NotFound):
+        script.result()
+    assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=CANCELLER.encode())
