@@ -7,7 +7,7 @@ hands out an item that has a completion record.  docs/protocol.md says the
 same at more length.
 
 Put and put_many (P1, with the read-back of a lost reply), the delayed
-put (D1, D2), requeue (Q0-Q5), cancel (K1-K4), the claim
+put (D1, D2), requeue (Q0-Q5), cancel (K1-K4), purge, the claim
 (C1-C3), the commit (F1-F4), release and fail (R0, R1) and the heartbeat's
 refresh are written as generator steps without I/O in steps.py;
 the methods of :class:`Protocol` of the same names run them on the transport
@@ -809,28 +809,9 @@ class Protocol(Steps):
         return claimed
 
     def purge(self, kind: str, progress: Optional[Callable[[], Any]] = None) -> int:
-        """Delete the records of ``kind`` one by one (never the directory: junk stays).
-
-        An item still in work/ with such a record, or committed to ``kind``
-        (its finisher crashed after F1 or F2; 0.1.0's after its F2), is
-        removed first, as its F3: a record must never go while its item could
-        still be claimed, or the item would run again.  An item changed since
-        the listing keeps its record until the next purge.  ``progress`` is
-        called after each record (a progress display).
-        """
-        in_work = {entry.id: (entry, item) for entry, item in self.decoded("work")}
-        removed = 0
-        for entry, _ in self.decoded(kind):
-            pending = in_work.pop(entry.id, None)
-            if pending is None or run(self._remove_item(pending[0]), self.etcd):
-                removed += self._delete_quietly(self.layout.key(kind, entry.id),
-                                                prev_index=entry.index)
-            if progress is not None:
-                progress()
-        for entry, item in in_work.values():
-            if item.outcome == kind:
-                removed += run(self._remove_item(entry), self.etcd)
-        return removed
+        """Delete the records of ``kind``, each after its item if one is left
+        (:meth:`Steps.purge_step`); how many went."""
+        return run(self.purge_step(kind, progress), self.etcd)
 
     def left_work(self, item_id: str) -> bool:
         """``work/<id>`` is gone or carries an outcome: a hint for the view (a
@@ -847,9 +828,6 @@ class Protocol(Steps):
     def _drop_lock(self, item_id: str, lock: Lock) -> None:
         run(self.drop_lock_step(item_id, lock), self.etcd)
 
-    def _delete_quietly(self, key: str, **condition: Any) -> bool:
-        """A conditional delete whose "already gone / changed" outcome is fine."""
-        return run(self.delete_quietly_step(key, **condition), self.etcd)
 
 
 #: What :func:`lock_states` gives for a lock it cannot read (junk): a claim's

@@ -23,6 +23,7 @@ P1          :meth:`Steps.post_step` (a lost reply's read-back:
 D1, D2      :meth:`Steps.put_delayed_step`
 Q0-Q5       :meth:`Steps.requeue_step`
 K1-K4       :meth:`Steps.cancel_step`
+purge       :meth:`Steps.purge_step`
 C1          :meth:`Steps.lock_step`
 C2, C3      :meth:`Steps.take_step` (the re-fence, a dead letter at max_attempts,
             finishing a crashed finisher's item: all within)
@@ -41,7 +42,7 @@ import logging
 import math
 import typing
 from dataclasses import dataclass, field, replace
-from typing import (Any, Dict, Generator, Iterable, Iterator, List, Optional, Sequence, Set, Tuple,
+from typing import (Any, Callable, Dict, Generator, Iterable, Iterator, List, Optional, Sequence, Set, Tuple,
                     TypeVar, Union)
 
 from .codec import (IN_LOCK, IN_RECORD, Item, Junk, Lock, Record, check_outcome, failure_text,
@@ -1018,6 +1019,32 @@ class Steps:
             return (yield from get(self.layout.key(kind, item_id), quorum=True)).node
         except KeyMissing:
             return None
+
+    # -- purge -------------------------------------------------------------------
+    def purge_step(self, kind: str, progress: Optional[Callable[[], Any]] = None) -> Step[int]:
+        """Delete the records of ``kind`` one by one (never the directory: junk stays).
+
+        An item still in work/ with such a record, or committed to ``kind``
+        (its finisher crashed after F1 or F2; 0.1.0's after its F2), is
+        removed first, as its F3: a record must never go while its item could
+        still be claimed, or the item would run again.  An item changed since
+        the listing keeps its record until the next purge.  ``progress`` is
+        the caller's, called after each record (a progress display).
+        """
+        in_work = {entry.id: (entry, item) for entry, item
+                   in self.decode_entries("work", (yield from self.list_step("work"))[1])}
+        removed = 0
+        for entry, _ in self.decode_entries(kind, (yield from self.list_step(kind))[1]):
+            pending = in_work.pop(entry.id, None)
+            if pending is None or (yield from self._remove_item(pending[0])):
+                removed += yield from self.delete_quietly_step(self.layout.key(kind, entry.id),
+                                                               prev_index=entry.index)
+            if progress is not None:
+                progress()
+        for entry, item in in_work.values():
+            if item.outcome == kind:
+                removed += yield from self._remove_item(entry)
+        return removed
 
     # -- C: claim ----------------------------------------------------------
     def lock_step(self, item_id: str, lock: Lock, ttl: int) -> Step[int]:

@@ -820,3 +820,39 @@ def test_a_cancel_of_an_item_neither_in_work_nor_recorded_is_not_found_and_drops
     with pytest.raises(NotFound):
         script.result()
     assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=CANCELLER.encode())
+
+
+# -- purge -------------------------------------------------------------------------
+def test_purge_deletes_each_record_on_its_listed_index_after_its_item_left_in_work() -> None:
+    """A record whose item is still in work/ (its finisher crashed after F2) goes
+    only once the item is removed (F3 on the listed index); an item committed to
+    the kind without a record is removed too; each record calls ``progress``."""
+    record = Record("payload", "claim", "node-b", 1, 1.0, 2.0, token="put-token")
+    done = record.encode(outcome=COMPLETED)
+    other = f"{43:020d}"
+    work = listing({"key": WORK, "modifiedIndex": 40, "value": done},
+                   {"key": LAYOUT.key("work", other), "modifiedIndex": 41, "value": done},
+                   index=90)
+    records = listing({"key": LAYOUT.key(COMPLETED, ITEM), "modifiedIndex": 42, "value": done},
+                      {"key": LAYOUT.key(COMPLETED, f"{44:020d}"), "modifiedIndex": 44,
+                       "value": done}, index=90)
+    ticks: List[int] = []
+    script = Script(steps().purge_step(COMPLETED, lambda: ticks.append(1)),
+                    [work, records, written(91), written(92), missing(), written(93)])
+    assert script.result() == 2  # a record already gone (missing) does not count
+    assert script.sent[2:] == [
+        Request("DELETE", WORK, prev_index=40),
+        Request("DELETE", LAYOUT.key(COMPLETED, ITEM), prev_index=42),
+        Request("DELETE", LAYOUT.key(COMPLETED, f"{44:020d}"), prev_index=44),
+        Request("DELETE", LAYOUT.key("work", other), prev_index=41)]
+    assert ticks == [1, 1]
+
+
+def test_purge_keeps_the_record_of_an_item_changed_since_the_listing() -> None:
+    record = Record("payload", "claim", "node-b", 1, 1.0, 2.0, token="put-token")
+    done = record.encode(outcome=COMPLETED)
+    work = listing({"key": WORK, "modifiedIndex": 40, "value": unclaimed()})
+    records = listing({"key": LAYOUT.key(COMPLETED, ITEM), "modifiedIndex": 42, "value": done})
+    script = Script(steps().purge_step(COMPLETED), [work, records, compare_failed(95)])
+    assert script.result() == 0
+    assert script.sent[-1] == Request("DELETE", WORK, prev_index=40)
