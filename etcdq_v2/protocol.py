@@ -7,7 +7,7 @@ hands out an item that has a completion record.  docs/protocol.md says the
 same at more length.
 
 Put and put_many (P1, with the read-back of a lost reply), the delayed
-put (D1, D2), requeue (Q0-Q5), cancel (K1-K4), purge, the claim
+put (D1, D2), requeue (Q0-Q5), cancel (K1-K4), purge, import's I1, I3 and I4, the claim
 (C1-C3), the commit (F1-F4), release and fail (R0, R1) and the heartbeat's
 refresh are written as generator steps without I/O in steps.py;
 the methods of :class:`Protocol` of the same names run them on the transport
@@ -255,13 +255,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from dataclasses import dataclass
 from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple,
                     Union)
 
 from .codec import Item, Junk, Lock, Record, check_outcome, tombstone_token
-from .errors import (AlreadyExists, CompareFailed, EtcdqError, EtcdRejected,
-                     InvalidArgument, KeyMissing, LockLost, NotFound, Unavailable)
+from .errors import EtcdqError, InvalidArgument, KeyMissing, NotFound
 from .keys import DIRS, Layout, check_prefix, is_queue_name
 from .driver import run
 from .runtime import SYSTEM
@@ -272,7 +270,9 @@ from .steps import FAILED as FAILED
 from .steps import LINGER_MAX as LINGER_MAX
 from .steps import TOMBSTONE_TTL as TOMBSTONE_TTL
 from .steps import ClaimState as ClaimState
+from .steps import IMPORT_LOCK as IMPORT_LOCK
 from .steps import GivenBack as GivenBack
+from .steps import ImportState as ImportState
 from .steps import Gone as Gone
 from .steps import Held, Steps
 from .steps import Taken as Taken
@@ -303,23 +303,6 @@ def boot_clock() -> float:
     """The real runtime's boot clock (:meth:`Runtime.boot_clock`); a protocol
     reads its own runtime's."""
     return SYSTEM.boot_clock()
-
-
-#: The id of the import lock, ``locks/<IMPORT_LOCK>``: no write has index 0, so no
-#: item has this id, and views and stats ignore its lock.
-IMPORT_LOCK = "0" * 20
-
-
-@dataclass
-class ImportState:
-    """An import under way (I1-I5)."""
-
-    lock: Lock
-    #: The put tokens in the queue: of what was there (I2), and of what we stored.
-    tokens: Set[str]
-    #: The index of our latest write, which names the next key (I3); None: unknown.
-    name: Optional[int]
-    refreshed: float    # runtime.monotonic() before the lock was last created or refreshed
 
 
 def delay_ttl(delay: Optional[float]) -> int:
@@ -576,43 +559,25 @@ class Protocol(Steps):
         return run(self.record_of_step(item_id), self.etcd)
 
     # -- I: import ---------------------------------------------------------------
-    def begin_import(self) -> "ImportState":
+    def begin_import(self) -> ImportState:
         """I1, I2, I4: the import lock, then the put tokens of every item and record
         already in the queue, then a refresh of the lock (its index names the
         first key).  The lock's age counts from before I1 was sent, and I2
         refreshes it every lock_ttl/3: a slow I2 whose lock expired meanwhile
         (another import may have taken it and stored the lines) ends in
-        LockLost at I4, before any write."""
+        LockLost at I4, before any write.  I1 and I4 are steps
+        (:meth:`Steps.lock_import_step`, :meth:`Steps.refresh_import_lock_step`);
+        I2 reads streamed listings, refreshing the lock between their entries."""
         lock = Lock(self.node_id, self.runtime.token())
-        state = ImportState(lock, set(), None, self._lock_import(lock))  # I1
+        state = ImportState(lock, set(), None, run(self.lock_import_step(lock), self.etcd))
         try:
-            state.tokens = self.put_tokens(lambda: self._keep_import_lock(state))  # I2
-            state.name = self._refresh_import_lock(state)  # I4
+            state.tokens = self.put_tokens(
+                lambda: run(self.keep_import_lock_step(state), self.etcd))  # I2
+            state.name = run(self.refresh_import_lock_step(state), self.etcd)  # I4
         except BaseException:
             run(self.let_go_step(IMPORT_LOCK, lock), self.etcd)
             raise
         return state
-
-    def _lock_import(self, lock: Lock) -> float:
-        """I1: create ``locks/<IMPORT_LOCK>``; runtime.monotonic() before the PUT that
-        created it.  Another import's lock is waited for (up to lock_ttl and the
-        deadline: a crashed import's expires)."""
-        give_up = self.runtime.monotonic() + self.lock_ttl + self.etcd.deadline
-        waiting = False
-        while True:
-            sent = self.runtime.monotonic()
-            try:
-                self._create_lock(IMPORT_LOCK, lock, self.lock_ttl)
-                return sent
-            except Taken:
-                if self.runtime.monotonic() >= give_up:
-                    raise Unavailable(f"another import into {self.layout.label} is under way "
-                                      "(its lock stayed); run this one when it ends") from None
-                if not waiting:
-                    log.warning("waiting for another import into %s to end (or for the lock "
-                                "of one that stopped to expire)", self.layout.root)
-                    waiting = True
-                self.runtime.sleep(0.2)
 
     def put_tokens(self, keep: Optional[Callable[[], Any]] = None) -> Set[str]:
         """I2: the put tokens in work/, completed/ and failed/ (quorum, streamed
@@ -630,26 +595,10 @@ class Protocol(Steps):
                     keep()
         return tokens
 
-    def import_value(self, state: "ImportState", kind: str, raw: str, token: str) -> None:
-        """I3: store one item (``kind`` work) or record whose token is not in the queue.
-
-        Its name is the index of our previous write (I1, I3 or I4): no POST,
-        and no other writer, can ever take it.  "Already exists" after a
-        resent PUT is read back: our token is our own first copy.  The index
-        of this write names the next key; when it is unknown (our copy was
-        already consumed and removed), I4 makes a fresh one.
-        """
-        self._keep_import_lock(state)
-        if state.name is None:
-            state.name = self._refresh_import_lock(state)  # I4
-        item_id = f"{state.name:020d}"
-        ttl = self.record_ttls.get(kind)  # None for work/: an item never expires
-        try:
-            state.name = self.etcd.put(self.layout.key(kind, item_id), raw, ttl=ttl,
-                                       prev_exist=False).written_index
-        except AlreadyExists as exc:
-            state.name = self._imported(kind, item_id, token, exc.retried)
-        state.tokens.add(token)
+    def import_value(self, state: ImportState, kind: str, raw: str, token: str) -> None:
+        """I3 (:meth:`Steps.import_value_step`): store one item or record whose token
+        is not in the queue, named by the index of our previous write."""
+        run(self.import_value_step(state, kind, raw, token), self.etcd)
 
     @staticmethod
     def imported_item(payload: Any, token: str, attempts: int, created: float) -> Item:
@@ -658,43 +607,7 @@ class Protocol(Steps):
         create it again: its first claim then finds the record (C3)."""
         return Item(payload, token, attempts, created=created, requeued=True)
 
-    def _imported(self, kind: str, item_id: str, token: str, retried: bool) -> Optional[int]:
-        """After I3's "already exists": the index of our own copy (its createdIndex,
-        which a claim's CAS keeps), None if it is ours but gone again (a resent PUT
-        whose first copy a consumer already finished); EtcdRejected if not ours."""
-        node = run(self.read_node_step(kind, item_id), self.etcd)
-        if node is None and retried:
-            return None
-        decode = Item.decode if kind == "work" else Record.decode
-        if node is not None and put_token(decode, node.get("value")) == token:
-            return int(node["createdIndex"])
-        raise EtcdRejected(f"{self.layout.key(kind, item_id)} holds a value this import did "
-                           "not write; the line was not stored", code=AlreadyExists.code)
-
-    def _keep_import_lock(self, state: "ImportState") -> None:
-        """Refresh the import lock every lock_ttl/3, between writes (no thread)."""
-        if self.runtime.monotonic() - state.refreshed >= self.lock_ttl / 3:
-            self._refresh_import_lock(state)
-
-    def _refresh_import_lock(self, state: "ImportState") -> int:
-        """I4: a CAS refresh of our import lock; its index, ours, is a fresh name.
-
-        A resent refresh applies again (the value is unchanged): each copy's
-        index is ours.  LockLost if the lock expired or changed: this import
-        stalled past lock_ttl and another may have begun, so it stops.
-        """
-        started = self.runtime.monotonic()
-        try:
-            reply = self.etcd.put(self.layout.key("locks", IMPORT_LOCK), ttl=self.lock_ttl,
-                                  refresh=True, prev_exist=True, prev_value=state.lock.encode())
-        except (CompareFailed, KeyMissing):
-            raise LockLost(f"the import lock of {self.layout.label} expired (the import "
-                           "stalled for longer than lock_ttl): stopped; run the import "
-                           "again") from None
-        state.refreshed = started
-        return reply.written_index
-
-    def end_import(self, state: "ImportState") -> None:
+    def end_import(self, state: ImportState) -> None:
         """I5: drop the import lock (else it expires)."""
         run(self.let_go_step(IMPORT_LOCK, state.lock), self.etcd)
 

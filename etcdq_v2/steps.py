@@ -24,6 +24,9 @@ D1, D2      :meth:`Steps.put_delayed_step`
 Q0-Q5       :meth:`Steps.requeue_step`
 K1-K4       :meth:`Steps.cancel_step`
 purge       :meth:`Steps.purge_step`
+I1, I3, I4  :meth:`Steps.lock_import_step`, :meth:`Steps.import_value_step`,
+            :meth:`Steps.refresh_import_lock_step` (I2, a streamed listing, is
+            read by the driver: Protocol.begin_import)
 C1          :meth:`Steps.lock_step`
 C2, C3      :meth:`Steps.take_step` (the re-fence, a dead letter at max_attempts,
             finishing a crashed finisher's item: all within)
@@ -93,6 +96,23 @@ GivenBack = Tuple[int, int]
 def ttl_seconds(seconds: float) -> int:
     """etcd TTLs are whole seconds: round up, never below 1."""
     return max(1, math.ceil(seconds))
+
+
+#: The id of the import lock, ``locks/<IMPORT_LOCK>``: no write has index 0, so no
+#: item has this id, and views and stats ignore its lock.
+IMPORT_LOCK = "0" * 20
+
+
+@dataclass
+class ImportState:
+    """An import under way (I1-I5)."""
+
+    lock: Lock
+    #: The put tokens in the queue: of what was there (I2), and of what we stored.
+    tokens: Set[str]
+    #: The index of our latest write, which names the next key (I3); None: unknown.
+    name: Optional[int]
+    refreshed: float    # the MONOTONIC clock before the lock was last created or refreshed
 
 
 # -- the vocabulary ------------------------------------------------------------
@@ -1045,6 +1065,89 @@ class Steps:
             if item.outcome == kind:
                 removed += yield from self._remove_item(entry)
         return removed
+
+    # -- I: import (I1, I3, I4; I2 is a streamed listing, read by the driver) -------
+    def lock_import_step(self, lock: Lock) -> Step[float]:
+        """I1: create ``locks/<IMPORT_LOCK>``; the driver's monotonic clock before the
+        PUT that created it.  Another import's lock is waited for (up to lock_ttl
+        and the deadline: a crashed import's expires)."""
+        give_up = (yield from ask("MONOTONIC")) + self.lock_ttl + (yield from ask("DEADLINE"))
+        waiting = False
+        while True:
+            sent: float = yield from ask("MONOTONIC")
+            try:
+                yield from self.lock_step(IMPORT_LOCK, lock, self.lock_ttl)
+                return sent
+            except Taken:
+                pass
+            if (yield from ask("MONOTONIC")) >= give_up:
+                raise Unavailable(f"another import into {self.layout.label} is under way "
+                                  "(its lock stayed); run this one when it ends")
+            if not waiting:
+                log.warning("waiting for another import into %s to end (or for the lock "
+                            "of one that stopped to expire)", self.layout.root)
+                waiting = True
+            yield from sleep(0.2)
+
+    def import_value_step(self, state: ImportState, kind: str, raw: str, token: str
+                          ) -> Step[None]:
+        """I3: store one item (``kind`` work) or record whose token is not in the queue.
+
+        Its name is the index of our previous write (I1, I3 or I4): no POST,
+        and no other writer, can ever take it.  "Already exists" after a
+        resent PUT is read back: our token is our own first copy.  The index
+        of this write names the next key; when it is unknown (our copy was
+        already consumed and removed), I4 makes a fresh one.
+        """
+        yield from self.keep_import_lock_step(state)
+        if state.name is None:
+            state.name = yield from self.refresh_import_lock_step(state)  # I4
+        item_id = f"{state.name:020d}"
+        ttl = self.record_ttls.get(kind)  # None for work/: an item never expires
+        try:
+            state.name = (yield from put(self.layout.key(kind, item_id), raw, ttl=ttl,
+                                         prev_exist=False)).written_index
+        except AlreadyExists as exc:
+            state.name = yield from self._imported(kind, item_id, token, exc.retried)
+        state.tokens.add(token)
+
+    def _imported(self, kind: str, item_id: str, token: str, retried: bool
+                  ) -> Step[Optional[int]]:
+        """After I3's "already exists": the index of our own copy (its createdIndex,
+        which a claim's CAS keeps), None if it is ours but gone again (a resent PUT
+        whose first copy a consumer already finished); EtcdRejected if not ours."""
+        node = yield from self.read_node_step(kind, item_id)
+        if node is None and retried:
+            return None
+        decode = Item.decode if kind == "work" else Record.decode
+        if node is not None and put_token(decode, node.get("value")) == token:
+            return int(node["createdIndex"])
+        raise EtcdRejected(f"{self.layout.key(kind, item_id)} holds a value this import did "
+                           "not write; the line was not stored", code=AlreadyExists.code)
+
+    def keep_import_lock_step(self, state: ImportState) -> Step[None]:
+        """Refresh the import lock every lock_ttl/3, between writes (no thread)."""
+        if (yield from ask("MONOTONIC")) - state.refreshed >= self.lock_ttl / 3:
+            yield from self.refresh_import_lock_step(state)
+
+    def refresh_import_lock_step(self, state: ImportState) -> Step[int]:
+        """I4: a CAS refresh of our import lock; its index, ours, is a fresh name.
+
+        A resent refresh applies again (the value is unchanged): each copy's
+        index is ours.  LockLost if the lock expired or changed: this import
+        stalled past lock_ttl and another may have begun, so it stops.
+        """
+        started = yield from ask("MONOTONIC")
+        try:
+            reply = yield from put(self.layout.key("locks", IMPORT_LOCK), ttl=self.lock_ttl,
+                                   refresh=True, prev_exist=True,
+                                   prev_value=state.lock.encode())
+        except (CompareFailed, KeyMissing):
+            raise LockLost(f"the import lock of {self.layout.label} expired (the import "
+                           "stalled for longer than lock_ttl): stopped; run the import "
+                           "again") from None
+        state.refreshed = started
+        return reply.written_index
 
     # -- C: claim ----------------------------------------------------------
     def lock_step(self, item_id: str, lock: Lock, ttl: int) -> Step[int]:

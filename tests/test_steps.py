@@ -15,10 +15,11 @@ import pytest
 from etcdq_v2.codec import Item, Lock, Record, tombstone
 from etcdq_v2.driver import run
 from etcdq_v2.errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed,
-                             EtcdqError, KeyMissing, LockLost, NotFound, Unavailable)
+                             EtcdqError, EtcdRejected, KeyMissing, LockLost, NotFound,
+                             Unavailable)
 from etcdq_v2.keys import Layout
-from etcdq_v2.steps import (COMPLETED, FAILED, TOMBSTONE_TTL, ClaimState, Entry, Gone, Held,
-                            Request, Step, Steps, Taken, Version)
+from etcdq_v2.steps import (COMPLETED, FAILED, IMPORT_LOCK, TOMBSTONE_TTL, ClaimState, Entry,
+                            Gone, Held, ImportState, Request, Step, Steps, Taken, Version)
 from etcdq_v2.transport import Reply
 
 LAYOUT = Layout("/etcdq", "jobs")
@@ -856,3 +857,78 @@ def test_purge_keeps_the_record_of_an_item_changed_since_the_listing() -> None:
     script = Script(steps().purge_step(COMPLETED), [work, records, compare_failed(95)])
     assert script.result() == 0
     assert script.sent[-1] == Request("DELETE", WORK, prev_index=40)
+
+
+# -- I1, I3, I4 --------------------------------------------------------------------
+IMPORTER = Lock("node-a", "import-token")
+IMPORT_KEY = LAYOUT.key("locks", IMPORT_LOCK)
+
+
+def import_state(name: Optional[int] = 60, refreshed: float = 100.0) -> ImportState:
+    return ImportState(IMPORTER, set(), name, refreshed)
+
+
+def test_i1_waits_for_another_imports_lock_then_gives_up() -> None:
+    taken = AlreadyExists("Key already exists", code=AlreadyExists.code, index=51)
+    script = Script(steps().lock_import_step(IMPORTER),
+                    [10.0, 3.0, 10.0, taken, 11.0, None, 11.2, taken, 44.0])
+    with pytest.raises(Unavailable, match="another import"):
+        script.result()
+    assert script.sent[3] == Request("PUT", IMPORT_KEY, IMPORTER.encode(), ttl=LOCK_TTL,
+                                     prev_exist=False)
+    assert script.sent[5] == Request("SLEEP", seconds=0.2)
+
+
+def test_i1_counts_the_locks_age_from_before_the_put_that_created_it() -> None:
+    script = Script(steps().lock_import_step(IMPORTER), [10.0, 3.0, 10.5, written(50)])
+    assert script.result() == 10.5
+
+
+def test_i3_names_the_line_by_our_previous_write_and_its_index_names_the_next() -> None:
+    state = import_state()
+    script = Script(steps().import_value_step(state, "work", PUT_RAW, "put-token"),
+                    [101.0, written(61)])
+    script.result()
+    assert script.sent[1] == Request("PUT", LAYOUT.key("work", f"{60:020d}"), PUT_RAW,
+                                     prev_exist=False)
+    assert (state.name, state.tokens) == (61, {"put-token"})
+
+
+def test_i3_refreshes_the_import_lock_every_third_of_its_ttl_and_lost_stops() -> None:
+    state = import_state()
+    script = Script(steps().import_value_step(state, "work", PUT_RAW, "put-token"),
+                    [111.0, 111.0, missing()])
+    with pytest.raises(LockLost, match="import lock"):
+        script.result()
+    assert script.sent[2] == Request("PUT", IMPORT_KEY, ttl=LOCK_TTL, refresh=True,
+                                     prev_exist=True, prev_value=IMPORTER.encode())
+
+
+def test_i3_already_exists_after_a_resend_with_our_token_is_our_copy() -> None:
+    """The index of our first copy (createdIndex) names the next key."""
+    state = import_state()
+    exists = AlreadyExists("Key already exists", code=AlreadyExists.code, index=63)
+    exists.retried = True
+    script = Script(steps().import_value_step(state, "work", PUT_RAW, "put-token"),
+                    [101.0, exists, node(62, PUT_RAW, createdIndex=61)])
+    script.result()
+    assert state.name == 61
+
+
+def test_i3_already_exists_gone_again_names_the_next_by_a_fresh_i4() -> None:
+    state = import_state()
+    exists = AlreadyExists("Key already exists", code=AlreadyExists.code, index=63)
+    exists.retried = True
+    script = Script(steps().import_value_step(state, "work", PUT_RAW, "put-token"),
+                    [101.0, exists, missing()])
+    script.result()
+    assert state.name is None  # the next import_value makes a fresh name (I4)
+
+
+def test_i3_on_a_key_another_writer_took_is_rejected() -> None:
+    exists = AlreadyExists("Key already exists", code=AlreadyExists.code, index=63)
+    script = Script(steps().import_value_step(import_state(), "work", PUT_RAW, "put-token"),
+                    [101.0, exists, node(62, unclaimed().replace("put-token", "other"),
+                                         createdIndex=62)])
+    with pytest.raises(EtcdRejected, match="this import did not write"):
+        script.result()
