@@ -39,8 +39,8 @@ def run(step: Step[T], transport: Transport) -> T:
 def send(transport: Transport, request: Request) -> Any:
     """One request of a step, on ``transport``: etcd's Reply (raising the
     library's exception for an error reply or a request that failed), a list
-    of replies and errors for ``ALL``, or the runtime's clock for ``NOW``
-    (boot clock) and ``WALL``."""
+    of replies and errors for ``ALL`` and ``POSTS``, or the answer to a
+    question (:func:`_answer`)."""
     if request.method == "GET":
         return transport.get(request.key, quorum=request.quorum, sorted=request.sorted)
     if request.method == "PUT":
@@ -50,12 +50,33 @@ def send(transport: Transport, request: Request) -> Any:
     if request.method == "DELETE":
         return transport.delete(request.key, prev_value=request.prev_value,
                                 prev_index=request.prev_index)
+    if request.method == "POST":
+        return transport.post(request.key, request.value or "", ttl=request.ttl)
     if request.method == "ALL":
         return _all(transport, request.together)
+    if request.method == "POSTS":
+        return transport.post_many(request.key, [post.value or "" for post in request.together],
+                                   lanes=request.lanes, depth=1)
+    return _answer(transport, request)
+
+
+def _answer(transport: Transport, request: Request) -> Any:
+    """A step's question to the driver: its clocks, a sleep, a token, its transport's
+    highest index seen and deadline."""
     if request.method == "NOW":
         return transport.runtime.boot_clock()
     if request.method == "WALL":
         return transport.runtime.wall()
+    if request.method == "MONOTONIC":
+        return transport.runtime.monotonic()
+    if request.method == "SLEEP":
+        return transport.runtime.sleep(request.seconds)
+    if request.method == "TOKEN":
+        return transport.runtime.token()
+    if request.method == "SEEN":
+        return transport.seen_index
+    if request.method == "DEADLINE":
+        return transport.deadline
     raise ValueError(f"no such request: {request.method}")
 
 

@@ -6,8 +6,10 @@ between any two of them loses no item, loses no completion record, and never
 hands out an item that has a completion record.  docs/protocol.md says the
 same at more length.
 
-The claim (C1-C3), the commit (F1-F4), release and fail (R0, R1) and the
-heartbeat's refresh are written as generator steps without I/O in steps.py;
+Put and put_many (P1, with the read-back of a lost reply), the delayed
+put (D1, D2), requeue (Q0-Q5), cancel (K1-K4), purge, import's I1, I3 and I4, the claim
+(C1-C3), the commit (F1-F4), release and fail (R0, R1) and the heartbeat's
+refresh are written as generator steps without I/O in steps.py;
 the methods of :class:`Protocol` of the same names run them on the transport
 (driver.run).  The other operations below call the transport here.
 
@@ -253,36 +255,36 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from dataclasses import dataclass, replace
-from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple,
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple,
                     Union)
 
-from .codec import Item, Junk, Lock, Record, check_outcome, tombstone, tombstone_token
-from .errors import (AlreadyExists, AmbiguousWrite, CompareFailed, EtcdqError, EtcdRejected,
-                     InvalidArgument, KeyMissing, LockLost, NotFound, Unavailable)
-from .keys import DIRS, Layout, check_item_id, check_prefix, is_queue_name
+from .codec import Item, Junk, Lock, Record, check_outcome, tombstone_token
+from .errors import EtcdqError, InvalidArgument, KeyMissing, NotFound
+from .keys import DIRS, Layout, check_prefix, is_queue_name
 from .driver import run
 from .runtime import SYSTEM
 # Re-exported: the names callers know the protocol's by.
+from .steps import CANCELLED as CANCELLED
 from .steps import COMPLETED as COMPLETED
 from .steps import FAILED as FAILED
 from .steps import LINGER_MAX as LINGER_MAX
 from .steps import TOMBSTONE_TTL as TOMBSTONE_TTL
 from .steps import ClaimState as ClaimState
+from .steps import IMPORT_LOCK as IMPORT_LOCK
 from .steps import GivenBack as GivenBack
+from .steps import ImportState as ImportState
 from .steps import Gone as Gone
 from .steps import Held, Steps
 from .steps import Taken as Taken
 from .steps import item_fields as item_fields
+from .steps import put_token
 from .steps import ttl_seconds as ttl_seconds
-from .transport import EventStream, Node, Reply, Transport, UndecodableReply
+from .transport import EventStream, Reply, Transport, UndecodableReply
 from .versions import Entry as Entry
 from .versions import Version as Version
 
 log = logging.getLogger("etcdq_v2.protocol")
 
-#: The reason of a dead letter made by cancel().
-CANCELLED = "cancelled"
 
 
 #: The longest TTL etcdq writes from a number it was given (68 years): put and
@@ -292,13 +294,8 @@ CANCELLED = "cancelled"
 MAX_TTL = 2**31 - 1
 
 #: The most POSTs a put_many may have in flight at once (``in_flight``): one
-#: connection each (Protocol.post_items).
+#: connection each (Steps.post_many_step).
 MAX_IN_FLIGHT = 64
-#: A put's read-back reads the keys its POST can have taken one by one when they
-#: are at most this many (see Protocol.find_puts); more, and it lists.
-SEARCH_SPAN = 128
-#: Reads of one batch of that search, sent together.
-SEARCH_BATCH = 16
 
 
 
@@ -306,23 +303,6 @@ def boot_clock() -> float:
     """The real runtime's boot clock (:meth:`Runtime.boot_clock`); a protocol
     reads its own runtime's."""
     return SYSTEM.boot_clock()
-
-
-#: The id of the import lock, ``locks/<IMPORT_LOCK>``: no write has index 0, so no
-#: item has this id, and views and stats ignore its lock.
-IMPORT_LOCK = "0" * 20
-
-
-@dataclass
-class ImportState:
-    """An import under way (I1-I5)."""
-
-    lock: Lock
-    #: The put tokens in the queue: of what was there (I2), and of what we stored.
-    tokens: Set[str]
-    #: The index of our latest write, which names the next key (I3); None: unknown.
-    name: Optional[int]
-    refreshed: float    # runtime.monotonic() before the lock was last created or refreshed
 
 
 def delay_ttl(delay: Optional[float]) -> int:
@@ -384,40 +364,9 @@ class Protocol(Steps):
 
     # -- P: put ------------------------------------------------------------
     def post_item(self, raw: str, token: str) -> Tuple[str, Optional[Version]]:
-        """P1: the new item's id and its version (the POST's index and value);
-        a lost reply is resolved by token.
-
-        When the POST may or may not have applied, the queue is searched for
-        its token (quorum listings: they go through raft, so everything the
-        cluster committed before them is in them).  Found: that is the item,
-        at the version the search read (a claim or a commit may have changed
-        it since the POST: never the POST's value with that index).  Not
-        found: it is not stored now, but the request may still be sitting
-        in a frozen member and apply later, so sending it again could store
-        it twice.  Unavailable says so instead; the version is None for an
-        item that was already finished.
-        """
-        floor = self.etcd.seen_index  # read before the POST is sent: it lands above
-        try:
-            node = self.etcd.post(self.layout.work, raw).node
-            return node["key"].rsplit("/", 1)[-1], Version(node["modifiedIndex"], raw)
-        except AmbiguousWrite as exc:
-            found = self._search_doubts({token}, floor).get(token)
-            if found is None:
-                raise Unavailable(
-                    f"a put to {self.layout.work} may or may not be stored ({exc}): it was not "
-                    f"found in the queue{self._may_have_expired()}, but a delayed request "
-                    "could still add it, once") from None
-            log.info("a put whose reply was lost was stored as %s", found[0])
-            return found
-
-    def _may_have_expired(self) -> str:
-        """A record that lives less than a request's deadline may have come and gone
-        while the put's reply was awaited: say so, rather than "it never ran"."""
-        ttls = [ttl for ttl in self.record_ttls.values() if ttl is not None]
-        if ttls and min(ttls) < self.etcd.deadline:
-            return " (it may also have run, and its record expired)"
-        return ""
+        """P1 (:meth:`Steps.post_step`): the new item's id and version; a lost reply
+        is resolved by token, or Unavailable."""
+        return run(self.post_step(raw, token), self.etcd)
 
     def find_put(self, token: str) -> Optional[Tuple[str, Optional[Version]]]:
         """The id and version of the item put with ``token``, wherever it is now."""
@@ -425,180 +374,14 @@ class Protocol(Steps):
 
     def find_puts(self, tokens: Set[str], floor: int = 0
                   ) -> Dict[str, Tuple[str, Optional[Version]]]:
-        """The id of each item put with one of ``tokens`` that is stored now, and
-        its version in work/ as read (None: it is finished).
-
-        ``floor``: an etcd index seen before their POSTs were sent, so each
-        took an id above it.  When at most SEARCH_SPAN ids lie between it and
-        the index now, those keys are read first (:meth:`_find_in_span`); a
-        token not found there, or a span too wide, takes one pass over the
-        quorum listings, whatever the number of tokens.
-        """
-        found: Dict[str, Tuple[str, Optional[Version]]] = {}
-        if floor:
-            # Only a find is trusted from the span: a miss is settled by the
-            # listings, as if there were no floor.  The floor is a lower bound
-            # only while etcd's index never goes back (a member restored from
-            # an older backup, or started again without its data, takes ids
-            # again at or below it).
-            found.update(self._find_in_span(tokens, floor) or {})
-            if len(found) == len(tokens):
-                return found
-        for kind in ("work", COMPLETED, FAILED):
-            entries = self.list(kind)[1]
-            for entry, decoded in self.decode_entries(kind, entries):
-                if decoded.token in tokens and decoded.token not in found:
-                    found[decoded.token] = (entry.id, entry.version if kind == "work" else None)
-            if kind == FAILED:  # a requeued dead letter's tombstone keeps its put token
-                for entry in entries:
-                    token = tombstone_token(entry.value)
-                    if token in tokens and token not in found:
-                        found[token] = (entry.id, None)
-            if len(found) == len(tokens):
-                break
-        return found
-
-    def _find_in_span(self, tokens: Set[str], floor: int
-                      ) -> Optional[Dict[str, Tuple[str, Optional[Version]]]]:
-        """find_puts by reading ``work/<n>`` for each n above ``floor`` up to
-        ``top``, etcd's index at a quorum read made now, then ``completed/<n>``
-        and ``failed/<n>`` for each n not in work/; None if they are more
-        than SEARCH_SPAN.
-
-        A POST applied before that read took such an n.  An item gone from
-        work/ by the time its key was read left its record first (F2 before
-        F3; a requeue's tombstone keeps its put token), which a quorum read
-        made after shows: so work/ is read before the records, as the
-        listings are.  A POST applied after it is not stored now, as for the
-        listings.
-        """
-        top = self._quorum_index()
-        if top - floor > SEARCH_SPAN:
-            return None
-        ids = [f"{n:020d}" for n in range(floor + 1, top + 1)]
-        found: Dict[str, Tuple[str, Optional[Version]]] = {}
-        entries = self._read_each("work", ids)
-        for entry, item in self.decode_entries("work", entries):
-            if item.token in tokens and item.token not in found:
-                found[item.token] = (entry.id, entry.version)
-        gone = sorted(set(ids) - {entry.id for entry in entries})
-        for kind in (COMPLETED, FAILED):
-            if len(found) == len(tokens):
-                break
-            self._match_records(kind, self._read_each(kind, gone), tokens, found)
-        return found
-
-    def _match_records(self, kind: str, entries: List[Entry], tokens: Set[str],
-                       found: Dict[str, Tuple[str, Optional[Version]]]) -> None:
-        """Add to ``found`` the records among ``entries`` put with one of ``tokens``
-        (a requeued dead letter's tombstone keeps its put token)."""
-        for entry, record in self.decode_entries(kind, entries):
-            if record.token in tokens:
-                found.setdefault(record.token, (entry.id, None))
-        if kind == FAILED:
-            for entry in entries:
-                token = tombstone_token(entry.value)
-                if token in tokens:
-                    found.setdefault(token, (entry.id, None))
-
-    def _quorum_index(self) -> int:
-        """etcd's index at a quorum read made now (of a key no POST can take)."""
-        try:
-            return self.etcd.get(self.layout.key("work", "0" * 20), quorum=True).index
-        except KeyMissing as exc:
-            return exc.index or 0
-
-    def _read_each(self, kind: str, ids: Sequence[str]) -> List[Entry]:
-        """The entries of ``kind/<id>`` that exist, by quorum reads, SEARCH_BATCH at once."""
-        entries: List[Entry] = []
-        for start in range(0, len(ids), SEARCH_BATCH):
-            batch = ids[start:start + SEARCH_BATCH]
-            keys = [self.layout.key(kind, item_id) for item_id in batch]
-            for item_id, reply in zip(batch, self.etcd.get_all(keys, quorum=True)):
-                if isinstance(reply, KeyMissing):
-                    continue
-                if isinstance(reply, EtcdqError):
-                    raise reply
-                node = reply.node
-                entries.append(Entry(item_id, node["modifiedIndex"], node.get("value"),
-                                     node.get("expiration"), node.get("ttl", 0)))
-        return entries
-
-    def _search_doubts(self, tokens: Set[str], floor: int = 0
-                       ) -> Dict[str, Tuple[str, Optional[Version]]]:
-        """find_puts for puts in doubt: a search that cannot be made (etcd still
-        unreachable, even refusing every connection) leaves them in doubt, and
-        Unavailable says so, never that nothing was stored."""
-        try:
-            return self.find_puts(tokens, floor)
-        except Unavailable as exc:
-            raise Unavailable(
-                f"{len(tokens)} put(s) to {self.layout.work} may or may not be stored: "
-                f"the search for them failed ({exc}); a delayed request could still add "
-                "them, once each") from exc
+        """:meth:`Steps.find_puts_step`: where the items put with ``tokens`` are now."""
+        return run(self.find_puts_step(tokens, floor), self.etcd)
 
     def post_items(self, items: Sequence[Tuple[str, str]], in_flight: int
                    ) -> List[Tuple[str, Optional[Version]]]:
-        """P1 for many items at once: the id and version of each (raw, token), in
-        that order (as :meth:`post_item`'s).
-
-        The POSTs go out in the order given, ``in_flight`` at a time, each on
-        a connection of its own; each is sent only once the one ``in_flight``
-        places before it was stored, so no item is stored before one given
-        ``in_flight`` or more places earlier.  At a failure nothing more is
-        sent until the POSTs in doubt are settled as P1 settles one: by
-        looking for their tokens, all in one pass (found: stored; not found:
-        Unavailable).  Then the rest follows.
-        """
-        placed: List[Tuple[str, Optional[Version]]] = []
-        while len(placed) < len(items):
-            rest = items[len(placed):]
-            floor = self.etcd.seen_index  # read before the round's POSTs are sent
-            results = self.etcd.post_many(self.layout.work, [raw for raw, _ in rest],
-                                          lanes=in_flight, depth=1)
-            settled = self._settled(rest, results, floor)
-            if not settled:  # post_many sends at least one POST a round, or raises
-                raise Unavailable(f"no put to {self.layout.work} was sent")
-            placed += settled
-        return placed
-
-    def _settled(self, items: Sequence[Tuple[str, str]],
-                 results: List[Union[Reply, EtcdqError, None]], floor: int = 0
-                 ) -> List[Tuple[str, Optional[Version]]]:
-        """The places of one round's items, up to the first that was not sent."""
-        places: List[Optional[Tuple[str, Optional[Version]]]] = []
-        doubts: Dict[str, int] = {}  # put token -> position in places
-        for (raw, token), result in zip(items, results):
-            if result is None:
-                break
-            if isinstance(result, AmbiguousWrite) or (isinstance(result, Reply)
-                                                      and not result.index):
-                doubts[token] = len(places)  # a success without X-Etcd-Index: looked for too
-                places.append(None)
-            elif isinstance(result, EtcdqError):
-                raise result
-            else:  # etcd names an in-order key by the POST's index, in 20 digits
-                places.append((f"{result.index:020d}", Version(result.index, raw)))
-        for token, place in self._find_doubts(doubts, results, floor).items():
-            places[doubts[token]] = place
-        return [place for place in places if place is not None]
-
-    def _find_doubts(self, doubts: Dict[str, int], results: Sequence[object], floor: int = 0
-                     ) -> Dict[str, Tuple[str, Optional[Version]]]:
-        """Where the POSTs in doubt are stored; Unavailable if any is not found."""
-        if not doubts:
-            return {}
-        found = self._search_doubts(set(doubts), floor)
-        missing = len(doubts) - len(found)
-        if missing:
-            first = results[min(p for t, p in doubts.items() if t not in found)]
-            why = first if isinstance(first, Exception) else "a reply without its index"
-            raise Unavailable(
-                f"{missing} of the puts to {self.layout.work} may or may not be stored "
-                f"({why}): not found in the queue{self._may_have_expired()}, but a delayed "
-                "request could still add them, once each")
-        log.info("%d puts whose replies were lost were stored", len(found))
-        return found
+        """P1 for many items, ``in_flight`` at once (:meth:`Steps.post_many_step`):
+        the id and version of each (raw, token), in that order."""
+        return run(self.post_many_step(items, in_flight), self.etcd)
 
     def new_item(self, payload: Any, *, delayed: bool = False) -> Item:
         """A new item for P1, or for D2 (``delayed``): marked ``q``, so that its
@@ -609,67 +392,9 @@ class Protocol(Steps):
     # -- D: delayed put ------------------------------------------------------
     def put_delayed(self, raw: str, token: str, ttl: int
                     ) -> Tuple[str, Optional[Version], int]:
-        """D1, D2: (id, version, lock index) of an item claimable after ``ttl``
-        seconds; the version is None if a consumer finished it already.
-
-        The lock comes first, so the item is never claimable before etcd
-        expires it; the item takes the lock's name, which no POST to work/
-        can ever get (it is the index of our own lock write).
-        """
-        item_id, locked = self._delay_lock(token, ttl)
-        return item_id, self._create_delayed(item_id, raw, token), locked
-
-    def _delay_lock(self, token: str, ttl: int) -> Tuple[str, int]:
-        """D1: POST a delay lock with ``ttl``; (its name, its index).
-
-        A lost reply is not resolved: another lock is POSTed.  A first one that
-        applied (now or later) is an orphan: it holds no item, and expires.
-        """
-        value = Lock(self.node_id, token, delay=True).encode()
-        give_up = self.runtime.monotonic() + self.etcd.deadline
-        while True:
-            try:
-                node = self.etcd.post(self.layout.locks, value, ttl=ttl).node
-                return node["key"].rsplit("/", 1)[-1], node["modifiedIndex"]
-            except AmbiguousWrite as exc:
-                if self.runtime.monotonic() >= give_up:
-                    raise Unavailable(f"a delayed put to {self.layout.work} could not create "
-                                      f"its lock ({exc}); nothing was stored") from None
-                log.info("the reply to a delay lock in %s was lost; creating another",
-                         self.layout.locks)
-                self.runtime.sleep(0.1)  # a member that resets every connection is not hammered
-
-    def _create_delayed(self, item_id: str, raw: str, token: str) -> Optional[Version]:
-        """D2: PUT ``work/<id>`` prevExist=false; its version (None: it already finished).
-
-        The transport resends a PUT whose reply was lost; "already exists" is
-        then read back.  Unanswered until the deadline: Unavailable, but the
-        item is stored at most once, as no other put uses the name.
-        """
-        key = self.layout.key("work", item_id)
-        try:
-            try:
-                return Version(self.etcd.put(key, raw, prev_exist=False).written_index, raw)
-            except AlreadyExists:
-                return self._our_delayed(item_id, token)
-        except Unavailable as exc:
-            raise Unavailable(f"a delayed put to {key} may or may not be stored ({exc}); if "
-                              "it is, it is stored once, and claimable after its delay"
-                              ) from None
-
-    def _our_delayed(self, item_id: str, token: str) -> Optional[Version]:
-        """After D2's "already exists": our item as read now (a claim may have
-        changed it since D2), or None if a consumer finished it already;
-        EtcdRejected if another writer took the name."""
-        entry = self.read("work", item_id)
-        if entry is not None and _put_token(Item.decode, entry.value) == token:
-            return entry.version
-        for kind in (COMPLETED, FAILED):
-            record = self.read(kind, item_id)
-            if record is not None and _put_token(Record.decode, record.value) == token:
-                return None
-        raise EtcdRejected(f"{self.layout.key('work', item_id)} holds a value this put did "
-                           "not write; the item was not stored", code=AlreadyExists.code)
+        """D1, D2 (:meth:`Steps.put_delayed_step`): (id, version, lock index) of an
+        item claimable after ``ttl`` seconds (version None: already finished)."""
+        return run(self.put_delayed_step(raw, token, ttl), self.etcd)
 
     # -- C: claim ----------------------------------------------------------
     def claim(self, item_id: str, seen: Version) -> Optional[ClaimState]:
@@ -772,307 +497,15 @@ class Protocol(Steps):
 
     # -- Q: requeue ----------------------------------------------------------
     def requeue(self, item_id: str) -> Tuple[str, Optional[Version]]:
-        """Q0-Q5: move dead letter ``item_id`` back to work/ as a new item.
-
-        Returns the new item's id and Q3's version (None if it was there already).
-        """
-        check_item_id(item_id)
-        lock = self._lock_dead_letter(item_id)
-        try:
-            (token, index), record = self._requeue_token(item_id)
-            self._remove_dead_item(item_id)
-            new_id = f"{index:020d}"  # Q1's own index: no POST can ever take this name
-            raw = Item(record.payload, token, created=self.runtime.wall(),
-                       requeued=True).encode(stored=True)
-            created = self._create_item(new_id, raw)
-            self._bury(item_id, new_id, record, index)  # Q4
-            return new_id, created
-        finally:
-            self._drop_lock(item_id, lock)
-
-    def _remove_dead_item(self, item_id: str) -> None:
-        """Q2: the dead letter's own item, if a crash after its commit left it in work/.
-
-        Removed first, or a claimer would finish it later and write the dead
-        letter again (or, from 0.1.0, run it as one more attempt).  We hold
-        its lock, so no claim changes it meanwhile.
-        """
-        entry = self.read("work", item_id)
-        while entry is not None and not self._remove_item(entry):
-            entry = self.read("work", item_id)
-
-    def _create_item(self, new_id: str, raw: str) -> Optional[Version]:
-        """Q3: create the requeued item; its version, or None if an earlier
-        requeue did (what is there now is not known: not offered)."""
-        try:
-            return Version(self.etcd.put(self.layout.key("work", new_id), raw,
-                                         prev_exist=False).written_index, raw)
-        except AlreadyExists:
-            return None
-
-    def _bury(self, item_id: str, new_id: str, record: Record, index: int) -> None:
-        """Q4: ``failed/<id>`` becomes a tombstone, so that a late F2 finds the key taken.
-
-        A CAS on Q1's index.  "Not found": the dead letter expired (failed_ttl)
-        or was purged since Q1: create the tombstone (prevExist=false).  A key
-        that is neither our tombstone nor the dead letter we marked is read:
-        a late copy of this dead letter's F2 (the same claim token) landed on
-        the free key first, and is turned into the tombstone on its index;
-        anything else (junk, another claim's dead letter) is left, with a
-        warning.  Only late writes change the key: we hold its lock.
-        """
-        key, buried = self.layout.key(FAILED, item_id), tombstone(new_id, record.token)
-        for _ in range(5):
-            condition: Dict[str, Any] = ({"prev_index": index} if index
-                                         else {"prev_exist": False})
-            try:
-                self.etcd.put(key, buried, ttl=TOMBSTONE_TTL, **condition)
-                return
-            except (CompareFailed, KeyMissing, AlreadyExists):
-                pass
-            entry = self.read(FAILED, item_id)
-            if entry is None:
-                index = 0  # expired or purged since: create it
-            elif entry.value == buried:
-                return  # a resent request of ours applied
-            elif self._late_copy(entry, record):
-                index = entry.index
-            else:
-                break
-        log.warning("dead letter %s of %s was requeued as %s, but %s holds something else "
-                    "now (junk, or another claim's dead letter); left as it is", item_id,
-                    self.layout.root, new_id, key, extra=item_fields(self.layout.name, item_id))
-
-    @staticmethod
-    def _late_copy(entry: Entry, record: Record) -> bool:
-        """``entry`` is the dead letter ``record`` again (a late F2: the same claim)."""
-        try:
-            return Record.decode(entry.value).claim == record.claim
-        except Junk:
-            return False
-
-    def _lock_dead_letter(self, item_id: str) -> Lock:
-        """Q0: the lock of ``locks/<id>``, so that one requeue at a time works on it.
-
-        The item itself left work/ when it was dead-lettered, so its lock key
-        is free, or holds the lock its finisher left to expire (F4 skipped:
-        its claim token is the dead letter's, and it is taken over), or one
-        whose finisher crashed after F3.  Another requeue's lock is waited
-        for; then the dead letter may be gone.
-        """
-        lock = Lock(self.node_id, self.runtime.token())
-        give_up = self.runtime.monotonic() + self.lock_ttl + self.etcd.deadline
-        while True:
-            dead = self.read(FAILED, item_id)
-            if dead is None:
-                raise NotFound(f"no dead letter {item_id} in {self.layout.label}")
-            try:
-                self._create_lock(item_id, lock, self.lock_ttl)
-                return lock
-            except Taken:
-                if self._take_finishers_lock(item_id, dead, lock):
-                    return lock
-                if self.runtime.monotonic() >= give_up:
-                    raise Unavailable(f"dead letter {item_id} stayed locked") from None
-                self.runtime.sleep(0.1)
-
-    def _take_finishers_lock(self, item_id: str, dead: Entry, lock: Lock) -> bool:
-        """Q0 on the lock the dead letter's finisher left to expire: CAS it into ours.
-
-        It is the finisher's if its claim token is the record's (tokens are
-        unique to a claim, and that claim ended at F1), and the finisher is
-        done if the item left work/ (F3 follows F2's reply, so no resent F2
-        can land on Q4's tombstone).  False if the lock is another's, or the
-        item is still there (a finisher at F3, or one that crashed before it:
-        its lock expires), or the lock changed or went meanwhile.
-        """
-        held = self.read("locks", item_id)
-        try:
-            finisher = Record.decode(dead.value).claim
-            left = held is not None and Lock.decode(held.value).token == finisher
-        except Junk:
-            left = False
-        if not left or self.read("work", item_id) is not None:
-            return False
-        assert held is not None
-        try:
-            self.etcd.put(self.layout.key("locks", item_id), lock.encode(), ttl=self.lock_ttl,
-                          prev_value=held.value)
-        except KeyMissing:
-            return False
-        except CompareFailed as exc:  # changed, unless it was our own resent CAS
-            return exc.retried and self._lock_value(item_id) == lock.encode()
-        return True
-
-    def _requeue_token(self, item_id: str) -> Tuple[Tuple[str, int], Record]:
-        """Q1: ((token, index), record): the dead letter marked with a requeue
-        token, or with the one an earlier requeue left there (it stopped
-        before Q4), at the index of that marking write."""
-        entry = self.read(FAILED, item_id)
-        try:
-            record = Record.decode(entry.value if entry else None)
-        except Junk:
-            raise NotFound(f"no dead letter {item_id} in {self.layout.label}") from None
-        assert entry is not None  # Record.decode(None) raised Junk above
-        if record.requeue_token:
-            return (record.requeue_token, entry.index), record
-        token = self.runtime.token()
-        marked = replace(record, requeue_token=token).encode(stored=True)
-        try:
-            reply = self.etcd.put(self.layout.key(FAILED, item_id), marked,
-                                  ttl=_marked_ttl(entry), prev_index=entry.index)
-        except (CompareFailed, KeyMissing):
-            # Only a resent CAS of ours can have changed it: we hold its lock.
-            return self._requeue_token(item_id)
-        return (token, reply.written_index), record
+        """Q0-Q5 (:meth:`Steps.requeue_step`): move dead letter ``item_id`` back to
+        work/ as a new item; its id and Q3's version (None if it was there already)."""
+        return run(self.requeue_step(item_id), self.etcd)
 
     # -- K: cancel -------------------------------------------------------------
     def cancel(self, item_id: str) -> bool:
-        """K1-K4: dead-letter a pending item as cancelled; False if it is running or finished.
-
-        Raises NotFound for an item that is neither in work/ nor recorded.  A
-        cancel whose lock lapsed before K3 (it stalled past lock_ttl) starts
-        again at K1 (a few times), since a claim may hold the item now; then
-        Unavailable, nothing written (the item may be pending: not False).
-        """
-        check_item_id(item_id)
-        for _ in range(3):
-            taken = self._cancel_lock(item_id)  # K1
-            if taken is None:
-                return False
-            lock, took_over, locked_at = taken
-            try:
-                cancelled = self._cancel_pending(item_id, lock, locked_at)  # K2-K4
-            except BaseException:
-                # A delay lock we took over is left to expire, no sooner than it would
-                # have: dropping it would make a delayed (or released, or backed-off)
-                # item claimable early, or a delayed put's item not created yet.
-                if not took_over:
-                    self._let_go(item_id, lock)
-                raise
-            if not cancelled or (took_over and self.locks_linger):
-                self._let_go(item_id, lock)  # K4 kept a taken-over delay lock: hours of TTL
-            if cancelled is not None:
-                return cancelled
-            log.info("the cancel of item %s of %s lost its lock before committing (it "
-                     "stalled past lock_ttl); starting again", item_id, self.layout.root,
-                     extra=item_fields(self.layout.name, item_id))
-        # Not False ("running or finished"): the item may well be pending, unheld.
-        raise Unavailable(f"could not hold the lock of item {item_id} long enough to cancel "
-                          f"it (each try took longer than lock_ttl={self.lock_ttl:g} s: a "
-                          "slow link to etcd, or stalls); it was not cancelled")
-
-    def _cancel_pending(self, item_id: str, lock: Lock, locked_at: int) -> Optional[bool]:
-        """K2-K4 under our lock, made at index ``locked_at`` (K1): True once
-        committed; False if the item is finished, or a claim took it after K2
-        (a claim's C2 held in flight past its lock); None if our lock lapsed.
-
-        After each K2 the lock must still be the one K1 made (its index and
-        value): else it expired meanwhile and a claim may have taken the item
-        the ordinary way (C1, C2, handed out) before K2 read it, and K3 on that
-        index would apply over a live claim.  A claim after this check changes
-        the item's index, so K3 fails.
-
-        K3 also fails when a release's R0, held in flight past its claim's lock,
-        lands after K2: it writes a-1 and keeps the claim token.  So a failed K3
-        reads the item again: no outcome, the claim token K2 saw -> K2, the lock
-        check and K3 again (a few times: each retry needs another held write to
-        land).
-        """
-        for _ in range(5):
-            state = self._pending_item(item_id, lock)  # K2
-            if state is None:
-                return False
-            if not self._still_held(item_id, lock, locked_at):
-                return None
-            try:
-                self.finish(state, FAILED, reason=CANCELLED)  # K3 (F1), K4 (F2-F4)
-                return True
-            except LockLost:  # K3 failed: committed, claimed, or changed by a late R0
-                if not self._unclaimed_since(state):
-                    return False
-        return False
-
-    def _still_held(self, item_id: str, lock: Lock, locked_at: int) -> bool:
-        """After K2: ``locks/<id>`` is still the lock K1 wrote at ``locked_at``
-        (a lock re-created by a late copy of K1 has our value, not that index)."""
-        entry = self.read("locks", item_id)
-        return entry is not None and entry.index == locked_at and entry.value == lock.encode()
-
-    def _unclaimed_since(self, state: ClaimState) -> bool:
-        """After a failed K3: the item has no outcome and the claim token K2 saw,
-        so no claim or cancel took it since K2 (the next K2 checks our lock)."""
-        entry = self.read("work", state.id)
-        try:
-            item = Item.decode(entry.value) if entry else None
-        except Junk:
-            return False
-        return item is not None and item.outcome is None and item.claim == state.item.claim
-
-    def _let_go(self, item_id: str, lock: Lock) -> None:
-        with contextlib.suppress(EtcdqError):  # else it simply expires
-            self._drop_lock(item_id, lock)
-
-    def _cancel_lock(self, item_id: str) -> Optional[Tuple[Lock, bool, int]]:
-        """K1: (our lock, whether it took over a delay lock, the index it was written
-        at), or None: a claim holds it.
-
-        Our lock is a delay lock (``"d"``): it holds the item back without
-        running it, so stats and ls keep calling the item pending.  A delay
-        lock already there (a release's backoff, a delayed put) is taken over
-        by a CAS on its value, its TTL never shortened; any other lock is a
-        claim's.  The loop ends when the lock changes under us too often.
-        """
-        lock = Lock(self.node_id, self.runtime.token(), delay=True)
-        for _ in range(5):
-            try:
-                return lock, False, self._create_lock(item_id, lock, self.lock_ttl)
-            except Taken:
-                pass
-            held = self._read_node("locks", item_id)
-            if held is None:
-                continue  # expired meanwhile: create it
-            try:
-                if not Lock.decode(held.get("value")).delay:
-                    return None
-            except Junk:
-                return None  # a lock we cannot read counts as held
-            locked_at = self._take_over(item_id, held, lock)
-            if locked_at:
-                return lock, True, locked_at
-        return None
-
-    def _take_over(self, item_id: str, held: Node, lock: Lock) -> int:
-        """K1 on a delay lock: CAS it into ours, ttl = max(lock_ttl, its time left);
-        the index of that write, 0 if the lock changed or went meanwhile."""
-        ttl = max(self.lock_ttl, int(held.get("ttl") or 0))
-        try:
-            return self.etcd.put(self.layout.key("locks", item_id), lock.encode(), ttl=ttl,
-                                 prev_value=held.get("value")).written_index
-        except KeyMissing:
-            return 0
-        except CompareFailed as exc:  # changed, unless it was our own resent CAS
-            entry = self.read("locks", item_id) if exc.retried else None
-            return entry.index if entry and entry.value == lock.encode() else 0
-
-    def _pending_item(self, item_id: str, lock: Lock) -> Optional[ClaimState]:
-        """K2: the item as read now (quorum), to be committed on that index (K3).
-
-        None if it is finished: committed (``"o"``), or recorded (gone from
-        work/; or, for an item claimed before or carrying ``q``, any key in
-        completed/ or failed/, a tombstone too, as C3 checks: 0.1.0's crash
-        left it, or a late Q3 or D2 copy re-created it, and it is removed);
-        NotFound if it is neither in work/ nor recorded.
-        """
-        found = self._work_item(item_id)
-        if found is None:
-            return None
-        entry, item = found
-        state = ClaimState(item_id, lock, item, entry.index, self.runtime.boot_clock())
-        if item.outcome or ((item.attempts or item.requeued)
-                            and run(self._finished_before(state), self.etcd)):
-            return None
-        return state
+        """K1-K4 (:meth:`Steps.cancel_step`): dead-letter a pending item as cancelled;
+        False if it is running or finished, NotFound if there is no such item."""
+        return run(self.cancel_step(item_id), self.etcd)
 
     # -- W: wait -----------------------------------------------------------------
     def watch_item(self, item_id: str, idle_timeout: float) -> EventStream:
@@ -1089,7 +522,7 @@ class Protocol(Steps):
         found = self.record_of(item_id)
         if found is not None:
             return found
-        in_work = self._work_item(item_id)
+        in_work = run(self.work_item_step(item_id), self.etcd)
         if in_work is None:
             return self.record_of(item_id)
         entry, item = in_work
@@ -1098,19 +531,6 @@ class Protocol(Steps):
         try:
             return item.outcome, Record.decode(entry.value)
         except Junk:  # an outcome without a record: not ours, as get() says
-            raise NotFound(f"no item {item_id} in {self.layout.label}") from None
-
-    def _work_item(self, item_id: str) -> Optional[Tuple[Entry, Item]]:
-        """``work/<id>`` decoded; None if it left work/ and has a record; NotFound
-        if it has neither (junk in its place counts as nothing)."""
-        entry = self.read("work", item_id)
-        if entry is None:
-            if self.record_of(item_id) is None:
-                raise NotFound(f"no item {item_id} in {self.layout.label}")
-            return None
-        try:
-            return entry, Item.decode(entry.value)
-        except Junk:
             raise NotFound(f"no item {item_id} in {self.layout.label}") from None
 
     def outcome_in(self, item_id: str, block: bytes) -> Optional[Tuple[str, Record]]:
@@ -1135,52 +555,29 @@ class Protocol(Steps):
         return None
 
     def record_of(self, item_id: str) -> Optional[Tuple[str, Record]]:
-        """``(kind, record)`` from completed/ or failed/; junk (a tombstone) is skipped."""
-        for kind in (COMPLETED, FAILED):
-            entry = self.read(kind, item_id)
-            if entry is not None:
-                with contextlib.suppress(Junk):
-                    return kind, Record.decode(entry.value)
-        return None
+        """``(kind, record)`` from completed/ or failed/ (:meth:`Steps.record_of_step`)."""
+        return run(self.record_of_step(item_id), self.etcd)
 
     # -- I: import ---------------------------------------------------------------
-    def begin_import(self) -> "ImportState":
+    def begin_import(self) -> ImportState:
         """I1, I2, I4: the import lock, then the put tokens of every item and record
         already in the queue, then a refresh of the lock (its index names the
         first key).  The lock's age counts from before I1 was sent, and I2
         refreshes it every lock_ttl/3: a slow I2 whose lock expired meanwhile
         (another import may have taken it and stored the lines) ends in
-        LockLost at I4, before any write."""
+        LockLost at I4, before any write.  I1 and I4 are steps
+        (:meth:`Steps.lock_import_step`, :meth:`Steps.refresh_import_lock_step`);
+        I2 reads streamed listings, refreshing the lock between their entries."""
         lock = Lock(self.node_id, self.runtime.token())
-        state = ImportState(lock, set(), None, self._lock_import(lock))  # I1
+        state = ImportState(lock, set(), None, run(self.lock_import_step(lock), self.etcd))
         try:
-            state.tokens = self.put_tokens(lambda: self._keep_import_lock(state))  # I2
-            state.name = self._refresh_import_lock(state)  # I4
+            state.tokens = self.put_tokens(
+                lambda: run(self.keep_import_lock_step(state), self.etcd))  # I2
+            state.name = run(self.refresh_import_lock_step(state), self.etcd)  # I4
         except BaseException:
-            self._let_go(IMPORT_LOCK, lock)
+            run(self.let_go_step(IMPORT_LOCK, lock), self.etcd)
             raise
         return state
-
-    def _lock_import(self, lock: Lock) -> float:
-        """I1: create ``locks/<IMPORT_LOCK>``; runtime.monotonic() before the PUT that
-        created it.  Another import's lock is waited for (up to lock_ttl and the
-        deadline: a crashed import's expires)."""
-        give_up = self.runtime.monotonic() + self.lock_ttl + self.etcd.deadline
-        waiting = False
-        while True:
-            sent = self.runtime.monotonic()
-            try:
-                self._create_lock(IMPORT_LOCK, lock, self.lock_ttl)
-                return sent
-            except Taken:
-                if self.runtime.monotonic() >= give_up:
-                    raise Unavailable(f"another import into {self.layout.label} is under way "
-                                      "(its lock stayed); run this one when it ends") from None
-                if not waiting:
-                    log.warning("waiting for another import into %s to end (or for the lock "
-                                "of one that stopped to expire)", self.layout.root)
-                    waiting = True
-                self.runtime.sleep(0.2)
 
     def put_tokens(self, keep: Optional[Callable[[], Any]] = None) -> Set[str]:
         """I2: the put tokens in work/, completed/ and failed/ (quorum, streamed
@@ -1188,8 +585,8 @@ class Protocol(Steps):
         tokens = set()
         for kind in ("work", COMPLETED, FAILED):
             for entry in self._streamed_entries(kind):
-                token = _put_token(Item.decode if kind == "work" else Record.decode,
-                                   entry.value)
+                token = put_token(Item.decode if kind == "work" else Record.decode,
+                                  entry.value)
                 if token is None and kind == FAILED:  # a requeued dead letter's tombstone
                     token = tombstone_token(entry.value)
                 if token:
@@ -1198,26 +595,10 @@ class Protocol(Steps):
                     keep()
         return tokens
 
-    def import_value(self, state: "ImportState", kind: str, raw: str, token: str) -> None:
-        """I3: store one item (``kind`` work) or record whose token is not in the queue.
-
-        Its name is the index of our previous write (I1, I3 or I4): no POST,
-        and no other writer, can ever take it.  "Already exists" after a
-        resent PUT is read back: our token is our own first copy.  The index
-        of this write names the next key; when it is unknown (our copy was
-        already consumed and removed), I4 makes a fresh one.
-        """
-        self._keep_import_lock(state)
-        if state.name is None:
-            state.name = self._refresh_import_lock(state)  # I4
-        item_id = f"{state.name:020d}"
-        ttl = self.record_ttls.get(kind)  # None for work/: an item never expires
-        try:
-            state.name = self.etcd.put(self.layout.key(kind, item_id), raw, ttl=ttl,
-                                       prev_exist=False).written_index
-        except AlreadyExists as exc:
-            state.name = self._imported(kind, item_id, token, exc.retried)
-        state.tokens.add(token)
+    def import_value(self, state: ImportState, kind: str, raw: str, token: str) -> None:
+        """I3 (:meth:`Steps.import_value_step`): store one item or record whose token
+        is not in the queue, named by the index of our previous write."""
+        run(self.import_value_step(state, kind, raw, token), self.etcd)
 
     @staticmethod
     def imported_item(payload: Any, token: str, attempts: int, created: float) -> Item:
@@ -1226,45 +607,9 @@ class Protocol(Steps):
         create it again: its first claim then finds the record (C3)."""
         return Item(payload, token, attempts, created=created, requeued=True)
 
-    def _imported(self, kind: str, item_id: str, token: str, retried: bool) -> Optional[int]:
-        """After I3's "already exists": the index of our own copy (its createdIndex,
-        which a claim's CAS keeps), None if it is ours but gone again (a resent PUT
-        whose first copy a consumer already finished); EtcdRejected if not ours."""
-        node = self._read_node(kind, item_id)
-        if node is None and retried:
-            return None
-        decode = Item.decode if kind == "work" else Record.decode
-        if node is not None and _put_token(decode, node.get("value")) == token:
-            return int(node["createdIndex"])
-        raise EtcdRejected(f"{self.layout.key(kind, item_id)} holds a value this import did "
-                           "not write; the line was not stored", code=AlreadyExists.code)
-
-    def _keep_import_lock(self, state: "ImportState") -> None:
-        """Refresh the import lock every lock_ttl/3, between writes (no thread)."""
-        if self.runtime.monotonic() - state.refreshed >= self.lock_ttl / 3:
-            self._refresh_import_lock(state)
-
-    def _refresh_import_lock(self, state: "ImportState") -> int:
-        """I4: a CAS refresh of our import lock; its index, ours, is a fresh name.
-
-        A resent refresh applies again (the value is unchanged): each copy's
-        index is ours.  LockLost if the lock expired or changed: this import
-        stalled past lock_ttl and another may have begun, so it stops.
-        """
-        started = self.runtime.monotonic()
-        try:
-            reply = self.etcd.put(self.layout.key("locks", IMPORT_LOCK), ttl=self.lock_ttl,
-                                  refresh=True, prev_exist=True, prev_value=state.lock.encode())
-        except (CompareFailed, KeyMissing):
-            raise LockLost(f"the import lock of {self.layout.label} expired (the import "
-                           "stalled for longer than lock_ttl): stopped; run the import "
-                           "again") from None
-        state.refreshed = started
-        return reply.written_index
-
-    def end_import(self, state: "ImportState") -> None:
+    def end_import(self, state: ImportState) -> None:
         """I5: drop the import lock (else it expires)."""
-        self._let_go(IMPORT_LOCK, state.lock)
+        run(self.let_go_step(IMPORT_LOCK, state.lock), self.etcd)
 
     # -- reads -----------------------------------------------------------------
     def read(self, kind: str, item_id: str) -> Optional[Entry]:
@@ -1303,29 +648,9 @@ class Protocol(Steps):
         locks = list(self.entries([reply.node]))  # a directory there is junk: no lock
         return item_id, reply.index, locks[0] if locks else None
 
-    def _read_node(self, kind: str, item_id: str) -> Optional[Node]:
-        """Like :meth:`read`, the whole node: a lock's ``ttl`` (seconds left, rounded up)."""
-        try:
-            return self.etcd.get(self.layout.key(kind, item_id), quorum=True).node
-        except KeyMissing:
-            return None
-
     def list(self, kind: str, *, quorum: bool = True) -> Tuple[int, List[Entry]]:
-        """``(etcd index, entries)`` of one directory, sorted, junk names skipped."""
-        try:
-            reply = self.etcd.get(self.layout.dir(kind), sorted=True, quorum=quorum)
-        except KeyMissing as exc:
-            return exc.index or 0, []
-        entries = list(self.entries(reply.node.get("nodes") or []))
-        return reply.index, entries
-
-    def entries(self, nodes: Iterable[Node]) -> Iterator[Entry]:
-        for node in nodes:
-            parsed = self.layout.split(node.get("key", ""))
-            if node.get("dir") or parsed is None:
-                continue
-            yield Entry(parsed[1], node["modifiedIndex"], node.get("value"),
-                        node.get("expiration"), node.get("ttl", 0))
+        """``(etcd index, entries)`` of one directory (:meth:`Steps.list_step`)."""
+        return run(self.list_step(kind, quorum=quorum), self.etcd)
 
     def snapshot(self, *, quorum: bool = True) -> Dict[str, List[Entry]]:
         """The entries of every directory of the queue (by kind), from ONE GET.
@@ -1365,20 +690,6 @@ class Protocol(Steps):
         """``(entry, Item or Record)`` for the entries of ``kind`` that are ours."""
         return self.decode_entries(kind, self.list(kind)[1])
 
-    @staticmethod
-    def decode_entries(kind: str, entries: List[Entry]) -> Iterator[Tuple[Entry, Any]]:
-        """``(entry, Item or Record)`` for those of ``entries`` (of ``kind``) that are ours.
-
-        work/ holds Items, completed/ and failed/ Records; a value etcdq_v2
-        did not write (junk) is skipped.
-        """
-        decode = Item.decode if kind == "work" else Record.decode
-        for entry in entries:
-            try:
-                yield entry, decode(entry.value)
-            except Junk:
-                continue
-
     def streamed(self, kind: str) -> Iterator[Tuple[Entry, Any]]:
         """Like :meth:`decoded`, but each entry as the listing arrives (quorum, sorted):
         memory holds one entry, never the directory (export, import's I2)."""
@@ -1411,38 +722,9 @@ class Protocol(Steps):
         return claimed
 
     def purge(self, kind: str, progress: Optional[Callable[[], Any]] = None) -> int:
-        """Delete the records of ``kind`` one by one (never the directory: junk stays).
-
-        An item still in work/ with such a record, or committed to ``kind``
-        (its finisher crashed after F1 or F2; 0.1.0's after its F2), is
-        removed first, as its F3: a record must never go while its item could
-        still be claimed, or the item would run again.  An item changed since
-        the listing keeps its record until the next purge.  ``progress`` is
-        called after each record (a progress display).
-        """
-        in_work = {entry.id: (entry, item) for entry, item in self.decoded("work")}
-        removed = 0
-        for entry, _ in self.decoded(kind):
-            pending = in_work.pop(entry.id, None)
-            if pending is None or self._remove_item(pending[0]):
-                removed += self._delete_quietly(self.layout.key(kind, entry.id),
-                                                prev_index=entry.index)
-            if progress is not None:
-                progress()
-        for entry, item in in_work.values():
-            if item.outcome == kind:
-                removed += self._remove_item(entry)
-        return removed
-
-    def _remove_item(self, entry: Entry) -> bool:
-        """F3 on a listed item: True once it is gone, False if it changed meanwhile."""
-        try:
-            self.etcd.delete(self.layout.key("work", entry.id), prev_index=entry.index)
-        except KeyMissing:
-            pass
-        except CompareFailed:
-            return False
-        return True
+        """Delete the records of ``kind``, each after its item if one is left
+        (:meth:`Steps.purge_step`); how many went."""
+        return run(self.purge_step(kind, progress), self.etcd)
 
     def left_work(self, item_id: str) -> bool:
         """``work/<id>`` is gone or carries an outcome: a hint for the view (a
@@ -1456,37 +738,9 @@ class Protocol(Steps):
         except Junk:
             return False
 
-    def _lock_value(self, item_id: str) -> Optional[str]:
-        entry = self.read("locks", item_id)
-        return entry.value if entry else None
-
     def _drop_lock(self, item_id: str, lock: Lock) -> None:
         run(self.drop_lock_step(item_id, lock), self.etcd)
 
-    def _delete_quietly(self, key: str, **condition: Any) -> bool:
-        """A conditional delete whose "already gone / changed" outcome is fine."""
-        return run(self.delete_quietly_step(key, **condition), self.etcd)
-
-
-def _marked_ttl(entry: Entry) -> Optional[int]:
-    """Q1's TTL for the marked dead letter: none if it has none (a CAS without a
-    TTL makes the key permanent, and this Queue's failed_ttl need not be the
-    one it was written with), else at least TOMBSTONE_TTL.  A requeue that
-    dies after Q3 leaves no tombstone (Q4); were the marked dead letter to
-    expire then, a late F2 could write it again without the requeue token and
-    a second requeue would create a second item.  Kept a week, the key stays
-    taken as long as the other late-write bounds (F2, Q4) last."""
-    ttl = entry.ttl_left()
-    return None if ttl is None else max(ttl, TOMBSTONE_TTL)
-
-
-def _put_token(decode: Callable[[Optional[str]], Any], raw: Optional[str]) -> Optional[str]:
-    """The put token of an item or record value; None for junk."""
-    try:
-        token: Optional[str] = decode(raw).token
-    except Junk:
-        return None
-    return token
 
 
 #: What :func:`lock_states` gives for a lock it cannot read (junk): a claim's

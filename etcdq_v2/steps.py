@@ -18,6 +18,15 @@ enforces the imports): the time comes from the driver (a ``NOW`` or ``WALL``
 request), tokens and node ids are arguments.  docs/protocol.md names each
 rule; this module holds, as generators:
 
+P1          :meth:`Steps.post_step` (a lost reply's read-back:
+            :meth:`Steps.find_puts_step`); put_many :meth:`Steps.post_many_step`
+D1, D2      :meth:`Steps.put_delayed_step`
+Q0-Q5       :meth:`Steps.requeue_step`
+K1-K4       :meth:`Steps.cancel_step`
+purge       :meth:`Steps.purge_step`
+I1, I3, I4  :meth:`Steps.lock_import_step`, :meth:`Steps.import_value_step`,
+            :meth:`Steps.refresh_import_lock_step` (I2, a streamed listing, is
+            read by the driver: Protocol.begin_import)
 C1          :meth:`Steps.lock_step`
 C2, C3      :meth:`Steps.take_step` (the re-fence, a dead letter at max_attempts,
             finishing a crashed finisher's item: all within)
@@ -36,17 +45,22 @@ import logging
 import math
 import typing
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Generator, List, Optional, Tuple, TypeVar, Union
+from typing import (Any, Callable, Dict, Generator, Iterable, Iterator, List, Optional, Sequence, Set, Tuple,
+                    TypeVar, Union)
 
-from .codec import IN_LOCK, IN_RECORD, Item, Junk, Lock, Record, check_outcome, failure_text
-from .errors import (AlreadyExists, ClaimClosed, CompareFailed, EtcdqError, EtcdRejected,
-                     KeyMissing, LockLost)
-from .keys import Layout
+from .codec import (IN_LOCK, IN_RECORD, Item, Junk, Lock, Record, check_outcome, failure_text,
+                    tombstone, tombstone_token)
+from .errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed, EtcdqError,
+                     EtcdRejected, KeyMissing, LockLost, NotFound, Unavailable)
+from .keys import Layout, check_item_id
 from .versions import Entry, Version
 
 log = logging.getLogger("etcdq_v2.protocol")
 
 COMPLETED, FAILED = "completed", "failed"
+
+#: The reason of a dead letter made by cancel().
+CANCELLED = "cancelled"
 
 #: Seconds a requeued dead letter stays as a tombstone, so that a late copy of
 #: its F2 (held by a frozen member) finds the key taken instead of re-creating it.
@@ -63,6 +77,15 @@ LINGER_MAX = 60
 
 T = TypeVar("T")
 
+#: A put's read-back reads the keys its POST can have taken one by one when they
+#: are at most this many (see Steps.find_puts_step); more, and it lists.
+SEARCH_SPAN = 128
+#: Reads of one batch of that search, sent together.
+SEARCH_BATCH = 16
+
+#: Where a put's item is: its id, and its version in work/ (None: it is finished).
+Place = Tuple[str, Optional[Version]]
+
 #: What R1 (release, or a failure's retry) tells of an item given back: the
 #: seconds until it is claimable again (its delay lock's TTL; 0: now), and the
 #: etcd index at which R1 applied, so that a view does not let an older
@@ -75,16 +98,41 @@ def ttl_seconds(seconds: float) -> int:
     return max(1, math.ceil(seconds))
 
 
+#: The id of the import lock, ``locks/<IMPORT_LOCK>``: no write has index 0, so no
+#: item has this id, and views and stats ignore its lock.
+IMPORT_LOCK = "0" * 20
+
+
+@dataclass
+class ImportState:
+    """An import under way (I1-I5)."""
+
+    lock: Lock
+    #: The put tokens in the queue: of what was there (I2), and of what we stored.
+    tokens: Set[str]
+    #: The index of our latest write, which names the next key (I3); None: unknown.
+    name: Optional[int]
+    refreshed: float    # the MONOTONIC clock before the lock was last created or refreshed
+
+
 # -- the vocabulary ------------------------------------------------------------
 @dataclass(frozen=True)
 class Request:
     """One request of a step: an etcd v2 keys API call, or a question to the driver.
 
-    ``method``: ``GET``, ``PUT``, ``DELETE`` (etcd; ``prev_*`` are the
-    conditions, ``refresh`` a TTL refresh); ``ALL``: the requests in
-    ``together``, sent at once (the reply is a list of each one's reply or
-    EtcdqError, none thrown); ``NOW``: the driver's boot clock (see
-    docs/protocol.md, **Time**); ``WALL``: its wall clock, for timestamps.
+    ``method``: ``GET``, ``PUT``, ``DELETE``, ``POST`` (etcd; ``prev_*`` are
+    the conditions, ``refresh`` a TTL refresh; a POST is never resent once it
+    may have applied: AmbiguousWrite); ``ALL``: the requests in ``together``,
+    sent at once (the reply is a list of each one's reply or EtcdqError, none
+    thrown); ``POSTS``: the POSTs in ``together``, in order, ``lanes`` in
+    flight (the reply: each one's reply, EtcdqError, or None for one not sent,
+    as Transport.post_many's).  Questions to the driver: ``NOW``, its boot
+    clock (see docs/protocol.md, **Time**); ``WALL``, its wall clock, for
+    timestamps; ``MONOTONIC``, its monotonic clock, for a step's own give-up
+    time; ``SLEEP``, wait ``seconds``; ``TOKEN``, a fresh random token;
+    ``SEEN``, the highest etcd index its transport has seen (a bound below
+    any POST sent after); ``DEADLINE``, how long its transport retries a
+    request.
     """
 
     method: str
@@ -98,6 +146,10 @@ class Request:
     quorum: bool = False
     sorted: bool = False
     together: Tuple["Request", ...] = ()
+    #: ``POSTS``: the connections its POSTs travel on, one awaiting etcd on each.
+    lanes: int = 0
+    #: ``SLEEP``: how long the driver waits before it answers.
+    seconds: float = 0.0
 
 
 class Answer(typing.Protocol):
@@ -138,6 +190,29 @@ def delete(key: str, *, prev_value: Optional[str] = None,
 def together(*requests: Request) -> Step[List[Union[Answer, EtcdqError]]]:
     replies: List[Union[Answer, EtcdqError]] = yield Request("ALL", together=requests)
     return replies
+
+
+def post(key: str, value: str, *, ttl: Optional[int] = None) -> Step[Answer]:
+    reply: Answer = yield Request("POST", key, value, ttl=ttl)
+    return reply
+
+
+def post_many(key: str, values: Sequence[str], lanes: int
+              ) -> Step[List[Union[Answer, EtcdqError, None]]]:
+    replies: List[Union[Answer, EtcdqError, None]] = yield Request(
+        "POSTS", key, together=tuple(Request("POST", key, value) for value in values),
+        lanes=lanes)
+    return replies
+
+
+def ask(method: str) -> Step[Any]:
+    """A question to the driver: ``SEEN``, ``DEADLINE``, ``MONOTONIC`` or ``TOKEN``."""
+    answer: Any = yield Request(method)
+    return answer
+
+
+def sleep(seconds: float) -> Step[None]:
+    yield Request("SLEEP", seconds=seconds)
 
 
 def now() -> Step[float]:
@@ -221,6 +296,28 @@ def item_fields(queue: str, item_id: str, attempt: Optional[int] = None) -> Dict
     return {"queue": queue, "item_id": item_id, "attempt": attempt}
 
 
+def put_token(decode: Any, raw: Optional[str]) -> Optional[str]:
+    """The put token of an item or record value (``decode``: Item.decode or
+    Record.decode); None for junk."""
+    try:
+        token: Optional[str] = decode(raw).token
+    except Junk:
+        return None
+    return token
+
+
+def marked_ttl(entry: Entry) -> Optional[int]:
+    """Q1's TTL for the marked dead letter: none if it has none (a CAS without a
+    TTL makes the key permanent, and this Queue's failed_ttl need not be the
+    one it was written with), else at least TOMBSTONE_TTL.  A requeue that
+    dies after Q3 leaves no tombstone (Q4); were the marked dead letter to
+    expire then, a late F2 could write it again without the requeue token and
+    a second requeue would create a second item.  Kept a week, the key stays
+    taken as long as the other late-write bounds (F2, Q4) last."""
+    ttl = entry.ttl_left()
+    return None if ttl is None else max(ttl, TOMBSTONE_TTL)
+
+
 def entry_of(item_id: str, node: Dict[str, Any]) -> Entry:
     """The Entry of one key's node, as a quorum GET returned it."""
     return Entry(item_id, node["modifiedIndex"], node.get("value"), node.get("expiration"),
@@ -265,6 +362,792 @@ class Steps:
     def drop_lock_step(self, item_id: str, lock: Lock) -> Step[bool]:
         return (yield from self.delete_quietly_step(self.layout.key("locks", item_id),
                                                     prev_value=lock.encode()))
+
+    # -- reads ---------------------------------------------------------------
+    def list_step(self, kind: str, *, quorum: bool = True) -> Step[Tuple[int, List[Entry]]]:
+        """``(etcd index, entries)`` of one directory, sorted, junk names skipped."""
+        try:
+            reply = yield Request("GET", self.layout.dir(kind), quorum=quorum, sorted=True)
+        except KeyMissing as exc:
+            return exc.index or 0, []
+        return reply.index, list(self.entries(reply.node.get("nodes") or []))
+
+    def entries(self, nodes: Iterable[Dict[str, Any]]) -> Iterator[Entry]:
+        """The Entry of each of a listing's nodes that is a key of this queue."""
+        for node in nodes:
+            parsed = self.layout.split(node.get("key", ""))
+            if node.get("dir") or parsed is None:
+                continue
+            yield Entry(parsed[1], node["modifiedIndex"], node.get("value"),
+                        node.get("expiration"), node.get("ttl", 0))
+
+    @staticmethod
+    def decode_entries(kind: str, entries: List[Entry]) -> Iterator[Tuple[Entry, Any]]:
+        """``(entry, Item or Record)`` for those of ``entries`` (of ``kind``) that are ours.
+
+        work/ holds Items, completed/ and failed/ Records; a value etcdq_v2
+        did not write (junk) is skipped.
+        """
+        decode = Item.decode if kind == "work" else Record.decode
+        for entry in entries:
+            try:
+                yield entry, decode(entry.value)
+            except Junk:
+                continue
+
+    # -- P: put --------------------------------------------------------------
+    def post_step(self, raw: str, token: str) -> Step[Place]:
+        """P1: the new item's id and its version (the POST's index and value);
+        a lost reply is resolved by token.
+
+        When the POST may or may not have applied, the queue is searched for
+        its token (quorum listings: they go through raft, so everything the
+        cluster committed before them is in them).  Found: that is the item,
+        at the version the search read (a claim or a commit may have changed
+        it since the POST: never the POST's value with that index).  Not
+        found: it is not stored now, but the request may still be sitting
+        in a frozen member and apply later, so sending it again could store
+        it twice.  Unavailable says so instead; the version is None for an
+        item that was already finished.
+        """
+        floor = yield from ask("SEEN")  # read before the POST is sent: it lands above
+        try:
+            node = (yield from post(self.layout.work, raw)).node
+            return node["key"].rsplit("/", 1)[-1], Version(node["modifiedIndex"], raw)
+        except AmbiguousWrite as exc:
+            lost = exc
+        found = (yield from self._search_doubts({token}, floor)).get(token)
+        if found is None:
+            raise Unavailable(
+                f"a put to {self.layout.work} may or may not be stored ({lost}): it was not "
+                f"found in the queue{(yield from self._may_have_expired())}, but a delayed "
+                "request could still add it, once")
+        log.info("a put whose reply was lost was stored as %s", found[0])
+        return found
+
+    def _may_have_expired(self) -> Step[str]:
+        """A record that lives less than a request's deadline may have come and gone
+        while the put's reply was awaited: say so, rather than "it never ran"."""
+        ttls = [ttl for ttl in self.record_ttls.values() if ttl is not None]
+        if ttls and min(ttls) < (yield from ask("DEADLINE")):
+            return " (it may also have run, and its record expired)"
+        return ""
+
+    def find_puts_step(self, tokens: Set[str], floor: int = 0) -> Step[Dict[str, Place]]:
+        """The id of each item put with one of ``tokens`` that is stored now, and
+        its version in work/ as read (None: it is finished).
+
+        ``floor``: an etcd index seen before their POSTs were sent, so each
+        took an id above it.  When at most SEARCH_SPAN ids lie between it and
+        the index now, those keys are read first (:meth:`_find_in_span`); a
+        token not found there, or a span too wide, takes one pass over the
+        quorum listings, whatever the number of tokens.
+        """
+        found: Dict[str, Place] = {}
+        if floor:
+            # Only a find is trusted from the span: a miss is settled by the
+            # listings, as if there were no floor.  The floor is a lower bound
+            # only while etcd's index never goes back (a member restored from
+            # an older backup, or started again without its data, takes ids
+            # again at or below it).
+            found.update((yield from self._find_in_span(tokens, floor)) or {})
+            if len(found) == len(tokens):
+                return found
+        for kind in ("work", COMPLETED, FAILED):
+            entries = (yield from self.list_step(kind))[1]
+            for entry, decoded in self.decode_entries(kind, entries):
+                if decoded.token in tokens and decoded.token not in found:
+                    found[decoded.token] = (entry.id, entry.version if kind == "work" else None)
+            if kind == FAILED:  # a requeued dead letter's tombstone keeps its put token
+                for entry in entries:
+                    token = tombstone_token(entry.value)
+                    if token in tokens and token not in found:
+                        found[token] = (entry.id, None)
+            if len(found) == len(tokens):
+                break
+        return found
+
+    def _find_in_span(self, tokens: Set[str], floor: int) -> Step[Optional[Dict[str, Place]]]:
+        """find_puts by reading ``work/<n>`` for each n above ``floor`` up to
+        ``top``, etcd's index at a quorum read made now, then ``completed/<n>``
+        and ``failed/<n>`` for each n not in work/; None if they are more
+        than SEARCH_SPAN.
+
+        A POST applied before that read took such an n.  An item gone from
+        work/ by the time its key was read left its record first (F2 before
+        F3; a requeue's tombstone keeps its put token), which a quorum read
+        made after shows: so work/ is read before the records, as the
+        listings are.  A POST applied after it is not stored now, as for the
+        listings.
+        """
+        top = yield from self._quorum_index()
+        if top - floor > SEARCH_SPAN:
+            return None
+        ids = [f"{n:020d}" for n in range(floor + 1, top + 1)]
+        found: Dict[str, Place] = {}
+        entries = yield from self._read_each("work", ids)
+        for entry, item in self.decode_entries("work", entries):
+            if item.token in tokens and item.token not in found:
+                found[item.token] = (entry.id, entry.version)
+        gone = sorted(set(ids) - {entry.id for entry in entries})
+        for kind in (COMPLETED, FAILED):
+            if len(found) == len(tokens):
+                break
+            self._match_records(kind, (yield from self._read_each(kind, gone)), tokens, found)
+        return found
+
+    def _match_records(self, kind: str, entries: List[Entry], tokens: Set[str],
+                       found: Dict[str, Place]) -> None:
+        """Add to ``found`` the records among ``entries`` put with one of ``tokens``
+        (a requeued dead letter's tombstone keeps its put token)."""
+        for entry, record in self.decode_entries(kind, entries):
+            if record.token in tokens:
+                found.setdefault(record.token, (entry.id, None))
+        if kind == FAILED:
+            for entry in entries:
+                token = tombstone_token(entry.value)
+                if token in tokens:
+                    found.setdefault(token, (entry.id, None))
+
+    def _quorum_index(self) -> Step[int]:
+        """etcd's index at a quorum read made now (of a key no POST can take)."""
+        try:
+            return (yield from get(self.layout.key("work", "0" * 20), quorum=True)).index
+        except KeyMissing as exc:
+            return exc.index or 0
+
+    def _read_each(self, kind: str, ids: Sequence[str]) -> Step[List[Entry]]:
+        """The entries of ``kind/<id>`` that exist, by quorum reads, SEARCH_BATCH at once."""
+        entries: List[Entry] = []
+        for start in range(0, len(ids), SEARCH_BATCH):
+            batch = ids[start:start + SEARCH_BATCH]
+            replies = yield from together(*(Request("GET", self.layout.key(kind, item_id),
+                                                    quorum=True) for item_id in batch))
+            for item_id, reply in zip(batch, replies):
+                if isinstance(reply, KeyMissing):
+                    continue
+                if isinstance(reply, EtcdqError):
+                    raise reply
+                entries.append(entry_of(item_id, reply.node))
+        return entries
+
+    def _search_doubts(self, tokens: Set[str], floor: int = 0) -> Step[Dict[str, Place]]:
+        """find_puts for puts in doubt: a search that cannot be made (etcd still
+        unreachable, even refusing every connection) leaves them in doubt, and
+        Unavailable says so, never that nothing was stored."""
+        try:
+            return (yield from self.find_puts_step(tokens, floor))
+        except Unavailable as exc:
+            raise Unavailable(
+                f"{len(tokens)} put(s) to {self.layout.work} may or may not be stored: "
+                f"the search for them failed ({exc}); a delayed request could still add "
+                "them, once each") from exc
+
+    def post_many_step(self, items: Sequence[Tuple[str, str]], in_flight: int
+                       ) -> Step[List[Place]]:
+        """P1 for many items at once: the id and version of each (raw, token), in
+        that order (as :meth:`post_step`'s).
+
+        The POSTs go out in the order given, ``in_flight`` at a time, each on
+        a connection of its own; each is sent only once the one ``in_flight``
+        places before it was stored, so no item is stored before one given
+        ``in_flight`` or more places earlier.  At a failure nothing more is
+        sent until the POSTs in doubt are settled as P1 settles one: by
+        looking for their tokens, all in one pass (found: stored; not found:
+        Unavailable).  Then the rest follows.
+        """
+        placed: List[Place] = []
+        while len(placed) < len(items):
+            rest = items[len(placed):]
+            floor = yield from ask("SEEN")  # read before the round's POSTs are sent
+            results = yield from post_many(self.layout.work, [raw for raw, _ in rest],
+                                           in_flight)
+            settled = yield from self._settled(rest, results, floor)
+            if not settled:  # post_many sends at least one POST a round, or raises
+                raise Unavailable(f"no put to {self.layout.work} was sent")
+            placed += settled
+        return placed
+
+    def _settled(self, items: Sequence[Tuple[str, str]],
+                 results: List[Union[Answer, EtcdqError, None]], floor: int = 0
+                 ) -> Step[List[Place]]:
+        """The places of one round's items, up to the first that was not sent."""
+        places: List[Optional[Place]] = []
+        doubts: Dict[str, int] = {}  # put token -> position in places
+        for (raw, token), result in zip(items, results):
+            if result is None:
+                break
+            if isinstance(result, AmbiguousWrite) or (not isinstance(result, EtcdqError)
+                                                      and not result.index):
+                doubts[token] = len(places)  # a success without X-Etcd-Index: looked for too
+                places.append(None)
+            elif isinstance(result, EtcdqError):
+                raise result
+            else:  # etcd names an in-order key by the POST's index, in 20 digits
+                places.append((f"{result.index:020d}", Version(result.index, raw)))
+        for token, place in (yield from self._find_doubts(doubts, results, floor)).items():
+            places[doubts[token]] = place
+        return [place for place in places if place is not None]
+
+    def _find_doubts(self, doubts: Dict[str, int], results: Sequence[object], floor: int = 0
+                     ) -> Step[Dict[str, Place]]:
+        """Where the POSTs in doubt are stored; Unavailable if any is not found."""
+        if not doubts:
+            return {}
+        found = yield from self._search_doubts(set(doubts), floor)
+        missing = len(doubts) - len(found)
+        if missing:
+            first = results[min(p for t, p in doubts.items() if t not in found)]
+            why = first if isinstance(first, Exception) else "a reply without its index"
+            raise Unavailable(
+                f"{missing} of the puts to {self.layout.work} may or may not be stored "
+                f"({why}): not found in the queue{(yield from self._may_have_expired())}, "
+                "but a delayed request could still add them, once each")
+        log.info("%d puts whose replies were lost were stored", len(found))
+        return found
+
+    # -- D: delayed put --------------------------------------------------------
+    def put_delayed_step(self, raw: str, token: str, ttl: int
+                         ) -> Step[Tuple[str, Optional[Version], int]]:
+        """D1, D2: (id, version, lock index) of an item claimable after ``ttl``
+        seconds; the version is None if a consumer finished it already.
+
+        The lock comes first, so the item is never claimable before etcd
+        expires it; the item takes the lock's name, which no POST to work/
+        can ever get (it is the index of our own lock write).
+        """
+        item_id, locked = yield from self._delay_lock(token, ttl)
+        return item_id, (yield from self._create_delayed(item_id, raw, token)), locked
+
+    def _delay_lock(self, token: str, ttl: int) -> Step[Tuple[str, int]]:
+        """D1: POST a delay lock with ``ttl``; (its name, its index).
+
+        A lost reply is not resolved: another lock is POSTed.  A first one that
+        applied (now or later) is an orphan: it holds no item, and expires.
+        """
+        value = Lock(self.node_id, token, delay=True).encode()
+        give_up = (yield from ask("MONOTONIC")) + (yield from ask("DEADLINE"))
+        while True:
+            try:
+                node = (yield from post(self.layout.locks, value, ttl=ttl)).node
+                return node["key"].rsplit("/", 1)[-1], node["modifiedIndex"]
+            except AmbiguousWrite as exc:
+                lost = exc
+            if (yield from ask("MONOTONIC")) >= give_up:
+                raise Unavailable(f"a delayed put to {self.layout.work} could not create "
+                                  f"its lock ({lost}); nothing was stored")
+            log.info("the reply to a delay lock in %s was lost; creating another",
+                     self.layout.locks)
+            yield from sleep(0.1)  # a member that resets every connection is not hammered
+
+    def _create_delayed(self, item_id: str, raw: str, token: str) -> Step[Optional[Version]]:
+        """D2: PUT ``work/<id>`` prevExist=false; its version (None: it already finished).
+
+        The transport resends a PUT whose reply was lost; "already exists" is
+        then read back.  Unanswered until the deadline: Unavailable, but the
+        item is stored at most once, as no other put uses the name.
+        """
+        key = self.layout.key("work", item_id)
+        try:
+            try:
+                return Version((yield from put(key, raw, prev_exist=False)).written_index, raw)
+            except AlreadyExists:
+                return (yield from self._our_delayed(item_id, token))
+        except Unavailable as exc:
+            failed = exc
+        raise Unavailable(f"a delayed put to {key} may or may not be stored ({failed}); if "
+                          "it is, it is stored once, and claimable after its delay")
+
+    def _our_delayed(self, item_id: str, token: str) -> Step[Optional[Version]]:
+        """After D2's "already exists": our item as read now (a claim may have
+        changed it since D2), or None if a consumer finished it already;
+        EtcdRejected if another writer took the name."""
+        entry = yield from self.read_step("work", item_id)
+        if entry is not None and put_token(Item.decode, entry.value) == token:
+            return entry.version
+        for kind in (COMPLETED, FAILED):
+            record = yield from self.read_step(kind, item_id)
+            if record is not None and put_token(Record.decode, record.value) == token:
+                return None
+        raise EtcdRejected(f"{self.layout.key('work', item_id)} holds a value this put did "
+                           "not write; the item was not stored", code=AlreadyExists.code)
+
+    # -- Q: requeue ----------------------------------------------------------
+    def requeue_step(self, item_id: str) -> Step[Place]:
+        """Q0-Q5: move dead letter ``item_id`` back to work/ as a new item.
+
+        Returns the new item's id and Q3's version (None if it was there already).
+        """
+        check_item_id(item_id)
+        lock = yield from self._lock_dead_letter(item_id)
+        return (yield from self._holding(self._requeued(item_id), item_id, lock))
+
+    def _holding(self, step: Step[T], item_id: str, lock: Lock) -> Step[T]:
+        """``step`` under our ``lock`` of ``locks/<id>``, which is dropped after it
+        (R1-like; if even the drop fails, it expires), whatever the step did."""
+        try:
+            result = yield from step
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield from self.drop_lock_step(item_id, lock)
+            raise
+        yield from self.drop_lock_step(item_id, lock)
+        return result
+
+    def _requeued(self, item_id: str) -> Step[Place]:
+        """Q1-Q4 under the dead letter's lock (Q0)."""
+        (token, index), record = yield from self._requeue_token(item_id)
+        yield from self._remove_dead_item(item_id)
+        new_id = f"{index:020d}"  # Q1's own index: no POST can ever take this name
+        raw = Item(record.payload, token, created=(yield from wall()),
+                   requeued=True).encode(stored=True)
+        created = yield from self._create_item(new_id, raw)
+        yield from self._bury(item_id, new_id, record, index)  # Q4
+        return new_id, created
+
+    def _remove_dead_item(self, item_id: str) -> Step[None]:
+        """Q2: the dead letter's own item, if a crash after its commit left it in work/.
+
+        Removed first, or a claimer would finish it later and write the dead
+        letter again (or, from 0.1.0, run it as one more attempt).  We hold
+        its lock, so no claim changes it meanwhile.
+        """
+        entry = yield from self.read_step("work", item_id)
+        while entry is not None and not (yield from self._remove_item(entry)):
+            entry = yield from self.read_step("work", item_id)
+
+    def _remove_item(self, entry: Entry) -> Step[bool]:
+        """F3 on a listed item: True once it is gone, False if it changed meanwhile."""
+        try:
+            yield from delete(self.layout.key("work", entry.id), prev_index=entry.index)
+        except KeyMissing:
+            pass
+        except CompareFailed:
+            return False
+        return True
+
+    def _create_item(self, new_id: str, raw: str) -> Step[Optional[Version]]:
+        """Q3: create the requeued item; its version, or None if an earlier
+        requeue did (what is there now is not known: not offered)."""
+        try:
+            reply = yield from put(self.layout.key("work", new_id), raw, prev_exist=False)
+        except AlreadyExists:
+            return None
+        return Version(reply.written_index, raw)
+
+    def _bury(self, item_id: str, new_id: str, record: Record, index: int) -> Step[None]:
+        """Q4: ``failed/<id>`` becomes a tombstone, so that a late F2 finds the key taken.
+
+        A CAS on Q1's index.  "Not found": the dead letter expired (failed_ttl)
+        or was purged since Q1: create the tombstone (prevExist=false).  A key
+        that is neither our tombstone nor the dead letter we marked is read:
+        a late copy of this dead letter's F2 (the same claim token) landed on
+        the free key first, and is turned into the tombstone on its index;
+        anything else (junk, another claim's dead letter) is left, with a
+        warning.  Only late writes change the key: we hold its lock.
+        """
+        key, buried = self.layout.key(FAILED, item_id), tombstone(new_id, record.token)
+        for _ in range(5):
+            try:
+                if index:
+                    yield from put(key, buried, ttl=TOMBSTONE_TTL, prev_index=index)
+                else:
+                    yield from put(key, buried, ttl=TOMBSTONE_TTL, prev_exist=False)
+                return
+            except (CompareFailed, KeyMissing, AlreadyExists):
+                pass
+            entry = yield from self.read_step(FAILED, item_id)
+            if entry is None:
+                index = 0  # expired or purged since: create it
+            elif entry.value == buried:
+                return  # a resent request of ours applied
+            elif self._late_copy(entry, record):
+                index = entry.index
+            else:
+                break
+        log.warning("dead letter %s of %s was requeued as %s, but %s holds something else "
+                    "now (junk, or another claim's dead letter); left as it is", item_id,
+                    self.layout.root, new_id, key, extra=item_fields(self.layout.name, item_id))
+
+    @staticmethod
+    def _late_copy(entry: Entry, record: Record) -> bool:
+        """``entry`` is the dead letter ``record`` again (a late F2: the same claim)."""
+        try:
+            return Record.decode(entry.value).claim == record.claim
+        except Junk:
+            return False
+
+    def _lock_dead_letter(self, item_id: str) -> Step[Lock]:
+        """Q0: the lock of ``locks/<id>``, so that one requeue at a time works on it.
+
+        The item itself left work/ when it was dead-lettered, so its lock key
+        is free, or holds the lock its finisher left to expire (F4 skipped:
+        its claim token is the dead letter's, and it is taken over), or one
+        whose finisher crashed after F3.  Another requeue's lock is waited
+        for; then the dead letter may be gone.
+        """
+        lock = Lock(self.node_id, (yield from ask("TOKEN")))
+        give_up = (yield from ask("MONOTONIC")) + self.lock_ttl + (yield from ask("DEADLINE"))
+        while True:
+            dead = yield from self.read_step(FAILED, item_id)
+            if dead is None:
+                raise NotFound(f"no dead letter {item_id} in {self.layout.label}")
+            try:
+                yield from self.lock_step(item_id, lock, self.lock_ttl)
+                return lock
+            except Taken:
+                pass
+            if (yield from self._take_finishers_lock(item_id, dead, lock)):
+                return lock
+            if (yield from ask("MONOTONIC")) >= give_up:
+                raise Unavailable(f"dead letter {item_id} stayed locked")
+            yield from sleep(0.1)
+
+    def _take_finishers_lock(self, item_id: str, dead: Entry, lock: Lock) -> Step[bool]:
+        """Q0 on the lock the dead letter's finisher left to expire: CAS it into ours.
+
+        It is the finisher's if its claim token is the record's (tokens are
+        unique to a claim, and that claim ended at F1), and the finisher is
+        done if the item left work/ (F3 follows F2's reply, so no resent F2
+        can land on Q4's tombstone).  False if the lock is another's, or the
+        item is still there (a finisher at F3, or one that crashed before it:
+        its lock expires), or the lock changed or went meanwhile.
+        """
+        held = yield from self.read_step("locks", item_id)
+        try:
+            finisher = Record.decode(dead.value).claim
+            left = held is not None and Lock.decode(held.value).token == finisher
+        except Junk:
+            left = False
+        if not left or (yield from self.read_step("work", item_id)) is not None:
+            return False
+        assert held is not None
+        try:
+            yield from put(self.layout.key("locks", item_id), lock.encode(), ttl=self.lock_ttl,
+                           prev_value=held.value)
+        except KeyMissing:
+            return False
+        except CompareFailed as exc:  # changed, unless it was our own resent CAS
+            return exc.retried and (yield from self._lock_value(item_id)) == lock.encode()
+        return True
+
+    def _lock_value(self, item_id: str) -> Step[Optional[str]]:
+        entry = yield from self.read_step("locks", item_id)
+        return entry.value if entry else None
+
+    def _requeue_token(self, item_id: str) -> Step[Tuple[Tuple[str, int], Record]]:
+        """Q1: ((token, index), record): the dead letter marked with a requeue
+        token, or with the one an earlier requeue left there (it stopped
+        before Q4), at the index of that marking write."""
+        entry = yield from self.read_step(FAILED, item_id)
+        try:
+            record = Record.decode(entry.value if entry else None)
+        except Junk:
+            raise NotFound(f"no dead letter {item_id} in {self.layout.label}") from None
+        assert entry is not None  # Record.decode(None) raised Junk above
+        if record.requeue_token:
+            return (record.requeue_token, entry.index), record
+        token = yield from ask("TOKEN")
+        marked = replace(record, requeue_token=token).encode(stored=True)
+        try:
+            reply = yield from put(self.layout.key(FAILED, item_id), marked,
+                                   ttl=marked_ttl(entry), prev_index=entry.index)
+        except (CompareFailed, KeyMissing):
+            # Only a resent CAS of ours can have changed it: we hold its lock.
+            return (yield from self._requeue_token(item_id))
+        return (token, reply.written_index), record
+
+    # -- K: cancel -------------------------------------------------------------
+    def cancel_step(self, item_id: str) -> Step[bool]:
+        """K1-K4: dead-letter a pending item as cancelled; False if it is running or finished.
+
+        Raises NotFound for an item that is neither in work/ nor recorded.  A
+        cancel whose lock lapsed before K3 (it stalled past lock_ttl) starts
+        again at K1 (a few times), since a claim may hold the item now; then
+        Unavailable, nothing written (the item may be pending: not False).
+        """
+        check_item_id(item_id)
+        for _ in range(3):
+            taken = yield from self._cancel_lock(item_id)  # K1
+            if taken is None:
+                return False
+            lock, took_over, locked_at = taken
+            try:
+                cancelled = yield from self._cancel_pending(item_id, lock, locked_at)  # K2-K4
+            except GeneratorExit:
+                raise
+            except BaseException:
+                # A delay lock we took over is left to expire, no sooner than it would
+                # have: dropping it would make a delayed (or released, or backed-off)
+                # item claimable early, or a delayed put's item not created yet.
+                if not took_over:
+                    yield from self.let_go_step(item_id, lock)
+                raise
+            if not cancelled or (took_over and self.locks_linger):
+                yield from self.let_go_step(item_id, lock)  # K4 kept a taken-over delay lock
+            if cancelled is not None:
+                return cancelled
+            log.info("the cancel of item %s of %s lost its lock before committing (it "
+                     "stalled past lock_ttl); starting again", item_id, self.layout.root,
+                     extra=item_fields(self.layout.name, item_id))
+        # Not False ("running or finished"): the item may well be pending, unheld.
+        raise Unavailable(f"could not hold the lock of item {item_id} long enough to cancel "
+                          f"it (each try took longer than lock_ttl={self.lock_ttl:g} s: a "
+                          "slow link to etcd, or stalls); it was not cancelled")
+
+    def _cancel_pending(self, item_id: str, lock: Lock, locked_at: int) -> Step[Optional[bool]]:
+        """K2-K4 under our lock, made at index ``locked_at`` (K1): True once
+        committed; False if the item is finished, or a claim took it after K2
+        (a claim's C2 held in flight past its lock); None if our lock lapsed.
+
+        After each K2 the lock must still be the one K1 made (its index and
+        value): else it expired meanwhile and a claim may have taken the item
+        the ordinary way (C1, C2, handed out) before K2 read it, and K3 on that
+        index would apply over a live claim.  A claim after this check changes
+        the item's index, so K3 fails.
+
+        K3 also fails when a release's R0, held in flight past its claim's lock,
+        lands after K2: it writes a-1 and keeps the claim token.  So a failed K3
+        reads the item again: no outcome, the claim token K2 saw -> K2, the lock
+        check and K3 again (a few times: each retry needs another held write to
+        land).
+        """
+        for _ in range(5):
+            state = yield from self._pending_item(item_id, lock)  # K2
+            if state is None:
+                return False
+            if not (yield from self._still_held(item_id, lock, locked_at)):
+                return None
+            try:
+                yield from self.finish_step(state, FAILED, reason=CANCELLED)  # K3 (F1), K4
+                return True
+            except LockLost:  # K3 failed: committed, claimed, or changed by a late R0
+                if not (yield from self._unclaimed_since(state)):
+                    return False
+        return False
+
+    def _still_held(self, item_id: str, lock: Lock, locked_at: int) -> Step[bool]:
+        """After K2: ``locks/<id>`` is still the lock K1 wrote at ``locked_at``
+        (a lock re-created by a late copy of K1 has our value, not that index)."""
+        entry = yield from self.read_step("locks", item_id)
+        return entry is not None and entry.index == locked_at and entry.value == lock.encode()
+
+    def _unclaimed_since(self, state: ClaimState) -> Step[bool]:
+        """After a failed K3: the item has no outcome and the claim token K2 saw,
+        so no claim or cancel took it since K2 (the next K2 checks our lock)."""
+        entry = yield from self.read_step("work", state.id)
+        try:
+            item = Item.decode(entry.value) if entry else None
+        except Junk:
+            return False
+        return item is not None and item.outcome is None and item.claim == state.item.claim
+
+    def let_go_step(self, item_id: str, lock: Lock) -> Step[None]:
+        """Drop our lock of ``locks/<id>``; if even that fails, it expires."""
+        with contextlib.suppress(EtcdqError):
+            yield from self.drop_lock_step(item_id, lock)
+
+    def _cancel_lock(self, item_id: str) -> Step[Optional[Tuple[Lock, bool, int]]]:
+        """K1: (our lock, whether it took over a delay lock, the index it was written
+        at), or None: a claim holds it.
+
+        Our lock is a delay lock (``"d"``): it holds the item back without
+        running it, so stats and ls keep calling the item pending.  A delay
+        lock already there (a release's backoff, a delayed put) is taken over
+        by a CAS on its value, its TTL never shortened; any other lock is a
+        claim's.  The loop ends when the lock changes under us too often.
+        """
+        lock = Lock(self.node_id, (yield from ask("TOKEN")), delay=True)
+        for _ in range(5):
+            try:
+                return lock, False, (yield from self.lock_step(item_id, lock, self.lock_ttl))
+            except Taken:
+                pass
+            held = yield from self.read_node_step("locks", item_id)
+            if held is None:
+                continue  # expired meanwhile: create it
+            try:
+                if not Lock.decode(held.get("value")).delay:
+                    return None
+            except Junk:
+                return None  # a lock we cannot read counts as held
+            locked_at = yield from self._take_over(item_id, held, lock)
+            if locked_at:
+                return lock, True, locked_at
+        return None
+
+    def _take_over(self, item_id: str, held: Dict[str, Any], lock: Lock) -> Step[int]:
+        """K1 on a delay lock: CAS it into ours, ttl = max(lock_ttl, its time left);
+        the index of that write, 0 if the lock changed or went meanwhile."""
+        ttl = max(self.lock_ttl, int(held.get("ttl") or 0))
+        try:
+            return (yield from put(self.layout.key("locks", item_id), lock.encode(), ttl=ttl,
+                                   prev_value=held.get("value"))).written_index
+        except KeyMissing:
+            return 0
+        except CompareFailed as exc:  # changed, unless it was our own resent CAS
+            entry = (yield from self.read_step("locks", item_id)) if exc.retried else None
+            return entry.index if entry and entry.value == lock.encode() else 0
+
+    def _pending_item(self, item_id: str, lock: Lock) -> Step[Optional[ClaimState]]:
+        """K2: the item as read now (quorum), to be committed on that index (K3).
+
+        None if it is finished: committed (``"o"``), or recorded (gone from
+        work/; or, for an item claimed before or carrying ``q``, any key in
+        completed/ or failed/, a tombstone too, as C3 checks: 0.1.0's crash
+        left it, or a late Q3 or D2 copy re-created it, and it is removed);
+        NotFound if it is neither in work/ nor recorded.
+        """
+        found = yield from self.work_item_step(item_id)
+        if found is None:
+            return None
+        entry, item = found
+        state = ClaimState(item_id, lock, item, entry.index, (yield from now()))
+        if item.outcome or ((item.attempts or item.requeued)
+                            and (yield from self._finished_before(state))):
+            return None
+        return state
+
+    # -- W: wait (its reads) -----------------------------------------------------
+    def work_item_step(self, item_id: str) -> Step[Optional[Tuple[Entry, Item]]]:
+        """``work/<id>`` decoded; None if it left work/ and has a record; NotFound
+        if it has neither (junk in its place counts as nothing)."""
+        entry = yield from self.read_step("work", item_id)
+        if entry is None:
+            if (yield from self.record_of_step(item_id)) is None:
+                raise NotFound(f"no item {item_id} in {self.layout.label}")
+            return None
+        try:
+            return entry, Item.decode(entry.value)
+        except Junk:
+            raise NotFound(f"no item {item_id} in {self.layout.label}") from None
+
+    def record_of_step(self, item_id: str) -> Step[Optional[Tuple[str, Record]]]:
+        """``(kind, record)`` from completed/ or failed/; junk (a tombstone) is skipped."""
+        for kind in (COMPLETED, FAILED):
+            entry = yield from self.read_step(kind, item_id)
+            if entry is not None:
+                with contextlib.suppress(Junk):
+                    return kind, Record.decode(entry.value)
+        return None
+
+    def read_node_step(self, kind: str, item_id: str) -> Step[Optional[Dict[str, Any]]]:
+        """Like :meth:`read_step`, the whole node: a lock's ``ttl`` (seconds left,
+        rounded up)."""
+        try:
+            return (yield from get(self.layout.key(kind, item_id), quorum=True)).node
+        except KeyMissing:
+            return None
+
+    # -- purge -------------------------------------------------------------------
+    def purge_step(self, kind: str, progress: Optional[Callable[[], Any]] = None) -> Step[int]:
+        """Delete the records of ``kind`` one by one (never the directory: junk stays).
+
+        An item still in work/ with such a record, or committed to ``kind``
+        (its finisher crashed after F1 or F2; 0.1.0's after its F2), is
+        removed first, as its F3: a record must never go while its item could
+        still be claimed, or the item would run again.  An item changed since
+        the listing keeps its record until the next purge.  ``progress`` is
+        the caller's, called after each record (a progress display).
+        """
+        in_work = {entry.id: (entry, item) for entry, item
+                   in self.decode_entries("work", (yield from self.list_step("work"))[1])}
+        removed = 0
+        for entry, _ in self.decode_entries(kind, (yield from self.list_step(kind))[1]):
+            pending = in_work.pop(entry.id, None)
+            if pending is None or (yield from self._remove_item(pending[0])):
+                removed += yield from self.delete_quietly_step(self.layout.key(kind, entry.id),
+                                                               prev_index=entry.index)
+            if progress is not None:
+                progress()
+        for entry, item in in_work.values():
+            if item.outcome == kind:
+                removed += yield from self._remove_item(entry)
+        return removed
+
+    # -- I: import (I1, I3, I4; I2 is a streamed listing, read by the driver) -------
+    def lock_import_step(self, lock: Lock) -> Step[float]:
+        """I1: create ``locks/<IMPORT_LOCK>``; the driver's monotonic clock before the
+        PUT that created it.  Another import's lock is waited for (up to lock_ttl
+        and the deadline: a crashed import's expires)."""
+        give_up = (yield from ask("MONOTONIC")) + self.lock_ttl + (yield from ask("DEADLINE"))
+        waiting = False
+        while True:
+            sent: float = yield from ask("MONOTONIC")
+            try:
+                yield from self.lock_step(IMPORT_LOCK, lock, self.lock_ttl)
+                return sent
+            except Taken:
+                pass
+            if (yield from ask("MONOTONIC")) >= give_up:
+                raise Unavailable(f"another import into {self.layout.label} is under way "
+                                  "(its lock stayed); run this one when it ends")
+            if not waiting:
+                log.warning("waiting for another import into %s to end (or for the lock "
+                            "of one that stopped to expire)", self.layout.root)
+                waiting = True
+            yield from sleep(0.2)
+
+    def import_value_step(self, state: ImportState, kind: str, raw: str, token: str
+                          ) -> Step[None]:
+        """I3: store one item (``kind`` work) or record whose token is not in the queue.
+
+        Its name is the index of our previous write (I1, I3 or I4): no POST,
+        and no other writer, can ever take it.  "Already exists" after a
+        resent PUT is read back: our token is our own first copy.  The index
+        of this write names the next key; when it is unknown (our copy was
+        already consumed and removed), I4 makes a fresh one.
+        """
+        yield from self.keep_import_lock_step(state)
+        if state.name is None:
+            state.name = yield from self.refresh_import_lock_step(state)  # I4
+        item_id = f"{state.name:020d}"
+        ttl = self.record_ttls.get(kind)  # None for work/: an item never expires
+        try:
+            state.name = (yield from put(self.layout.key(kind, item_id), raw, ttl=ttl,
+                                         prev_exist=False)).written_index
+        except AlreadyExists as exc:
+            state.name = yield from self._imported(kind, item_id, token, exc.retried)
+        state.tokens.add(token)
+
+    def _imported(self, kind: str, item_id: str, token: str, retried: bool
+                  ) -> Step[Optional[int]]:
+        """After I3's "already exists": the index of our own copy (its createdIndex,
+        which a claim's CAS keeps), None if it is ours but gone again (a resent PUT
+        whose first copy a consumer already finished); EtcdRejected if not ours."""
+        node = yield from self.read_node_step(kind, item_id)
+        if node is None and retried:
+            return None
+        decode = Item.decode if kind == "work" else Record.decode
+        if node is not None and put_token(decode, node.get("value")) == token:
+            return int(node["createdIndex"])
+        raise EtcdRejected(f"{self.layout.key(kind, item_id)} holds a value this import did "
+                           "not write; the line was not stored", code=AlreadyExists.code)
+
+    def keep_import_lock_step(self, state: ImportState) -> Step[None]:
+        """Refresh the import lock every lock_ttl/3, between writes (no thread)."""
+        if (yield from ask("MONOTONIC")) - state.refreshed >= self.lock_ttl / 3:
+            yield from self.refresh_import_lock_step(state)
+
+    def refresh_import_lock_step(self, state: ImportState) -> Step[int]:
+        """I4: a CAS refresh of our import lock; its index, ours, is a fresh name.
+
+        A resent refresh applies again (the value is unchanged): each copy's
+        index is ours.  LockLost if the lock expired or changed: this import
+        stalled past lock_ttl and another may have begun, so it stops.
+        """
+        started = yield from ask("MONOTONIC")
+        try:
+            reply = yield from put(self.layout.key("locks", IMPORT_LOCK), ttl=self.lock_ttl,
+                                   refresh=True, prev_exist=True,
+                                   prev_value=state.lock.encode())
+        except (CompareFailed, KeyMissing):
+            raise LockLost(f"the import lock of {self.layout.label} expired (the import "
+                           "stalled for longer than lock_ttl): stopped; run the import "
+                           "again") from None
+        state.refreshed = started
+        return reply.written_index
 
     # -- C: claim ----------------------------------------------------------
     def lock_step(self, item_id: str, lock: Lock, ttl: int) -> Step[int]:

@@ -20,6 +20,7 @@ import pytest
 
 from etcdq_v2 import Claim, InvalidName, LockLost, NotFound, Queue, Unavailable, connect
 from etcdq_v2.codec import Lock, Record
+from etcdq_v2.driver import run
 from etcdq_v2.protocol import CANCELLED, COMPLETED, FAILED, ClaimState
 
 from crashes import commit_then_crash, left_lock, stalled_claim
@@ -206,7 +207,7 @@ def test_crash_after_k1_on_a_delayed_item_never_makes_it_claimable_early(
     delay = 3.0
     with Queue(etcd_url, queue_name, lock_ttl=1) as crashed:
         item_id, released = released_with_delay(crashed, delay)
-        taken = crashed._protocol._cancel_lock(item_id)  # K1, then the canceller dies
+        taken = run(crashed._protocol._cancel_lock(item_id), crashed.etcd)  # K1; then it dies
         assert taken is not None and taken[1] is True  # took the delay lock over
     claim = None
     while claim is None:
@@ -245,7 +246,7 @@ def test_crash_after_k1_leaves_the_item_pending_for_another_queue(
     acknowledged, the item stays pending (stats say so), no claim runs it while the
     lock lasts, and once it expired another Queue claims it, as the first attempt."""
     item_id = queue.put("pending still")
-    taken = queue._protocol._cancel_lock(item_id)  # K1, then the canceller dies
+    taken = run(queue._protocol._cancel_lock(item_id), queue.etcd)  # K1, then the canceller dies
     assert taken is not None and taken[1] is False
     assert queue.stats()["pending"] == 1
     locked_until = time.monotonic() + 2  # lock_ttl
@@ -259,7 +260,7 @@ def test_crash_after_k1_leaves_the_item_pending_for_another_queue(
 
 def test_crash_after_k1_another_cancel_takes_the_lock_over(queue: Queue, other: Queue) -> None:
     item_id = queue.put("cancel me twice")
-    assert queue._protocol._cancel_lock(item_id) is not None  # K1, then the canceller dies
+    assert run(queue._protocol._cancel_lock(item_id), queue.etcd) is not None  # K1; it dies
     assert other.cancel(item_id) is True  # its lock is a delay lock: taken over
     assert_cancelled(other, item_id, "cancel me twice")
 
@@ -267,9 +268,9 @@ def test_crash_after_k1_another_cancel_takes_the_lock_over(queue: Queue, other: 
 def cancel_until_k3(queue: Queue, item_id: str) -> ClaimState:
     """K1, K2 and K3 (the commit F1) as cancel() makes them; then the canceller dies."""
     protocol = queue._protocol
-    taken = protocol._cancel_lock(item_id)
+    taken = run(protocol._cancel_lock(item_id), protocol.etcd)
     assert taken is not None
-    state = protocol._pending_item(item_id, taken[0])
+    state = run(protocol._pending_item(item_id, taken[0]), protocol.etcd)
     assert state is not None
     item = state.item
     record = Record(item.payload, state.lock.token, queue.node_id, item.attempts,

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, List, Optional
 import pytest
 
 from etcdq_v2 import InvalidArgument, Queue, Unavailable, connect
+from etcdq_v2.driver import run
 from etcdq_v2.protocol import Taken, Version
 from etcdq_v2.viewstate import BACKLOG
 
@@ -223,7 +224,7 @@ def test_a_crash_after_the_delay_lock_leaves_an_orphan_lock_that_expires(
         producer: Queue, consumer: Queue) -> None:
     """D1 applied, then the producer died: nothing was stored (the put was never
     acknowledged); the orphan lock is ignored by claims, stats and ls, and expires."""
-    orphan, _ = producer._protocol._delay_lock("put-token", 1)  # D1, then "crash"
+    orphan, _ = run(producer._protocol._delay_lock("put-token", 1), producer.etcd)  # D1; "crash"
     assert lock_ids(consumer) == [orphan] and work_ids(consumer) == []
     assert consumer.stats() == {"pending": 0, "running": 0, "completed": 0, "failed": 0}
     assert consumer.items("pending") == [] and consumer.items("running") == []

@@ -17,6 +17,7 @@ import pytest
 
 from etcdq_v2 import ConfigError, EtcdqError, NotFound, Queue, Unavailable, connect
 from etcdq_v2.codec import Item, Record
+from etcdq_v2.driver import run
 from etcdq_v2.errors import KeyMissing
 from etcdq_v2.protocol import COMPLETED, FAILED, MAX_TTL, TOMBSTONE_TTL
 
@@ -299,8 +300,8 @@ def test_crash_after_q1_leaves_the_dead_letter_expiring_a_week_later_at_least(
         item_id = queue.put("dead")
         queue.claim().fail("no")
         protocol = queue._protocol
-        protocol._lock_dead_letter(item_id)  # Q0
-        protocol._requeue_token(item_id)     # Q1; then the requeue dies
+        run(protocol._lock_dead_letter(item_id), protocol.etcd)  # Q0
+        run(protocol._requeue_token(item_id), protocol.etcd)     # Q1; then the requeue dies
         marked = node(queue, FAILED, item_id)
         assert marked is not None and Record.decode(marked["value"]).requeue_token
         assert kept - 10 <= marked.get("ttl", 0) <= kept
@@ -320,8 +321,8 @@ def test_q1_keeps_the_ttl_the_dead_letter_has_not_the_requeuers(
             Queue(etcd_url, queue_name, failed_ttl=requeued_with, lock_ttl=1) as operator:
         item_id = worker.put("dead")
         worker.claim().fail("no")
-        operator._protocol._lock_dead_letter(item_id)  # Q0
-        operator._protocol._requeue_token(item_id)     # Q1; then the requeue dies
+        run(operator._protocol._lock_dead_letter(item_id), operator.etcd)  # Q0
+        run(operator._protocol._requeue_token(item_id), operator.etcd)     # Q1; then it dies
         ttl = node(operator, FAILED, item_id).get("ttl")
         if written_with is None:
             assert ttl is None
@@ -357,7 +358,7 @@ def test_q1_on_a_dead_letter_past_its_expiry_not_yet_swept_keeps_it_expiring(
             if found.get("gone"):
                 continue  # swept before we saw it: try again
             try:
-                p._requeue_token(item_id)  # Q1 (a requeue that then stops)
+                run(p._requeue_token(item_id), p.etcd)  # Q1 (a requeue that then stops)
             except EtcdqError:
                 continue  # swept between our read and Q1's
             break

@@ -12,13 +12,14 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import pytest
 
-from etcdq_v2.codec import Item, Lock, Record
+from etcdq_v2.codec import Item, Lock, Record, tombstone
 from etcdq_v2.driver import run
-from etcdq_v2.errors import (AlreadyExists, ClaimClosed, CompareFailed, EtcdqError, KeyMissing,
-                             LockLost, Unavailable)
+from etcdq_v2.errors import (AlreadyExists, AmbiguousWrite, ClaimClosed, CompareFailed,
+                             EtcdqError, EtcdRejected, KeyMissing, LockLost, NotFound,
+                             Unavailable)
 from etcdq_v2.keys import Layout
-from etcdq_v2.steps import (COMPLETED, FAILED, ClaimState, Entry, Gone, Held, Request, Step,
-                            Steps, Taken, Version)
+from etcdq_v2.steps import (COMPLETED, FAILED, IMPORT_LOCK, TOMBSTONE_TTL, ClaimState, Entry,
+                            Gone, Held, ImportState, Request, Step, Steps, Taken, Version)
 from etcdq_v2.transport import Reply
 
 LAYOUT = Layout("/etcdq", "jobs")
@@ -454,3 +455,480 @@ def test_the_driver_throws_a_requests_error_into_the_step_and_returns_its_result
     transport = FakeTransport()
     assert run(step(), transport) == "KeyMissing at 7.0"  # type: ignore[arg-type]
     assert transport.calls == [f"GET {WORK}"]
+
+
+# -- P1, put_many ------------------------------------------------------------------
+PUT_RAW = Item("payload", "put-token", 0, None, 1.0).encode()
+
+
+def lost_post() -> AmbiguousWrite:
+    return AmbiguousWrite("the reply to a POST was lost")
+
+
+def posted(index: int) -> Reply:
+    """A POST's reply: the in-order key etcd made, named by its index."""
+    return node(index, PUT_RAW, key=LAYOUT.key("work", f"{index:020d}"))
+
+
+def listing(*nodes: Dict[str, Any], index: int = 90) -> Reply:
+    return Reply(json.dumps({"node": {"dir": True, "nodes": list(nodes)}}).encode(), index)
+
+
+def work_node(n: int, value: str) -> Dict[str, Any]:
+    return {"key": LAYOUT.key("work", f"{n:020d}"), "modifiedIndex": n, "value": value}
+
+
+def span_reads(kind: str, first: int, last: int) -> Request:
+    return Request("ALL", together=tuple(Request("GET", LAYOUT.key(kind, f"{n:020d}"),
+                                                  quorum=True) for n in range(first, last + 1)))
+
+
+def test_p1_reads_the_index_seen_before_its_post_and_names_the_item_by_the_reply() -> None:
+    script = Script(steps().post_step(PUT_RAW, "put-token"), [40, posted(41)])
+    assert script.result() == (f"{41:020d}", Version(41, PUT_RAW))
+    assert script.sent == [Request("SEEN"), Request("POST", LAYOUT.work, PUT_RAW)]
+
+
+def test_p1_whose_reply_was_lost_is_found_in_the_span_at_the_version_read() -> None:
+    """The POST applied (index 42) and a claim changed the item since (index 43):
+    the put gives the version it read, never the index read with the value sent."""
+    claimed = Item("payload", "put-token", 1, "someone", 1.0).encode()
+    script = Script(steps().post_step(PUT_RAW, "put-token"),
+                    [40, lost_post(), missing(43), [missing(43), node(43, claimed),
+                                                    missing(43)]])
+    assert script.result() == (f"{42:020d}", Version(43, claimed))
+    assert script.sent[2:] == [Request("GET", LAYOUT.key("work", "0" * 20), quorum=True),
+                               span_reads("work", 41, 43)]
+
+
+def test_p1_lost_and_not_in_the_span_is_settled_by_the_listings_without_a_resend() -> None:
+    """Only a find is trusted from the span; a miss lists work/, completed/ and
+    failed/ (quorum); not found anywhere: Unavailable, and no second POST."""
+    script = Script(steps().post_step(PUT_RAW, "put-token"),
+                    [40, lost_post(), missing(41), [missing(41)], [missing(41)], [missing(41)],
+                     listing(), missing(41), missing(41), 1.0])
+    with pytest.raises(Unavailable, match="may or may not be stored"):
+        script.result()
+    assert [request.method for request in script.sent].count("POST") == 1
+    assert script.sent[6:9] == [Request("GET", LAYOUT.dir(kind), quorum=True, sorted=True)
+                                for kind in ("work", COMPLETED, FAILED)]
+    assert script.sent[-1] == Request("DEADLINE")  # completed records expire: it may have run
+
+
+def test_p1_lost_over_a_wide_span_lists_and_finds_a_finished_item_as_no_version() -> None:
+    record = Record("payload", "claim", "node-b", 1, 1.0, 2.0, token="put-token")
+    done = {"key": LAYOUT.key(COMPLETED, f"{41:020d}"), "modifiedIndex": 300,
+            "value": record.encode(outcome=COMPLETED)}
+    script = Script(steps().post_step(PUT_RAW, "put-token"),
+                    [40, lost_post(), missing(400), listing(), listing(done)])
+    assert script.result() == (f"{41:020d}", None)
+    assert script.sent[2:] == [Request("GET", LAYOUT.key("work", "0" * 20), quorum=True)] + [
+        Request("GET", LAYOUT.dir(kind), quorum=True, sorted=True)
+        for kind in ("work", COMPLETED)]
+
+
+def test_put_many_settles_its_posts_in_doubt_by_one_search_then_posts_the_rest() -> None:
+    """A round: the first POST stored, the second in doubt, the third not sent.
+    The doubt is looked for (found in the span), then the third goes alone."""
+    other = Item("other", "token-2", 0, None, 1.0).encode()
+    third = Item("third", "token-3", 0, None, 1.0).encode()
+    items = [(PUT_RAW, "put-token"), (other, "token-2"), (third, "token-3")]
+    script = Script(steps().post_many_step(items, 2),
+                    [40, [written(41), lost_post(), None],
+                     missing(42), [missing(42), node(42, other)],
+                     42, [written(43)]])
+    assert script.result() == [(f"{41:020d}", Version(41, PUT_RAW)),
+                               (f"{42:020d}", Version(42, other)),
+                               (f"{43:020d}", Version(43, third))]
+    assert script.sent[1] == Request("POSTS", LAYOUT.work, together=tuple(
+        Request("POST", LAYOUT.work, raw) for raw, _ in items), lanes=2)
+    assert script.sent[5] == Request("POSTS", LAYOUT.work,
+                                     together=(Request("POST", LAYOUT.work, third),), lanes=2)
+
+
+def test_put_many_with_a_post_in_doubt_not_found_is_unavailable_and_sends_no_more() -> None:
+    other = Item("other", "token-2", 0, None, 1.0).encode()
+    script = Script(steps().post_many_step([(PUT_RAW, "put-token"), (other, "token-2")], 2),
+                    [0, [written(41), lost_post()], listing(), listing(), listing(), 1.0])
+    with pytest.raises(Unavailable, match="1 of the puts"):
+        script.result()
+    assert [request.method for request in script.sent].count("POSTS") == 1
+
+
+# -- D1, D2 ------------------------------------------------------------------------
+DELAY_LOCK = Lock("node-a", "put-token", delay=True).encode()
+
+
+def lock_posted(index: int) -> Reply:
+    return node(index, DELAY_LOCK, key=LAYOUT.key("locks", f"{index:020d}"))
+
+
+def test_d1_posts_a_delay_lock_and_d2_creates_the_item_under_its_name() -> None:
+    script = Script(steps().put_delayed_step(PUT_RAW, "put-token", 3),
+                    [10.0, 3.0, lock_posted(70), written(71)])
+    assert script.result() == (f"{70:020d}", Version(71, PUT_RAW), 70)
+    assert script.sent == [Request("MONOTONIC"), Request("DEADLINE"),
+                           Request("POST", LAYOUT.locks, DELAY_LOCK, ttl=3),
+                           Request("PUT", LAYOUT.key("work", f"{70:020d}"), PUT_RAW,
+                                   prev_exist=False)]
+
+
+def test_d1_whose_reply_was_lost_posts_another_lock_until_the_deadline() -> None:
+    """A lost D1 is not read back: the first lock, if it applied, holds no item
+    and expires.  Past the deadline nothing was stored: Unavailable."""
+    script = Script(steps().put_delayed_step(PUT_RAW, "put-token", 3),
+                    [10.0, 3.0, lost_post(), 11.0, None, lost_post(), 13.5])
+    with pytest.raises(Unavailable, match="nothing was stored"):
+        script.result()
+    assert script.sent[3:5] == [Request("MONOTONIC"), Request("SLEEP", seconds=0.1)]
+    assert [request.method for request in script.sent].count("POST") == 2
+
+
+def test_d2_already_exists_is_read_back_and_our_put_token_is_our_item_as_read() -> None:
+    """The transport resent D2; our first copy applied and a claim changed it
+    since: the item as read, never D2's value with the index read."""
+    claimed = Item("payload", "put-token", 1, "someone", 1.0).encode()
+    exists = AlreadyExists("Key already exists", code=AlreadyExists.code, index=75)
+    script = Script(steps().put_delayed_step(PUT_RAW, "put-token", 3),
+                    [10.0, 3.0, lock_posted(70), exists, node(74, claimed)])
+    assert script.result() == (f"{70:020d}", Version(74, claimed), 70)
+    assert script.sent[-1] == Request("GET", LAYOUT.key("work", f"{70:020d}"), quorum=True)
+
+
+def test_d2_already_exists_with_a_record_of_our_put_token_is_finished() -> None:
+    record = Record("payload", "claim", "node-b", 1, 1.0, 2.0, token="put-token")
+    exists = AlreadyExists("Key already exists", code=AlreadyExists.code, index=75)
+    script = Script(steps().put_delayed_step(PUT_RAW, "put-token", 3),
+                    [10.0, 3.0, lock_posted(70), exists, missing(),
+                     node(76, record.encode(outcome=COMPLETED))])
+    assert script.result() == (f"{70:020d}", None, 70)
+
+
+def test_d2_unanswered_is_unavailable_saying_the_item_is_stored_at_most_once() -> None:
+    script = Script(steps().put_delayed_step(PUT_RAW, "put-token", 3),
+                    [10.0, 3.0, lock_posted(70), Unavailable("no member answered")])
+    with pytest.raises(Unavailable, match="stored once"):
+        script.result()
+
+
+# -- Q0-Q5 -------------------------------------------------------------------------
+DEAD = Record("payload", "dead-claim", "node-b", 3, 1.0, 2.0, reason="boom", token="put-token")
+DEAD_KEY = LAYOUT.key(FAILED, ITEM)
+REQUEUER = Lock("node-a", "requeue-lock")
+
+
+def requeue_answers_to_q1(dead: Record = DEAD) -> List[Any]:
+    """Q0 (token, clocks, the dead letter read, C1 made) and Q1 (the dead letter
+    read again, a requeue token, the marking CAS at index 81)."""
+    raw = dead.encode(outcome=FAILED, stored=True)
+    return ["requeue-lock", 10.0, 3.0, node(70, raw), written(80), node(70, raw),
+            "rq-token", written(81)]
+
+
+def test_requeue_marks_the_dead_letter_then_creates_the_item_named_by_q1s_index() -> None:
+    script = Script(steps().requeue_step(ITEM),
+                    requeue_answers_to_q1() + [missing(), 5.0, written(82), written(83),
+                                               written(84)])
+    new_id = f"{81:020d}"
+    sent = script.result()
+    q3 = script.sent[10]
+    assert (q3.method, q3.key, q3.prev_exist) == ("PUT", LAYOUT.key("work", new_id), False)
+    assert sent == (new_id, Version(82, q3.value))
+    item = Item.decode(q3.value)
+    assert (item.token, item.requeued, item.attempts) == ("rq-token", True, 0)
+    q1 = script.sent[7]
+    assert (q1.key, q1.prev_index) == (DEAD_KEY, 70)
+    assert Record.decode(q1.value).requeue_token == "rq-token"
+    assert script.sent[8:10] == [Request("GET", WORK, quorum=True), Request("WALL")]
+    assert script.sent[11:] == [
+        Request("PUT", DEAD_KEY, tombstone(new_id, "put-token"), ttl=TOMBSTONE_TTL,
+                prev_index=81),
+        Request("DELETE", LOCK_KEY, prev_value=REQUEUER.encode())]
+
+
+def test_q1_whose_cas_failed_after_a_resend_takes_the_token_its_first_copy_wrote() -> None:
+    """Only a resent CAS of ours can change the dead letter under our lock: Q1
+    reads it again and keeps the requeue token it finds; no new token."""
+    marked = replace(DEAD, requeue_token="rq-token").encode(outcome=FAILED, stored=True)
+    answers = requeue_answers_to_q1()[:-1] + [compare_failed(81), node(81, marked),
+                                              missing(), 5.0, written(82), written(83),
+                                              written(84)]
+    script = Script(steps().requeue_step(ITEM), answers)
+    assert script.result()[0] == f"{81:020d}"
+    assert [request.method for request in script.sent].count("TOKEN") == 2  # lock, Q1
+
+
+def test_q2_removes_the_dead_letters_own_item_a_crash_left_in_work() -> None:
+    committed = DEAD.encode(outcome=FAILED, stored=True)
+    script = Script(steps().requeue_step(ITEM),
+                    requeue_answers_to_q1() + [node(69, committed), written(82),
+                                               5.0, written(83), written(84), written(85)])
+    script.result()
+    assert script.sent[9] == Request("DELETE", WORK, prev_index=69)
+
+
+def test_q4_on_a_dead_letter_gone_since_q1_creates_the_tombstone_and_warns_on_junk() -> None:
+    """"Not found" at the CAS: expired or purged since Q1, so Q4 creates it
+    (prevExist=false); junk there is left as it is."""
+    new_id = f"{81:020d}"
+    script = Script(steps().requeue_step(ITEM),
+                    requeue_answers_to_q1() + [missing(), 5.0, written(82), missing(),
+                                               missing(), written(84), written(85)])
+    script.result()
+    assert script.sent[-2] == Request("PUT", DEAD_KEY, tombstone(new_id, "put-token"),
+                                      ttl=TOMBSTONE_TTL, prev_exist=False)
+
+
+def test_q0_on_a_dead_letter_gone_is_not_found_and_writes_nothing() -> None:
+    script = Script(steps().requeue_step(ITEM), ["requeue-lock", 10.0, 3.0, missing()])
+    with pytest.raises(NotFound):
+        script.result()
+
+
+def test_a_requeue_that_fails_after_q0_drops_its_lock() -> None:
+    raw = DEAD.encode(outcome=FAILED, stored=True)
+    script = Script(steps().requeue_step(ITEM),
+                    ["requeue-lock", 10.0, 3.0, node(70, raw), written(80),
+                     Unavailable("no member answered"), written(81)])
+    with pytest.raises(Unavailable):
+        script.result()
+    assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=REQUEUER.encode())
+
+
+def test_q0_takes_over_the_lock_the_dead_letters_finisher_left_to_expire() -> None:
+    raw = DEAD.encode(outcome=FAILED, stored=True)
+    finishers = Lock("node-b", "dead-claim").encode()
+    taken = AlreadyExists("Key already exists", code=AlreadyExists.code, index=79)
+    script = Script(steps()._lock_dead_letter(ITEM),
+                    ["requeue-lock", 10.0, 3.0, node(70, raw), taken, node(60, finishers),
+                     missing(), written(80)])
+    assert script.result() == REQUEUER
+    assert script.sent[-1] == Request("PUT", LOCK_KEY, REQUEUER.encode(), ttl=LOCK_TTL,
+                                      prev_value=finishers)
+
+
+def test_q0_waits_for_another_requeues_lock_then_gives_up() -> None:
+    raw = DEAD.encode(outcome=FAILED, stored=True)
+    taken = AlreadyExists("Key already exists", code=AlreadyExists.code, index=79)
+    others = Lock("node-c", "another-requeue").encode()
+    script = Script(steps()._lock_dead_letter(ITEM),
+                    ["requeue-lock", 10.0, 3.0, node(70, raw), taken, node(60, others),
+                     12.0, None, node(70, raw), taken, node(60, others), 44.0])
+    with pytest.raises(Unavailable, match="stayed locked"):
+        script.result()
+    assert Request("SLEEP", seconds=0.1) in script.sent
+
+
+# -- K1-K4 -------------------------------------------------------------------------
+CANCELLER = Lock("node-a", "cancel-token", delay=True)
+
+
+def cancel_to_k2(item: str, locked_at: int = 50) -> List[Any]:
+    """K1 (a token, C1 made at ``locked_at``), K2 (the item read: ``item``, at
+    index 40; the boot clock)."""
+    return ["cancel-token", written(locked_at), node(40, item), 100.0]
+
+
+def test_a_cancel_commits_the_pending_item_as_read_under_its_lock_and_records_it() -> None:
+    """K1, K2, the lock still the one K1 made, K3 (F1 on K2's index), K4 (F2-F4:
+    the lock lingers at this lock_ttl, so only work/ is deleted)."""
+    script = Script(steps().cancel_step(ITEM),
+                    cancel_to_k2(unclaimed()) + [node(50, CANCELLER.encode()), 5.0,
+                                                 written(60), written(61), [written(62)]])
+    assert script.result() is True
+    assert script.sent[0:2] == [Request("TOKEN"), Request("PUT", LOCK_KEY, CANCELLER.encode(),
+                                                          ttl=LOCK_TTL, prev_exist=False)]
+    assert script.sent[2:5] == [Request("GET", WORK, quorum=True), Request("NOW"),
+                                Request("GET", LOCK_KEY, quorum=True)]
+    k3 = script.sent[6]
+    assert (k3.key, k3.prev_index) == (WORK, 40)
+    assert Record.decode(k3.value).reason == "cancelled"
+
+
+def test_a_cancel_on_a_claims_lock_is_false_and_writes_nothing() -> None:
+    taken = AlreadyExists("Key already exists", code=AlreadyExists.code, index=51)
+    script = Script(steps().cancel_step(ITEM),
+                    ["cancel-token", taken, node(50, OURS.encode(), ttl=20)])
+    assert script.result() is False
+    assert [request.method for request in script.sent] == ["TOKEN", "PUT", "GET"]
+
+
+def test_k1_takes_a_delay_lock_over_never_shortening_it_and_drops_it_after_k4() -> None:
+    """A release's backoff lock with 90 s left: CAS on its value, ttl 90.  Locks
+    linger at this lock_ttl (F4 skipped), so after K4 the taken-over lock, which
+    may have hours of TTL, is dropped."""
+    backoff = Lock("node-b", "claim-b", delay=True).encode()
+    taken = AlreadyExists("Key already exists", code=AlreadyExists.code, index=51)
+    script = Script(steps().cancel_step(ITEM),
+                    ["cancel-token", taken, node(45, backoff, ttl=90), written(52),
+                     node(40, unclaimed(1, "claim-b")), 100.0, missing(), missing(),
+                     node(52, CANCELLER.encode()), 5.0, written(60), written(61),
+                     [written(62)], written(63)])
+    assert script.result() is True
+    assert script.sent[3] == Request("PUT", LOCK_KEY, CANCELLER.encode(), ttl=90,
+                                     prev_value=backoff)
+    assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=CANCELLER.encode())
+
+
+def test_a_cancel_that_fails_after_taking_a_delay_lock_over_leaves_it_to_expire() -> None:
+    """Dropping it would make the delayed item claimable early."""
+    backoff = Lock("node-b", "claim-b", delay=True).encode()
+    taken = AlreadyExists("Key already exists", code=AlreadyExists.code, index=51)
+    script = Script(steps().cancel_step(ITEM),
+                    ["cancel-token", taken, node(45, backoff, ttl=90), written(52),
+                     Unavailable("no member answered")])
+    with pytest.raises(Unavailable):
+        script.result()
+    assert script.sent[-1] == Request("GET", WORK, quorum=True)
+
+
+def test_k1_take_over_whose_cas_failed_after_a_resend_reads_our_lock_back() -> None:
+    backoff = Lock("node-b", "claim-b", delay=True).encode()
+    taken = AlreadyExists("Key already exists", code=AlreadyExists.code, index=51)
+    script = Script(steps()._cancel_lock(ITEM),
+                    ["cancel-token", taken, node(45, backoff, ttl=9),
+                     compare_failed(53, retried=True), node(52, CANCELLER.encode())])
+    assert script.result() == (CANCELLER, True, 52)
+
+
+def test_a_cancel_whose_lock_lapsed_after_k2_starts_again_at_k1() -> None:
+    """The lock read after K2 is not the one K1 made (re-created, another index):
+    our lock is dropped and the cancel starts again; the second try commits."""
+    script = Script(steps().cancel_step(ITEM),
+                    cancel_to_k2(unclaimed()) + [node(55, CANCELLER.encode()), written(56)]
+                    + cancel_to_k2(unclaimed(), 57) + [node(57, CANCELLER.encode()), 5.0,
+                                                       written(60), written(61),
+                                                       [written(62)]])
+    assert script.result() is True
+    assert script.sent[5] == Request("DELETE", LOCK_KEY, prev_value=CANCELLER.encode())
+
+
+def test_a_failed_k3_on_an_item_claimed_since_k2_is_false_and_our_lock_dropped() -> None:
+    claimed = Item("payload", "put-token", 1, "claim-c", 1.0).encode()
+    script = Script(steps().cancel_step(ITEM),
+                    cancel_to_k2(unclaimed()) + [node(50, CANCELLER.encode()), 5.0,
+                                                 compare_failed(70), node(70, claimed),
+                                                 node(70, claimed), written(71)])
+    assert script.result() is False
+    assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=CANCELLER.encode())
+
+
+def test_a_cancel_of_an_item_neither_in_work_nor_recorded_is_not_found_and_drops_its_lock(
+        ) -> None:
+    script = Script(steps().cancel_step(ITEM),
+                    ["cancel-token", written(50), missing(), missing(), missing(),
+                     written(51)])
+    with pytest.raises(NotFound):
+        script.result()
+    assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=CANCELLER.encode())
+
+
+# -- purge -------------------------------------------------------------------------
+def test_purge_deletes_each_record_on_its_listed_index_after_its_item_left_in_work() -> None:
+    """A record whose item is still in work/ (its finisher crashed after F2) goes
+    only once the item is removed (F3 on the listed index); an item committed to
+    the kind without a record is removed too; each record calls ``progress``."""
+    record = Record("payload", "claim", "node-b", 1, 1.0, 2.0, token="put-token")
+    done = record.encode(outcome=COMPLETED)
+    other = f"{43:020d}"
+    work = listing({"key": WORK, "modifiedIndex": 40, "value": done},
+                   {"key": LAYOUT.key("work", other), "modifiedIndex": 41, "value": done},
+                   index=90)
+    records = listing({"key": LAYOUT.key(COMPLETED, ITEM), "modifiedIndex": 42, "value": done},
+                      {"key": LAYOUT.key(COMPLETED, f"{44:020d}"), "modifiedIndex": 44,
+                       "value": done}, index=90)
+    ticks: List[int] = []
+    script = Script(steps().purge_step(COMPLETED, lambda: ticks.append(1)),
+                    [work, records, written(91), written(92), missing(), written(93)])
+    assert script.result() == 2  # a record already gone (missing) does not count
+    assert script.sent[2:] == [
+        Request("DELETE", WORK, prev_index=40),
+        Request("DELETE", LAYOUT.key(COMPLETED, ITEM), prev_index=42),
+        Request("DELETE", LAYOUT.key(COMPLETED, f"{44:020d}"), prev_index=44),
+        Request("DELETE", LAYOUT.key("work", other), prev_index=41)]
+    assert ticks == [1, 1]
+
+
+def test_purge_keeps_the_record_of_an_item_changed_since_the_listing() -> None:
+    record = Record("payload", "claim", "node-b", 1, 1.0, 2.0, token="put-token")
+    done = record.encode(outcome=COMPLETED)
+    work = listing({"key": WORK, "modifiedIndex": 40, "value": unclaimed()})
+    records = listing({"key": LAYOUT.key(COMPLETED, ITEM), "modifiedIndex": 42, "value": done})
+    script = Script(steps().purge_step(COMPLETED), [work, records, compare_failed(95)])
+    assert script.result() == 0
+    assert script.sent[-1] == Request("DELETE", WORK, prev_index=40)
+
+
+# -- I1, I3, I4 --------------------------------------------------------------------
+IMPORTER = Lock("node-a", "import-token")
+IMPORT_KEY = LAYOUT.key("locks", IMPORT_LOCK)
+
+
+def import_state(name: Optional[int] = 60, refreshed: float = 100.0) -> ImportState:
+    return ImportState(IMPORTER, set(), name, refreshed)
+
+
+def test_i1_waits_for_another_imports_lock_then_gives_up() -> None:
+    taken = AlreadyExists("Key already exists", code=AlreadyExists.code, index=51)
+    script = Script(steps().lock_import_step(IMPORTER),
+                    [10.0, 3.0, 10.0, taken, 11.0, None, 11.2, taken, 44.0])
+    with pytest.raises(Unavailable, match="another import"):
+        script.result()
+    assert script.sent[3] == Request("PUT", IMPORT_KEY, IMPORTER.encode(), ttl=LOCK_TTL,
+                                     prev_exist=False)
+    assert script.sent[5] == Request("SLEEP", seconds=0.2)
+
+
+def test_i1_counts_the_locks_age_from_before_the_put_that_created_it() -> None:
+    script = Script(steps().lock_import_step(IMPORTER), [10.0, 3.0, 10.5, written(50)])
+    assert script.result() == 10.5
+
+
+def test_i3_names_the_line_by_our_previous_write_and_its_index_names_the_next() -> None:
+    state = import_state()
+    script = Script(steps().import_value_step(state, "work", PUT_RAW, "put-token"),
+                    [101.0, written(61)])
+    script.result()
+    assert script.sent[1] == Request("PUT", LAYOUT.key("work", f"{60:020d}"), PUT_RAW,
+                                     prev_exist=False)
+    assert (state.name, state.tokens) == (61, {"put-token"})
+
+
+def test_i3_refreshes_the_import_lock_every_third_of_its_ttl_and_lost_stops() -> None:
+    state = import_state()
+    script = Script(steps().import_value_step(state, "work", PUT_RAW, "put-token"),
+                    [111.0, 111.0, missing()])
+    with pytest.raises(LockLost, match="import lock"):
+        script.result()
+    assert script.sent[2] == Request("PUT", IMPORT_KEY, ttl=LOCK_TTL, refresh=True,
+                                     prev_exist=True, prev_value=IMPORTER.encode())
+
+
+def test_i3_already_exists_after_a_resend_with_our_token_is_our_copy() -> None:
+    """The index of our first copy (createdIndex) names the next key."""
+    state = import_state()
+    exists = AlreadyExists("Key already exists", code=AlreadyExists.code, index=63)
+    exists.retried = True
+    script = Script(steps().import_value_step(state, "work", PUT_RAW, "put-token"),
+                    [101.0, exists, node(62, PUT_RAW, createdIndex=61)])
+    script.result()
+    assert state.name == 61
+
+
+def test_i3_already_exists_gone_again_names_the_next_by_a_fresh_i4() -> None:
+    state = import_state()
+    exists = AlreadyExists("Key already exists", code=AlreadyExists.code, index=63)
+    exists.retried = True
+    script = Script(steps().import_value_step(state, "work", PUT_RAW, "put-token"),
+                    [101.0, exists, missing()])
+    script.result()
+    assert state.name is None  # the next import_value makes a fresh name (I4)
+
+
+def test_i3_on_a_key_another_writer_took_is_rejected() -> None:
+    exists = AlreadyExists("Key already exists", code=AlreadyExists.code, index=63)
+    script = Script(steps().import_value_step(import_state(), "work", PUT_RAW, "put-token"),
+                    [101.0, exists, node(62, unclaimed().replace("put-token", "other"),
+                                         createdIndex=62)])
+    with pytest.raises(EtcdRejected, match="this import did not write"):
+        script.result()

@@ -32,6 +32,7 @@ from hypothesis import given, settings, strategies as st
 
 from etcdq_v2 import InvalidArgument, LockLost, Queue, Unavailable, connect
 from etcdq_v2.codec import DEFAULT_MAX_PAYLOAD, Item
+from etcdq_v2.driver import run
 from etcdq_v2.errors import KeyMissing
 from etcdq_v2.listing import listed_nodes
 from etcdq_v2.protocol import COMPLETED, FAILED
@@ -243,12 +244,13 @@ def test_a_dead_letter_whose_requeue_stopped_after_q3_is_imported_as_its_new_ite
         source.claim().fail("boom")
         [dead] = source.items(FAILED)
         protocol = source._protocol
-        lock = protocol._lock_dead_letter(dead.id)                   # Q0
-        (token, index), record = protocol._requeue_token(dead.id)    # Q1
-        protocol._remove_dead_item(dead.id)                          # Q2
-        protocol._create_item(f"{index:020d}",
-                              Item(record.payload, token, requeued=True).encode())  # Q3
-        protocol._drop_lock(dead.id, lock)                           # then the requeue dies
+        lock = run(protocol._lock_dead_letter(dead.id), protocol.etcd)                # Q0
+        (token, index), record = run(protocol._requeue_token(dead.id), protocol.etcd)  # Q1
+        run(protocol._remove_dead_item(dead.id), protocol.etcd)                       # Q2
+        run(protocol._create_item(f"{index:020d}",
+                                  Item(record.payload, token, requeued=True).encode()),
+            protocol.etcd)                                                            # Q3
+        protocol._drop_lock(dead.id, lock)                      # then the requeue dies
         lines = list(source.export_items())
     assert json.loads(lines[-1])["rq"] == token
     assert target.import_items(lines) == {"pending": 1, COMPLETED: 0, FAILED: 0,

@@ -19,7 +19,7 @@ from ... import viewstate as viewstate_module
 from ...claim import Heartbeat
 from ...errors import AmbiguousWrite, CompareFailed, KeyMissing
 from ...protocol import Entry, Protocol, Version
-from ...steps import Step, Steps, put
+from ...steps import Place, Step, Steps, post, put
 from ...transport import Transport
 from ...view import QueueView
 from ...viewstate import Listing, Relist, Round, ViewState
@@ -76,53 +76,56 @@ def _claim_unfenced(original: Callable[..., Any]) -> Callable[..., Any]:
     return put
 
 
-def _short_delay(original: Callable[..., Any]) -> Callable[..., Any]:
+def _short_delay(original: Callable[..., Step[Any]]) -> Callable[..., Step[Any]]:
     """D1 with a delay lock of 1 s, whatever the delay: a delayed item is claimable early."""
-    def put_delayed(self: Protocol, raw: str, token: str, ttl: int) -> Any:
-        return original(self, raw, token, 1)
-    return put_delayed
+    def put_delayed_step(self: Steps, raw: str, token: str, ttl: int) -> Step[Any]:
+        return (yield from original(self, raw, token, 1))
+    return put_delayed_step
 
 
 # -- puts ---------------------------------------------------------------------------
-def _resend_post(original: Callable[..., Tuple[str, Version]]) -> Callable[..., Tuple[str, Version]]:
+def _resend_post(original: Callable[..., Step[Place]]) -> Callable[..., Step[Place]]:
     """P1 that sends a POST again when its reply was lost, instead of searching for its token."""
-    def post_item(self: Protocol, raw: str, token: str) -> Tuple[str, Version]:
+    def post_step(self: Steps, raw: str, token: str) -> Step[Place]:
         try:
-            node = self.etcd.post(self.layout.work, raw).node
+            node = (yield from post(self.layout.work, raw)).node
         except AmbiguousWrite:
-            node = self.etcd.post(self.layout.work, raw).node
+            node = (yield from post(self.layout.work, raw)).node
         return node["key"].rsplit("/", 1)[-1], Version(node["modifiedIndex"], raw)
-    return post_item
+    return post_step
 
 
-def _sent_value(place: Tuple[str, Optional[Version]], raw: str) -> Tuple[str, Optional[Version]]:
+def _sent_value(place: Place, raw: str) -> Place:
     """The old read-back: the index the search read, with the value the put sent."""
     item_id, seen = place
     return item_id, None if seen is None else Version(seen.index, raw)
 
 
-def _mixed_post(original: Callable[..., Any]) -> Callable[..., Any]:
+def _mixed_post(original: Callable[..., Step[Place]]) -> Callable[..., Step[Place]]:
     """P1's token search after a lost reply offers the index it read with the
     value the POST sent: two versions as one, once a claim or a commit
     changed the item in between."""
-    def post_item(self: Protocol, raw: str, token: str) -> Tuple[str, Optional[Version]]:
-        return _sent_value(original(self, raw, token), raw)
-    return post_item
+    def post_step(self: Steps, raw: str, token: str) -> Step[Place]:
+        return _sent_value((yield from original(self, raw, token)), raw)
+    return post_step
 
 
-def _mixed_settled(original: Callable[..., Any]) -> Callable[..., Any]:
+def _mixed_settled(original: Callable[..., Step[List[Place]]]
+                   ) -> Callable[..., Step[List[Place]]]:
     """put_many's doubts, read back as P1's (see _mixed_post)."""
-    def settled(self: Protocol, items: Sequence[Tuple[str, str]], results: List[Any],
-                *args: Any) -> Any:
+    def settled(self: Steps, items: Sequence[Tuple[str, str]], results: List[Any],
+                *args: Any) -> Step[List[Place]]:
         return [_sent_value(place, raw) for place, (raw, _)
-                in zip(original(self, items, results, *args), items)]
+                in zip((yield from original(self, items, results, *args)), items)]
     return settled
 
 
-def _mixed_delayed(original: Callable[..., Any]) -> Callable[..., Any]:
+def _mixed_delayed(original: Callable[..., Step[Optional[Version]]]
+                   ) -> Callable[..., Step[Optional[Version]]]:
     """D2's read-back after "already exists", as P1's (see _mixed_post)."""
-    def create_delayed(self: Protocol, item_id: str, raw: str, token: str) -> Optional[Version]:
-        seen = original(self, item_id, raw, token)
+    def create_delayed(self: Steps, item_id: str, raw: str, token: str
+                       ) -> Step[Optional[Version]]:
+        seen = yield from original(self, item_id, raw, token)
         return None if seen is None else Version(seen.index, raw)
     return create_delayed
 
@@ -302,14 +305,14 @@ MUTANTS: Dict[str, Mutant] = {
         [(Transport, "put", _claim_unfenced)], "no-hand-out-after-outcome",
         "C2, the re-fence and R0 without their prevIndex fence"),
     "delay-lock-short": Mutant(
-        [(Protocol, "put_delayed", _short_delay)], "delay-kept",
+        [(Steps, "put_delayed_step", _short_delay)], "delay-kept",
         "a delayed put's lock of 1 s, whatever its delay"),
     "resend-lost-post": Mutant(
-        [(Protocol, "post_item", _resend_post)], "stored-once",
+        [(Steps, "post_step", _resend_post)], "stored-once",
         "a put whose POST reply was lost sends it again"),
     "read-back-mixes-versions": Mutant(
-        [(Protocol, "post_item", _mixed_post), (Protocol, "_settled", _mixed_settled),
-         (Protocol, "_create_delayed", _mixed_delayed)], "one-version",
+        [(Steps, "post_step", _mixed_post), (Steps, "_settled", _mixed_settled),
+         (Steps, "_create_delayed", _mixed_delayed)], "one-version",
         "a put's read-back after a lost reply offers the index it read with the value "
         "the put sent (C2 on it undoes a commit)", {"rates": FaultRates(slow_reply=0.05), "follow_ups": 1.0, "consumers": 5}),
     "round-without-end": Mutant(
