@@ -11,6 +11,10 @@ that neither always follows the other), each in its own process whose
 - *claims at 10k*: one consumer process claiming from 10,000 pending items
   (300 claims or 4 s), claims/s inside claim().
 
+Below them, figures the machine's load moves less (COSTS): the drain's client
+CPU seconds (user + system, all 8 consumers) and requests per item, and the
+median round trips of one claim at 10k.
+
 It prints one markdown table: the median of each side's rounds, the
 lowest-highest in parentheses, and head / base.  A commit is checked out with
 ``git worktree`` under the work directory and removed afterwards.  Rounds
@@ -35,6 +39,9 @@ DRAIN_CONSUMERS = 8
 PENDING = 10_000
 PROBE_CLAIMS, PROBE_BUDGET_S = 300, 4.0
 FIGURES = ("drain_items_per_s", "claims_per_s_at_10k")
+#: Figures of the same runs that the machine's load moves less: what the
+#: consumers did per item, not how fast.  Printed with their ratio too.
+COSTS = ("drain_client_cpu_us_per_item", "drain_requests_per_item", "round_trips_per_claim")
 
 
 def measure_once(workdir: Path) -> Dict[str, float]:
@@ -51,7 +58,10 @@ def measure_once(workdir: Path) -> Dict[str, float]:
         probe = measure.QueueAtLength(Target("etcdq_v2", server.url, "versus-claims"))
         claims = probe.probe(PENDING, PROBE_CLAIMS, PROBE_BUDGET_S)
     return {"drain_items_per_s": drain.items_per_s,
-            "claims_per_s_at_10k": claims.claims_per_s}
+            "claims_per_s_at_10k": claims.claims_per_s,
+            "drain_client_cpu_us_per_item": drain.clients_cpu_seconds * 1e6 / DRAIN_ITEMS,
+            "drain_requests_per_item": sum(drain.requests.values()) / DRAIN_ITEMS,
+            "round_trips_per_claim": claims.round_trips_median}
 
 
 def _source(spec: str, workdir: Path) -> Tuple[Path, bool]:
@@ -87,12 +97,16 @@ def _run_side(stage: Path, workdir: Path) -> Dict[str, float]:
 
 
 def _cell(values: List[float]) -> str:
-    return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
+    digits = 0 if statistics.median(values) >= 100 else 2
+    return (f"{statistics.median(values):,.{digits}f} "
+            f"({min(values):,.{digits}f}-{max(values):,.{digits}f})")
 
 
 def table(base: str, head: str, runs: Dict[str, List[Dict[str, float]]]) -> str:
     lines = [f"| figure | base {base} | head {head} | head / base |", "|---|---|---|---|"]
-    for figure in FIGURES:
+    for figure in FIGURES + COSTS:
+        if any(figure not in run for run in runs["base"] + runs["head"]):
+            continue
         b = [run[figure] for run in runs["base"]]
         h = [run[figure] for run in runs["head"]]
         ratio = statistics.median(h) / statistics.median(b)

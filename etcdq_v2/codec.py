@@ -113,6 +113,8 @@ def check_outcome(result: Any, reason: Optional[str], max_bytes: int) -> None:
 def _size(value: Any) -> int:
     """The bytes ``value`` takes in a record: base64 for bytes, else its JSON (a
     text as failure_text will make it encode: a lone surrogate is no error here)."""
+    if value is None:  # most results and reasons: no encoding needed to know
+        return len("null")
     if isinstance(value, (bytes, bytearray, memoryview)):
         return len(payload_fields(value)["b"])
     if isinstance(value, str):  # a reason: failure_text makes any text encode

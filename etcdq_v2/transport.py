@@ -577,7 +577,9 @@ class Transport:
             deadline = min(deadline, max(until - self.runtime.monotonic(), self.timeout))
         give_up = self.runtime.monotonic() + deadline
         retried, attempts, last = False, 0, ""
-        refusals: Counter[int] = Counter()  # member -> refused connects in a row
+        # member -> refused connects in a row; a dict, not a Counter: one is
+        # made per request, and a Counter costs a few microseconds to make
+        refusals: Dict[int, int] = {}
         while True:
             member = self._member()
             remaining = give_up - self.runtime.monotonic()
@@ -600,14 +602,14 @@ class Transport:
                                   f"{deadline:g}s (last error: {last})")
             self.runtime.sleep(pause)
 
-    def _count_refusal(self, refusals: "Counter[int]", member: Member, exc: _Transient,
+    def _count_refusal(self, refusals: Dict[int, int], member: Member, exc: _Transient,
                        method: str, key: str) -> None:
         """Count a refused connect to ``member`` (any other failure clears the
         count); Refused once every member refused twice in a row."""
         if not exc.refused:
             refusals.clear()
             return
-        refusals[id(member)] += 1
+        refusals[id(member)] = refusals.get(id(member), 0) + 1
         if len(refusals) == len(self._members) and min(refusals.values()) >= 2:
             raise Refused(f"no etcd listens at {', '.join(self.endpoints)}: every endpoint "
                           f"refused the connection, twice ({method} {key})",

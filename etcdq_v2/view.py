@@ -10,9 +10,8 @@ queue.py and claim.py call; each one's rule is the state method it names.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-from typing import Callable, Dict, Iterator, List, Optional, Set, TypeVar
+from typing import Callable, Dict, List, Optional, Set, TypeVar
 
 from .errors import EtcdqError, Unavailable
 from .keys import Layout
@@ -68,15 +67,9 @@ class QueueView:
         """True while the whole queue directory (locks/ too) is watched; False: quiet."""
         return self.state.watching
 
-    @contextlib.contextmanager
-    def _changing(self) -> Iterator[ViewState]:
+    def _changing(self) -> "_Changing":
         """The state, under the lock; claimers woken if its version changed."""
-        with self._cond:
-            before = self.state.version
-            yield self.state
-            self.state.note_deadlines()
-            if self.state.version != before:
-                self._wake()
+        return _Changing(self)
 
     def _wake(self) -> None:
         """Wake every waiting claimer and waker (under the lock)."""
@@ -537,6 +530,35 @@ class _Follower:
             idle = self._view.state.stream_idle(self.round, self._runtime.monotonic(),
                                                 self._idle_timeout)
         stream.set_idle_timeout(idle)
+
+
+class _Changing:
+    """QueueView._changing: with the lock held, the state; on leaving without
+    an exception, the deadlines noted (ViewState.note_deadlines) and the
+    claimers woken if the version changed.  A class, not a generator: it is
+    entered several times per claim, and a generator's context costs twice."""
+
+    __slots__ = ("_view", "_before")
+
+    def __init__(self, view: QueueView) -> None:
+        self._view = view
+        self._before = 0
+
+    def __enter__(self) -> ViewState:
+        view = self._view
+        view._cond.__enter__()
+        self._before = view.state.version
+        return view.state
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        view = self._view
+        try:
+            if exc_type is None:
+                view.state.note_deadlines()
+                if view.state.version != self._before:
+                    view._wake()
+        finally:
+            view._cond.__exit__(exc_type, exc, tb)
 
 
 def _final(error: Optional[BaseException]) -> bool:

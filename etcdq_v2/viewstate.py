@@ -410,12 +410,16 @@ class ViewState:
     def next_deadline(self) -> float:
         """The earliest deadline of DEADLINES that makes a tick do something (inf:
         none): when to call tick().  Not the gates, nor the follower's round end."""
-        return _earliest(rule.when(self) for rule in DEADLINES.values()
-                         if rule.check is not None or rule.wakes)
+        return _earliest(when(self) for when in _TICKING)
 
     def wake_due(self) -> float:
         """The first deadline a waiting claim wakes for (inf: none)."""
-        return _earliest(rule.when(self) for rule in DEADLINES.values() if rule.wakes)
+        due = math.inf
+        for when in _WAKING:  # note_deadlines runs it after every change: no generator
+            at = when(self)
+            if at < due:
+                due = at
+        return due
 
     def note_deadlines(self) -> None:
         """After every change: a waiting claim cut its wait to the first deadline
@@ -1144,6 +1148,11 @@ DEADLINES: Dict[str, Deadline] = {
     # A watching round ends ROUND after its listing, events or not.
     "round end": Deadline(lambda s: s.round_listed_at + ROUND if s.watching else math.inf),
 }
+
+
+#: The deadlines next_deadline() and wake_due() take, picked once (DEADLINES is fixed).
+_TICKING = tuple(rule.when for rule in DEADLINES.values() if rule.check is not None or rule.wakes)
+_WAKING = tuple(rule.when for rule in DEADLINES.values() if rule.wakes)
 
 
 def round_pause(pause: Optional[float]) -> float:
