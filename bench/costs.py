@@ -28,11 +28,16 @@ import os
 import random
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, cast
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, cast
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from greenlet import getcurrent  # noqa: E402
+
+from etcdq_v2 import view as view_module  # noqa: E402
+from etcdq_v2.protocol import Protocol  # noqa: E402
 from etcdq_v2.queue import Queue  # noqa: E402
 from etcdq_v2.testing.sim.cluster import Cluster  # noqa: E402
 from etcdq_v2.testing.sim.costs import Costs, Tally  # noqa: E402
@@ -64,6 +69,86 @@ class Stretch:
         return Costs(self.kinds).total()
 
 
+#: Why a listing was made: the innermost of these calls it was made under
+#: (a follower's round otherwise: the first listing, a watching round, a new
+#: follower after a switch).
+CAUSES: Tuple[Tuple[Any, str, str], ...] = (
+    (Queue, "_lost_race", "miss limit (lost C1 races)"),
+    (Queue, "_found_gone", "miss limit (items gone)"),
+    (view_module.QueueView, "catch_up", "catch-up (own puts)"),
+    (view_module.QueueView, "check_locks", "tick (lock TTL, confirm, delays)"),
+    (view_module.QueueView, "starved", "starved (waited for a relist)"),
+)
+ROUND = "follower round"
+
+
+@dataclass
+class Listings:
+    """Listings of work/ and locks/ by cause: (directory, cause) -> [count, nodes]."""
+
+    counts: Dict[Tuple[str, str], List[int]] = field(default_factory=dict)
+    #: Claim outcomes since the last cut: hits (C2 done) and misses.
+    hits: int = 0
+    misses: int = 0
+
+    def reset(self) -> None:
+        self.counts, self.hits, self.misses = {}, 0, 0
+
+
+@contextmanager
+def counting_causes(listings: Listings) -> Iterator[None]:
+    """Patch the library's classes (this process only) so that each listing
+    of a directory is counted under the cause it was made for."""
+    stacks: Dict[Any, List[str]] = {}
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in CAUSES]
+
+    def under(method: Callable[..., Any], cause: str) -> Callable[..., Any]:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            stack = stacks.setdefault(getcurrent(), [])
+            stack.append(cause)
+            try:
+                return method(*args, **kwargs)
+            finally:
+                stack.pop()
+        return wrapped
+
+    original_list = Protocol.list
+
+    def counted_list(self: Protocol, kind: str, **kwargs: Any) -> Any:
+        result = original_list(self, kind, **kwargs)
+        stack = stacks.get(getcurrent()) or [ROUND]
+        tally = listings.counts.setdefault((kind, stack[-1]), [0, 0])
+        tally[0] += 1
+        tally[1] += len(result[1])
+        return result
+
+    original_missed = view_module.QueueView.missed
+    original_locked_at = view_module.QueueView.locked_at
+
+    def missed(self: Any, item_id: str) -> bool:
+        listings.misses += 1
+        return original_missed(self, item_id)
+
+    def locked_at(self: Any, item_id: str, index: int, **kwargs: Any) -> None:
+        if not kwargs and index:  # a claim of ours (C2 done): a hit
+            listings.hits += 1
+        return original_locked_at(self, item_id, index, **kwargs)
+
+    for owner, name, cause in CAUSES:
+        setattr(owner, name, under(getattr(owner, name), cause))
+    Protocol.list = counted_list  # type: ignore[method-assign]
+    view_module.QueueView.missed = missed  # type: ignore[method-assign]
+    view_module.QueueView.locked_at = locked_at  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for owner, name, method in saved:
+            setattr(owner, name, method)
+        Protocol.list = original_list  # type: ignore[method-assign]
+        view_module.QueueView.missed = original_missed  # type: ignore[method-assign]
+        view_module.QueueView.locked_at = original_locked_at  # type: ignore[method-assign]
+
+
 @dataclass
 class Run:
     consumers: int
@@ -72,6 +157,8 @@ class Run:
     start: Stretch
     steady: Stretch
     seconds: float
+    #: Listings by cause in the steady stretch, and its hits and misses.
+    causes: Listings = field(default_factory=Listings)
 
 
 def measure(consumers: int, seed: int = 0, window_per_consumer: int = WINDOW_PER_CONSUMER) -> Run:
@@ -88,6 +175,7 @@ def measure(consumers: int, seed: int = 0, window_per_consumer: int = WINDOW_PER
     put = [0]
     stop = [False]
     stretches = [Stretch(), Stretch()]
+    listings = Listings()
 
     def queue(node: str) -> Queue:
         factory = cast(Callable[[str], Member], network.members_of(node))
@@ -124,6 +212,7 @@ def measure(consumers: int, seed: int = 0, window_per_consumer: int = WINDOW_PER
         assert costs is not None
         stretch.kinds, stretch.items, stretch.virtual = dict(costs.kinds), items, sim.now - since
         costs.reset()
+        listings.reset()
 
     def main() -> None:
         sim.Thread(network.courier, name="courier").start()
@@ -144,17 +233,21 @@ def measure(consumers: int, seed: int = 0, window_per_consumer: int = WINDOW_PER
         steady_from, first = sim.now, len(done)
         while len(done) - first < window:
             sim.sleep(0.01)
+        steady.counts, steady.hits, steady.misses = \
+            listings.counts, listings.hits, listings.misses
         cut(stretches[1], steady_from, len(done) - first)
         network.costs = None
         stop[0] = True
         for made in queues:
             made.close()
 
-    sim.run(main)
+    steady = Listings()
+    with counting_causes(listings):
+        sim.run(main)
     if sim.failures:
         raise RuntimeError(f"sim-threads died: {sim.failures[:3]}")
     return Run(consumers, backlog, seed, stretches[0], stretches[1],
-               time.perf_counter() - started)
+               time.perf_counter() - started, steady)
 
 
 def _per(value: float, items: int) -> str:
@@ -213,6 +306,25 @@ def bytes_table(runs: List[Run], stretch: str) -> str:
     return "\n".join(lines)
 
 
+def causes_table(runs: List[Run]) -> str:
+    """Steady: listings per 100 completed items by directory and cause, and
+    the nodes they carried per item; then the claims' hits and misses."""
+    keys = sorted({key for run in runs for key in run.causes.counts})
+    lines = _head("listings per 100 items (nodes per item) /", runs, "steady")
+    for directory, cause in keys:
+        cells = []
+        for run in runs:
+            count, nodes = run.causes.counts.get((directory, cause), [0, 0])
+            items = run.steady.items
+            cells.append(f"{100 * count / items:.1f} ({nodes / items:.0f})" if count else "0")
+        lines.append(f"| `{directory}/`: {cause} | " + " | ".join(cells) + " |")
+    for label, value in (("claim hits (C2 done)", lambda c: c.hits),
+                         ("claim misses (taken or gone)", lambda c: c.misses)):
+        lines.append(f"| {label} per item | " + " | ".join(
+            _per(value(run.causes), run.steady.items) for run in runs) + " |")
+    return "\n".join(lines)
+
+
 def _per_item(part: Stretch, what: str) -> float:
     total = part.total()
     return (total.requests if what == "requests" else total.from_etcd) / part.items
@@ -253,6 +365,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(table(runs, stretch))
         print(f"\n#### {stretch}: kB from etcd per {unit}, by kind\n")
         print(bytes_table(runs, stretch))
+    print("\n#### steady: listings by cause\n")
+    print(causes_table(runs))
     print()
     for line in targets(runs, "steady"):
         print(f"- steady: {line}")
@@ -260,6 +374,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump([{"consumers": run.consumers, "backlog": run.backlog, "seed": run.seed,
                         "seconds": run.seconds,
+                        "causes": {f"{d} {c}": v for (d, c), v in run.causes.counts.items()},
+                        "hits": run.causes.hits, "misses": run.causes.misses,
                         **{name: {"items": part.items, "virtual": part.virtual,
                                   "kinds": {k: vars(t) for k, t in part.kinds.items()}}
                            for name, part in (("start", run.start), ("steady", run.steady))}}

@@ -49,7 +49,8 @@ from .errors import (AlreadyExists, AmbiguousWrite, AuthError, CompareFailed, Co
                      EtcdFailure, EtcdqError, KeyMissing, Unavailable)
 from .listing import listed_nodes
 from .runtime import SYSTEM, Runtime
-from .wire import Connection, Lost, Member, NotSent, Response, TLSFailed, tls_context
+from .wire import (Connection, Lost, Member, NotSent, Response, TLSFailed, Unanswered,
+                   tls_context)
 from .wire import Refused as _RefusedConnect
 
 log = logging.getLogger("etcdq_v2.transport")
@@ -279,7 +280,8 @@ class Transport:
         AlreadyExists (answers the protocol expects in races), AuthError,
         EtcdFailure, ConfigError, or a failure that is retried: Timeout,
         NotSent, Lost, ServerError (etcd's 5xx).  Each retry is a request of
-        its own.  Observers run in the requesting thread and must be quick; one
+        its own, and so is a retry that waits again for a GET's reply on its
+        connection (see _call; :attr:`requests` counts only what was sent).  Observers run in the requesting thread and must be quick; one
         that raises is logged and does not affect the request.
         """
         with self._lock:
@@ -554,8 +556,39 @@ class Transport:
     def _call(self, method: str, key: str, *, query: Optional[Dict[str, Any]] = None,
               body: Optional[str] = None) -> Reply:
         path = _path(key, query)
-        return self._retrying(method, key, lambda member, timeout, retried:
-                              self._send(member, method, path, body, timeout, retried))
+        if method != "GET":
+            return self._retrying(method, key, lambda member, timeout, retried:
+                                  self._send(member, method, path, body, timeout, retried))
+        # A GET whose reply had not begun when it timed out (Unanswered) is
+        # waited for again when the call comes back to its member, not sent
+        # there again: etcd goes on making the reply of a GET its client
+        # gave up on (a listing, encoded whole before its first byte), and
+        # one more such GET only doubles its work.  Another member may still
+        # answer first.  Only within this call: a later call's read must not
+        # take a reply from before it (a read-back after a write).
+        waiting: Dict[int, Any] = {}  # id(member) -> Unanswered.waiting
+        try:
+            return self._retrying(method, key, lambda member, timeout, retried:
+                                  self._read(member, path, timeout, retried, waiting))
+        finally:
+            for connection in waiting.values():
+                connection.close()
+
+    def _read(self, member: Member, path: str, timeout: float, retried: bool,
+              waiting: Dict[int, Any]) -> Reply:
+        """One attempt of a GET: sent, or, if ``member`` has this call's
+        unanswered GET (``waiting``), waited for again."""
+        again = waiting.pop(id(member), None)
+        if again is None:
+            with self._lock:
+                self.requests["GET"] += 1
+        with _translated(member.url):
+            try:
+                response = member.request("GET", path, None, timeout, waiting=again)
+            except Unanswered as exc:
+                waiting[id(member)] = exc.waiting
+                raise
+            return self._reply(member, response, retried)
 
     def _retrying(self, method: str, key: str, attempt: Callable[[Member, float, bool], T],
                   observed: bool = True) -> T:

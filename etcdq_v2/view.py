@@ -123,7 +123,7 @@ class QueueView:
 
     def missed(self, item_id: str) -> bool:
         """A claim found the item taken or gone.  True when a quiet view should
-        list work/ again: its misses cost what that listing does (MISS_COST)."""
+        list work/ again: its misses reached the miss limit (ViewState.miss_limit)."""
         return self._call(self.state.missed)
 
     def catch_up(self, timeout: float) -> bool:

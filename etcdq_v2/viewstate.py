@@ -47,7 +47,8 @@ its process finds nothing to claim: a quiet view starts watching when a claim
 finds nothing free, and a watching one goes quiet when a claim sees a backlog
 of free items.  A quiet view learns what others did by missing (a claim finds
 its item locked or gone: :meth:`ViewState.missed`) and lists work/ again once
-its misses cost about what a listing does (:meth:`ViewState.start_relist`); a
+its misses cost about what a listing does, or half its tries missed
+(:attr:`ViewState.miss_limit`, :meth:`ViewState.start_relist`); a
 listing of work/ shows which items were claimed since the last one (their new
 version carries a claim token).  locks/, which holds about a lock TTL's
 worth of finished items' locks, is listed only at the first listing, when a
@@ -133,6 +134,13 @@ JUMPS = 3
 #: are read off `work/`").  A quiet view lists work/ again once its misses
 #: cost about what that listing does.
 MISS_COST = 100
+#: The fewest misses that measure a listing's miss rate: a quiet view also
+#: lists work/ again once its misses since the listing are at least this many
+#: and at least as many as its claims' hits (a miss rate of one half): the
+#: listing's items are mostly gone, and misses after that find no more of
+#: them, however long the listing.  Eight: 64 consumers starting together on
+#: a backlog lose about 3 races each before their windows spread.
+MISS_RATE_MIN = 8
 #: Seconds a follower waits after applying events, so that the next come in one block.
 COALESCE = 0.005
 #: Seconds a watching view trusts one stream: its round ends this long after
@@ -363,6 +371,8 @@ class ViewState:
         self.misses = 0
         #: The free items that listing offered: the miss limit is one per MISS_COST.
         self.listed_free = 0
+        #: Items claims tried (picked) since that listing: with ``misses``, its miss rate.
+        self.tries = 0
         #: Where a claim walking the backlog goes on from (see pick); None: jump.
         #: Concurrent consumers spread over the backlog.
         self.cursor: Optional[str] = None
@@ -404,8 +414,12 @@ class ViewState:
 
     @property
     def miss_limit(self) -> int:
-        """Misses after which a quiet view lists work/ again (see MISS_COST)."""
-        return max(1, (self.listed_free + MISS_COST // 2) // MISS_COST)
+        """Misses after which a quiet view lists work/ again: once they cost
+        about what the listing did (MISS_COST), or once they are at least
+        MISS_RATE_MIN and at least as many as the hits (tries that did not
+        miss, under way ones too): the listing is mostly stale."""
+        by_cost = max(1, (self.listed_free + MISS_COST // 2) // MISS_COST)
+        return min(by_cost, max(MISS_RATE_MIN, self.tries - self.misses))
 
     def next_deadline(self) -> float:
         """The earliest deadline of DEADLINES that makes a tick do something (inf:
@@ -484,14 +498,19 @@ class ViewState:
             found = self._walk(min(window, bisect.bisect_right(
                 self.free, _id_at(self.offer_upto))), rng)
             if found is not None:
-                self.taken(found[0])
+                self.tried(found[0])
                 return found, None
         head, switch = self.candidates(min(window, PROBES))
         if not head:
             return None, switch
         found = rng.choice(head)
-        self.taken(found[0])
+        self.tried(found[0])
         return found, switch
+
+    def tried(self, item_id: str) -> None:
+        """A claim picked the item: :meth:`taken`, and one more try since the listing."""
+        self.tries += 1
+        self.taken(item_id)
 
     def _walk(self, end: int, rng: Any) -> Optional[Candidate]:
         """The first free item from the cursor on (among the first ``end``).
@@ -543,7 +562,7 @@ class ViewState:
 
     def missed(self) -> bool:
         """A claim found its item taken or gone.  True when a quiet view should
-        list work/ again: its misses cost what that listing does (MISS_COST)."""
+        list work/ again: its misses reached :attr:`miss_limit`."""
         self.misses += 1
         self.cursor = None  # another consumer's run, or a stale one: jump
         return not self.watching and self.misses >= self.miss_limit
@@ -1016,7 +1035,7 @@ class ViewState:
         self.recorded.clear()  # one still in work/ now is one a claim must finish
         self.orphans.clear()
         self.known, self.own_upto = index, 0
-        self.misses, self.listed_free, self.cursor = 0, len(work), None
+        self.misses, self.tries, self.listed_free, self.cursor = 0, 0, len(work), None
         self.relists += 1
         self.version += 1
 

@@ -75,6 +75,18 @@ class Lost(Exception):
         self.timed_out = timed_out
 
 
+class Unanswered(Lost):
+    """A GET timed out before the first byte of its reply: the member may
+    still be making it (etcd encodes a listing whole before it sends a byte).
+    ``waiting`` is the connection, left open (``close()`` it if unused):
+    :meth:`Member.request` given it waits for that reply again instead of
+    sending the GET once more."""
+
+    def __init__(self, waiting: Any) -> None:
+        super().__init__("timed out waiting for the reply", timed_out=True)
+        self.waiting = waiting
+
+
 class TLSFailed(Exception):
     """The certificate did not verify, or the member sent a TLS alert."""
 
@@ -396,9 +408,15 @@ class Member:
         self._reading: Set[Connection] = set()
 
     def request(self, method: str, path: str, body: Optional[str],
-                timeout: float) -> Response:
-        """One request on a pooled keep-alive connection."""
-        return self._finish(self._start(method, path, body, timeout))
+                timeout: float, waiting: Optional[Connection] = None) -> Response:
+        """One request on a pooled keep-alive connection.  A GET that times
+        out before its reply's first byte raises :class:`Unanswered`, its
+        connection open; given back as ``waiting``, its reply is waited for
+        again, up to ``timeout``, and nothing is sent."""
+        if waiting is None:
+            return self._finish(self._start(method, path, body, timeout), method == "GET")
+        waiting.set_timeout(timeout)
+        return self._finish(waiting, True)
 
     def arriving(self, within: float) -> bool:
         """Whether a reply that request() is reading is arriving: some of its
@@ -507,13 +525,20 @@ class Member:
             raise
         return connection
 
-    def _finish(self, connection: Connection) -> Response:
-        """The reply; the connection goes back to the pool only once it is read whole."""
+    def _finish(self, connection: Connection, may_wait: bool = False) -> Response:
+        """The reply; the connection goes back to the pool only once it is read
+        whole.  ``may_wait``: a timeout before the reply's first byte leaves
+        the connection open for another wait (:class:`Unanswered`)."""
         connection.heard = 0.0  # what arrives now is this reply's
         with self._lock:
             self._reading.add(connection)
         try:
             response = _receive(connection)
+        except Lost as exc:
+            if may_wait and exc.timed_out and not connection.heard and not connection.buffered():
+                raise Unanswered(connection) from None
+            connection.close()
+            raise
         except BaseException:
             connection.close()
             raise

@@ -73,6 +73,9 @@ class Faults:
     reset: bool = False
     cut: Optional[int] = None
     idle: Optional[float] = None
+    #: release() calls so far: a link held before the latest one is let go,
+    #: even if a new hold() came before its pump saw the release.
+    released: int = 0
 
     def delay_of(self, direction: str) -> float:
         return dict(self.delay).get(direction, 0.0)
@@ -168,7 +171,8 @@ class FaultProxy:
 
     def release(self) -> None:
         """Stop holding: what was held is forwarded, in order."""
-        self._set(dataclasses.replace(self.faults, hold=(), hold_match=None))
+        self._set(dataclasses.replace(self.faults, hold=(), hold_match=None,
+                                      released=self.faults.released + 1))
 
     def black_hole(self, direction: str = "both") -> None:
         dropped = tuple(sorted(set(self.faults.drop) | set(_directions(direction))))
@@ -311,6 +315,7 @@ class _Link:
         self._pending: Dict[str, Deque[Tuple[float, bytes]]] = {UP: deque(), DOWN: deque()}
         self._held: Dict[str, bytearray] = {UP: bytearray(), DOWN: bytearray()}
         self._holding: Dict[str, bool] = {UP: False, DOWN: False}
+        self._held_since: Dict[str, int] = {UP: 0, DOWN: 0}  # Faults.released then
         self._out: Dict[str, bytearray] = {UP: bytearray(), DOWN: bytearray()}
         self._reply_bytes = 0
         self._last_up: Optional[float] = None
@@ -460,11 +465,13 @@ class _Link:
         if not self._holding[direction]:
             self._holding[direction] = (faults.hold_match is None
                                         or faults.hold_match.search(data) is not None)
+            self._held_since[direction] = faults.released
         return self._holding[direction]
 
     def _unhold(self, faults: Faults, now: float) -> None:
         for direction in (UP, DOWN):
-            if direction in faults.hold and self._holding[direction]:
+            if (direction in faults.hold and self._holding[direction]
+                    and self._held_since[direction] == faults.released):
                 continue
             self._holding[direction] = False
             if self._held[direction]:

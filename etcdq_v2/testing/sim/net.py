@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
-from ...wire import Lost, NotSent, Refused, Response
+from ...wire import Lost, NotSent, Refused, Response, Unanswered
 from .cluster import SWEEP_PERIOD, Cluster, Pending
 from .costs import Costs
 from .runtime import SimRuntime
@@ -100,6 +100,16 @@ class _Flight:
     pending: Optional[Pending] = None
     error: Optional[Exception] = None
     client: str = ""
+
+
+@dataclass
+class _Waiting:
+    """A GET's flight whose reply had not begun at its timeout (wire's Unanswered)."""
+
+    flight: _Flight
+
+    def close(self) -> None:
+        """Its reply, if it comes, is read by no one."""
 
 
 class Network:
@@ -272,8 +282,9 @@ class Network:
         except ConnectionRefusedError:
             flight.error = Refused("cannot connect: [Errno 111] Connection refused (simulated)")
 
-    def finish(self, flight: _Flight, deadline: float) -> Response:
-        """The flight's reply by ``deadline`` (virtual), or what wire would raise."""
+    def finish(self, flight: _Flight, deadline: float, may_wait: bool = False) -> Response:
+        """The flight's reply by ``deadline`` (virtual), or what wire would raise
+        (``may_wait``: Unanswered when no reply has begun, as for a GET)."""
         if self._paused.get(flight.client) == math.inf:
             self.sim.sleep(math.inf)  # killed: no reply is ever read
         if flight.error is not None:
@@ -287,6 +298,8 @@ class Network:
         if pending is None or not answered or flight.fault is Fault.SLOW_REPLY:
             if answered:  # applied; its reply comes after the client gave up
                 self.sim.sleep(max(deadline - self.sim.now, 0.0))
+            elif may_wait and pending is not None:  # the member has not made it yet
+                raise Unanswered(_Waiting(flight))
             raise Lost("timed out waiting for the reply", timed_out=True)
         reply = pending.reply
         assert reply is not None
@@ -406,11 +419,15 @@ class SimMember:
         self.client = client
 
     def request(self, method: str, path: str, body: Optional[str],
-                timeout: float) -> Response:
+                timeout: float, waiting: Optional["_Waiting"] = None) -> Response:
+        """As wire's: a GET not answered within ``timeout`` raises Unanswered,
+        and ``waiting`` waits for that flight's reply again."""
         self.network.resumed(self.client)
         deadline = self.network.sim.now + timeout
+        if waiting is not None:
+            return self.network.finish(waiting.flight, deadline, may_wait=True)
         flight, = self.network.send(self.index, [(method, path, body)], self.client)
-        return self.network.finish(flight, deadline)
+        return self.network.finish(flight, deadline, may_wait=method == "GET")
 
     def request_all(self, requests: Sequence[_Request],
                     timeout: float) -> List[Union[Response, Exception]]:
