@@ -17,6 +17,7 @@ import pytest
 
 from etcdq_v2 import ClaimClosed, LockLost, NotFound, Queue, Unavailable, connect
 from etcdq_v2.codec import Item
+from etcdq_v2.driver import run
 from etcdq_v2.errors import AlreadyExists
 from etcdq_v2.protocol import COMPLETED, FAILED
 
@@ -65,13 +66,13 @@ def test_r3_a_requeue_paused_past_its_lock_ttl_requeues_once(
         claim = r1.claim()
         claim.fail("boom")
         dead, p = claim.id, r1._protocol
-        lock = p._lock_dead_letter(dead)                 # Q0
-        (token, index), record = p._requeue_token(dead)  # Q1, then R1 pauses
+        lock = run(p._lock_dead_letter(dead), p.etcd)                 # Q0
+        (token, index), record = run(p._requeue_token(dead), p.etcd)  # Q1, then R1 pauses
         wait_until(lambda: p.read("locks", dead) is None, 5, message="R1's lock to expire")
         r2.requeue(dead)                                 # R2 does it all
         assert len(drain(r2)) == 1                       # ... and the item runs
         raw = Item(record.payload, token, requeued=True).encode()
-        p._create_item(f"{index:020d}", raw)             # R1 wakes: its Q3
+        run(p._create_item(f"{index:020d}", raw), p.etcd)             # R1 wakes: its Q3
         p._drop_lock(dead, lock)
         assert drain(r2) == []  # created again, but its first claim finds the record
 
@@ -90,9 +91,9 @@ def test_a_late_q3_after_completed_ttl_passed_still_finds_the_record_and_runs_no
         assert claim is not None
         claim.fail("boom")  # max_attempts=1: a dead letter
         dead, p = claim.id, r1._protocol
-        lock = p._lock_dead_letter(dead)                 # Q0
-        (token, index), record = p._requeue_token(dead)  # Q1
-        p._remove_dead_item(dead)                        # Q2, then R1 pauses
+        lock = run(p._lock_dead_letter(dead), p.etcd)                 # Q0
+        (token, index), record = run(p._requeue_token(dead), p.etcd)  # Q1
+        run(p._remove_dead_item(dead), p.etcd)                        # Q2, then R1 pauses
         wait_until(lambda: p.read("locks", dead) is None, 5, message="R1's lock to expire")
         new_id = r2.requeue(dead)                        # R2 does it all
         assert new_id == f"{index:020d}"
@@ -104,7 +105,7 @@ def test_a_late_q3_after_completed_ttl_passed_still_finds_the_record_and_runs_no
         wait_until(lambda: p.read(COMPLETED, ordinary) is None, 10,
                    message="completed_ttl to pass: the ordinary record to expire")
         raw = Item(record.payload, token, requeued=True).encode()
-        p._create_item(new_id, raw)                      # R1 wakes: its Q3
+        run(p._create_item(new_id, raw), p.etcd)                      # R1 wakes: its Q3
         p._drop_lock(dead, lock)
         assert r2.claim(timeout=1) is None  # created again; its first claim finds the record
         assert p.read("work", new_id) is None
@@ -215,11 +216,12 @@ def test_r4_a_requeue_dead_after_q3_keeps_the_marked_dead_letter_against_a_late_
                 k.claim(timeout=0)  # its F2 held
         assert DEAD_LETTER_PUT.search(k_proxy.held())
         p = q._protocol
-        p._lock_dead_letter(dead)                                 # Q0
-        (token, index), record = p._requeue_token(dead)           # Q1
-        p._remove_dead_item(dead)                                 # Q2
+        run(p._lock_dead_letter(dead), p.etcd)                                 # Q0
+        (token, index), record = run(p._requeue_token(dead), p.etcd)           # Q1
+        run(p._remove_dead_item(dead), p.etcd)                                 # Q2
         first = f"{index:020d}"
-        assert p._create_item(first, Item(record.payload, token, requeued=True).encode())  # Q3
+        raw = Item(record.payload, token, requeued=True).encode()
+        assert run(p._create_item(first, raw), p.etcd)            # Q3
         # The requeue dies here.  Past the time failed_ttl would have expired the key:
         marked_at = time.monotonic()
         wait_until(lambda: time.monotonic() > marked_at + ttl + 1.5, ttl + 3,

@@ -695,6 +695,20 @@ def test_a_requeue_that_fails_after_q0_drops_its_lock() -> None:
     assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=REQUEUER.encode())
 
 
+@pytest.mark.xfail(strict=True, reason="Q5's failure is raised after Q3 and Q4 applied: the "
+                   "caller gets Unavailable, and a retry waits out the lock, then NotFound")
+def test_a_requeue_done_through_q4_returns_its_new_id_when_only_q5_fails() -> None:
+    """Q3 created the item and Q4 buried the dead letter: the requeue is done, and
+    its lock expires if Q5 cannot drop it (docs/protocol.md's table: "Q4 | the lock
+    expires").  The new id is returned; a retry could not learn it (the dead letter
+    is a tombstone now: NotFound, once the lock expired)."""
+    script = Script(steps().requeue_step(ITEM),
+                    requeue_answers_to_q1() + [missing(), 5.0, written(82), written(83),
+                                               Unavailable("no member answered")])
+    new_id, _ = script.result()
+    assert new_id == f"{81:020d}"
+
+
 def test_q0_takes_over_the_lock_the_dead_letters_finisher_left_to_expire() -> None:
     raw = DEAD.encode(outcome=FAILED, stored=True)
     finishers = Lock("node-b", "dead-claim").encode()
