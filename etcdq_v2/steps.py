@@ -684,15 +684,17 @@ class Steps:
 
     def _holding(self, step: Step[T], item_id: str, lock: Lock) -> Step[T]:
         """``step`` under our ``lock`` of ``locks/<id>``, which is dropped after it
-        (R1-like; if even the drop fails, it expires), whatever the step did."""
+        (R1-like), whatever the step did.  If even the drop fails, the lock
+        expires: what the step did or raised stands, since a failed drop undoes
+        nothing (a requeue done through Q4 returns its new id)."""
         try:
             result = yield from step
         except GeneratorExit:
             raise
         except BaseException:
-            yield from self.drop_lock_step(item_id, lock)
+            yield from self.let_go_step(item_id, lock)
             raise
-        yield from self.drop_lock_step(item_id, lock)
+        yield from self.let_go_step(item_id, lock)
         return result
 
     def _requeued(self, item_id: str) -> Step[Place]:

@@ -695,8 +695,6 @@ def test_a_requeue_that_fails_after_q0_drops_its_lock() -> None:
     assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=REQUEUER.encode())
 
 
-@pytest.mark.xfail(strict=True, reason="Q5's failure is raised after Q3 and Q4 applied: the "
-                   "caller gets Unavailable, and a retry waits out the lock, then NotFound")
 def test_a_requeue_done_through_q4_returns_its_new_id_when_only_q5_fails() -> None:
     """Q3 created the item and Q4 buried the dead letter: the requeue is done, and
     its lock expires if Q5 cannot drop it (docs/protocol.md's table: "Q4 | the lock
