@@ -208,6 +208,10 @@ class Network:
     def _partitioned(self, client: str) -> bool:
         return self._cut_off.get(client, -math.inf) > self.sim.now
 
+    def partitioned(self, client: str) -> bool:
+        """Whether ``client``'s process is cut from every member now."""
+        return self._partitioned(client)
+
     @property
     def faulty(self) -> bool:
         return self.sim.now < self.faults_until

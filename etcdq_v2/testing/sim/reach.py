@@ -152,4 +152,10 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 
 if __name__ == "__main__":
+    import os
+    import sys
+    if os.environ.get("PYTHONHASHSEED") is None:  # as the simulator's command: set order
+        os.environ["PYTHONHASHSEED"] = "0"
+        os.execv(sys.executable, [sys.executable, "-m", "etcdq_v2.testing.sim.reach"]
+                 + sys.argv[1:])
     main()

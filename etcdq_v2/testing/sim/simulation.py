@@ -202,7 +202,7 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
     live = Live(history, cluster, Layout(ROOT, NAME).root,
                 Bounds(LOCK_TTL, TRUSTED_BOUND if trusted else TAKEN_BOUND,
                        TRUSTED_BOUND if trusted else KNOWN_BOUND, ORDER_SLACK, STARVE_BOUND),
-                touched=network.touched)
+                touched=network.touched, cut_off=network.partitioned)
 
     def calm() -> float:
         """When the faults' aftermath is over (inf while they last)."""
