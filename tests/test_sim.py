@@ -4,16 +4,19 @@ seeds with faults finds no violation, and a defect put back is found."""
 from __future__ import annotations
 
 import logging
+import random
 from typing import List, Tuple
 
 import pytest
 
+from etcdq_v2 import steps
 from etcdq_v2.testing.sim.__main__ import main
 from etcdq_v2.testing.sim.actors import History
 from etcdq_v2.testing.sim.invariants import (NAMES, Bounds, Live, Stored, claims_available,
                                              waits_agree)
 from etcdq_v2.testing.sim.mutants import MUTANTS, mutant
-from etcdq_v2.testing.sim.simulation import simulate
+from etcdq_v2.testing.sim.reach import counting
+from etcdq_v2.testing.sim.simulation import simulate, swarm_rates
 
 pytestmark = pytest.mark.usefixtures("quiet_library")
 
@@ -32,6 +35,46 @@ def test_seeds_with_faults_break_no_invariant() -> None:
         result = simulate(seed)
         assert result.violations == [], (seed, result.violations)
         assert result.items > 0
+
+
+def test_a_swarm_seed_draws_its_faults_and_replays_byte_for_byte() -> None:
+    # Partitions and delayed replies strike, F4 is sent, and the seed alone decides.
+    from etcdq_v2.testing.sim.net import FaultRates
+    options = dict(consumers=1, workers=0, items=40, send_f4=True,
+                   rates=FaultRates(partition=0.05, delay_reply=0.05))
+    counts: dict = {}
+    linger: List[int] = []
+    with counting(counts):
+        first = simulate(1, prepare=lambda sim: linger.append(steps.LINGER_MAX), **options)
+    assert first.violations == []
+    assert first.faults["partition"] and first.faults["delay_reply"]
+    assert counts.get("work-unlisted")  # a partition fails a claimer's listing of work/
+    assert linger[0] < 5 and steps.LINGER_MAX == 60  # F4 sent at lock_ttl 5, in the run only
+    assert simulate(1, **options).trace == first.trace
+    assert swarm_rates(random.Random(3), FaultRates()) == swarm_rates(random.Random(3),
+                                                                      FaultRates())
+
+
+def test_a_refresh_of_its_own_claim_attempts_lock_keeps_refresh_of_own_lock() -> None:
+    # The heartbeat refreshes an attempt from C1's send on, before (or without) a
+    # hand-out: the lock is its process's own.  Another process's refresh of it is not.
+    from urllib.parse import quote
+    from etcdq_v2.codec import Lock
+    from etcdq_v2.testing.sim.cluster import Cluster
+    from etcdq_v2.testing.sim.invariants import refreshes_of_others
+    cluster = Cluster(3, start=0.0, shuffle=random.Random(0).shuffle)
+    senders: dict = {}
+    lock, key = quote(Lock("c0-x", "tok").encode()), "/v2/keys/r/q/locks/1"
+
+    def send(process: str, body: str, now: float) -> None:
+        senders[id(cluster.request(0, "PUT", key, body, now))] = process
+        cluster.advance(now + 0.5)
+    send("c0", f"value={lock}&ttl=5&prevExist=false", 1.0)
+    send("c0", f"ttl=5&prevExist=true&prevValue={lock}&refresh=true", 2.0)
+    assert list(refreshes_of_others(cluster, "/r/q", senders, History())) == []
+    send("c1", f"ttl=5&prevExist=true&prevValue={lock}&refresh=true", 3.0)
+    assert [v.name for v in refreshes_of_others(cluster, "/r/q", senders, History())] == \
+        ["refresh-of-own-lock"]
 
 
 def test_the_cli_reports_runs_and_replays_one_seed_with_its_trace(tmp_path, capsys) -> None:

@@ -42,6 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--record-kills", type=float,
                         help="the share of those kills that land at a record's PUT, between "
                              "F2 and F3 (default 0.5, or the --mutant's schedule's)")
+    parser.add_argument("--swarm", action="store_const", const=True,
+                        help="swarm testing: each seed draws which faults strike and their "
+                             "rates, partitions and delayed replies among them (default off, "
+                             "or the --mutant's schedule's)")
+    parser.add_argument("--send-f4", action="store_const", const=True,
+                        help="finishers delete their lock (F4), as with a lock TTL over "
+                             "LINGER_MAX, instead of leaving it to expire (default off)")
     parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--trace", help="write the run's trace here (with --seed)")
     parser.add_argument("--mutant", choices=sorted(MUTANTS),
@@ -75,14 +82,15 @@ def _schedule(args: argparse.Namespace) -> Dict[str, object]:
 
 
 #: The schedule's options that have a flag (main() resolves them against the --mutant's).
-_FLAGGED = {"consumers": 3, "workers": 1, "kills": 0.3, "record_kills": 0.5}
+_FLAGGED = {"consumers": 3, "workers": 1, "kills": 0.3, "record_kills": 0.5, "swarm": False,
+            "send_f4": False}
 
 
 def _run(seed: int, args: argparse.Namespace, keep_trace: bool = False) -> _Seed:
     with mutant(args.mutant):
         result = simulate(seed, consumers=args.consumers, items=args.items, faults=args.faults,
                           workers=args.workers, kills=args.kills, record_kills=args.record_kills,
-                          **_schedule(args))  # type: ignore[arg-type]
+                          swarm=args.swarm, send_f4=args.send_f4, **_schedule(args))  # type: ignore[arg-type]
     return _Seed(seed, result.handovers + result.requests,
                  [(violation.name, violation.detail) for violation in result.violations],
                  result.faults, result.settled, result.trace if keep_trace else None)
@@ -151,7 +159,8 @@ def _run_seeds(args: argparse.Namespace) -> int:
                   f"--consumers {args.consumers} --workers {args.workers} --items {args.items} "
                   f"--kills {args.kills:g} --record-kills {args.record_kills:g} "
                   f"{'--faults' if args.faults else '--no-faults'} "
-                  f"--trace sim-{result.seed}.trace"
+                  + ("--swarm " if args.swarm else "") + ("--send-f4 " if args.send_f4 else "")
+                  + f"--trace sim-{result.seed}.trace"
                   + (f" --mutant {args.mutant}" if args.mutant else ""), flush=True)
             if not args.keep_going:
                 break

@@ -388,6 +388,10 @@ class Live:
     calm: Callable[[], float] = lambda: math.inf
     #: item -> since when the store has held it free (no lock, no delay lock).
     _free_since: Dict[str, float] = field(default_factory=dict)
+    #: Whether a process is cut from every member now (Network.partitioned): its
+    #: view can learn nothing, so view-taken-freed and view-knows-work count
+    #: from the partition's end.
+    cut_off: Callable[[str], bool] = lambda name: False
 
     def check(self, now: float, *, store: bool) -> None:
         """The checks on the library's state; ``store``: also those that compare
@@ -454,6 +458,11 @@ class Live:
                        f"the value {raw!r}, but the write at that index wrote {written!r}")
 
     def _view(self, name: str, view: ViewState, store: Stored, now: float) -> None:
+        if self.cut_off(name):
+            for since in (self._taken, self._unknown, self._held):
+                for key in [key for key in since if key[0] == name]:
+                    del since[key]
+            return
         for item in store.work:
             gone = item in view.taken and item not in store.locks
             self._bounded("view-taken-freed", self._taken, (name, item), gone, now,
@@ -566,14 +575,28 @@ class Live:
 def refreshes_of_others(cluster: Cluster, root: str, senders: Dict[int, str],
                         history: History) -> Iterator[Violation]:
     """refresh-of-own-lock: every refresh of locks/<id> that applied found there a
-    lock of a claim its sender's process was handed (its node and token)."""
+    lock its sender's process took: of a claim it was handed, or of its claim
+    attempt under way (C1 by it, with that token; a refresh is due from C1's send)."""
     prefix = f"{root}/locks/"
     claims: Dict[str, Set[Tuple[str, str]]] = {}  # process -> (item, token) handed to it
     for out in history.hand_outs:
         claims.setdefault(out.consumer, set()).add((out.item, out.token))
     for entry in cluster.log:
         request, pending = entry.request, entry.pending
-        if request is None or pending is None or pending.reply is None or not request.refresh:
+        if request is None or pending is None or pending.reply is None:
+            continue
+        if request.prev_exist is False and request.key.startswith(prefix) \
+                and pending.reply.status == 201:
+            # A claim attempt's C1: its process's own lock, handed out or not yet
+            # (the heartbeat refreshes an attempt from C1's send on).
+            try:
+                token = Lock.decode(request.value).token
+            except Junk:
+                continue
+            claims.setdefault(senders.get(id(pending), ""), set()).add(
+                (request.key[len(prefix):], token))
+            continue
+        if not request.refresh:
             continue
         if not request.key.startswith(prefix) or pending.reply.status != 200:
             continue

@@ -60,6 +60,7 @@ class Fault(Enum):
     LOST_REPLY = "lost_reply"
     LATE = "late"
     SLOW_REPLY = "slow_reply"
+    DELAY_REPLY = "delay_reply"
 
 
 @dataclass
@@ -81,12 +82,24 @@ class FaultRates:
     #: A late request arrives this many seconds after it was sent, plus up to as much again.
     late_by: float = 8.0
     slow_reply: float = 0.005
+    #: A reply held on the way and delivered late, yet within the client's
+    #: timeout (a proxy that delays a connection): what was decided on it
+    #: arrives after newer news.  0 by default (a swarm seed draws it).
+    delay_reply: float = 0.0
+    #: Per courier tick: one client process cut from every member (a network
+    #: partition of its host) for 1-4 x the transport's deadline: its requests
+    #: refused, its open streams cut.  0 by default (a swarm seed draws it).
+    partition: float = 0.0
 
 
 #: A record's key (F2 writes it): completed/<id> or failed/<id>.
 _RECORD = re.compile(r"/(completed|failed)/[^/?]+(\?|$)")
 
 NO_FAULTS = FaultRates(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, slow_reply=0)
+
+#: Seconds a partition lasts: from the transport's deadline (3 x 2 s, its
+#: members each tried) to 4 times it, so that a listing's every retry fails.
+PARTITION_FOR = (6.0, 24.0)
 
 
 @dataclass
@@ -143,6 +156,8 @@ class Network:
         self._kill_at_record: Set[str] = set()
         self._sent_by: Dict[str, int] = {}
         self._thaw: Dict[int, float] = {}
+        #: client -> when its partition from every member ends.
+        self._cut_off: Dict[str, float] = {}
         self._unlag: Dict[int, float] = {}
         #: Which client sent each request a member received: id(its Pending) -> name.
         self.senders: Dict[int, str] = {}
@@ -200,6 +215,13 @@ class Network:
             self._struck("kill")
             self.note(f"kill {client}")
 
+    def _partitioned(self, client: str) -> bool:
+        return self._cut_off.get(client, -math.inf) > self.sim.now
+
+    def partitioned(self, client: str) -> bool:
+        """Whether ``client``'s process is cut from every member now."""
+        return self._partitioned(client)
+
     @property
     def faulty(self) -> bool:
         return self.sim.now < self.faults_until
@@ -248,7 +270,7 @@ class Network:
             if self.costs is not None:
                 self.costs.request(method, path, body)
             self._count(client, method, path)
-            fault = self._fault()
+            fault = Fault.REFUSE if self._partitioned(client) else self._fault()
             refused = chained and fault is Fault.REFUSE
             self.note(f"{self.sim.current().name} {method} m{member} {path}"
                       + (f" {body}" if body else "") + (f" !{fault.value}" if fault else ""))
@@ -303,6 +325,8 @@ class Network:
             raise Lost("timed out waiting for the reply", timed_out=True)
         reply = pending.reply
         assert reply is not None
+        if flight.fault is Fault.DELAY_REPLY:  # held, yet delivered before the timeout
+            self.sim.sleep(self.rng.uniform(0.5, 0.95) * max(deadline - self.sim.now, 0.0))
         self._trip()
         if flight.fault is Fault.LOST_REPLY:
             raise Lost("ConnectionResetError: reset after the request was sent (simulated)")
@@ -315,12 +339,12 @@ class Network:
                     connect_timeout: float, client: str = "") -> Tuple["SimConnection", Response]:
         self.resumed(client)
         flight, = self.send(member, [("GET", path, None)], client)
-        if flight.fault is Fault.LOST_REPLY:
+        if flight.fault in (Fault.LOST_REPLY, Fault.DELAY_REPLY):
             flight.fault = None  # a stream's lost reply is a cut stream (the courier's)
         response = self.finish(flight, self.sim.now + connect_timeout)
         assert flight.pending is not None and flight.pending.reply is not None
         connection = SimConnection(self, flight.pending.reply.watch, response.body, idle_timeout,
-                                   target=path)
+                                   target=path, client=client)
         if connection.watcher is not None:
             self._streams.append(connection)
             self.opened += 1
@@ -407,6 +431,23 @@ class Network:
             stream.silent_until = now + rng.uniform(1.0, 90.0)
             self._struck("silence_stream")
             self.note(f"silence stream #{stream.number} until {stream.silent_until:.3f}")
+        if rates.partition and rng.random() < rates.partition:
+            self._partition(now)
+
+    def _partition(self, now: float) -> None:
+        """Cut one consumer's process (c<n>, w<n>) from every member."""
+        clients = sorted(c for c in self._sent_by if c[:1] in ("c", "w")
+                         and not self._partitioned(c))
+        if not clients:
+            return
+        client = self.rng.choice(clients)
+        # Healed by the end of the faults, as every other fault is.
+        self._cut_off[client] = min(now + self.rng.uniform(*PARTITION_FOR), self.faults_until)
+        self._struck("partition")
+        self.note(f"partition {client} until {self._cut_off[client]:.3f}")
+        for stream in self._streams:
+            if stream.client == client and not stream.closed:
+                stream.cut = True
 
 
 class SimMember:
@@ -498,6 +539,7 @@ class SimConnection:
     silent_until: float = 0.0
     number: int = 0
     target: str = ""
+    client: str = ""
 
     def set_timeout(self, timeout: Optional[float]) -> None:
         self.timeout = timeout

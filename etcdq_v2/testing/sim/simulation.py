@@ -18,6 +18,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, cast
 
+from ... import steps as steps_module
 from ...keys import Layout
 from ...queue import Queue
 from ...transport import connect
@@ -96,6 +97,31 @@ def quiet_library() -> Iterator[None]:
         logger.setLevel(level)
 
 
+#: A swarm seed's rates: each fault on with this chance, at its rate times
+#: 10 ** uniform(SWARM_SCALE) (a rare fault at a high rate in some seeds), and
+#: the faults off by default drawn in their ranges.
+SWARM_ON = 0.5
+SWARM_SCALE = (-0.5, 1.0)
+SWARM_NEW = {"delay_reply": (0.01, 0.1), "partition": (0.005, 0.04)}
+#: Shares, not rates: drawn on or off, kept as they are.
+_SHARES = ("restore", "late_by")
+
+
+def swarm_rates(rng: random.Random, base: FaultRates) -> FaultRates:
+    """Swarm testing: which faults strike in this seed, and how often."""
+    drawn: Dict[str, float] = {}
+    for name in sorted(vars(base)):
+        on = rng.random() < SWARM_ON
+        value = getattr(base, name)
+        if name in _SHARES:
+            drawn[name] = value if on or name == "late_by" else 0.0
+        elif name in SWARM_NEW and not value:
+            drawn[name] = rng.uniform(*SWARM_NEW[name]) if on else 0.0
+        else:
+            drawn[name] = min(0.25, value * 10 ** rng.uniform(*SWARM_SCALE)) if on else 0.0
+    return FaultRates(**drawn)
+
+
 @dataclass
 class Result:
     seed: int
@@ -116,7 +142,7 @@ class Result:
 def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = True,
              workers: int = 1, follow_ups: float = 0.2,
              rates: Optional[FaultRates] = None, kills: float = 0.3,
-             record_kills: float = 0.5,
+             record_kills: float = 0.5, swarm: bool = False, send_f4: bool = False,
              prepare: Optional[Callable[[SimRuntime], None]] = None) -> Result:
     """Run seed ``seed``; ``prepare(sim)`` runs first in the main sim-thread.
     ``workers``: Workers with concurrency besides the ``consumers``' claim loops;
@@ -124,7 +150,32 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
     consumer puts an item, as a pipeline stage does; ``kills``: the share of
     seeds with faults (and 2 or more consumers) in which consumer 0's process
     dies, and ``record_kills`` the share of those in which it dies at a
-    record's PUT (F2), between a commit's F2 and F3."""
+    record's PUT (F2), between a commit's F2 and F3.  ``swarm``: the seed draws
+    which faults are on and their rates (:func:`swarm_rates`), over ``rates``.
+    ``send_f4``: finishers delete their lock (F4), as they do with a lock TTL
+    over steps.LINGER_MAX, instead of leaving it to expire."""
+    with _f4_sent(send_f4):
+        return _simulate(seed, consumers, items, faults, workers, follow_ups, rates, kills,
+                         record_kills, swarm, prepare)
+
+
+@contextlib.contextmanager
+def _f4_sent(sent: bool) -> Iterator[None]:
+    """While active (``sent``), F4 is sent at LOCK_TTL: the path of a lock TTL
+    over LINGER_MAX (a lock deleted before F3 applies: an orphan's)."""
+    linger = steps_module.LINGER_MAX
+    if sent:
+        steps_module.LINGER_MAX = LOCK_TTL - 1
+    try:
+        yield
+    finally:
+        steps_module.LINGER_MAX = linger
+
+
+def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
+              follow_ups: float, rates: Optional[FaultRates], kills: float,
+              record_kills: float, swarm: bool,
+              prepare: Optional[Callable[[SimRuntime], None]]) -> Result:
     sim = SimRuntime(seed)
     clocks = random.Random(f"clocks-{seed}")
     # Members' clocks a little apart (up to MAX_SKEW): a leader ahead expires locks early.
@@ -133,8 +184,10 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
     cluster = Cluster(3, start=0.0, shuffle=random.Random(f"shuffle-{seed}").shuffle,
                       skews=skews)
     faults_until = FAULTS_FOR if faults else 0.0
-    network = Network(sim, cluster, random.Random(f"network-{seed}"),
-                      rates=(rates or FaultRates()) if faults else NO_FAULTS,
+    if swarm:
+        rates = swarm_rates(random.Random(f"swarm-{seed}"), rates or FaultRates())
+    fault_rates = (rates or FaultRates()) if faults else NO_FAULTS
+    network = Network(sim, cluster, random.Random(f"network-{seed}"), rates=fault_rates,
                       faults_until=faults_until)
     # The clients' clocks are the simulation's (skew 0).
     history = History(overlap=max(skews) + SWEEP_PERIOD + 1.0)
@@ -145,12 +198,11 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
     stop = [False]
     settled = [-1.0]
     started: List[Worker] = []
-    fault_rates = (rates or FaultRates()) if faults else NO_FAULTS
     trusted = fault_rates.silence_stream == 0 and fault_rates.restore == 0
     live = Live(history, cluster, Layout(ROOT, NAME).root,
                 Bounds(LOCK_TTL, TRUSTED_BOUND if trusted else TAKEN_BOUND,
                        TRUSTED_BOUND if trusted else KNOWN_BOUND, ORDER_SLACK, STARVE_BOUND),
-                touched=network.touched)
+                touched=network.touched, cut_off=network.partitioned)
 
     def calm() -> float:
         """When the faults' aftermath is over (inf while they last)."""

@@ -1,0 +1,161 @@
+"""How often a run reaches the view rules that the gap mutants patch.
+
+A test-only counter, patched in beside :mod:`.mutants` while it is active
+(nothing in the library's hot path): for each rule, the times its branch
+was taken in a way its mutant would change, per run.  A mutant whose rule
+is never reached cannot be found; a rule reached but not found points at
+an invariant too weak.  ``python -m etcdq_v2.testing.sim.reach --seeds 8``
+prints the counts per seed of a schedule.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from ...viewstate import Relist, ViewState
+
+#: rule (its mutant's name) -> times reached in the runs while counting.
+Counts = Dict[str, int]
+
+
+def _count(counts: Counts, name: str) -> None:
+    counts[name] = counts.get(name, 0) + 1
+
+
+def _take_listing(counts: Counts, original: Callable[..., Any]) -> Callable[..., Any]:
+    def take_listing(self: ViewState, index: int, work: Any, delayed: Any) -> None:
+        if self.relist_after > -math.inf or self.work_retry:  # a failed one's backoff on
+            _count(counts, "listing-keeps-relist-backoff")
+        original(self, index, work, delayed)
+    return take_listing
+
+
+def _work_unlisted(counts: Counts, original: Callable[..., Any]) -> Callable[..., Any]:
+    def work_unlisted(self: ViewState, relist: Relist, now: float) -> float:
+        _count(counts, "work-unlisted")
+        if relist.full:
+            _count(counts, "full-listing-wrong-timer")
+        result: float = original(self, relist, now)
+        return result
+    return work_unlisted
+
+
+def _catch_up_how(counts: Counts, original: Callable[..., Any]) -> Callable[..., Any]:
+    def catch_up_how(self: ViewState) -> str:
+        how: str = original(self)
+        if how != "relist":
+            _count(counts, "catch-up-makes-view-unready")
+        if how == "relist" and self.error is not None:
+            _count(counts, "own-puts-first-after-stream-error")
+        return how
+    return catch_up_how
+
+
+def _apply_locks(counts: Counts, original: Callable[..., Any]) -> Callable[..., Any]:
+    def apply_locks(self: ViewState, generation: int, relists: Optional[int], locks: Any,
+                    **kwargs: Any) -> None:
+        _count(counts, "apply-locks")
+        if generation == self.generation and relists not in (None, self.relists):
+            _count(counts, "stale-lock-check-applied")
+        if generation != self.generation:
+            _count(counts, "replaced-follower-listing-applied")
+        original(self, generation, relists, locks, **kwargs)
+    return apply_locks
+
+
+def _unlocked(counts: Counts, original: Callable[..., Any]) -> Callable[..., Any]:
+    def unlocked(self: ViewState, item_id: str, index: int) -> None:
+        if item_id in self.trying:
+            _count(counts, "gone-sign-dropped-during-attempt")
+        original(self, item_id, index)
+    return unlocked
+
+
+def _tick(counts: Counts, original: Callable[..., Any]) -> Callable[..., Any]:
+    def tick(self: ViewState, now: float) -> Any:
+        if self.orphans:
+            _count(counts, "orphans-held")
+        if any(due <= now for due in self.orphans.values()):
+            _count(counts, "orphans-never-offered")
+        return original(self, now)
+    return tick
+
+
+_PATCHES: List[Tuple[str, Callable[[Counts, Callable[..., Any]], Callable[..., Any]]]] = [
+    ("take_listing", _take_listing), ("work_unlisted", _work_unlisted),
+    ("catch_up_how", _catch_up_how), ("apply_locks", _apply_locks),
+    ("unlocked", _unlocked), ("tick", _tick)]
+
+RULES = ["listing-keeps-relist-backoff", "full-listing-wrong-timer",
+         "catch-up-makes-view-unready", "own-puts-first-after-stream-error",
+         "stale-lock-check-applied", "replaced-follower-listing-applied",
+         "gone-sign-dropped-during-attempt", "orphans-never-offered"]
+
+#: Counted beside the rules: how often their context comes at all.
+_CONTEXT = ["work-unlisted", "apply-locks", "orphans-held"]
+
+
+@contextlib.contextmanager
+def counting(counts: Counts) -> Iterator[Counts]:
+    """While active, ``counts`` gathers the rules reached (see module doc)."""
+    undo = []
+    try:
+        for attribute, wrap in _PATCHES:
+            original = getattr(ViewState, attribute)
+            undo.append((attribute, ViewState.__dict__[attribute]))
+            setattr(ViewState, attribute, wrap(counts, original))
+        yield counts
+    finally:
+        for attribute, original in reversed(undo):
+            setattr(ViewState, attribute, original)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    from .mutants import mutant
+    from .net import FaultRates
+    from .simulation import quiet_library, simulate
+    parser = argparse.ArgumentParser(prog="python -m etcdq_v2.testing.sim.reach")
+    parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--first", type=int, default=0)
+    parser.add_argument("--consumers", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--swarm", action="store_true")
+    parser.add_argument("--items", type=int, default=20)
+    parser.add_argument("--partition", type=float, default=0.0)
+    parser.add_argument("--delay-reply", type=float, default=0.0)
+    parser.add_argument("--mutant")
+    parser.add_argument("--rate", action="append", default=[], metavar="FAULT=RATE",
+                        help="a FaultRates field, over the defaults")
+    parser.add_argument("--kills", type=float, default=0.3)
+    parser.add_argument("--send-f4", action="store_true")
+    parser.add_argument("--record-kills", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    total: Counts = {}
+    for seed in range(args.first, args.first + args.seeds):
+        counts: Counts = {}
+        options: Dict[str, Any] = {"swarm": True} if args.swarm else {}
+        rates = dict(partition=args.partition, delay_reply=args.delay_reply)
+        rates.update({k: float(v) for k, v in (r.split("=") for r in args.rate)})
+        options["rates"] = FaultRates(**rates)
+        with quiet_library(), counting(counts), mutant(args.mutant):
+            result = simulate(seed, consumers=args.consumers, workers=args.workers, items=args.items,
+                              kills=args.kills, record_kills=args.record_kills,
+                              send_f4=args.send_f4, **options)
+        for name, n in counts.items():
+            total[name] = total.get(name, 0) + n
+        print(seed, [v.name for v in result.violations], " ".join(f"{r}={counts.get(r, 0)}"
+                                                     for r in RULES + _CONTEXT),
+              result.faults)
+    print("total", " ".join(f"{r}={total.get(r, 0)}" for r in RULES + _CONTEXT))
+
+
+if __name__ == "__main__":
+    import os
+    import sys
+    if os.environ.get("PYTHONHASHSEED") is None:  # as the simulator's command: set order
+        os.environ["PYTHONHASHSEED"] = "0"
+        os.execv(sys.executable, [sys.executable, "-m", "etcdq_v2.testing.sim.reach"]
+                 + sys.argv[1:])
+    main()
