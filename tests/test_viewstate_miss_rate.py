@@ -8,8 +8,6 @@ from __future__ import annotations
 import random
 from typing import List
 
-import pytest
-
 from etcdq_v2.versions import Entry
 from etcdq_v2.viewstate import MISS_COST, MISS_RATE_MIN, ViewState
 
@@ -36,7 +34,7 @@ def claims(state: ViewState, pattern: str) -> List[bool]:
             state.locked_at(found[0], 10 ** 6 + n)
         else:
             state.locked_at(found[0], 10 ** 6 + n, refused=True)
-            answers.append(state.missed())
+            answers.append(state.missed(found[0]))
     return answers
 
 
@@ -57,10 +55,6 @@ def test_a_quiet_view_whose_tries_mostly_hit_lists_again_when_misses_cost_a_list
     assert answers == [False] * (limit - 1) + [True]
 
 
-@pytest.mark.xfail(strict=True, reason="misses counts every miss since the listing, tries only "
-                   "the picks made since it: the misses of claims picked from the listing "
-                   "before (other threads of the process, under way at the relist) meet the "
-                   "miss rate with no try of the new listing's own")
 def test_misses_of_claims_picked_before_a_relist_do_not_make_its_miss_rate() -> None:
     """Threads sharing one view: claims picked from the old listing and under
     way when a relist is applied miss after it (the relist came because that
@@ -81,6 +75,6 @@ def test_misses_of_claims_picked_before_a_relist_do_not_make_its_miss_rate() -> 
     for found in under_way:
         assert found is not None
         state.locked_at(found[0], index + 1, refused=True)
-        answers.append(state.missed())
+        answers.append(state.missed(found[0]))
     assert state.tries == 0
     assert not any(answers), f"listed again after {answers.index(True) + 1} old misses"
