@@ -124,7 +124,7 @@ class QueueView:
     def missed(self, item_id: str) -> bool:
         """A claim found the item taken or gone.  True when a quiet view should
         list work/ again: its misses reached the miss limit (ViewState.miss_limit)."""
-        return self._call(self.state.missed)
+        return self._call(self.state.missed, item_id)
 
     def catch_up(self, timeout: float) -> bool:
         """After candidates() held back items this process put: learn of every

@@ -373,6 +373,11 @@ class ViewState:
         self.listed_free = 0
         #: Items claims tried (picked) since that listing: with ``misses``, its miss rate.
         self.tries = 0
+        #: The ids of those tries, and the misses of claims picked before the
+        #: listing (threads sharing the view, under way when it was applied):
+        #: misses of that listing's contents, not of its own tries.
+        self.picked: Set[str] = set()
+        self.old_misses = 0
         #: Where a claim walking the backlog goes on from (see pick); None: jump.
         #: Concurrent consumers spread over the backlog.
         self.cursor: Optional[str] = None
@@ -415,11 +420,14 @@ class ViewState:
     @property
     def miss_limit(self) -> int:
         """Misses after which a quiet view lists work/ again: once they cost
-        about what the listing did (MISS_COST), or once they are at least
-        MISS_RATE_MIN and at least as many as the hits (tries that did not
-        miss, under way ones too): the listing is mostly stale."""
+        about what the listing did (MISS_COST), or once the misses of its own
+        tries are at least MISS_RATE_MIN and at least as many as the hits
+        (tries that did not miss, under way ones too): the listing is mostly
+        stale.  A miss of a claim picked before the listing counts for the
+        cost only."""
         by_cost = max(1, (self.listed_free + MISS_COST // 2) // MISS_COST)
-        return min(by_cost, max(MISS_RATE_MIN, self.tries - self.misses))
+        own = self.misses - self.old_misses  # the misses of its own tries
+        return min(by_cost, self.old_misses + max(MISS_RATE_MIN, self.tries - own))
 
     def next_deadline(self) -> float:
         """The earliest deadline of DEADLINES that makes a tick do something (inf:
@@ -510,6 +518,7 @@ class ViewState:
     def tried(self, item_id: str) -> None:
         """A claim picked the item: :meth:`taken`, and one more try since the listing."""
         self.tries += 1
+        self.picked.add(item_id)
         self.taken(item_id)
 
     def _walk(self, end: int, rng: Any) -> Optional[Candidate]:
@@ -560,10 +569,13 @@ class ViewState:
         """The next walk starts at the head: the consumer looks alone."""
         self.cursor = self.free[0] if self.free else None
 
-    def missed(self) -> bool:
+    def missed(self, item_id: Optional[str] = None) -> bool:
         """A claim found its item taken or gone.  True when a quiet view should
-        list work/ again: its misses reached :attr:`miss_limit`."""
+        list work/ again: its misses reached :attr:`miss_limit`.  ``item_id``
+        picked before the listing: not one of its tries (the miss rate)."""
         self.misses += 1
+        if item_id is not None and item_id not in self.picked:
+            self.old_misses += 1
         self.cursor = None  # another consumer's run, or a stale one: jump
         return not self.watching and self.misses >= self.miss_limit
 
@@ -1036,6 +1048,8 @@ class ViewState:
         self.orphans.clear()
         self.known, self.own_upto = index, 0
         self.misses, self.tries, self.listed_free, self.cursor = 0, 0, len(work), None
+        self.picked.clear()
+        self.old_misses = 0
         self.relists += 1
         self.version += 1
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from typing import List
 
+from etcdq_v2.versions import Entry
 from etcdq_v2.viewstate import MISS_COST, MISS_RATE_MIN, ViewState
 
 from test_viewstate import item_id, ready_state, value
@@ -33,7 +34,7 @@ def claims(state: ViewState, pattern: str) -> List[bool]:
             state.locked_at(found[0], 10 ** 6 + n)
         else:
             state.locked_at(found[0], 10 ** 6 + n, refused=True)
-            answers.append(state.missed())
+            answers.append(state.missed(found[0]))
     return answers
 
 
@@ -52,3 +53,28 @@ def test_a_quiet_view_whose_tries_mostly_hit_lists_again_when_misses_cost_a_list
     limit = LISTED // MISS_COST
     answers = claims(state, "hhm" * limit)
     assert answers == [False] * (limit - 1) + [True]
+
+
+def test_misses_of_claims_picked_before_a_relist_do_not_make_its_miss_rate() -> None:
+    """Threads sharing one view: claims picked from the old listing and under
+    way when a relist is applied miss after it (the relist came because that
+    listing was stale).  Not one of the new listing's own tries has missed,
+    so it is not stale by the miss rate (its cost limit here is 30 misses)."""
+    state = quiet_state()
+    rng = random.Random(0)
+    under_way = [state.pick(LISTED, rng)[0] for _ in range(2 * MISS_RATE_MIN)]
+    assert all(found is not None for found in under_way)
+    gone = {found[0] for found in under_way if found is not None}
+    relist = state.start_relist(1.0)
+    assert relist is not None
+    work = [Entry(item_id(i), i, value(f"t{i}")) for i in range(2, 2 + LISTED)
+            if item_id(i) not in gone]  # others claimed them: the old picks will miss
+    index = 2 * 10 ** 6
+    state.apply_relist(relist, (index, work), state.plan_relist(relist, work), None, 1.0, 0.0)
+    answers = []
+    for found in under_way:
+        assert found is not None
+        state.locked_at(found[0], index + 1, refused=True)
+        answers.append(state.missed(found[0]))
+    assert state.tries == 0
+    assert not any(answers), f"listed again after {answers.index(True) + 1} old misses"
