@@ -296,7 +296,10 @@ class Transport:
     def get(self, key: str, *, sorted: bool = False, quorum: bool = False,
             recursive: bool = False) -> Reply:
         query = {"sorted": sorted, "quorum": quorum, "recursive": recursive}
-        return self._call("GET", key, query=query)
+        # A directory's read (this library lists sorted or recursively, and
+        # reads a key neither way) is waited for when unanswered; a key's is
+        # sent again (see _call).
+        return self._call("GET", key, query=query, wait_unanswered=sorted or recursive)
 
     def put(self, key: str, value: Optional[str] = None, *, ttl: Optional[int] = None,
             prev_exist: Optional[bool] = None, prev_value: Optional[str] = None,
@@ -554,17 +557,20 @@ class Transport:
 
     # -- requests and retries ---------------------------------------------
     def _call(self, method: str, key: str, *, query: Optional[Dict[str, Any]] = None,
-              body: Optional[str] = None) -> Reply:
+              body: Optional[str] = None, wait_unanswered: bool = False) -> Reply:
         path = _path(key, query)
-        if method != "GET":
+        if not wait_unanswered:
             return self._retrying(method, key, lambda member, timeout, retried:
                                   self._send(member, method, path, body, timeout, retried))
-        # A GET whose reply had not begun when it timed out (Unanswered) is
-        # waited for again when the call comes back to its member, not sent
-        # there again: etcd goes on making the reply of a GET its client
-        # gave up on (a listing, encoded whole before its first byte), and
-        # one more such GET only doubles its work.  Another member may still
-        # answer first.  Only within this call: a later call's read must not
+        # A listing whose reply had not begun when it timed out (Unanswered)
+        # is waited for again when the call comes back to its member, not
+        # sent there again: etcd goes on encoding a listing its client gave
+        # up on (whole, before its first byte), and one more only doubles its
+        # work.  Another member may still answer first.  A key's read is sent
+        # again instead: it costs etcd little, and a read etcd dropped (a
+        # quorum read during a leader change) is answered only when sent
+        # again, not on its connection (etcd answers that one after its own
+        # 7 s timeout).  Only within this call: a later call's read must not
         # take a reply from before it (a read-back after a write).
         waiting: Dict[int, Any] = {}  # id(member) -> Unanswered.waiting
         try:
@@ -584,7 +590,8 @@ class Transport:
                 self.requests["GET"] += 1
         with _translated(member.url):
             try:
-                response = member.request("GET", path, None, timeout, waiting=again)
+                response = member.request("GET", path, None, timeout, waiting=again,
+                                          may_wait=True)
             except Unanswered as exc:
                 waiting[id(member)] = exc.waiting
                 raise

@@ -408,13 +408,16 @@ class Member:
         self._reading: Set[Connection] = set()
 
     def request(self, method: str, path: str, body: Optional[str],
-                timeout: float, waiting: Optional[Connection] = None) -> Response:
-        """One request on a pooled keep-alive connection.  A GET that times
-        out before its reply's first byte raises :class:`Unanswered`, its
-        connection open; given back as ``waiting``, its reply is waited for
-        again, up to ``timeout``, and nothing is sent."""
+                timeout: float, waiting: Optional[Connection] = None,
+                may_wait: bool = False) -> Response:
+        """One request on a pooled keep-alive connection.  With ``may_wait`` (a
+        GET), one that times out before its reply's first byte raises
+        :class:`Unanswered`, its connection open; given back as ``waiting``,
+        its reply is waited for again, up to ``timeout``, and nothing is sent.
+        Without it, a timeout closes the connection."""
         if waiting is None:
-            return self._finish(self._start(method, path, body, timeout), method == "GET")
+            return self._finish(self._start(method, path, body, timeout),
+                                may_wait and method == "GET")
         waiting.set_timeout(timeout)
         return self._finish(waiting, True)
 

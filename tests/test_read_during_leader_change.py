@@ -12,8 +12,6 @@ so both get a GET while no leader is known.
 """
 from __future__ import annotations
 
-import pytest
-
 from etcdq_v2 import connect
 from etcdq_v2.testing.cluster import EtcdCluster
 
@@ -21,10 +19,6 @@ TIMEOUT = 0.5
 DEADLINE = 6.0  # within etcd's 7 s: the dropped GETs' 500s come after it
 
 
-@pytest.mark.xfail(strict=True, reason="a GET unanswered at its timeout is waited for again on "
-                   "its connection (wire.Unanswered), never sent again to its member within "
-                   "the call: a proposal etcd dropped during the election is waited for until "
-                   "the deadline")
 def test_a_quorum_read_during_a_leader_change_is_answered_once_a_leader_is_elected(
         cluster: EtcdCluster, queue_name: str) -> None:
     key = f"/etcdq/{queue_name}/k"

@@ -460,15 +460,16 @@ class SimMember:
         self.client = client
 
     def request(self, method: str, path: str, body: Optional[str],
-                timeout: float, waiting: Optional["_Waiting"] = None) -> Response:
-        """As wire's: a GET not answered within ``timeout`` raises Unanswered,
-        and ``waiting`` waits for that flight's reply again."""
+                timeout: float, waiting: Optional["_Waiting"] = None,
+                may_wait: bool = False) -> Response:
+        """As wire's: with ``may_wait``, a GET not answered within ``timeout``
+        raises Unanswered, and ``waiting`` waits for that flight's reply again."""
         self.network.resumed(self.client)
         deadline = self.network.sim.now + timeout
         if waiting is not None:
             return self.network.finish(waiting.flight, deadline, may_wait=True)
         flight, = self.network.send(self.index, [(method, path, body)], self.client)
-        return self.network.finish(flight, deadline, may_wait=method == "GET")
+        return self.network.finish(flight, deadline, may_wait=may_wait and method == "GET")
 
     def request_all(self, requests: Sequence[_Request],
                     timeout: float) -> List[Union[Response, Exception]]:
