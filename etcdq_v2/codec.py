@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from .errors import InvalidPayload, PayloadTooLarge
 from .runtime import SYSTEM
@@ -211,7 +210,7 @@ class Item:
         if not isinstance(token, str) or not isinstance(attempts, int):
             raise Junk("not an etcdq_v2 item")
         claim, created, outcome = doc.get("c"), doc.get("ts"), doc.get("o")
-        with _fields():
+        with _FIELDS:
             return cls(payload_of(doc), token, attempts,
                        claim if isinstance(claim, str) else None,
                        float(created) if isinstance(created, (int, float)) else 0.0,
@@ -388,7 +387,7 @@ class Record:
         if not isinstance(claim, str) or not isinstance(node_id, str):
             raise Junk("not an etcdq_v2 record")
         reason, requeue, token = doc.get("why"), doc.get("rq"), doc.get("t")
-        with _fields():
+        with _FIELDS:
             return cls(payload_of(doc), claim, node_id, int(doc.get("a", 0)),
                        float(doc.get("ts", 0.0)), float(doc.get("fin", 0.0)),
                        doc.get("r"), reason if isinstance(reason, str) else None,
@@ -397,13 +396,23 @@ class Record:
                        _optional_text(doc, "tb"))
 
 
-@contextlib.contextmanager
-def _fields() -> Iterator[None]:
+class _Fields:
     """A field of the wrong type ("a": "zz", "ts": []) makes the value junk, never
-    a bare ValueError or TypeError: every reader skips or reports junk."""
-    try:
-        yield
-    except Junk:
-        raise
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise Junk(f"a field of the wrong type ({exc})") from None
+    a bare ValueError or TypeError: every reader skips or reports junk.  A
+    class, not a generator: entered at every decode, and a generator's
+    context costs three more Python calls."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException],
+                 tb: object) -> None:
+        if exc_type is None or issubclass(exc_type, Junk):
+            return
+        if issubclass(exc_type, (ValueError, TypeError, OverflowError)):
+            raise Junk(f"a field of the wrong type ({exc})") from None
+
+
+_FIELDS = _Fields()

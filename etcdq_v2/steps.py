@@ -1155,8 +1155,8 @@ class Steps:
     def lock_step(self, item_id: str, lock: Lock, ttl: int) -> Step[int]:
         """C1: create ``locks/<id>``; its index, or Taken with the index etcd saw it at."""
         try:
-            reply = yield from put(self.layout.key("locks", item_id), lock.encode(), ttl=ttl,
-                                   prev_exist=False)
+            reply: Answer = yield Request("PUT", self.layout.key("locks", item_id),
+                                          lock.encode(), ttl=ttl, prev_exist=False)
             return reply.written_index
         except AlreadyExists as exc:
             # Our own first PUT may have applied before its reply was lost.
@@ -1211,8 +1211,8 @@ class Steps:
                 raise Taken(index)
             claimed = replace(item, attempts=item.attempts + 1, claim=lock.token)
             try:
-                reply = yield from put(self.layout.key("work", item_id),
-                                       claimed.encode(stored=True), prev_index=index)
+                reply = yield Request("PUT", self.layout.key("work", item_id),
+                                      claimed.encode(stored=True), prev_index=index)
             except CompareFailed:
                 raw = None
                 continue
@@ -1242,7 +1242,7 @@ class Steps:
             except LockLost:  # another claim took it meanwhile
                 raise Gone(state.id) from None
             raise Gone(state.id, by_us=True)
-        if (yield from now()) - held.since > self.lock_ttl / 2:
+        if (yield Request("NOW")) - held.since > self.lock_ttl / 2:
             yield from self._still_locked(state, held.index)
         return state
 
@@ -1367,8 +1367,8 @@ class Steps:
     def commit_step(self, state: ClaimState, kind: str, marked: str) -> Step[Optional[Entry]]:
         """F1: the item as committed, None if it is already finished, or LockLost."""
         try:
-            reply = yield from put(self.layout.key("work", state.id), marked,
-                                   prev_index=state.index)
+            reply = yield Request("PUT", self.layout.key("work", state.id), marked,
+                                  prev_index=state.index)
         except (CompareFailed, KeyMissing):
             # A resent CAS, or an earlier call of ours, may have applied: read it back.
             return (yield from self._our_commit(state, kind))
@@ -1418,7 +1418,7 @@ class Steps:
         if lock is not None and not self.locks_linger:
             deletes.append(Request("DELETE", self.layout.key("locks", item_id),
                                    prev_value=lock.encode()))
-        for outcome in (yield from together(*deletes)):
+        for outcome in (yield Request("ALL", together=tuple(deletes))):
             # Both are conditional: "not found"/"compare failed" means already done.
             if isinstance(outcome, EtcdqError) and not isinstance(
                     outcome, (KeyMissing, CompareFailed)):
@@ -1446,7 +1446,7 @@ class Steps:
         key = self.layout.key(item.outcome, item_id)
         for _ in range(5):
             try:
-                yield from put(key, record, ttl=self._record_ttl(item), prev_exist=False)
+                yield Request("PUT", key, record, ttl=self._record_ttl(item), prev_exist=False)
                 return
             except AlreadyExists:
                 if (yield from self._check_record(item_id, item)):

@@ -1162,7 +1162,8 @@ def _earliest(values: Any) -> float:
 DEADLINES: Dict[str, Deadline] = {
     # Recorded items whose lock was deleted (F4) before F3 was seen: offered
     # once F3's event is overdue (the transport's deadline), at any tick.
-    "orphan due": Deadline(lambda s: _earliest(s.orphans.values()), wakes=True),
+    "orphan due": Deadline(lambda s: min(s.orphans.values()) if s.orphans else math.inf,
+                           wakes=True),
     # A quiet view that knows of taken items lists work/ and locks/ a lock TTL
     # after its last full listing (a taken item's lock may have gone unheard).
     "full listing": Deadline(
