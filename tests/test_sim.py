@@ -221,3 +221,4 @@ def test_a_reply_on_a_slow_link_arrives_whole_past_the_timeout_and_is_arriving_m
     assert small < transport.timeout
     assert any(flowing for at, flowing in seen if at < listing)
     assert not seen[0][1] and transport.requests["GET"] == 2
+    assert network.faults == {"slow_past_timeout": 1}

@@ -27,7 +27,9 @@ slow_reply     the member applied it, its reply is held past the client's
 and, by the courier thread (:meth:`Network.courier`): a member frozen for a
 while (a frozen leader is replaced), a member that lags and catches up by
 the log or by the leader's snapshot (its watches miss what the snapshot
-covered), a restart (every watch on it ends), a stream cut or gone silent.
+covered), a restart (every watch on it ends), a stream cut or gone silent;
+off by default, a partition of one process and a slow link (a member's or a
+process's replies at a byte rate: read whole past the timeout, arriving).
 A client's whole process can be paused (:meth:`Network.pause`).  The courier also moves the
 cluster's time on (its TTL sweeps, its raft timeouts) when no request does.
 
@@ -345,7 +347,7 @@ class Network:
         if flight.fault is Fault.DELAY_REPLY:  # held, yet delivered before the timeout
             self.sim.sleep(self.rng.uniform(0.5, 0.95) * max(deadline - self.sim.now, 0.0))
         self._trip()
-        self._flow(flight, len(reply.body))
+        self._flow(flight, len(reply.body), deadline)
         if flight.fault is Fault.LOST_REPLY:
             raise Lost("ConnectionResetError: reset after the request was sent (simulated)")
         if self.costs is not None:
@@ -361,7 +363,7 @@ class Network:
                 rate = min(rate, bytes_per_second)
         return rate
 
-    def _flow(self, flight: _Flight, size: int) -> None:
+    def _flow(self, flight: _Flight, size: int, deadline: float) -> None:
         """A reply's bytes after its first: on a slow link they take their size
         over its rate, and keep coming all that while, so the wire's timeout
         (one per read of the socket) never strikes: the reply is read whole,
@@ -369,9 +371,12 @@ class Network:
         rate = self._rate(flight)
         if rate == math.inf:
             return
+        took = (size + REPLY_HEAD) / rate
+        if self.sim.now + took > deadline:  # a figure: how often it outlives the timeout
+            self._struck("slow_past_timeout")
         flight.flowing = True
         try:
-            self.sim.sleep((size + REPLY_HEAD) / rate)
+            self.sim.sleep(took)
         finally:
             flight.flowing = False
 
