@@ -97,6 +97,12 @@ class FaultRates:
     #: it arrives in its size over that rate, as a throttled link delivers a
     #: reply that etcd encoded whole.  0 by default (a swarm seed draws it).
     slow_link: float = 0.0
+    #: Per courier tick: every member busy for SLOW_LINK_FOR, making each
+    #: reply at BUSY_RATE bytes a second before its first byte, as etcd
+    #: encodes a listing whole first (slowly while many list at once): a
+    #: large listing's first byte comes after the timeout, a key's does not.
+    #: 0 by default (a swarm seed draws it).
+    busy: float = 0.0
 
 
 #: A record's key (F2 writes it): completed/<id> or failed/<id>.
@@ -113,6 +119,9 @@ PARTITION_FOR = (6.0, 24.0)
 #: listing of a few dozen items takes longer than the 2 s request timeout.
 SLOW_LINK_RATE = (300.0, 3000.0)
 SLOW_LINK_FOR = (6.0, 24.0)
+#: A busy cluster's bytes of reply made a second (a stand-in, scaled to the
+#: simulator's queues: 100 items list in about 15 kB, past the timeout below 7 kB/s).
+BUSY_RATE = (1000.0, 10000.0)
 #: The bytes of a reply's status line and headers, which cross a slow link too.
 REPLY_HEAD = 150
 
@@ -130,6 +139,8 @@ class _Flight:
     client: str = ""
     #: Its reply's bytes are crossing a slow link now (SimMember.arriving).
     flowing: bool = False
+    #: When its member had its reply made (a busy member makes it slowly).
+    made: Optional[float] = None
 
 
 @dataclass
@@ -177,6 +188,8 @@ class Network:
         self._cut_off: Dict[str, float] = {}
         #: A member's index, or a client, -> (until when its link is slow, its bytes a second).
         self._slow: Dict[Union[int, str], Tuple[float, float]] = {}
+        #: Until when every member is busy, and its bytes of reply made a second.
+        self._busy: Tuple[float, float] = (0.0, math.inf)
         self._unlag: Dict[int, float] = {}
         #: Which client sent each request a member received: id(its Pending) -> name.
         self.senders: Dict[int, str] = {}
@@ -336,6 +349,7 @@ class Network:
                 lambda: pending.done, "a reply", max(deadline - self.sim.now, 0.0))
         finally:
             self.touched[(flight.client, flight.request[1].split("?", 1)[0])] = self.sim.now
+        answered = answered and self._made(flight, deadline)
         if pending is None or not answered or flight.fault is Fault.SLOW_REPLY:
             if answered:  # applied; its reply comes after the client gave up
                 self.sim.sleep(max(deadline - self.sim.now, 0.0))
@@ -353,6 +367,20 @@ class Network:
         if self.costs is not None:
             self.costs.reply(flight.request, reply.body)
         return Response(reply.status, dict(reply.headers), reply.body)
+
+    def _made(self, flight: _Flight, deadline: float) -> bool:
+        """Wait until the member made the flight's reply (at once, unless busy);
+        False if not by ``deadline``: its first byte has not come."""
+        pending = flight.pending
+        if flight.made is None:
+            until, rate = self._busy
+            body = pending.reply.body if pending is not None and pending.reply is not None else b""
+            size = len(body) + REPLY_HEAD
+            flight.made = self.sim.now + (size / rate if until > self.sim.now else 0.0)
+        if flight.made <= self.sim.now:  # made: no hand-over (a seed's trace is kept)
+            return True
+        self.sim.sleep(min(flight.made, deadline) - self.sim.now)
+        return flight.made <= deadline
 
     def _rate(self, flight: _Flight) -> float:
         """The bytes a second of the flight's link now (inf: not slow)."""
@@ -481,6 +509,16 @@ class Network:
             self._partition(now)
         if rates.slow_link and rng.random() < rates.slow_link:
             self._slow_link(now)
+        if rates.busy and rng.random() < rates.busy and self._busy[0] <= now:
+            until = min(now + rng.uniform(*SLOW_LINK_FOR), self.faults_until)
+            self._struck("busy")
+            self.busy(until - now, rng.uniform(*BUSY_RATE))
+
+    def busy(self, seconds: float, bytes_per_second: float) -> None:
+        """For ``seconds``, every member makes each reply at ``bytes_per_second``
+        before its first byte."""
+        self._busy = (self.sim.now + seconds, bytes_per_second)
+        self.note(f"busy until {self._busy[0]:.3f} at {bytes_per_second:.0f} B/s")
 
     def _slow_link(self, now: float) -> None:
         """Slow the link of one member (its replies to everyone) or of one

@@ -103,9 +103,9 @@ def quiet_library() -> Iterator[None]:
 SWARM_ON = 0.5
 SWARM_SCALE = (-0.5, 1.0)
 SWARM_NEW = {"delay_reply": (0.01, 0.1), "partition": (0.005, 0.04),
-             "slow_link": (0.005, 0.04)}
+             "slow_link": (0.005, 0.04), "busy": (0.005, 0.04)}
 #: Drawn after the others, so that the faults before them keep their draws.
-_ADDED = ("slow_link",)
+_ADDED = ("slow_link", "busy")
 #: Shares, not rates: drawn on or off, kept as they are.
 _SHARES = ("restore", "late_by")
 
