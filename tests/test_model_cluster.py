@@ -257,7 +257,9 @@ class _ModelMember:
     def __init__(self, cluster: Cluster, member: int) -> None:
         self.cluster, self.member, self.url = cluster, member, f"sim://{member}"
 
-    def request(self, method: str, path: str, body: Optional[str], timeout: float) -> Response:
+    def request(self, method: str, path: str, body: Optional[str], timeout: float,
+                waiting: Any = None) -> Response:
+        assert waiting is None  # every reply is made at once: no GET is left unanswered
         reply = self.cluster.request(self.member, method, path, body, T0).reply
         assert reply is not None
         return Response(reply.status, reply.headers, reply.body)
