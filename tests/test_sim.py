@@ -181,3 +181,72 @@ def test_the_command_run_in_a_process_leaves_the_library_s_log_level_as_it_was()
         assert logger.level == logging.WARNING
     finally:
         logger.setLevel(before)
+
+
+def test_a_reply_on_a_slow_link_arrives_whole_past_the_timeout_and_is_arriving_meanwhile() -> None:
+    # As tests/test_slow_listing.py finds through the throttling proxy on real
+    # etcd: a reply's bytes keep coming, so no read times out; a listing far
+    # larger than timeout x rate is read whole, `arriving` all the while, and a
+    # small reply on the same link passes within the timeout.
+    from etcdq_v2.testing.sim import Cluster
+    from etcdq_v2.testing.sim.net import Network
+    from etcdq_v2.testing.sim.runtime import SimRuntime
+    from etcdq_v2.transport import connect
+    sim = SimRuntime(0)
+    network = Network(sim, Cluster(3, start=0.0), random.Random(0))
+    transport = connect(network.urls(), runtime=sim, timeout=2.0,
+                        member_factory=network.members_of("c0"))  # type: ignore[arg-type]
+    seen: List[Tuple[float, bool]] = []
+
+    def watch() -> None:
+        while True:
+            seen.append((sim.now, transport.arriving()))
+            sim.sleep(0.5)
+
+    def run() -> Tuple[float, float, int]:
+        for _ in range(40):
+            transport.post("/q/work", "v" * 100)
+        sim.Thread(watch, name="watch", daemon=True).start()
+        network.slow("c0", 60.0, 1000.0)
+        began = sim.now
+        listed = len(transport.get("/q/work", sorted=True, quorum=True).node["nodes"])
+        listing = sim.now - began
+        began = sim.now
+        transport.get("/q/work/" + "0" * 19 + "1")
+        return listing, sim.now - began, listed
+
+    listing, small, listed = sim.run(run)
+    assert listed == 40
+    assert listing > transport.deadline  # ~8 kB at 1 kB/s, sent once
+    assert small < transport.timeout
+    assert any(flowing for at, flowing in seen if at < listing)
+    assert not seen[0][1] and transport.requests["GET"] == 2
+    assert network.faults == {"slow_past_timeout": 1}
+
+
+def test_a_busy_clusters_large_listing_fails_unsent_again_while_a_keys_read_passes() -> None:
+    # etcd makes a listing whole before its first byte: on a busy cluster a
+    # large one's first byte comes after the timeout on every member, and the
+    # call fails at its deadline, each member's GET waited for, not sent again;
+    # a key's reply is made within the timeout.
+    from etcdq_v2 import Unavailable
+    from etcdq_v2.testing.sim import Cluster
+    from etcdq_v2.testing.sim.net import Network
+    from etcdq_v2.testing.sim.runtime import SimRuntime
+    from etcdq_v2.transport import connect
+    sim = SimRuntime(0)
+    network = Network(sim, Cluster(3, start=0.0), random.Random(0))
+    transport = connect(network.urls(), runtime=sim, timeout=2.0,
+                        member_factory=network.members_of("c0"))  # type: ignore[arg-type]
+
+    def run() -> int:
+        for _ in range(40):
+            transport.post("/q/work", "v" * 100)
+        network.busy(60.0, 1000.0)
+        with pytest.raises(Unavailable):
+            transport.get("/q/work", sorted=True, quorum=True)
+        listing_gets = transport.requests["GET"]
+        transport.get("/q/work/" + "0" * 19 + "1")
+        return listing_gets
+
+    assert sim.run(run) == 3  # one GET a member, each waited for on a retry

@@ -12,6 +12,7 @@ command runs itself again with PYTHONHASHSEED=0 when it is not set.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import logging
 import multiprocessing
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Generator, List, Optional, Sequence, Tuple
 
 from .mutants import MUTANTS, mutant
+from .net import FaultRates
 from .simulation import quiet_library, simulate
 
 
@@ -49,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--send-f4", action="store_const", const=True,
                         help="finishers delete their lock (F4), as with a lock TTL over "
                              "LINGER_MAX, instead of leaving it to expire (default off)")
+    parser.add_argument("--slow-link", type=float, default=0.0, metavar="RATE",
+                        help="per courier tick, the link of a member or of a consumer's "
+                             "process slowed to 0.3-3 kB/s for 6-24 s (default 0: off)")
+    parser.add_argument("--busy", type=float, default=0.0, metavar="RATE",
+                        help="per courier tick, every member busy for 6-24 s, making each reply "
+                             "at 1-10 kB/s before its first byte (default 0: off)")
     parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--trace", help="write the run's trace here (with --seed)")
     parser.add_argument("--mutant", choices=sorted(MUTANTS),
@@ -78,6 +86,9 @@ def _schedule(args: argparse.Namespace) -> Dict[str, object]:
     """The --mutant's schedule, less what the flags say: its fault rates and
     follow-up puts have no flag."""
     schedule = dict(MUTANTS[args.mutant].options) if args.mutant else {}
+    if args.slow_link or args.busy:
+        rates = schedule.get("rates") or FaultRates()
+        schedule["rates"] = dataclasses.replace(rates, slow_link=args.slow_link, busy=args.busy)
     return {key: value for key, value in schedule.items() if key not in _FLAGGED}
 
 
@@ -160,6 +171,8 @@ def _run_seeds(args: argparse.Namespace) -> int:
                   f"--kills {args.kills:g} --record-kills {args.record_kills:g} "
                   f"{'--faults' if args.faults else '--no-faults'} "
                   + ("--swarm " if args.swarm else "") + ("--send-f4 " if args.send_f4 else "")
+                  + (f"--slow-link {args.slow_link:g} " if args.slow_link else "")
+                  + (f"--busy {args.busy:g} " if args.busy else "")
                   + f"--trace sim-{result.seed}.trace"
                   + (f" --mutant {args.mutant}" if args.mutant else ""), flush=True)
             if not args.keep_going:

@@ -27,7 +27,9 @@ slow_reply     the member applied it, its reply is held past the client's
 and, by the courier thread (:meth:`Network.courier`): a member frozen for a
 while (a frozen leader is replaced), a member that lags and catches up by
 the log or by the leader's snapshot (its watches miss what the snapshot
-covered), a restart (every watch on it ends), a stream cut or gone silent.
+covered), a restart (every watch on it ends), a stream cut or gone silent;
+off by default, a partition of one process and a slow link (a member's or a
+process's replies at a byte rate: read whole past the timeout, arriving).
 A client's whole process can be paused (:meth:`Network.pause`).  The courier also moves the
 cluster's time on (its TTL sweeps, its raft timeouts) when no request does.
 
@@ -90,6 +92,17 @@ class FaultRates:
     #: partition of its host) for 1-4 x the transport's deadline: its requests
     #: refused, its open streams cut.  0 by default (a swarm seed draws it).
     partition: float = 0.0
+    #: Per courier tick: the link of one member, or of one client process,
+    #: slowed to a byte rate (SLOW_LINK_RATE) for SLOW_LINK_FOR: each reply on
+    #: it arrives in its size over that rate, as a throttled link delivers a
+    #: reply that etcd encoded whole.  0 by default (a swarm seed draws it).
+    slow_link: float = 0.0
+    #: Per courier tick: every member busy for SLOW_LINK_FOR, making each
+    #: reply at BUSY_RATE bytes a second before its first byte, as etcd
+    #: encodes a listing whole first (slowly while many list at once): a
+    #: large listing's first byte comes after the timeout, a key's does not.
+    #: 0 by default (a swarm seed draws it).
+    busy: float = 0.0
 
 
 #: A record's key (F2 writes it): completed/<id> or failed/<id>.
@@ -100,6 +113,17 @@ NO_FAULTS = FaultRates(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, slow_reply=0)
 #: Seconds a partition lasts: from the transport's deadline (3 x 2 s, its
 #: members each tried) to 4 times it, so that a listing's every retry fails.
 PARTITION_FOR = (6.0, 24.0)
+
+#: A slow link's bytes a second, and how long it lasts: at 0.3-3 kB/s a
+#: reply of a key (~300 bytes with its headers) arrives within 1 s, a
+#: listing of a few dozen items takes longer than the 2 s request timeout.
+SLOW_LINK_RATE = (300.0, 3000.0)
+SLOW_LINK_FOR = (6.0, 24.0)
+#: A busy cluster's bytes of reply made a second (a stand-in, scaled to the
+#: simulator's queues: 100 items list in about 15 kB, past the timeout below 7 kB/s).
+BUSY_RATE = (1000.0, 10000.0)
+#: The bytes of a reply's status line and headers, which cross a slow link too.
+REPLY_HEAD = 150
 
 
 @dataclass
@@ -113,6 +137,10 @@ class _Flight:
     pending: Optional[Pending] = None
     error: Optional[Exception] = None
     client: str = ""
+    #: Its reply's bytes are crossing a slow link now (SimMember.arriving).
+    flowing: bool = False
+    #: When its member had its reply made (a busy member makes it slowly).
+    made: Optional[float] = None
 
 
 @dataclass
@@ -158,6 +186,10 @@ class Network:
         self._thaw: Dict[int, float] = {}
         #: client -> when its partition from every member ends.
         self._cut_off: Dict[str, float] = {}
+        #: A member's index, or a client, -> (until when its link is slow, its bytes a second).
+        self._slow: Dict[Union[int, str], Tuple[float, float]] = {}
+        #: Until when every member is busy, and its bytes of reply made a second.
+        self._busy: Tuple[float, float] = (0.0, math.inf)
         self._unlag: Dict[int, float] = {}
         #: Which client sent each request a member received: id(its Pending) -> name.
         self.senders: Dict[int, str] = {}
@@ -317,6 +349,7 @@ class Network:
                 lambda: pending.done, "a reply", max(deadline - self.sim.now, 0.0))
         finally:
             self.touched[(flight.client, flight.request[1].split("?", 1)[0])] = self.sim.now
+        answered = answered and self._made(flight, deadline)
         if pending is None or not answered or flight.fault is Fault.SLOW_REPLY:
             if answered:  # applied; its reply comes after the client gave up
                 self.sim.sleep(max(deadline - self.sim.now, 0.0))
@@ -328,11 +361,52 @@ class Network:
         if flight.fault is Fault.DELAY_REPLY:  # held, yet delivered before the timeout
             self.sim.sleep(self.rng.uniform(0.5, 0.95) * max(deadline - self.sim.now, 0.0))
         self._trip()
+        self._flow(flight, len(reply.body), deadline)
         if flight.fault is Fault.LOST_REPLY:
             raise Lost("ConnectionResetError: reset after the request was sent (simulated)")
         if self.costs is not None:
             self.costs.reply(flight.request, reply.body)
         return Response(reply.status, dict(reply.headers), reply.body)
+
+    def _made(self, flight: _Flight, deadline: float) -> bool:
+        """Wait until the member made the flight's reply (at once, unless busy);
+        False if not by ``deadline``: its first byte has not come."""
+        pending = flight.pending
+        if flight.made is None:
+            until, rate = self._busy
+            body = pending.reply.body if pending is not None and pending.reply is not None else b""
+            size = len(body) + REPLY_HEAD
+            flight.made = self.sim.now + (size / rate if until > self.sim.now else 0.0)
+        if flight.made <= self.sim.now:  # made: no hand-over (a seed's trace is kept)
+            return True
+        self.sim.sleep(min(flight.made, deadline) - self.sim.now)
+        return flight.made <= deadline
+
+    def _rate(self, flight: _Flight) -> float:
+        """The bytes a second of the flight's link now (inf: not slow)."""
+        rate = math.inf
+        for end in (flight.member, flight.client):
+            until, bytes_per_second = self._slow.get(end, (0.0, math.inf))
+            if until > self.sim.now:
+                rate = min(rate, bytes_per_second)
+        return rate
+
+    def _flow(self, flight: _Flight, size: int, deadline: float) -> None:
+        """A reply's bytes after its first: on a slow link they take their size
+        over its rate, and keep coming all that while, so the wire's timeout
+        (one per read of the socket) never strikes: the reply is read whole,
+        however long past the timeout, ``arriving`` meanwhile."""
+        rate = self._rate(flight)
+        if rate == math.inf:
+            return
+        took = (size + REPLY_HEAD) / rate
+        if self.sim.now + took > deadline:  # a figure: how often it outlives the timeout
+            self._struck("slow_past_timeout")
+        flight.flowing = True
+        try:
+            self.sim.sleep(took)
+        finally:
+            flight.flowing = False
 
     # -- streams -------------------------------------------------------------------
     def open_stream(self, member: int, path: str, idle_timeout: Optional[float],
@@ -433,6 +507,40 @@ class Network:
             self.note(f"silence stream #{stream.number} until {stream.silent_until:.3f}")
         if rates.partition and rng.random() < rates.partition:
             self._partition(now)
+        if rates.slow_link and rng.random() < rates.slow_link:
+            self._slow_link(now)
+        if rates.busy and rng.random() < rates.busy and self._busy[0] <= now:
+            until = min(now + rng.uniform(*SLOW_LINK_FOR), self.faults_until)
+            self._struck("busy")
+            self.busy(until - now, rng.uniform(*BUSY_RATE))
+
+    def busy(self, seconds: float, bytes_per_second: float) -> None:
+        """For ``seconds``, every member makes each reply at ``bytes_per_second``
+        before its first byte."""
+        self._busy = (self.sim.now + seconds, bytes_per_second)
+        self.note(f"busy until {self._busy[0]:.3f} at {bytes_per_second:.0f} B/s")
+
+    def _slow_link(self, now: float) -> None:
+        """Slow the link of one member (its replies to everyone) or of one
+        consumer's process (every reply to it)."""
+        ends: List[Union[int, str]] = [n for n in range(len(self.cluster.members))]
+        ends += sorted(c for c in self._sent_by if c[:1] in ("c", "w"))
+        ends = [e for e in ends if self._slow.get(e, (0.0, 0.0))[0] <= now]
+        if not ends:
+            return
+        end = self.rng.choice(ends)
+        # Mended by the end of the faults, as every other fault is.
+        until = min(now + self.rng.uniform(*SLOW_LINK_FOR), self.faults_until)
+        self._struck("slow_link")
+        self.slow(end, until - now, self.rng.uniform(*SLOW_LINK_RATE))
+
+    def slow(self, end: Union[int, str], seconds: float, bytes_per_second: float) -> None:
+        """For ``seconds``, every reply of member ``end`` (an index), or to
+        client ``end`` (a name), crosses at ``bytes_per_second``."""
+        self._slow[end] = (self.sim.now + seconds, bytes_per_second)
+        name = f"m{end}" if isinstance(end, int) else end
+        self.note(f"slow link {name} until {self.sim.now + seconds:.3f} "
+                  f"at {bytes_per_second:.0f} B/s")
 
     def _partition(self, now: float) -> None:
         """Cut one consumer's process (c<n>, w<n>) from every member."""
@@ -458,6 +566,8 @@ class SimMember:
         self.index = index
         self.url = url
         self.client = client
+        #: The flights whose reply request() is reading (wire.Member._reading).
+        self._reading: List[_Flight] = []
 
     def request(self, method: str, path: str, body: Optional[str],
                 timeout: float, waiting: Optional["_Waiting"] = None,
@@ -467,9 +577,16 @@ class SimMember:
         self.network.resumed(self.client)
         deadline = self.network.sim.now + timeout
         if waiting is not None:
-            return self.network.finish(waiting.flight, deadline, may_wait=True)
-        flight, = self.network.send(self.index, [(method, path, body)], self.client)
-        return self.network.finish(flight, deadline, may_wait=may_wait and method == "GET")
+            flight = waiting.flight
+        else:
+            flight, = self.network.send(self.index, [(method, path, body)], self.client)
+        self._reading.append(flight)
+        try:
+            return self.network.finish(flight, deadline,
+                                       may_wait=waiting is not None
+                                       or (may_wait and method == "GET"))
+        finally:
+            self._reading.remove(flight)
 
     def request_all(self, requests: Sequence[_Request],
                     timeout: float) -> List[Union[Response, Exception]]:
@@ -508,7 +625,10 @@ class SimMember:
                                         self.client)
 
     def arriving(self, within: float) -> bool:
-        return False  # a reply's body comes whole
+        """Whether a reply request() reads is crossing a slow link: its bytes
+        keep coming (the model's bytes flow without a pause, so within any
+        ``within``)."""
+        return any(flight.flowing for flight in self._reading)
 
     def close(self) -> None:
         pass  # no pool to empty

@@ -125,6 +125,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--items", type=int, default=20)
     parser.add_argument("--partition", type=float, default=0.0)
     parser.add_argument("--delay-reply", type=float, default=0.0)
+    parser.add_argument("--slow-link", type=float, default=0.0)
+    parser.add_argument("--busy", type=float, default=0.0)
     parser.add_argument("--mutant")
     parser.add_argument("--rate", action="append", default=[], metavar="FAULT=RATE",
                         help="a FaultRates field, over the defaults")
@@ -136,7 +138,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     for seed in range(args.first, args.first + args.seeds):
         counts: Counts = {}
         options: Dict[str, Any] = {"swarm": True} if args.swarm else {}
-        rates = dict(partition=args.partition, delay_reply=args.delay_reply)
+        rates = dict(partition=args.partition, delay_reply=args.delay_reply,
+                     slow_link=args.slow_link, busy=args.busy)
         rates.update({k: float(v) for k, v in (r.split("=") for r in args.rate)})
         options["rates"] = FaultRates(**rates)
         with quiet_library(), counting(counts), mutant(args.mutant):

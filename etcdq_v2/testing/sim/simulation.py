@@ -102,7 +102,10 @@ def quiet_library() -> Iterator[None]:
 #: the faults off by default drawn in their ranges.
 SWARM_ON = 0.5
 SWARM_SCALE = (-0.5, 1.0)
-SWARM_NEW = {"delay_reply": (0.01, 0.1), "partition": (0.005, 0.04)}
+SWARM_NEW = {"delay_reply": (0.01, 0.1), "partition": (0.005, 0.04),
+             "slow_link": (0.005, 0.04), "busy": (0.005, 0.04)}
+#: Drawn after the others, so that the faults before them keep their draws.
+_ADDED = ("slow_link", "busy")
 #: Shares, not rates: drawn on or off, kept as they are.
 _SHARES = ("restore", "late_by")
 
@@ -110,7 +113,7 @@ _SHARES = ("restore", "late_by")
 def swarm_rates(rng: random.Random, base: FaultRates) -> FaultRates:
     """Swarm testing: which faults strike in this seed, and how often."""
     drawn: Dict[str, float] = {}
-    for name in sorted(vars(base)):
+    for name in sorted(vars(base), key=lambda field: (field in _ADDED, field)):
         on = rng.random() < SWARM_ON
         value = getattr(base, name)
         if name in _SHARES:
