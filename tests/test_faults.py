@@ -73,9 +73,9 @@ def lose_post_replies(queue: Queue, monkeypatch, *, applied: bool) -> None:
     for member in queue.etcd._members:
         real = member.request
 
-        def request(method, path, body, timeout, real=real):
+        def request(method, path, body, timeout, real=real, **how):
             if method != "POST":
-                return real(method, path, body, timeout)
+                return real(method, path, body, timeout, **how)
             if applied:
                 real(method, path, body, timeout)
             raise Lost("the reply was lost")
