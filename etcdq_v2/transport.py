@@ -280,8 +280,9 @@ class Transport:
         AlreadyExists (answers the protocol expects in races), AuthError,
         EtcdFailure, ConfigError, or a failure that is retried: Timeout,
         NotSent, Lost, ServerError (etcd's 5xx).  Each retry is a request of
-        its own, and so is a retry that waits again for a GET's reply on its
-        connection (see _call; :attr:`requests` counts only what was sent).  Observers run in the requesting thread and must be quick; one
+        its own, and so is a retry that waits again for a listing's reply on
+        its connection (see _call; :attr:`requests` counts only what was
+        sent).  Observers run in the requesting thread and must be quick; one
         that raises is logged and does not affect the request.
         """
         with self._lock:
@@ -558,44 +559,26 @@ class Transport:
     # -- requests and retries ---------------------------------------------
     def _call(self, method: str, key: str, *, query: Optional[Dict[str, Any]] = None,
               body: Optional[str] = None, wait_unanswered: bool = False) -> Reply:
+        """One request, retried (_retrying).  ``wait_unanswered`` (a listing):
+        one whose reply had not begun when it timed out (Unanswered) is waited
+        for again when the call comes back to its member, not sent there
+        again: etcd goes on encoding a listing its client gave up on (whole,
+        before its first byte), and one more only doubles its work.  Another
+        member may still answer first.  A key's read is sent again instead: it
+        costs etcd little, and a read etcd dropped (a quorum read during a
+        leader change) is answered only when sent again, not on its connection
+        (etcd answers that one after its own 7 s timeout).  Only within this
+        call: a later call's read must not take a reply from before it (a
+        read-back after a write)."""
         path = _path(key, query)
-        if not wait_unanswered:
-            return self._retrying(method, key, lambda member, timeout, retried:
-                                  self._send(member, method, path, body, timeout, retried))
-        # A listing whose reply had not begun when it timed out (Unanswered)
-        # is waited for again when the call comes back to its member, not
-        # sent there again: etcd goes on encoding a listing its client gave
-        # up on (whole, before its first byte), and one more only doubles its
-        # work.  Another member may still answer first.  A key's read is sent
-        # again instead: it costs etcd little, and a read etcd dropped (a
-        # quorum read during a leader change) is answered only when sent
-        # again, not on its connection (etcd answers that one after its own
-        # 7 s timeout).  Only within this call: a later call's read must not
-        # take a reply from before it (a read-back after a write).
-        waiting: Dict[int, Any] = {}  # id(member) -> Unanswered.waiting
+        # id(member) -> its Unanswered.waiting; None: nothing is waited for
+        waiting: Optional[Dict[int, Any]] = {} if wait_unanswered else None
         try:
-            return self._retrying(method, key, lambda member, timeout, retried:
-                                  self._read(member, path, timeout, retried, waiting))
+            return self._retrying(method, key, lambda member, timeout, retried: self._send(
+                member, method, path, body, timeout, retried, waiting))
         finally:
-            for connection in waiting.values():
+            for connection in (waiting or {}).values():
                 connection.close()
-
-    def _read(self, member: Member, path: str, timeout: float, retried: bool,
-              waiting: Dict[int, Any]) -> Reply:
-        """One attempt of a GET: sent, or, if ``member`` has this call's
-        unanswered GET (``waiting``), waited for again."""
-        again = waiting.pop(id(member), None)
-        if again is None:
-            with self._lock:
-                self.requests["GET"] += 1
-        with _translated(member.url):
-            try:
-                response = member.request("GET", path, None, timeout, waiting=again,
-                                          may_wait=True)
-            except Unanswered as exc:
-                waiting[id(member)] = exc.waiting
-                raise
-            return self._reply(member, response, retried)
 
     def _retrying(self, method: str, key: str, attempt: Callable[[Member, float, bool], T],
                   observed: bool = True) -> T:
@@ -661,11 +644,22 @@ class Transport:
         return _Observed(self._observers, method, seconds, self.runtime)
 
     def _send(self, member: Member, method: str, path: str, body: Optional[str],
-              timeout: float, retried: bool) -> Reply:
-        with self._lock:
-            self.requests[method] += 1
+              timeout: float, retried: bool, waiting: Optional[Dict[int, Any]]) -> Reply:
+        """One attempt: sent, or, if ``member`` has this call's unanswered
+        listing in ``waiting``, waited for again (see _call)."""
+        again = None if waiting is None else waiting.pop(id(member), None)
+        if again is None:
+            with self._lock:
+                self.requests[method] += 1
         with _translated(member.url):
-            return self._reply(member, member.request(method, path, body, timeout), retried)
+            try:
+                response = member.request(method, path, body, timeout, waiting=again,
+                                          may_wait=waiting is not None)
+            except Unanswered as exc:  # raised only with may_wait: waiting is this call's
+                if waiting is not None:
+                    waiting[id(member)] = exc.waiting
+                raise
+            return self._reply(member, response, retried)
 
     def _reply(self, member: Member, response: Response, retried: bool) -> Reply:
         """The Reply of a success; raises the error (or _Transient) of a failure."""
