@@ -18,6 +18,7 @@ import pytest
 
 from etcdq_v2 import Queue, connect
 from etcdq_v2 import queue as queue_module
+from etcdq_v2 import viewstate as viewstate_module
 from etcdq_v2.server import free_port
 from etcdq_v2.viewstate import BACKLOG
 
@@ -158,33 +159,36 @@ def test_a_lost_race_widens_the_claim_window_eightfold(etcd_url: str, queue_name
 
 def test_a_quiet_view_counts_lost_races_as_misses_and_reads_no_item(
         etcd_url: str, queue_name: str, monkeypatch) -> None:
-    """A quiet view lists work/ again once its misses cost what that listing
-    does; a lost race is one miss like any other.  Before, the sixth lost
-    race within one claim also read the item, and an item finished elsewhere
-    made the view list its whole backlog at once: at the start of a drain
-    with 64 consumers (every claim loses races while the windows widen),
-    one relist of the backlog in every second consumer (issue 14)."""
-    # Doubling windows, so that 64 stale items make 7 lost races in one claim
-    # (eightfold, 3): past STALE_RACES, where the read was made.
+    """A quiet view counts each lost race as one miss and reads no item for
+    it: it lists work/ again once its misses reach the miss limit, here the
+    miss rate's (MISS_RATE_MIN misses with no hit), below the cost limit.
+    Before, the sixth lost race within one claim also read the item, and an
+    item finished elsewhere made the view list its whole backlog at once: at
+    the start of a drain with 64 consumers (every claim loses races while the
+    windows widen), one relist of the backlog in every second consumer."""
+    # Doubling windows from one: MISS_RATE_MIN tries (windows 1 to 128) all
+    # land among the 128 stale items at the head, whatever the walk picks.
     monkeypatch.setattr(queue_module, "WINDOW_GROWTH", 2)
+    stale_count = 2 ** (viewstate_module.MISS_RATE_MIN - 1)
     with Queue(etcd_url, queue_name) as consumer, Queue(etcd_url, queue_name) as other:
         other.put_many(range(2000), in_flight=16)
-        view = consumer._ensure_view()  # quiet: 2,000 items, a miss limit of 20
+        view = consumer._ensure_view()  # quiet: 2,000 items, a cost limit of 20
         stale = set()
-        for _ in range(64):  # finished at the head; their locks linger (F4 skipped)
+        for _ in range(stale_count):  # finished at the head; locks linger (F4 skipped)
             claim = other.claim()
             assert claim is not None
             stale.add(claim.id)
             claim.complete()
-        relists, limit = view.relists, view.state.miss_limit
+        relists = view.relists
+        assert view.state.miss_limit == viewstate_module.MISS_RATE_MIN < 20
         consumer.etcd.requests.clear()
         claim = consumer.claim(timeout=5)
-        assert claim is not None and claim.id not in stale
-        # The window starts at the head and (here) doubles after each lost
-        # race, so the first 7 tries (windows 1 to 64) are all among the 64 stale items.
-        assert view.relists == relists and "GET" not in consumer.etcd.requests
-        lost = consumer.etcd.requests["PUT"] - 2  # then C1 and C2 of a free item
-        assert 7 <= lost < limit and not view.watching_locks
+        assert claim is not None and claim.id not in stale and not view.watching_locks
+        # MISS_RATE_MIN lost races (C1 each), one listing of work/ (no GET of
+        # an item), then C1 and C2 of a free item.
+        assert view.relists == relists + 1
+        assert consumer.etcd.requests["GET"] == 1
+        assert consumer.etcd.requests["PUT"] == viewstate_module.MISS_RATE_MIN + 2
 
 
 # -- issue 11 -----------------------------------------------------------------------
