@@ -72,12 +72,14 @@ def test_a_request_unanswered_at_its_timeout_is_sent_again_on_a_new_connection(
         transport.close()
 
 
+@pytest.mark.parametrize("streamed", [False, True])
 @pytest.mark.parametrize("members", [1, 2])
 def test_a_listing_unanswered_until_its_deadline_leaves_no_connection_and_no_stale_reply(
         etcd_url: str, queue_name: str,
-        proxy_factory: Callable[[str], FaultProxy], members: int) -> None:
+        proxy_factory: Callable[[str], FaultProxy], members: int, streamed: bool) -> None:
     """Every member's replies are held: the listing is kept waiting on each
-    member's connection until the deadline, raises Unavailable, and then no
+    member's connection until the deadline (read whole, or streamed as an
+    export reads it), raises Unavailable, and then no
     connection of it is open.  The key's GET that follows, sent while the
     proxies still hold (so a stale listing reply, were one still due on its
     connection, would come first), reads its own reply once they let go."""
@@ -91,7 +93,11 @@ def test_a_listing_unanswered_until_its_deadline_leaves_no_connection_and_no_sta
         listing = f"GET /v2/keys{work}".encode()
         for proxy in proxies:
             proxy.hold("down")
-        thread, outcome = in_background(lambda: transport.get(work, sorted=True, quorum=True))
+        if streamed:  # an export's listing, read as it arrives
+            thread, outcome = in_background(
+                lambda: list(transport.listing(work, sorted=True, quorum=True).nodes()))
+        else:
+            thread, outcome = in_background(lambda: transport.get(work, sorted=True, quorum=True))
         thread.join(BOUND)
         assert isinstance(outcome.get("raised"), Unavailable), outcome
         for proxy in proxies:
