@@ -118,3 +118,38 @@ def test_a_listing_unanswered_until_its_deadline_leaves_no_connection_and_no_sta
         for proxy in proxies:
             proxy.pass_through()
         transport.close()
+
+
+def test_a_listing_kept_on_a_member_that_closed_it_is_sent_there_again(
+        etcd_url: str, queue_name: str, proxy_factory: Callable[[str], FaultProxy]) -> None:
+    """Two members, both holding their replies: the listing is kept on each.
+    The first then goes away (closes every connection, refuses, listens
+    again, as a restarted member): the connection kept there carries no
+    reply any more, so the call sends the listing to it again, and that
+    send is answered; the connection kept on the other member is closed."""
+    work = f"/etcdq/{queue_name}/work"
+    connect(etcd_url).put(f"{work}/a", "1")
+    first, second = proxy_factory(etcd_url), proxy_factory(etcd_url)
+    transport = connect([first.url, second.url], timeout=TIMEOUT, deadline=BOUND / 2)
+    listing = f"GET /v2/keys{work}".encode()
+    try:
+        first.hold("down")
+        second.hold("down")
+        thread, outcome = in_background(lambda: transport.get(work, sorted=True, quorum=True))
+        wait_until(lambda: _sent(first, listing) == _sent(second, listing) == 1, BOUND,
+                   message="the listing to be sent to both members")
+        first.refuse()
+        first.pass_through()
+        first.restart()
+        thread.join(BOUND)
+        reply = outcome.get("returned")
+        assert reply is not None, outcome
+        assert [node["key"] for node in reply.node["nodes"]] == [f"{work}/a"]
+        assert (_sent(first, listing), _sent(second, listing)) == (2, 1)
+        wait_until(lambda: second.open_connections == 0, BOUND,
+                   message=f"the connection kept on the other member to close "
+                           f"({second.open_connections} open)")
+    finally:
+        first.pass_through()
+        second.pass_through()
+        transport.close()
