@@ -484,19 +484,36 @@ class Transport:
         """A directory's listing, read as it arrives (:meth:`Listing.nodes`).
 
         Sent as a GET is, on a connection of its own, and retried on the next
-        member until the deadline; KeyMissing for a missing directory.  Once
+        member until the deadline (one unanswered at its timeout is waited
+        for again, as _call waits for a listing); KeyMissing for a missing
+        directory.  Once
         its body is being read a failure cannot be retried without yielding
         children twice: it raises Unavailable, and the caller lists again.
         """
         path = _path(key, {"sorted": sorted, "quorum": quorum})
-        return self._retrying("GET", key, lambda member, timeout, retried:
-                              self._open_listing(member, path, timeout))
+        waiting: Dict[int, Any] = {}  # as _call's for a listing
+        try:
+            return self._retrying("GET", key, lambda member, timeout, retried:
+                                  self._open_listing(member, path, timeout, waiting))
+        finally:
+            for connection in waiting.values():
+                connection.close()
 
-    def _open_listing(self, member: Member, path: str, timeout: float) -> "Listing":
-        with self._lock:
-            self.requests["GET"] += 1
+    def _open_listing(self, member: Member, path: str, timeout: float,
+                      waiting: Dict[int, Any]) -> "Listing":
+        """One attempt: sent, or waited for again on this call's connection
+        to ``member`` whose reply had not begun (see _call)."""
+        again = waiting.pop(id(member), None)
+        if again is None:
+            with self._lock:
+                self.requests["GET"] += 1
         with _translated(member.url):
-            connection, response = member.stream(path, timeout, timeout)
+            try:
+                connection, response = member.stream(path, timeout, timeout, waiting=again,
+                                                     may_wait=True)
+            except Unanswered as exc:
+                waiting[id(member)] = exc.waiting
+                raise
             if response.status != 200:
                 raise self._error(member.url, response.status, response.body)
         return Listing(connection, response.headers, member.url)

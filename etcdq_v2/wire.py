@@ -497,19 +497,31 @@ class Member:
         run.give_back()
         return run.outcomes()
 
-    def stream(self, path: str, idle_timeout: Optional[float],
-               connect_timeout: float) -> Tuple[Connection, Response]:
+    def stream(self, path: str, idle_timeout: Optional[float], connect_timeout: float,
+               waiting: Optional[Connection] = None, may_wait: bool = False
+               ) -> Tuple[Connection, Response]:
         """Send a streaming GET on a connection of its own (never pooled).
 
         Returns the connection, its body unread, and the reply; for a status
         other than 200 the reply's body is read and the connection closed.
+        ``may_wait`` and ``waiting``: as :meth:`request`'s (a listing's).
         """
-        connection = Connection(self._connect(connect_timeout))
-        request = f"GET {path} HTTP/1.1\r\n{self._headers}Connection: close\r\n\r\n"
+        if waiting is None:
+            connection = Connection(self._connect(connect_timeout))
+            request = f"GET {path} HTTP/1.1\r\n{self._headers}Connection: close\r\n\r\n"
+        else:
+            connection, may_wait = waiting, True
+            connection.set_timeout(connect_timeout)
         try:
-            _send(connection, request.encode("ascii"))
+            if waiting is None:
+                _send(connection, request.encode("ascii"))
             response = _receive(connection, streaming=True)
             connection.set_timeout(idle_timeout)
+        except Lost as exc:
+            if may_wait and exc.timed_out and not connection.heard and not connection.buffered():
+                raise Unanswered(connection) from None
+            connection.close()
+            raise
         except BaseException:
             connection.close()
             raise

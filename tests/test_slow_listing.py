@@ -75,21 +75,26 @@ def test_a_first_claim_from_a_member_that_sends_nothing_fails_at_its_deadline(
         queue.close()
 
 
+@pytest.mark.parametrize("streamed", [False, True])
 def test_a_read_whose_reply_has_not_begun_is_waited_for_not_sent_again(
-        etcd_url: str, queue_name: str, proxy: FaultProxy) -> None:
+        etcd_url: str, queue_name: str, proxy: FaultProxy, streamed: bool) -> None:
     """etcd encodes a listing whole before it sends a byte of it, and goes on
-    encoding one whose client gave up: a GET that timed out before its first
-    byte is waited for again on its connection when the call comes back to
-    that member, not sent there again (one member here: every retry).  The
-    proxy delays every reply by twice the request timeout, within the
-    deadline: the first GET's reply is read, and it is the only GET sent."""
+    encoding one whose client gave up: a listing that timed out before its
+    first byte is waited for again on its connection when the call comes
+    back to that member, not sent there again (one member here: every
+    retry), whether it is read whole or streamed (an export's).  The proxy
+    delays every reply by twice the request timeout, within the deadline:
+    the first GET's reply is read, and it is the only GET sent."""
     key = f"/etcdq/{queue_name}/work"
     Queue(connect(etcd_url), queue_name).put_many(["a", "b"], in_flight=1)
     transport = connect(proxy.url, timeout=1.0, deadline=8.0)
     try:
         proxy.delay(2000, "down")
-        reply = transport.get(key, sorted=True, quorum=True)
-        assert len(reply.node["nodes"]) == 2
+        if streamed:
+            listed = sum(1 for _ in transport.listing(key, sorted=True, quorum=True).nodes())
+        else:
+            listed = len(transport.get(key, sorted=True, quorum=True).node["nodes"])
+        assert listed == 2
         sent = [line for line in proxy.requests if line.startswith(b"GET /v2/keys" + key.encode())]
         assert len(sent) == 1, sent
     finally:

@@ -410,12 +410,17 @@ class Network:
 
     # -- streams -------------------------------------------------------------------
     def open_stream(self, member: int, path: str, idle_timeout: Optional[float],
-                    connect_timeout: float, client: str = "") -> Tuple["SimConnection", Response]:
+                    connect_timeout: float, client: str = "",
+                    waiting: Optional[_Waiting] = None,
+                    may_wait: bool = False) -> Tuple["SimConnection", Response]:
         self.resumed(client)
-        flight, = self.send(member, [("GET", path, None)], client)
-        if flight.fault in (Fault.LOST_REPLY, Fault.DELAY_REPLY):
-            flight.fault = None  # a stream's lost reply is a cut stream (the courier's)
-        response = self.finish(flight, self.sim.now + connect_timeout)
+        if waiting is not None:  # wire's: the same flight's reply, waited for again
+            flight, may_wait = waiting.flight, True
+        else:
+            flight, = self.send(member, [("GET", path, None)], client)
+            if flight.fault in (Fault.LOST_REPLY, Fault.DELAY_REPLY):
+                flight.fault = None  # a stream's lost reply is a cut stream (the courier's)
+        response = self.finish(flight, self.sim.now + connect_timeout, may_wait=may_wait)
         assert flight.pending is not None and flight.pending.reply is not None
         connection = SimConnection(self, flight.pending.reply.watch, response.body, idle_timeout,
                                    target=path, client=client)
@@ -619,10 +624,12 @@ class SimMember:
         unsent = NotSent("not sent: an earlier request of the pipeline failed")
         return results + [(unsent, 0.0)] * (len(requests) - len(results))
 
-    def stream(self, path: str, idle_timeout: Optional[float],
-               connect_timeout: float) -> Tuple["SimConnection", Response]:
+    def stream(self, path: str, idle_timeout: Optional[float], connect_timeout: float,
+               waiting: Optional["_Waiting"] = None,
+               may_wait: bool = False) -> Tuple["SimConnection", Response]:
+        """As wire's: with ``may_wait`` (a listing's), Unanswered as request()'s."""
         return self.network.open_stream(self.index, path, idle_timeout, connect_timeout,
-                                        self.client)
+                                        self.client, waiting=waiting, may_wait=may_wait)
 
     def arriving(self, within: float) -> bool:
         """Whether a reply request() reads is crossing a slow link: its bytes
