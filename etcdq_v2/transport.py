@@ -496,8 +496,7 @@ class Transport:
             return self._retrying("GET", key, lambda member, timeout, retried:
                                   self._open_listing(member, path, timeout, waiting))
         finally:
-            for connection in waiting.values():
-                connection.close()
+            _close_kept(waiting)
 
     def _open_listing(self, member: Member, path: str, timeout: float,
                       waiting: Dict[int, Any]) -> "Listing":
@@ -594,8 +593,8 @@ class Transport:
             return self._retrying(method, key, lambda member, timeout, retried: self._send(
                 member, method, path, body, timeout, retried, waiting))
         finally:
-            for connection in (waiting or {}).values():
-                connection.close()
+            if waiting:
+                _close_kept(waiting)
 
     def _retrying(self, method: str, key: str, attempt: Callable[[Member, float, bool], T],
                   observed: bool = True) -> T:
@@ -872,6 +871,13 @@ _FORM_QUOTING = _quoting("", "+")
 
 def _quote(text: str, table: List[str]) -> str:
     return text.encode("utf-8").decode("latin-1").translate(table)
+
+
+def _close_kept(waiting: Dict[int, Any]) -> None:
+    """Close the connections a call kept for its unanswered listings: a later
+    call must not take a reply from before it (a read-back after a write)."""
+    for connection in waiting.values():
+        connection.close()
 
 
 def _path(key: str, query: Optional[Dict[str, Any]]) -> str:

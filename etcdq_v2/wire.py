@@ -87,6 +87,22 @@ class Unanswered(Lost):
         self.waiting = waiting
 
 
+def _reply(connection: "Connection", may_wait: bool, streaming: bool = False) -> "Response":
+    """The reply read on ``connection``, closed if that fails; but with
+    ``may_wait`` (a listing's), a timeout before the reply's first byte
+    leaves it open, as :class:`Unanswered`: etcd may still be making it."""
+    try:
+        return _receive(connection, streaming=streaming)
+    except Lost as exc:
+        if may_wait and exc.timed_out and not connection.heard and not connection.buffered():
+            raise Unanswered(connection) from None
+        connection.close()
+        raise
+    except BaseException:
+        connection.close()
+        raise
+
+
 class TLSFailed(Exception):
     """The certificate did not verify, or the member sent a TLS alert."""
 
@@ -515,13 +531,10 @@ class Member:
         try:
             if waiting is None:
                 _send(connection, request.encode("ascii"))
-            response = _receive(connection, streaming=True)
+            response = _reply(connection, may_wait, streaming=True)
             connection.set_timeout(idle_timeout)
-        except Lost as exc:
-            if may_wait and exc.timed_out and not connection.heard and not connection.buffered():
-                raise Unanswered(connection) from None
-            connection.close()
-            raise
+        except Unanswered:
+            raise  # left open for another wait
         except BaseException:
             connection.close()
             raise
@@ -557,15 +570,7 @@ class Member:
         # and arriving() copies the set (two lock round trips per request saved).
         self._reading.add(connection)
         try:
-            response = _receive(connection)
-        except Lost as exc:
-            if may_wait and exc.timed_out and not connection.heard and not connection.buffered():
-                raise Unanswered(connection) from None
-            connection.close()
-            raise
-        except BaseException:
-            connection.close()
-            raise
+            response = _reply(connection, may_wait)
         finally:
             self._reading.discard(connection)
         self._give_back(connection)
