@@ -61,24 +61,52 @@ def new_token() -> str:
 
 #: One encoder for every value: json.dumps with options builds a new one per call.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+#: For values read back from etcd: what Python's decoder took (NaN, Infinity, a
+#: number too large for a float, a lone surrogate) is written back, never refused,
+#: or every claim of an item stored so would fail at C2.
+_STORED = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=True)
+_STORED_ASCII = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=True)
 
 
 def dumps(doc: Dict[str, Any], *, stored: bool = False) -> str:
     """Compact JSON; raises InvalidPayload for what JSON or UTF-8 can't carry,
     and for a payload (or result) in ``doc`` nested deeper than MAX_DEPTH,
     unless ``stored``: ``doc`` carries a payload read back from etcd (it
-    decoded), which is written back as it is, however deep."""
+    decoded), which is written back as it decoded, however deep, with
+    NaN or Infinity as Python writes them and a lone surrogate escaped."""
+    if stored:
+        return _stored_text(doc)
+    text = _strict_text(doc)
+    # ``doc`` itself is one level more than its fields.
+    check_depth(doc, MAX_DEPTH + 1, text)
+    return text
+
+
+def _strict_text(value: Any) -> str:
+    """``value`` as JSON a caller may store: InvalidPayload for NaN, Infinity,
+    a lone surrogate or what JSON can't carry; no depth check."""
     try:
-        text = _ENCODER.encode(doc)
+        text = _ENCODER.encode(value)
         text.encode("utf-8")
     except RecursionError:
         raise InvalidPayload(f"payload is nested more than {MAX_DEPTH} levels deep") from None
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
-    # Fewer brackets than levels allowed cannot nest too deep: most values
-    # are never walked.  ``doc`` itself is one level more than its fields.
-    if not stored:  # ``doc`` itself is one level more than its fields
-        check_depth(doc, MAX_DEPTH + 1, text)
+    return text
+
+
+def _stored_text(doc: Dict[str, Any]) -> str:
+    """``doc`` as JSON, holding values that were decoded from etcd."""
+    try:
+        text = _STORED.encode(doc)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate that was stored escaped: escape it again
+            text = _STORED_ASCII.encode(doc)
+    except RecursionError:  # Python's decoder and encoder share this thread's stack
+        raise InvalidPayload(f"payload is nested more than {MAX_DEPTH} levels deep") from None
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
     return text
 
 
@@ -118,7 +146,9 @@ def _size(value: Any) -> int:
         return len(payload_fields(value)["b"])
     if isinstance(value, str):  # a reason: failure_text makes any text encode
         value = value.encode("utf-8", "backslashreplace").decode("utf-8")
-    return len(dumps({"r": value}, stored=True).encode("utf-8")) - len('{"r":}')
+    # Strict: a result is the caller's value (no NaN), though it is stored beside a
+    # payload read from etcd (outcome_value encodes the record as stored).
+    return len(_strict_text(value).encode("utf-8"))
 
 
 def _depth(value: Any) -> int:

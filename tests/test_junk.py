@@ -336,3 +336,74 @@ def test_a_refused_lock_create_wins_over_the_views_gone_sign_at_the_same_index(
     with view._cond:
         view.state.unlocked(item_id, index + 1)  # a newer sign that it is gone frees it
     assert view.state.is_free(item_id)
+
+
+#: Payloads Python's decoder takes but its strict encoder refuses: what another
+#: client (or an older version) could have stored in work/.
+NOT_STRICT_JSON = {
+    "nan": '{"x":NaN}',
+    "infinity": '[Infinity,-Infinity]',
+    "too-large-for-a-float": '1e400',
+    "lone-surrogate": '"\\ud800 and more"',
+}
+
+
+def not_strict_item(payload: str) -> str:
+    return '{"t":"put-token","a":0,"ts":1700000000.0,"p":' + payload + "}"
+
+
+@pytest.mark.parametrize("payload", list(NOT_STRICT_JSON.values()), ids=list(NOT_STRICT_JSON))
+def test_an_item_stored_with_values_a_caller_may_not_put_is_claimed_and_completed(
+        etcd_url: str, queue_name: str, payload: str) -> None:
+    """A stored payload is written back as it decoded (C2, F1): the head of the
+    queue never refuses every claim with InvalidPayload, and the item behind it runs."""
+    with Queue(etcd_url, queue_name, lock_ttl=5) as queue:
+        odd = queue.etcd.post(queue.layout.work,
+                              not_strict_item(payload)).node["key"].rsplit("/", 1)[-1]
+        behind = queue.put("an ordinary item behind it")
+        seen = []
+        while (claim := queue.claim(timeout=1)) is not None:
+            seen.append(claim.id)
+            claim.complete("ran")
+        assert seen == [odd, behind]
+        assert queue.get(odd).state == COMPLETED
+        assert repr(queue.get(odd).payload) == repr(json.loads(payload))
+
+
+def test_an_item_stored_with_nan_is_released_failed_requeued_and_cancelled_but_a_nan_result_is_refused(
+        etcd_url: str, queue_name: str) -> None:
+    """R0, F1/F2 of a dead letter, Q1/Q3 and K3 write the stored NaN back; a result
+    or a new payload holding NaN is the caller's and is refused."""
+    from etcdq_v2 import InvalidPayload
+    from etcdq_v2.protocol import FAILED
+    with Queue(etcd_url, queue_name, lock_ttl=5, max_attempts=1) as queue:
+        odd = queue.etcd.post(queue.layout.work,
+                              not_strict_item('{"x":NaN}')).node["key"].rsplit("/", 1)[-1]
+        claim = queue.claim(timeout=1)
+        assert claim is not None and claim.id == odd
+        claim.release()  # R0
+        claim = queue.claim(timeout=1)
+        assert claim is not None
+        with pytest.raises(InvalidPayload, match="JSON"):
+            claim.complete(float("nan"))
+        with pytest.raises(InvalidPayload, match="JSON"):
+            queue.put({"x": float("nan")})
+        claim.fail("no")  # F1, F2: a dead letter
+        requeued = queue.requeue(odd)  # Q1, Q3
+        assert queue.cancel(requeued) is True  # K3
+        assert queue.get(requeued).state == FAILED
+
+
+def test_export_writes_a_stored_nan_and_import_refuses_that_line_by_name(
+        etcd_url: str, queue_name: str, tmp_path) -> None:
+    """Export keeps what is stored; import takes a file's values as a caller's and
+    refuses that line with a clear error, never storing a value put() would refuse."""
+    from etcdq_v2 import InvalidArgument
+    with Queue(etcd_url, queue_name, lock_ttl=5) as queue:
+        queue.etcd.post(queue.layout.work, not_strict_item('{"x":NaN}'))
+        lines = list(queue.export_items())
+    assert len(lines) == 1 and "NaN" in lines[0]
+    with Queue(etcd_url, queue_name + "-copy", lock_ttl=5) as copy:
+        with pytest.raises(InvalidArgument, match="line 1"):
+            copy.import_items(lines)
+        assert copy.stats()["pending"] == 0
