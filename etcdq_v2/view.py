@@ -40,7 +40,10 @@ class QueueView:
         self._protocol = protocol
         self._runtime = protocol.runtime
         self._layout: Layout = protocol.layout
-        self._cond = self._runtime.Condition()
+        # _Changing takes the lock itself: Condition's __enter__ and __exit__ are two
+        # Python calls more, and it is entered several times per claim.
+        self._lock = self._runtime.RLock()
+        self._cond = self._runtime.Condition(self._lock)
         #: Events set on every change of the view (see add_waker).
         self._wakers: Set[EventLike] = set()
         self._idle_timeout = idle_timeout
@@ -546,7 +549,7 @@ class _Changing:
 
     def __enter__(self) -> ViewState:
         view = self._view
-        view._cond.__enter__()
+        view._lock.__enter__()
         self._before = view.state.version
         return view.state
 
@@ -558,7 +561,7 @@ class _Changing:
                 if view.state.version != self._before:
                     view._wake()
         finally:
-            view._cond.__exit__(exc_type, exc, tb)
+            view._lock.__exit__(exc_type, exc, tb)
 
 
 def _final(error: Optional[BaseException]) -> bool:

@@ -447,7 +447,11 @@ class ViewState:
         """After every change: a waiting claim cut its wait to the first deadline
         it wakes for as it was when it began (until_due), so one that moved
         earlier is a change it must act on, and bumps the version like any other."""
-        due = self.wake_due()
+        due = math.inf
+        for when in _WAKING:  # wake_due(), inlined: this runs after every change
+            at = when(self)
+            if at < due:
+                due = at
         if due < self.wake_due_seen:
             self.version += 1
         self.wake_due_seen = due
