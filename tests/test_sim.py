@@ -250,3 +250,18 @@ def test_a_busy_clusters_large_listing_fails_unsent_again_while_a_keys_read_pass
         return listing_gets
 
     assert sim.run(run) == 3  # one GET a member, each waited for on a retry
+
+
+def test_a_finisher_killed_between_a_reset_f3_and_an_applied_f4_leaves_an_orphan_a_claim_finishes(
+) -> None:
+    """The kill the simulator lands at a lock's DELETE: F3 (sent beside it) reset,
+    F4 applied, the finisher dead, so no retry of F3 comes; the item, recorded and
+    unlocked, is finished by another consumer within the liveness bound."""
+    options = MUTANTS["orphans-never-offered"].options
+    result = simulate(2, **options)
+    trace = result.trace
+    killed = next(n for n, line in enumerate(trace) if line.endswith("kill c0"))
+    assert "DELETE" in trace[killed - 1] and "/work/" in trace[killed - 1]
+    assert trace[killed - 1].endswith("!reset")
+    assert "DELETE" in trace[killed + 1] and "/locks/" in trace[killed + 1]
+    assert result.violations == []

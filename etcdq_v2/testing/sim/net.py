@@ -43,7 +43,7 @@ import random
 import re
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from ...wire import Lost, NotSent, Refused, Response, Unanswered
 from .cluster import SWEEP_PERIOD, Cluster, Pending
@@ -107,6 +107,8 @@ class FaultRates:
 
 #: A record's key (F2 writes it): completed/<id> or failed/<id>.
 _RECORD = re.compile(r"/(completed|failed)/[^/?]+(\?|$)")
+#: A lock's key (C1 creates it, F4 deletes it): locks/<id>.
+_LOCK = re.compile(r"/locks/[^/?]+(\?|$)")
 
 NO_FAULTS = FaultRates(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, slow_reply=0)
 
@@ -180,8 +182,9 @@ class Network:
         self.spans: Dict[str, List[Tuple[float, float]]] = {}
         #: client -> after how many of its requests its process dies (kill_after).
         self._kill_at: Dict[str, int] = {}
-        #: client -> its kill waits, from that count on, for a request of a record (F2).
-        self._kill_at_record: Set[str] = set()
+        #: client -> its kill waits, from that count on, for a request of this kind
+        #: (method, key pattern): a record's PUT (F2), or a lock's DELETE (F4).
+        self._kill_at_kind: Dict[str, Tuple[str, "re.Pattern[str]"]] = {}
         self._sent_by: Dict[str, int] = {}
         self._thaw: Dict[int, float] = {}
         #: client -> when its partition from every member ends.
@@ -224,21 +227,28 @@ class Network:
         self._struck("pause")
         self.note(f"pause {client} until {self._paused[client]:.3f}")
 
-    def kill_after(self, client: str, count: int, *, at_record: bool = False) -> None:
+    def kill_after(self, client: str, count: int, *, at_record: bool = False,
+                   at_lock_delete: bool = False) -> None:
         """``client``'s process dies (SIGKILL) once it sent ``count`` requests:
         that one reaches its member, and from then on no thread of it reads a
         reply or sends anything (its threads stop dead, nothing cleans up).
         ``at_record``: at its first record's PUT (F2) from the ``count``-th
-        request on, so that it dies between a commit's F2 and F3."""
+        request on, so that it dies between a commit's F2 and F3.
+        ``at_lock_delete``: at its first DELETE of a lock from then on, so that
+        it dies with the outcomes of the requests sent beside it unread (F4
+        sent with F3: a reset F3 and an applied F4 leave an orphan)."""
         self._kill_at[client] = count
         if at_record:
-            self._kill_at_record.add(client)
+            self._kill_at_kind[client] = ("PUT", _RECORD)
+        elif at_lock_delete:
+            self._kill_at_kind[client] = ("DELETE", _LOCK)
 
     def _count(self, client: str, method: str, path: str) -> None:
         sent = self._sent_by[client] = self._sent_by.get(client, 0) + 1
         due = self._kill_at.get(client, math.inf)
-        if client in self._kill_at_record and sent >= due:
-            if method != "PUT" or not _RECORD.search(path):
+        kind = self._kill_at_kind.get(client)
+        if kind is not None and sent >= due:
+            if method != kind[0] or not kind[1].search(path):
                 return
             self._kill_at[client] = due = sent
         if sent == due:

@@ -133,6 +133,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--kills", type=float, default=0.3)
     parser.add_argument("--send-f4", action="store_true")
     parser.add_argument("--record-kills", type=float, default=0.5)
+    parser.add_argument("--lock-delete-kills", type=float, default=0.0,
+                        help="the share of the other kills that land at a lock's DELETE (F4)")
     args = parser.parse_args(argv)
     total: Counts = {}
     for seed in range(args.first, args.first + args.seeds):
@@ -145,6 +147,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         with quiet_library(), counting(counts), mutant(args.mutant):
             result = simulate(seed, consumers=args.consumers, workers=args.workers, items=args.items,
                               kills=args.kills, record_kills=args.record_kills,
+                              lock_delete_kills=args.lock_delete_kills,
                               send_f4=args.send_f4, **options)
         for name, n in counts.items():
             total[name] = total.get(name, 0) + n

@@ -146,6 +146,7 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
              workers: int = 1, follow_ups: float = 0.2,
              rates: Optional[FaultRates] = None, kills: float = 0.3,
              record_kills: float = 0.5, swarm: bool = False, send_f4: bool = False,
+             lock_delete_kills: float = 0.0,
              prepare: Optional[Callable[[SimRuntime], None]] = None) -> Result:
     """Run seed ``seed``; ``prepare(sim)`` runs first in the main sim-thread.
     ``workers``: Workers with concurrency besides the ``consumers``' claim loops;
@@ -153,13 +154,15 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
     consumer puts an item, as a pipeline stage does; ``kills``: the share of
     seeds with faults (and 2 or more consumers) in which consumer 0's process
     dies, and ``record_kills`` the share of those in which it dies at a
-    record's PUT (F2), between a commit's F2 and F3.  ``swarm``: the seed draws
+    record's PUT (F2), between a commit's F2 and F3; ``lock_delete_kills`` the
+    share of the others in which it dies at a lock's DELETE (F4, sent with F3),
+    its outcome and F3's unread.  ``swarm``: the seed draws
     which faults are on and their rates (:func:`swarm_rates`), over ``rates``.
     ``send_f4``: finishers delete their lock (F4), as they do with a lock TTL
     over steps.LINGER_MAX, instead of leaving it to expire."""
     with _f4_sent(send_f4):
         return _simulate(seed, consumers, items, faults, workers, follow_ups, rates, kills,
-                         record_kills, swarm, prepare)
+                         record_kills, lock_delete_kills, swarm, prepare)
 
 
 @contextlib.contextmanager
@@ -177,7 +180,7 @@ def _f4_sent(sent: bool) -> Iterator[None]:
 
 def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
               follow_ups: float, rates: Optional[FaultRates], kills: float,
-              record_kills: float, swarm: bool,
+              record_kills: float, lock_delete_kills: float, swarm: bool,
               prepare: Optional[Callable[[SimRuntime], None]]) -> Result:
     sim = SimRuntime(seed)
     clocks = random.Random(f"clocks-{seed}")
@@ -227,6 +230,11 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
         # early records: c0 sends fewer requests than 200 in many seeds).
         doomed //= 4
         network.kill_after("c0", doomed, at_record=True)
+    elif doomed is not None and lock_delete_kills and deaths.random() < lock_delete_kills:
+        # Likewise at a lock's DELETE: with F4 sent beside F3 (send_f4), a reset
+        # F3 and an applied F4 leave an orphan no retry of the finisher clears.
+        doomed //= 4
+        network.kill_after("c0", doomed, at_lock_delete=True)
     elif doomed is not None:
         network.kill_after("c0", doomed)
 
