@@ -108,3 +108,18 @@ def test_the_dashboards_json_stays_strict_json_while_an_item_stored_with_a_nan_t
         raise ValueError(f"not JSON: {word}")
     document = json.loads(body, parse_constant=refuse)
     assert len(document["queues"][0]["running"]) == 1
+
+
+@pytest.mark.parametrize("stored_time", ["NaN", "Infinity", "1e400"])
+def test_show_and_ls_print_an_item_whose_stored_time_is_not_a_finite_number(
+        etcdq: Run, etcd_url: str, queue_name: str, stored_time: str) -> None:  # noqa: F811
+    """An item stored with ``"ts": NaN`` (or Infinity) decodes, is claimed and
+    written back as it is; ``etcdq show`` and ``ls`` print it, its time shown
+    as unknown, never a ValueError or OverflowError traceback."""
+    with Queue(etcd_url, queue_name, lock_ttl=5) as queue:
+        odd = queue.etcd.post(queue.layout.work,
+                              '{"t":"put-token","a":0,"ts":' + stored_time + ',"p":"plain"}'
+                              ).node["key"].rsplit("/", 1)[-1]
+        assert [info.id for info in queue.items()] == [odd]
+    assert odd in ok(etcdq("show", queue_name, odd))
+    assert odd in ok(etcdq("ls", queue_name))
