@@ -123,3 +123,25 @@ def test_show_and_ls_print_an_item_whose_stored_time_is_not_a_finite_number(
         assert [info.id for info in queue.items()] == [odd]
     assert odd in ok(etcdq("show", queue_name, odd))
     assert odd in ok(etcdq("ls", queue_name))
+
+
+@pytest.mark.parametrize("stored_time", ["Infinity", "1e400", "NaN"])
+def test_the_dashboard_shows_a_queue_whose_stored_record_finished_at_no_finite_time(
+        etcd_url: str, queue_name: str, stored_time: str) -> None:
+    """A completed record another writer stored with ``"fin": Infinity`` decodes:
+    the dashboard's snapshot still answers 200 (the record falls in no bucket
+    of the throughput histogram), never a ValueError out of int(NaN)."""
+    from etcdq_v2.dashboard.snapshots import Snapshots
+    prefix = "/" + queue_name + "-prefix"
+    with Queue(etcd_url, "q", prefix=prefix, lock_ttl=5) as queue:
+        queue.etcd.put(f"{queue.layout.completed}/{'1' * 20}",
+                       '{"c":"claim","n":"node","a":1,"ts":1700000000.0,"fin":'
+                       + stored_time + ',"p":1,"r":null}')
+        snapshots = Snapshots(queue.etcd, prefix, interval=0, window=60, bucket=5,
+                              actions=False)
+        try:
+            status, body = snapshots.current()
+        finally:
+            snapshots.close()
+    assert status == 200
+    assert json.loads(body)["queues"][0]["name"] == "q"
