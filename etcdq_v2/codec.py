@@ -133,20 +133,22 @@ def check_outcome(result: Any, reason: Optional[str], max_bytes: int) -> None:
         return
     check_depth(result)
     for what, value in (("result", result), ("reason", reason)):
-        size = _size(value)
+        size = _size(value, text=what == "reason")
         if size > max_bytes:
             raise PayloadTooLarge(f"{what} too large: {size} bytes, over the limit of "
                                   f"{max_bytes}")
 
 
-def _size(value: Any) -> int:
-    """The bytes ``value`` takes in a record: base64 for bytes, else its JSON (a
-    text as failure_text will make it encode: a lone surrogate is no error here)."""
+def _size(value: Any, *, text: bool = False) -> int:
+    """The bytes ``value`` takes in a record: base64 for bytes, else its JSON;
+    ``text``: a reason, as failure_text will make it encode (a lone surrogate is
+    no error there). A result is the caller's value: InvalidPayload for one that
+    JSON or UTF-8 can't carry (a str with a lone surrogate too)."""
     if value is None:  # most results and reasons: no encoding needed to know
         return len("null")
     if isinstance(value, (bytes, bytearray, memoryview)):
         return len(payload_fields(value)["b"])
-    if isinstance(value, str):  # a reason: failure_text makes any text encode
+    if text and isinstance(value, str):  # a reason: failure_text makes any text encode
         value = value.encode("utf-8", "backslashreplace").decode("utf-8")
     # Strict: a result is the caller's value (no NaN), though it is stored beside a
     # payload read from etcd (outcome_value encodes the record as stored).
@@ -314,7 +316,7 @@ def tombstone(new_id: str, token: Optional[str] = None) -> str:
     doc: Dict[str, Any] = {"requeued_as": new_id}
     if token:
         doc["t"] = token
-    return dumps(doc)
+    return dumps(doc, stored=True)  # ``token`` is as stored: another writer's may not be strict
 
 
 def tombstone_token(raw: Optional[str]) -> Optional[str]:

@@ -508,8 +508,11 @@ class Transport:
                 self.requests["GET"] += 1
         with _translated(member.url):
             try:
-                connection, response = member.stream(path, timeout, timeout, waiting=again,
-                                                     may_wait=True)
+                # The body is read with the request timeout between its bytes: an
+                # attempt's ``timeout`` is what is left of the deadline, which a
+                # listing waited for (begun in the call's last attempt) has little of.
+                connection, response = member.stream(path, self.timeout, timeout,
+                                                     waiting=again, may_wait=True)
             except Unanswered as exc:
                 waiting[id(member)] = exc.waiting
                 raise

@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run ``etcdq`` with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    # A stored value may hold a lone surrogate (another writer's, read back as it
+    # decoded): printed as its \uXXXX escape (valid inside a JSON string), never
+    # a UnicodeEncodeError after the lines before it.
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parse_args(parser, list(sys.argv[1:] if argv is None else argv))
     _configure_logging(args)

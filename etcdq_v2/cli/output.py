@@ -43,7 +43,10 @@ def format_value(value: Any, width: Optional[int] = None) -> str:
 def format_time(seconds: Optional[float]) -> str:
     if not seconds:
         return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+    try:  # a time another writer stored may be NaN, infinite or out of range
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+    except (ValueError, OverflowError, OSError):
+        return "-"
 
 
 def format_counts(counts: Dict[str, int]) -> str:

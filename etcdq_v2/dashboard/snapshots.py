@@ -169,7 +169,7 @@ class Snapshots:
         """How many of ``times`` fall in each bucket from ``start`` (later ones: the last)."""
         counts = [0] * self._buckets()
         for at in times:
-            if at >= start:
+            if start <= at < math.inf:  # a time another writer stored may be infinite
                 counts[min(int((at - start) // self._bucket), len(counts) - 1)] += 1
         return counts
 
