@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
@@ -108,6 +109,21 @@ def _stored_text(doc: Dict[str, Any]) -> str:
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"payload is not JSON-serialisable: {exc}") from None
     return text
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every float JSON cannot carry (NaN, Infinity, one read from
+    ``1e400``) as None: what the CLI's ``--json`` and the dashboard print for other
+    programs, which strict parsers (jq, a browser's JSON.parse) must read.  A
+    stored value keeps its NaN; only this picture of it says null.  Values
+    without such a float come back as they are (the common case: one walk)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: strict_json(child) for key, child in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(child) for child in value]
+    return value
 
 
 def check_depth(value: Any, limit: int = MAX_DEPTH, text: Optional[str] = None) -> None:

@@ -67,8 +67,6 @@ def test_show_prints_an_item_whose_stored_payload_holds_a_lone_surrogate(
         assert json.loads(out)["payload"] == "\ud800 x"
 
 
-@pytest.mark.xfail(strict=True, reason="print_json writes a stored NaN as the bare word NaN, "
-                   "which jq and other strict parsers refuse")
 def test_show_json_of_a_stored_nan_is_json_a_strict_parser_reads(
         etcdq: Run, etcd_url: str, queue_name: str) -> None:  # noqa: F811
     """``--json`` output is JSON: a stored NaN is not printed as the bare word NaN."""
@@ -82,9 +80,6 @@ def test_show_json_of_a_stored_nan_is_json_a_strict_parser_reads(
     json.loads(out, parse_constant=refuse)
 
 
-@pytest.mark.xfail(strict=True, reason="the running entry's created is NaN and snapshots._dumps "
-                   "allows NaN: the browser's JSON.parse fails on the whole document; before "
-                   "93709bf such an item was never claimed (C2 refused it)")
 def test_the_dashboards_json_stays_strict_json_while_an_item_stored_with_a_nan_time_runs(
         etcd_url: str, queue_name: str) -> None:
     """An item whose stored ``ts`` is NaN is claimed now (written back as it

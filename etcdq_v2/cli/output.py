@@ -15,6 +15,7 @@ import sys
 import time
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
+from ..codec import strict_json
 from ..queue import ItemInfo
 
 
@@ -25,8 +26,14 @@ def _json_default(value: Any) -> Any:
 
 
 def print_json(value: Any) -> None:
-    """One JSON document on stdout; bytes appear as ``{"base64": ...}``."""
-    print(json.dumps(value, default=_json_default, ensure_ascii=False))
+    """One JSON document on stdout; bytes appear as ``{"base64": ...}``, and a
+    stored NaN or Infinity as null (codec.strict_json: jq must read it)."""
+    try:
+        text = json.dumps(value, default=_json_default, ensure_ascii=False, allow_nan=False)
+    except ValueError:  # rare: a stored value holds NaN or Infinity
+        plain = json.loads(json.dumps(value, default=_json_default))
+        text = json.dumps(strict_json(plain), ensure_ascii=False, allow_nan=False)
+    print(text)
 
 
 def format_value(value: Any, width: Optional[int] = None) -> str:

@@ -30,6 +30,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from ..codec import strict_json
 from ..errors import EtcdqError
 from ..overview import DeadLetter, QueueOverview, RunningItem
 from ..protocol import queue_names
@@ -199,4 +200,10 @@ def _preview(payload: Any) -> str:
 
 
 def _dumps(document: Dict[str, Any]) -> bytes:
-    return json.dumps(document, separators=(",", ":")).encode("utf-8")
+    """Strict JSON, which a browser's JSON.parse reads: a stored NaN or Infinity
+    (a payload, an item's time) is null here (codec.strict_json)."""
+    try:
+        text = json.dumps(document, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # rare: a stored value holds NaN or Infinity
+        text = json.dumps(strict_json(document), separators=(",", ":"), allow_nan=False)
+    return text.encode("utf-8")
