@@ -68,6 +68,7 @@ def _install(view) -> _PauseBetweenBlocks:
     """Swap in the pausing condition while nothing waits on the view's."""
     cond = _PauseBetweenBlocks(view)
     view._cond = cond
+    view._lock = cond  # what _Changing enters: the same lock, through the pausing __exit__
     return cond
 
 
