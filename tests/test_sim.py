@@ -4,6 +4,7 @@ seeds with faults finds no violation, and a defect put back is found."""
 from __future__ import annotations
 
 import logging
+import math
 import random
 from typing import List, Tuple
 
@@ -265,3 +266,30 @@ def test_a_finisher_killed_between_a_reset_f3_and_an_applied_f4_leaves_an_orphan
     assert trace[killed - 1].endswith("!reset")
     assert "DELETE" in trace[killed + 1] and "/locks/" in trace[killed + 1]
     assert result.violations == []
+
+
+def test_a_read_whose_reply_has_not_begun_by_the_timeout_is_waited_for_again_not_sent_again(
+) -> None:
+    # As wire does on real etcd (tests/test_unanswered_reads.py): a GET whose reply
+    # has no byte by the timeout keeps its connection (Unanswered) and is waited
+    # for again; the model's slow reply of a GET is such a reply, not a lost one.
+    import dataclasses
+    from etcdq_v2.testing.sim import Cluster
+    from etcdq_v2.testing.sim.net import NO_FAULTS, Network
+    from etcdq_v2.testing.sim.runtime import SimRuntime
+    from etcdq_v2.transport import connect
+    sim = SimRuntime(0)
+    network = Network(sim, Cluster(1, start=0.0), random.Random(0), rates=NO_FAULTS,
+                      faults_until=math.inf)
+    transport = connect(network.urls(), runtime=sim, timeout=2.0,
+                        member_factory=network.members_of("c0"))  # type: ignore[arg-type]
+
+    def run() -> int:
+        for _ in range(3):
+            transport.post("/q/work", "v")
+        network.rates = dataclasses.replace(NO_FAULTS, slow_reply=1.0)
+        return len(transport.get("/q/work", sorted=True, quorum=True).node["nodes"])
+
+    assert sim.run(run) == 3
+    assert transport.requests["GET"] == 1
+    assert network.faults == {"slow_reply": 1}

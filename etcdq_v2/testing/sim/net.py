@@ -363,6 +363,9 @@ class Network:
         if pending is None or not answered or flight.fault is Fault.SLOW_REPLY:
             if answered:  # applied; its reply comes after the client gave up
                 self.sim.sleep(max(deadline - self.sim.now, 0.0))
+                if may_wait:  # no byte by the timeout: wire keeps the connection
+                    flight.fault = None  # and the reply, slow, is there when waited for
+                    raise Unanswered(_Waiting(flight))
             elif may_wait and pending is not None:  # the member has not made it yet
                 raise Unanswered(_Waiting(flight))
             raise Lost("timed out waiting for the reply", timed_out=True)
