@@ -100,7 +100,7 @@ import calendar
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from .codec import Item, Junk, Lock
@@ -198,7 +198,8 @@ class Round:
     watching: bool
     #: Its listings read locks/ (see ViewState.plan_round).
     list_locks: bool
-    #: The listings of work/ started before it, its own included (ViewState.started).
+    #: The listings of work/ started before this listing of the round, its own
+    #: included (ViewState.started; ViewState.round_listing numbers each one).
     started: int = 0
 
 
@@ -796,6 +797,14 @@ class ViewState:
         if self.watching == watching:
             return None
         return self.new_round(watching=watching, list_locks=list_locks)
+
+    def round_listing(self, round_: Round) -> Round:
+        """The round for its next listing of work/, numbered as it starts: a
+        round lists again after each failure and each stream, and each
+        listing is older or newer than a relist by when it started, never by
+        when its round did (fresher_than_applied)."""
+        self.started += 1
+        return replace(round_, started=self.started)
 
     def start_relisting(self) -> bool:
         """A claim asks for a new round (subscribe, list); True: start it (False:
