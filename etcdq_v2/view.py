@@ -337,6 +337,8 @@ class QueueView:
         """The round's listings (ViewState.plan_round): the etcd index of each,
         by directory (0: not listed, every event applies).  ``since``: the
         index at which the round's stream began (None: no stream)."""
+        with self._cond:
+            round_ = self.state.round_listing(round_)  # this listing's start number
         try:
             work = self._protocol.list("work")
         except EtcdqError:

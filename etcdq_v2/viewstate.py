@@ -100,7 +100,7 @@ import calendar
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from .codec import Item, Junk, Lock
@@ -198,6 +198,9 @@ class Round:
     watching: bool
     #: Its listings read locks/ (see ViewState.plan_round).
     list_locks: bool
+    #: The listings of work/ started before this listing of the round, its own
+    #: included (ViewState.started; ViewState.round_listing numbers each one).
+    started: int = 0
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,8 @@ class Relist:
     generation: int
     #: work/ and locks/ (the once-per-lock-TTL listing).
     full: bool
+    #: The listings of work/ started before it, its own included (ViewState.started).
+    started: int = 0
 
 
 @dataclass(frozen=True)
@@ -396,6 +401,14 @@ class ViewState:
         self.wake_due_seen = math.inf
         #: Listings of work/ applied.
         self.relists = 0
+        # -- listings that race (a round's and a claimer's relist, in one quiet round)
+        #: Listings of work/ started (rounds and relists): their order.
+        self.started = 0
+        #: The last applied listing of work/: its etcd index, and ``started``
+        #: when it was applied.  A listing started by then whose index is
+        #: lower was taken before it (fresher_than_applied).
+        self.applied_index = 0
+        self.applied_after = 0
 
     # -- queries -------------------------------------------------------------------
     def is_free(self, item_id: str) -> bool:
@@ -776,13 +789,22 @@ class ViewState:
         self.generation += 1
         self.watching = watching
         self.round_listed_at = math.inf
-        return Round(self.generation, watching, list_locks)
+        self.started += 1
+        return Round(self.generation, watching, list_locks, self.started)
 
     def switch(self, *, watching: bool, list_locks: bool = False) -> Optional[Round]:
         """A new round in the other mode, or None if the view is in that mode already."""
         if self.watching == watching:
             return None
         return self.new_round(watching=watching, list_locks=list_locks)
+
+    def round_listing(self, round_: Round) -> Round:
+        """The round for its next listing of work/, numbered as it starts: a
+        round lists again after each failure and each stream, and each
+        listing is older or newer than a relist by when it started, never by
+        when its round did (fresher_than_applied)."""
+        self.started += 1
+        return replace(round_, started=self.started)
 
     def start_relisting(self) -> bool:
         """A claim asks for a new round (subscribe, list); True: start it (False:
@@ -828,7 +850,8 @@ class ViewState:
         if round_.generation != self.generation:
             return False
         work_index, entries = work
-        self.take_listing(work_index, entries, plan.delayed)
+        if self.fresher_than_applied(round_.started, work_index):
+            self.take_listing(work_index, entries, plan.delayed)
         if locks is not None:
             self.reconcile_locks(locks[0], locks[1], now=now, wall=wall)
         elif plan.delayed:  # the next claim lists locks/ first
@@ -937,7 +960,8 @@ class ViewState:
                 not full and now < gate.when(self)):
             return None
         self.listing = True
-        return Relist(self.generation, full)
+        self.started += 1
+        return Relist(self.generation, full, self.started)
 
     def plan_relist(self, relist: Relist, work: List[Entry]) -> RelistPlan:
         """What a relist lists after work/: locks/ for the listing's new
@@ -959,7 +983,8 @@ class ViewState:
         self.end_relist()
         if relist.generation != self.generation:
             return  # the new follower lists for itself
-        self.take_listing(work[0], work[1], plan.delayed)
+        if self.fresher_than_applied(relist.started, work[0]):
+            self.take_listing(work[0], work[1], plan.delayed)
         if locks is not None:  # work/ and locks/ listed in turn: a full listing
             self.reconcile_locks(locks[0], locks[1], now=now, wall=wall)
         else:
@@ -1022,6 +1047,19 @@ class ViewState:
         (misses, claims seen in this listing) wait for the confirm check."""
         known = self.known
         return [entry.id for entry in work if self.locks.get(entry.id, known + 1) <= known]
+
+    def fresher_than_applied(self, started: int, index: int) -> bool:
+        """Whether a listing of work/ taken at ``index`` (the ``started``-th)
+        may replace the view's: not when it was under way as a listing at a
+        higher index was applied (a round's and a claimer's relist race in
+        one quiet round): it would drop the items put in between, unoffered
+        until the next listing.  One started after that is always applied, so
+        an index that went back (a restore, a restart without its data) does
+        not freeze the view.  True also records it as the applied one."""
+        if started <= self.applied_after and index < self.applied_index:
+            return False
+        self.applied_index, self.applied_after = index, self.started
+        return True
 
     def take_listing(self, index: int, work: List[Entry], delayed: Set[str]) -> None:
         """Apply a listing of work/ taken at ``index``; ``delayed``: its items

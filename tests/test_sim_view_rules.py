@@ -11,6 +11,10 @@ so neither defect shows.
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Callable, List
 
 import pytest
@@ -56,3 +60,26 @@ def test_a_view_that_never_offers_orphans_breaks_an_invariant(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(viewstate.ViewState, "offer_due", lambda self, now: None)
     assert _violations(SEEDS), f"seeds 0-{SEEDS - 1}: no violation"
+
+
+#: Two consumers, 150 items, partitions, busy members and slow links (5 % a
+#: tick each): a consumer cut off comes back to a backlog, goes quiet knowing
+#: of locks (its round lists work/, then locks/, slowly) and its next claim's
+#: once-per-lock-TTL relist lists work/ meanwhile.  Seed 17 of it makes the race.
+RACE = ["--consumers", "2", "--workers", "0", "--items", "150", "--partition", "0.05",
+        "--busy", "0.05", "--slow-link", "0.05"]
+
+
+def test_the_simulator_reaches_a_round_s_listing_older_than_a_relist_applied_before_it() -> None:
+    """The rule of docs/protocol.md (a listing of work/ under way when one at
+    a higher index was applied is dropped) is reached, counted by
+    etcdq_v2.testing.sim.reach (its own process: it fixes the hash seed)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]))
+    env.pop("PYTHONHASHSEED", None)
+    out = subprocess.run([sys.executable, "-m", "etcdq_v2.testing.sim.reach", "--first", "17",
+                          "--seeds", "1", *RACE], env=env, check=True, capture_output=True,
+                         text=True).stdout
+    [total] = [line for line in out.splitlines() if line.startswith("total ")]
+    counts = dict(field.split("=") for field in total.split()[1:])
+    assert int(counts["older-listing-dropped"]) >= 1, out

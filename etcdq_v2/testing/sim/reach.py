@@ -83,15 +83,30 @@ def _tick(counts: Counts, original: Callable[..., Any]) -> Callable[..., Any]:
     return tick
 
 
+def _fresher_than_applied(counts: Counts, original: Callable[..., Any]
+                          ) -> Callable[..., Any]:
+    def fresher_than_applied(self: ViewState, started: int, index: int) -> bool:
+        before = self.applied_index
+        fresher: bool = original(self, started, index)
+        if not fresher:
+            _count(counts, "older-listing-dropped")
+        elif index < before:  # etcd's index went back (a restore): applied all the same
+            _count(counts, "listing-at-lower-index-applied")
+        return fresher
+    return fresher_than_applied
+
+
 _PATCHES: List[Tuple[str, Callable[[Counts, Callable[..., Any]], Callable[..., Any]]]] = [
     ("take_listing", _take_listing), ("work_unlisted", _work_unlisted),
     ("catch_up_how", _catch_up_how), ("apply_locks", _apply_locks),
-    ("unlocked", _unlocked), ("tick", _tick)]
+    ("unlocked", _unlocked), ("tick", _tick),
+    ("fresher_than_applied", _fresher_than_applied)]
 
 RULES = ["listing-keeps-relist-backoff", "full-listing-wrong-timer",
          "catch-up-makes-view-unready", "own-puts-first-after-stream-error",
          "stale-lock-check-applied", "replaced-follower-listing-applied",
-         "gone-sign-dropped-during-attempt", "orphans-never-offered"]
+         "gone-sign-dropped-during-attempt", "orphans-never-offered",
+         "older-listing-dropped", "listing-at-lower-index-applied"]
 
 #: Counted beside the rules: how often their context comes at all.
 _CONTEXT = ["work-unlisted", "apply-locks", "orphans-held"]
