@@ -51,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--send-f4", action="store_const", const=True,
                         help="finishers delete their lock (F4), as with a lock TTL over "
                              "LINGER_MAX, instead of leaving it to expire (default off)")
+    parser.add_argument("--requeue-race", action="store_const", const=True,
+                        help="another process requeues or cancels the dead letter the "
+                             "operator requeues, at once, with pauses past the lock TTL, so "
+                             "that a requeue's Q5 fails (default off; drawn in half the "
+                             "--swarm seeds)")
     parser.add_argument("--slow-link", type=float, default=0.0, metavar="RATE",
                         help="per courier tick, the link of a member or of a consumer's "
                              "process slowed to 0.3-3 kB/s for 6-24 s (default 0: off)")
@@ -94,14 +99,15 @@ def _schedule(args: argparse.Namespace) -> Dict[str, object]:
 
 #: The schedule's options that have a flag (main() resolves them against the --mutant's).
 _FLAGGED = {"consumers": 3, "workers": 1, "kills": 0.3, "record_kills": 0.5, "swarm": False,
-            "send_f4": False}
+            "send_f4": False, "requeue_race": False}
 
 
 def _run(seed: int, args: argparse.Namespace, keep_trace: bool = False) -> _Seed:
     with mutant(args.mutant):
         result = simulate(seed, consumers=args.consumers, items=args.items, faults=args.faults,
                           workers=args.workers, kills=args.kills, record_kills=args.record_kills,
-                          swarm=args.swarm, send_f4=args.send_f4, **_schedule(args))  # type: ignore[arg-type]
+                          swarm=args.swarm, send_f4=args.send_f4,
+                          requeue_race=args.requeue_race, **_schedule(args))  # type: ignore[arg-type]
     return _Seed(seed, result.handovers + result.requests,
                  [(violation.name, violation.detail) for violation in result.violations],
                  result.faults, result.settled, result.trace if keep_trace else None)
@@ -171,6 +177,7 @@ def _run_seeds(args: argparse.Namespace) -> int:
                   f"--kills {args.kills:g} --record-kills {args.record_kills:g} "
                   f"{'--faults' if args.faults else '--no-faults'} "
                   + ("--swarm " if args.swarm else "") + ("--send-f4 " if args.send_f4 else "")
+                  + ("--requeue-race " if args.requeue_race else "")
                   + (f"--slow-link {args.slow_link:g} " if args.slow_link else "")
                   + (f"--busy {args.busy:g} " if args.busy else "")
                   + f"--trace sim-{result.seed}.trace"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ...claim import Claim
 from ...errors import EtcdqError, QueueClosed, Unavailable
@@ -349,16 +349,34 @@ def worker(queue: Queue, name: str, plan: Plan, history: History,
     made.run()
 
 
-def operator(queue: Queue, plan: Plan, history: History) -> None:
+@dataclass
+class RequeueRace:
+    """The operator's requeues raced (``simulate(requeue_race=True)``): another
+    process (``queue``, named ``name``) requeues or cancels the same dead letter
+    at once, and either process may pause mid-call past the lock TTL, so that a
+    requeue's Q5 finds its lock gone or another's.  Drawn from ``rng`` alone."""
+
+    queue: Queue
+    name: str
+    network: "Network"
+    rng: random.Random
+    #: The share of requeues raced.
+    share: float = 0.8
+
+
+def operator(queue: Queue, plan: Plan, history: History,
+             race: Optional[RequeueRace] = None, name: str = "o") -> None:
     """While faults last, now and then requeues a dead letter (a cancelled or
-    dead-lettered item) or waits a while for an item's outcome."""
+    dead-lettered item) or waits a while for an item's outcome; with ``race``,
+    most of its requeues are raced (:class:`RequeueRace`), and with no dead
+    letter to requeue it cancels a pending item and requeues that."""
     sim = queue.runtime
     rng = plan.rng
     while sim.monotonic() < plan.faults_until:
         sim.sleep(rng.uniform(1.0, 5.0))
         try:
             if rng.random() < 0.5:
-                _requeue_one(queue, history, rng)
+                _requeue_one(queue, history, rng, race, name, plan.lock_ttl)
             elif history.puts:
                 item = rng.choice(sorted(history.puts))
                 info = queue.wait(item, timeout=rng.uniform(0.5, 10.0))
@@ -368,15 +386,74 @@ def operator(queue: Queue, plan: Plan, history: History) -> None:
             history.error(exc)
 
 
-def _requeue_one(queue: Queue, history: History, rng: random.Random) -> None:
+def _requeue_one(queue: Queue, history: History, rng: random.Random,
+                 race: Optional[RequeueRace] = None, name: str = "o",
+                 lock_ttl: float = 5.0) -> None:
     """Requeue one dead letter, if there is one: its new id is a put acknowledged."""
     dead = [info.id for info in queue.items("failed")]
+    pending = [info.id for info in queue.items("pending")] if not dead and race else []
+    if pending:  # more dead letters to race on
+        assert race is not None
+        item = race.rng.choice(pending)
+        cancelled = queue.cancel(item)
+        history.cancels.append((history.next(), item, cancelled))
+        dead = [item] if cancelled else []
     if not dead:
         return
     item = rng.choice(sorted(dead))
+    racer = None
+    if race is not None and race.rng.random() < race.share:
+        racer = _race(queue, item, history, race, name, lock_ttl)
+    try:
+        _requeued(queue, item, history)
+    finally:
+        if racer is not None:
+            assert race is not None
+            race.network.pause_after(name, "PUT", "failed", 0)  # if it never came
+            racer.join()
+
+
+def _requeued(queue: Queue, item: str, history: History) -> None:
     new_id = queue.requeue(item)
     history.next()
     history.puts[new_id] = (queue.runtime.monotonic(), history.puts.get(item, (0.0, item))[1])
+
+
+def _race(queue: Queue, item: str, history: History, race: RequeueRace, name: str,
+          lock_ttl: float) -> Any:
+    """Start the race of the requeue of ``item`` that ``name``'s process begins now:
+    the other process requeues it (2 in 3) or cancels it, at once.  Half the
+    time our process pauses for 1-2.5 lock TTLs once it sent Q1 or Q4 (its
+    first or second PUT of failed/<id>), and the other comes then just after
+    our lock expired; in 60 % the other's process pauses for 1-2 lock TTLs
+    once it sent its first PUT of the lock (Q0, K1).  Our Q5 then lands
+    after our lock expired, on no lock or on theirs."""
+    sim = queue.runtime
+    rng = race.rng
+    requeue = rng.random() < 2 / 3
+    start = rng.uniform(0.0, 0.02)
+    if rng.random() < 0.5:
+        race.network.pause_after(name, "PUT", "failed", lock_ttl * rng.uniform(1.0, 2.5),
+                                 nth=rng.choice([1, 2]))
+        # The other comes once our lock expired (and etcd swept it), while we sleep.
+        start = lock_ttl + rng.uniform(0.6, 1.5)
+    if rng.random() < 0.6:
+        race.network.pause_after(race.name, "PUT", "locks", lock_ttl * rng.uniform(1.0, 2.0))
+
+    def other() -> None:
+        sim.sleep(start)
+        try:
+            if requeue:
+                _requeued(race.queue, item, history)
+            else:
+                history.cancels.append((history.next(), item, race.queue.cancel(item)))
+        except EtcdqError as exc:
+            history.error(exc)
+        finally:
+            race.network.pause_after(race.name, "PUT", "locks", 0)
+    racer = sim.Thread(other, name="racer")
+    racer.start()
+    return racer
 
 
 def canceller(queue: Queue, plan: Plan, history: History) -> None:

@@ -186,6 +186,8 @@ class Network:
         #: (method, key pattern): a record's PUT (F2), or a lock's DELETE (F4).
         self._kill_at_kind: Dict[str, Tuple[str, "re.Pattern[str]"]] = {}
         self._sent_by: Dict[str, int] = {}
+        #: client -> (method, directory, how many such requests to go, seconds): pause_after.
+        self._pause_after: Dict[str, Tuple[str, str, int, float]] = {}
         self._thaw: Dict[int, float] = {}
         #: client -> when its partition from every member ends.
         self._cut_off: Dict[str, float] = {}
@@ -243,7 +245,24 @@ class Network:
         elif at_lock_delete:
             self._kill_at_kind[client] = ("DELETE", _LOCK)
 
+    def pause_after(self, client: str, method: str, directory: str, seconds: float,
+                    nth: int = 1) -> None:
+        """``client``'s process pauses for ``seconds`` (:meth:`pause`) once it sent
+        its ``nth`` next ``method`` request of a key in ``directory`` (a SIGSTOP
+        between two steps); ``seconds`` 0 disarms it."""
+        if seconds:
+            self._pause_after[client] = (method, directory, nth, seconds)
+        else:
+            self._pause_after.pop(client, None)
+
     def _count(self, client: str, method: str, path: str) -> None:
+        armed = self._pause_after.get(client)
+        if armed is not None and method == armed[0] and f"/{armed[1]}/" in path:
+            if armed[2] > 1:
+                self._pause_after[client] = (armed[0], armed[1], armed[2] - 1, armed[3])
+            else:
+                del self._pause_after[client]
+                self.pause(client, armed[3])
         sent = self._sent_by[client] = self._sent_by.get(client, 0) + 1
         due = self._kill_at.get(client, math.inf)
         kind = self._kill_at_kind.get(client)

@@ -14,6 +14,9 @@ import contextlib
 import math
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+from ...codec import Lock
+from ...errors import CompareFailed, EtcdqError, KeyMissing
+from ...steps import IMPORT_LOCK, Steps, delete
 from ...viewstate import Relist, ViewState
 
 #: rule (its mutant's name) -> times reached in the runs while counting.
@@ -96,6 +99,28 @@ def _fresher_than_applied(counts: Counts, original: Callable[..., Any]
     return fresher_than_applied
 
 
+def _let_go(counts: Counts, original: Callable[..., Any]) -> Callable[..., Any]:
+    """Q5, a requeue's let-go (its lock is no delay lock, as a cancel's K4 is, and
+    not the import's): the same conditional delete as drop_lock_step, counted by
+    how it ended.  "q5-compare-failed": the lock is another's now (another
+    requeue's, a cancel's); "q5-lock-gone": no lock (it expired, or a resent
+    delete of ours found it gone); "q5-unanswered": the delete raised."""
+    def let_go_step(self: Steps, item_id: str, lock: Lock) -> Any:
+        if lock.delay or item_id == IMPORT_LOCK:
+            return (yield from original(self, item_id, lock))
+        _count(counts, "q5")
+        try:
+            yield from delete(self.layout.key("locks", item_id), prev_value=lock.encode())
+        except CompareFailed:
+            _count(counts, "q5-compare-failed")
+        except KeyMissing:
+            _count(counts, "q5-lock-gone")
+        except EtcdqError:
+            _count(counts, "q5-unanswered")
+        return None
+    return let_go_step
+
+
 _PATCHES: List[Tuple[str, Callable[[Counts, Callable[..., Any]], Callable[..., Any]]]] = [
     ("take_listing", _take_listing), ("work_unlisted", _work_unlisted),
     ("catch_up_how", _catch_up_how), ("apply_locks", _apply_locks),
@@ -111,20 +136,29 @@ RULES = ["listing-keeps-relist-backoff", "full-listing-wrong-timer",
 #: Counted beside the rules: how often their context comes at all.
 _CONTEXT = ["work-unlisted", "apply-locks", "orphans-held"]
 
+#: The protocol's rare branches counted (no mutant patches them): a requeue's
+#: Q5 (its let-go) and how it failed.
+BRANCHES = ["q5", "q5-compare-failed", "q5-lock-gone", "q5-unanswered"]
+
+#: Patches of Steps (the protocol's steps): (attribute, wrapper).
+_STEP_PATCHES: List[Tuple[str, Callable[[Counts, Callable[..., Any]], Callable[..., Any]]]] = [
+    ("let_go_step", _let_go)]
+
 
 @contextlib.contextmanager
 def counting(counts: Counts) -> Iterator[Counts]:
     """While active, ``counts`` gathers the rules reached (see module doc)."""
     undo = []
     try:
-        for attribute, wrap in _PATCHES:
-            original = getattr(ViewState, attribute)
-            undo.append((attribute, ViewState.__dict__[attribute]))
-            setattr(ViewState, attribute, wrap(counts, original))
+        for owner, patches in ((ViewState, _PATCHES), (Steps, _STEP_PATCHES)):
+            for attribute, wrap in patches:
+                original = getattr(owner, attribute)
+                undo.append((owner, attribute, owner.__dict__[attribute]))
+                setattr(owner, attribute, wrap(counts, original))
         yield counts
     finally:
-        for attribute, original in reversed(undo):
-            setattr(ViewState, attribute, original)
+        for owner, attribute, original in reversed(undo):
+            setattr(owner, attribute, original)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -147,6 +181,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                         help="a FaultRates field, over the defaults")
     parser.add_argument("--kills", type=float, default=0.3)
     parser.add_argument("--send-f4", action="store_true")
+    parser.add_argument("--requeue-race", action="store_true")
     parser.add_argument("--record-kills", type=float, default=0.5)
     parser.add_argument("--lock-delete-kills", type=float, default=0.0,
                         help="the share of the other kills that land at a lock's DELETE (F4)")
@@ -163,13 +198,13 @@ def main(argv: Optional[List[str]] = None) -> None:
             result = simulate(seed, consumers=args.consumers, workers=args.workers, items=args.items,
                               kills=args.kills, record_kills=args.record_kills,
                               lock_delete_kills=args.lock_delete_kills,
-                              send_f4=args.send_f4, **options)
+                              send_f4=args.send_f4, requeue_race=args.requeue_race, **options)
         for name, n in counts.items():
             total[name] = total.get(name, 0) + n
         print(seed, [v.name for v in result.violations], " ".join(f"{r}={counts.get(r, 0)}"
-                                                     for r in RULES + _CONTEXT),
+                                                     for r in RULES + _CONTEXT + BRANCHES),
               result.faults)
-    print("total", " ".join(f"{r}={total.get(r, 0)}" for r in RULES + _CONTEXT))
+    print("total", " ".join(f"{r}={total.get(r, 0)}" for r in RULES + _CONTEXT + BRANCHES))
 
 
 if __name__ == "__main__":

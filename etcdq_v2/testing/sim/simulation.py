@@ -26,8 +26,8 @@ from ...viewstate import ROUND
 from ...wire import Member
 from ...worker import Worker
 from . import invariants
-from .actors import (Commit, History, Plan, _put_one, canceller, consumer, operator,
-                     producer, waiter, worker)
+from .actors import (Commit, History, Plan, RequeueRace, _put_one, canceller, consumer,
+                     operator, producer, waiter, worker)
 from .cluster import SWEEP_PERIOD, Cluster
 from .invariants import Bounds, Live, Violation
 from .net import NO_FAULTS, FaultRates, Network
@@ -106,6 +106,9 @@ SWARM_NEW = {"delay_reply": (0.01, 0.1), "partition": (0.005, 0.04),
              "slow_link": (0.005, 0.04), "busy": (0.005, 0.04)}
 #: Drawn after the others, so that the faults before them keep their draws.
 _ADDED = ("slow_link", "busy")
+#: The share of swarm seeds whose operator's requeues are raced (requeue_race),
+#: drawn from a generator of its own, after the rates.
+SWARM_REQUEUE_RACE = 0.5
 #: Shares, not rates: drawn on or off, kept as they are.
 _SHARES = ("restore", "late_by")
 
@@ -147,6 +150,7 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
              rates: Optional[FaultRates] = None, kills: float = 0.3,
              record_kills: float = 0.5, swarm: bool = False, send_f4: bool = False,
              lock_delete_kills: float = 0.0,
+             requeue_race: bool = False,
              prepare: Optional[Callable[[SimRuntime], None]] = None) -> Result:
     """Run seed ``seed``; ``prepare(sim)`` runs first in the main sim-thread.
     ``workers``: Workers with concurrency besides the ``consumers``' claim loops;
@@ -159,10 +163,14 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
     its outcome and F3's unread.  ``swarm``: the seed draws
     which faults are on and their rates (:func:`swarm_rates`), over ``rates``.
     ``send_f4``: finishers delete their lock (F4), as they do with a lock TTL
-    over steps.LINGER_MAX, instead of leaving it to expire."""
+    over steps.LINGER_MAX, instead of leaving it to expire.  ``requeue_race``
+    (drawn in a share SWARM_REQUEUE_RACE of swarm seeds): another process
+    requeues or cancels the dead letter the operator requeues, at once, with
+    pauses past the lock TTL (actors.RequeueRace), so that a requeue's Q5
+    fails."""
     with _f4_sent(send_f4):
         return _simulate(seed, consumers, items, faults, workers, follow_ups, rates, kills,
-                         record_kills, lock_delete_kills, swarm, prepare)
+                         record_kills, lock_delete_kills, swarm, requeue_race, prepare)
 
 
 @contextlib.contextmanager
@@ -180,7 +188,7 @@ def _f4_sent(sent: bool) -> Iterator[None]:
 
 def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
               follow_ups: float, rates: Optional[FaultRates], kills: float,
-              record_kills: float, lock_delete_kills: float, swarm: bool,
+              record_kills: float, lock_delete_kills: float, swarm: bool, requeue_race: bool,
               prepare: Optional[Callable[[SimRuntime], None]]) -> Result:
     sim = SimRuntime(seed)
     clocks = random.Random(f"clocks-{seed}")
@@ -192,6 +200,8 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
     faults_until = FAULTS_FOR if faults else 0.0
     if swarm:
         rates = swarm_rates(random.Random(f"swarm-{seed}"), rates or FaultRates())
+        requeue_race = requeue_race or \
+            random.Random(f"requeue-race-{seed}").random() < SWARM_REQUEUE_RACE
     fault_rates = (rates or FaultRates()) if faults else NO_FAULTS
     network = Network(sim, cluster, random.Random(f"network-{seed}"), rates=fault_rates,
                       faults_until=faults_until)
@@ -304,8 +314,11 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
         if faults:
             threads.append(sim.Thread(canceller, name="canceller",
                                       args=(queue("k"), plan, history)))
+            race = RequeueRace(queue("o2"), "o2", network,
+                               random.Random(f"requeue-race-{seed}-actors")) \
+                if requeue_race else None
             threads.append(sim.Thread(operator, name="operator",
-                                      args=(queue("o"), plan, history)))
+                                      args=(queue("o"), plan, history, race)))
 
         for thread in threads + makers + takers:
             thread.start()

@@ -1,0 +1,34 @@
+"""A requeue's Q5 (its let-go, a compare-and-delete of its lock) that fails:
+the simulator races the operator's requeues with another process's requeue
+or cancel of the same dead letter, and pauses either past the lock TTL
+(``simulate(requeue_race=True)``, drawn in half the ``--swarm`` seeds), so
+that Q5 lands on no lock or on the other's, and no invariant breaks."""
+from __future__ import annotations
+
+import pytest
+
+from etcdq_v2.testing.sim.reach import counting
+from etcdq_v2.testing.sim.simulation import simulate
+
+pytestmark = pytest.mark.usefixtures("quiet_library")
+
+
+def test_raced_requeues_fail_q5_on_another_lock_and_on_none_and_break_no_invariant() -> None:
+    counts: dict = {}
+    with counting(counts):
+        for seed in range(12):
+            result = simulate(seed, requeue_race=True)
+            assert result.violations == [], (seed, result.violations)
+    # Q5 found the other process's lock (it came while we were paused) ...
+    assert counts.get("q5-compare-failed", 0) >= 2, counts
+    # ... or none (it expired while we were paused, and the other dropped its own).
+    assert counts.get("q5-lock-gone", 0) >= 2, counts
+
+
+def test_the_default_schedule_keeps_its_requeues_unraced() -> None:
+    # The option is off by default: the default seeds' traces stay as they were.
+    counts: dict = {}
+    with counting(counts):
+        plain = simulate(11)
+    assert plain.trace != simulate(11, requeue_race=True).trace
+    assert counts.get("q5-compare-failed", 0) == 0
