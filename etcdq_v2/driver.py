@@ -1,10 +1,18 @@
 """The threaded (blocking) driver of the protocol's steps (steps.py).
 
 :func:`run` drives one step to its end on a :class:`~etcdq_v2.transport.Transport`;
-:func:`send` is the one function through which every request of a step
-passes, real or simulated (a simulated etcd is a Transport on a simulated
-network), so a test can observe or alter them in one place.  The driver
-holds no rule: it sends what the step asks and hands back what came.
+:func:`send` is the one function through which every request the library
+makes passes, real or simulated (a simulated etcd is a Transport on a
+simulated network), so a test can observe or alter them in one place: each
+request of a step, and the requests :class:`~etcdq_v2.protocol.Protocol`
+sends itself (a recursive GET, a streamed listing, the lock reads sent
+together, a watch stream, the view's included), as one
+:class:`~etcdq_v2.steps.Request` each.  A request is one call of the keys
+API as the library asks for it; what the transport does to carry it is that
+request: its retries on the same or another member, the wait again for a
+listing's reply on its connection, and a new connection's version question
+before a POST goes on it (wire.Member's proof that the member answers).
+The driver holds no rule: it sends what it is asked and hands back what came.
 """
 from __future__ import annotations
 
@@ -37,10 +45,12 @@ def run(step: Step[T], transport: Transport) -> T:
 
 
 def send(transport: Transport, request: Request) -> Any:
-    """One request of a step, on ``transport``: etcd's Reply (raising the
-    library's exception for an error reply or a request that failed), a list
-    of replies and errors for ``ALL`` and ``POSTS``, or the answer to a
-    question (:func:`_answer`)."""
+    """One request, on ``transport``: etcd's Reply (raising the library's
+    exception for an error reply or a request that failed), a list of
+    replies and errors for ``ALL`` and ``POSTS``, a Listing or an EventStream
+    for ``LISTING`` and ``STREAM`` (:func:`_read`), or the answer to a
+    question (:func:`_answer`).  Callers outside this module call it as
+    ``driver.send``, so that a wrapper put in its place sees their requests."""
     if request.method == "GET":
         return transport.get(request.key, quorum=request.quorum, sorted=request.sorted)
     if request.method == "PUT":
@@ -62,7 +72,7 @@ def send(transport: Transport, request: Request) -> Any:
 
 def _answer(transport: Transport, request: Request) -> Any:
     """A step's question to the driver: its clocks, a sleep, a token, its transport's
-    highest index seen and deadline."""
+    highest index seen and deadline; else a read :func:`_read` sends."""
     if request.method == "NOW":
         return transport.runtime.boot_clock()
     if request.method == "WALL":
@@ -77,6 +87,19 @@ def _answer(transport: Transport, request: Request) -> Any:
         return transport.seen_index
     if request.method == "DEADLINE":
         return transport.deadline
+    return _read(transport, request)
+
+
+def _read(transport: Transport, request: Request) -> Any:
+    """A recursive GET, a streamed listing or a watch: a few per call of the
+    library (a snapshot, an export, a wait, a view's round), none per item, so
+    last in the chain."""
+    if request.method == "TREE":
+        return transport.get(request.key, recursive=True, quorum=request.quorum)
+    if request.method == "LISTING":
+        return transport.listing(request.key, sorted=request.sorted, quorum=request.quorum)
+    if request.method == "STREAM":
+        return transport.stream(request.key, idle_timeout=request.seconds)
     raise ValueError(f"no such request: {request.method}")
 
 

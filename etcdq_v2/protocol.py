@@ -11,7 +11,8 @@ put (D1, D2), requeue (Q0-Q5), cancel (K1-K4), purge, import's I1, I3 and I4, th
 (C1-C3), the commit (F1-F4), release and fail (R0, R1) and the heartbeat's
 refresh are written as generator steps without I/O in steps.py;
 the methods of :class:`Protocol` of the same names run them on the transport
-(driver.run).  The other operations below call the transport here.
+(driver.run).  The other operations below send their requests here, each
+through driver.send as a step's are.
 
 Values (see codec.py): an item carries its put token ``t``, its claim count
 ``a`` and the token of its latest claim ``c``; a lock carries the claimer's
@@ -261,6 +262,7 @@ from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 from .codec import Item, Junk, Lock, Record, check_outcome, tombstone_token
 from .errors import EtcdqError, InvalidArgument, KeyMissing, NotFound
 from .keys import DIRS, Layout, check_prefix, is_queue_name
+from . import driver
 from .driver import run
 from .runtime import SYSTEM
 # Re-exported: the names callers know the protocol's by.
@@ -274,7 +276,7 @@ from .steps import IMPORT_LOCK as IMPORT_LOCK
 from .steps import GivenBack as GivenBack
 from .steps import ImportState as ImportState
 from .steps import Gone as Gone
-from .steps import Held, Steps
+from .steps import Held, Request, Steps
 from .steps import Taken as Taken
 from .steps import item_fields as item_fields
 from .steps import put_token
@@ -333,7 +335,7 @@ def queue_names(transport: Transport, prefix: str) -> List[str]:
     name is a valid queue name count; none when the prefix does not exist yet.
     A serializable read (any member answers from its own store): for display."""
     try:
-        reply = transport.get(check_prefix(prefix), sorted=True)
+        reply = driver.send(transport, Request("GET", check_prefix(prefix), sorted=True))
     except KeyMissing:
         return []
     names = []
@@ -510,7 +512,15 @@ class Protocol(Steps):
     # -- W: wait -----------------------------------------------------------------
     def watch_item(self, item_id: str, idle_timeout: float) -> EventStream:
         """W1: a stream of ``work/<id>``'s events from now on (before W2 reads)."""
-        return self.etcd.stream(self.layout.key("work", item_id), idle_timeout=idle_timeout)
+        return self.watch(self.layout.key("work", item_id), idle_timeout)
+
+    def watch(self, key: str, idle_timeout: float) -> EventStream:
+        """A live recursive watch of ``key``: its events from now on, until etcd
+        ends the stream or ``idle_timeout`` passes without one (W1, the view's
+        follower)."""
+        stream: EventStream = driver.send(self.etcd, Request("STREAM", key,
+                                                             seconds=idle_timeout))
+        return stream
 
     def outcome(self, item_id: str) -> Optional[Tuple[str, Record]]:
         """W2: ``(kind, record)`` of a finished item, None while it is pending or running.
@@ -630,13 +640,19 @@ class Protocol(Steps):
         without ``since``, is read again through raft (quorum).  Raises the
         first read's error, if any failed."""
         keys = [self.layout.key("locks", item_id) for item_id in item_ids]
-        replies = self.etcd.get_all(keys, quorum=since is None)
+        replies = self._get_all(keys, quorum=since is None)
         behind = [n for n, reply in enumerate(replies) if _served_before(reply, since or 0)]
         if behind:
-            again = self.etcd.get_all([keys[n] for n in behind], quorum=True)
+            again = self._get_all([keys[n] for n in behind], quorum=True)
             for n, reply in zip(behind, again):
                 replies[n] = reply
         return [self._lock_read(item_id, reply) for item_id, reply in zip(item_ids, replies)]
+
+    def _get_all(self, keys: Sequence[str], *, quorum: bool) -> List[Union[Reply, EtcdqError]]:
+        """GETs of ``keys`` sent at once (``ALL``): each one's reply or error."""
+        replies: List[Union[Reply, EtcdqError]] = driver.send(self.etcd, Request(
+            "ALL", together=tuple(Request("GET", key, quorum=quorum) for key in keys)))
+        return replies
 
     def _lock_read(self, item_id: str, reply: Union[Reply, EtcdqError]
                    ) -> Tuple[str, int, Optional[Entry]]:
@@ -664,7 +680,7 @@ class Protocol(Steps):
         the queue: etcd v2 lists keys with their values, and has no count.
         """
         try:
-            node = self.etcd.get(self.layout.root, recursive=True, quorum=quorum).node
+            node = driver.send(self.etcd, Request("TREE", self.layout.root, quorum=quorum)).node
         except KeyMissing:
             node = {}
         except UndecodableReply as exc:
@@ -702,7 +718,8 @@ class Protocol(Steps):
 
     def _streamed_entries(self, kind: str) -> Iterator[Entry]:
         try:
-            listing = self.etcd.listing(self.layout.dir(kind), sorted=True, quorum=True)
+            listing = driver.send(self.etcd, Request("LISTING", self.layout.dir(kind),
+                                                     sorted=True, quorum=True))
         except KeyMissing:
             return
         yield from self.entries(listing.nodes())
@@ -730,7 +747,7 @@ class Protocol(Steps):
         """``work/<id>`` is gone or carries an outcome: a hint for the view (a
         serializable read, answered by the member from its own copy)."""
         try:
-            node = self.etcd.get(self.layout.key("work", item_id)).node
+            node = driver.send(self.etcd, Request("GET", self.layout.key("work", item_id))).node
         except KeyMissing:
             return True
         try:

@@ -126,8 +126,15 @@ class Request:
     sent at once (the reply is a list of each one's reply or EtcdqError, none
     thrown); ``POSTS``: the POSTs in ``together``, in order, ``lanes`` in
     flight (the reply: each one's reply, EtcdqError, or None for one not sent,
-    as Transport.post_many's).  Questions to the driver: ``NOW``, its boot
-    clock (see docs/protocol.md, **Time**); ``WALL``, its wall clock, for
+    as Transport.post_many's).  ``TREE``: a recursive GET of directory
+    ``key`` (``quorum``), the whole subtree in one reply.  Two GETs whose
+    reply is read as it comes, on a connection of its own: ``LISTING``,
+    directory ``key`` listed (``sorted``, ``quorum``), its children decoded
+    as the body arrives (the reply: Transport.listing's Listing); ``STREAM``,
+    a live recursive watch of ``key``, its events from the watch's start
+    until etcd ends it or ``seconds`` pass without one (the reply:
+    Transport.stream's EventStream).  Questions to the driver: ``NOW``, its
+    boot clock (see docs/protocol.md, **Time**); ``WALL``, its wall clock, for
     timestamps; ``MONOTONIC``, its monotonic clock, for a step's own give-up
     time; ``SLEEP``, wait ``seconds``; ``TOKEN``, a fresh random token;
     ``SEEN``, the highest etcd index its transport has seen (a bound below
@@ -148,7 +155,8 @@ class Request:
     together: Tuple["Request", ...] = ()
     #: ``POSTS``: the connections its POSTs travel on, one awaiting etcd on each.
     lanes: int = 0
-    #: ``SLEEP``: how long the driver waits before it answers.
+    #: ``SLEEP``: how long the driver waits before it answers; ``STREAM``: how
+    #: long the stream may stay silent before it ends.
     seconds: float = 0.0
 
 

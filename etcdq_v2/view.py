@@ -507,7 +507,7 @@ class _Follower:
             self._listed.set()
             self._stop.wait()
             return
-        stream = view._protocol.etcd.stream(self.directory, idle_timeout=self._idle_timeout)
+        stream = view._protocol.watch(self.directory, self._idle_timeout)
         self._stream = stream
         try:
             if self._stop.is_set():
