@@ -361,9 +361,6 @@ class ViewState:
         #: The watching follower's last listing of work/ failed: a catch-up offers
         #: own items without waiting for a new follower's listing.
         self.unlisted = False
-        #: A claimer's relist of work/ is under way: one at a time; a starved
-        #: claim waits for it before it starts watching.
-        self.listing = False
         # -- mode and rounds (events cost nothing while the process has work) -------
         #: The whole queue directory is watched (locks/ too); False: quiet.
         self.watching = False
@@ -404,13 +401,26 @@ class ViewState:
         # -- listings that race (a round's and a claimer's relist, in one quiet round)
         #: Listings of work/ started (rounds and relists): their order.
         self.started = 0
-        #: The last applied listing of work/: its etcd index, and ``started``
-        #: when it was applied.  A listing started by then whose index is
-        #: lower was taken before it (fresher_than_applied).
-        self.applied_index = 0
-        self.applied_after = 0
+        #: The listings of work/ under way, by who lists them ("round": the
+        #: follower's, "relist": a claimer's; each lists one at a time): the
+        #: number each started with.  What ``applied`` keeps for them.
+        self.under_way: Dict[str, int] = {}
+        #: Applied listings of work/ that a listing under way may have been
+        #: under way for: (``started`` when each was applied, its etcd index),
+        #: in the order applied.  A listing is dropped if one applied since it
+        #: started (``started`` then at least its number) has a higher index
+        #: (fresher_than_applied).  Pruned as each is applied to those applied
+        #: since the oldest listing under way started whose index no later
+        #: one reaches (so each index is lower than every earlier one's).
+        self.applied: List[Tuple[int, int]] = []
 
     # -- queries -------------------------------------------------------------------
+    @property
+    def listing(self) -> bool:
+        """A claimer's relist of work/ is under way: one at a time; a starved
+        claim waits for it before it starts watching."""
+        return "relist" in self.under_way
+
     def is_free(self, item_id: str) -> bool:
         """The item may be offered: in work/, no lock sign, no attempt of this
         process, no record pending, not an orphan, not a version found junk."""
@@ -790,6 +800,9 @@ class ViewState:
         self.watching = watching
         self.round_listed_at = math.inf
         self.started += 1
+        # What an older round's listing or relist reports is ignored: no
+        # listing applied before now can be under way for a later one.
+        self.under_way["round"], self.applied = self.started, []
         return Round(self.generation, watching, list_locks, self.started)
 
     def switch(self, *, watching: bool, list_locks: bool = False) -> Optional[Round]:
@@ -804,6 +817,8 @@ class ViewState:
         listing is older or newer than a relist by when it started, never by
         when its round did (fresher_than_applied)."""
         self.started += 1
+        if round_.generation == self.generation:
+            self.under_way["round"] = self.started
         return replace(round_, started=self.started)
 
     def start_relisting(self) -> bool:
@@ -818,6 +833,7 @@ class ViewState:
         if round_.generation != self.generation:
             return False
         self.error = exc
+        self.under_way.pop("round", None)  # its listing, if under way, is over
         return True
 
     def work_unlisted_by_round(self, round_: Round) -> None:
@@ -850,6 +866,7 @@ class ViewState:
         if round_.generation != self.generation:
             return False
         work_index, entries = work
+        self.under_way.pop("round", None)
         if self.fresher_than_applied(round_.started, work_index):
             self.take_listing(work_index, entries, plan.delayed)
         if locks is not None:
@@ -959,8 +976,8 @@ class ViewState:
         if self.listing or self.watching or self.closed or (
                 not full and now < gate.when(self)):
             return None
-        self.listing = True
         self.started += 1
+        self.under_way["relist"] = self.started
         return Relist(self.generation, full, self.started)
 
     def plan_relist(self, relist: Relist, work: List[Entry]) -> RelistPlan:
@@ -975,7 +992,7 @@ class ViewState:
 
     def end_relist(self) -> None:
         """The claimer's relist is over: a starved claim may wait for it."""
-        self.listing = False
+        self.under_way.pop("relist", None)
 
     def apply_relist(self, relist: Relist, work: Listing, plan: RelistPlan,
                      locks: Optional[Listing], now: float, wall: float) -> None:
@@ -1049,16 +1066,24 @@ class ViewState:
         return [entry.id for entry in work if self.locks.get(entry.id, known + 1) <= known]
 
     def fresher_than_applied(self, started: int, index: int) -> bool:
-        """Whether a listing of work/ taken at ``index`` (the ``started``-th)
-        may replace the view's: not when it was under way as a listing at a
-        higher index was applied (a round's and a claimer's relist race in
-        one quiet round): it would drop the items put in between, unoffered
-        until the next listing.  One started after that is always applied, so
-        an index that went back (a restore, a restart without its data) does
-        not freeze the view.  True also records it as the applied one."""
-        if started <= self.applied_after and index < self.applied_index:
+        """Whether a listing of work/ taken at ``index`` (the ``started``-th,
+        no longer under way) may replace the view's: not when it was under way
+        as any listing at a higher index was applied (a round's and a
+        claimer's relist race in one quiet round), not only the last one
+        (etcd's index may have gone back in between): it would drop the items
+        put in between, unoffered until the next listing.  One started after
+        every applied one is always applied, so an index that went back (a
+        restore, a restart without its data) does not freeze the view.  True
+        also records it in ``applied``, if a listing is under way."""
+        if index < max((at for after, at in self.applied if after >= started), default=0):
             return False
-        self.applied_index, self.applied_after = index, self.started
+        if not self.under_way:  # every later listing starts after this one was applied
+            self.applied = []
+            return True
+        oldest = min(self.under_way.values())
+        self.applied = [(after, at) for after, at in self.applied
+                        if after >= oldest and at > index]
+        self.applied.append((self.started, index))
         return True
 
     def take_listing(self, index: int, work: List[Entry], delayed: Set[str]) -> None:

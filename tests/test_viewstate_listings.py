@@ -9,8 +9,6 @@ tests/test_viewstate.py does.
 """
 from __future__ import annotations
 
-import pytest
-
 from etcdq_v2.versions import Entry
 
 from test_viewstate import item_id, lock_value, ready_state, value
@@ -111,11 +109,6 @@ def test_a_relist_started_while_a_round_s_listing_was_under_way_and_listed_befor
     assert c in state.items and b not in state.items
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fresher_than_applied compares a listing under way with the last applied one only: "
-    "once etcd's index went back, a listing started before both (at the old etcd's index) "
-    "is applied over the restarted etcd's listing; docs/protocol.md drops a listing that "
-    "started before any listing at a higher index was applied"))
 def test_a_listing_under_way_across_an_index_that_went_back_is_not_applied_over_a_later_one(
         ) -> None:
     """The round's listing of work/ is answered at 90 by the old etcd, then
@@ -143,3 +136,27 @@ def test_a_listing_under_way_across_an_index_that_went_back_is_not_applied_over_
     assert state.known == 10, f"work/ known up to {state.known}, after a listing at 10"
     assert c in state.items, "the restarted etcd's item is gone from the view"
     assert b not in state.items, "an item of the old etcd, finished before 100, is back"
+
+
+def test_a_listing_under_way_is_dropped_while_any_listing_applied_since_it_began_is_higher(
+        ) -> None:
+    """The round's listing (answered at 90) is under way while relists are
+    applied at 100, at 10 (etcd restarted without its data) and at 50: the
+    one at 100 was applied since it began, whatever came after, so it is
+    dropped; the view keeps the listing at 50."""
+    a, b, c, d = item_id(2), item_id(3), item_id(5), item_id(40)
+    state, _ = ready_state([(a, 2, value("a")), (b, 3, value("b"))])
+    round_ = state.round_listing(_quiet_round_listing_locks(state))
+    before = [Entry(a, 2, value("a")), Entry(b, 3, value("b"))]
+    plan = state.plan_round(round_, before)  # work/ listed at 90; locks/ under way
+    for now, (index, listed) in enumerate([
+            (100, [Entry(a, 2, value("a"))]), (10, [Entry(c, 5, value("c"))]),
+            (50, [Entry(c, 5, value("c")), Entry(d, 40, value("d"))])], start=1):
+        relist = state.start_relist(state.relist_after + now)
+        assert relist is not None
+        state.apply_relist(relist, (index, listed), state.plan_relist(relist, listed), None,
+                           float(now), 0.0)
+        assert state.known == index
+    state.apply_round(round_, (90, before), plan, (51, []), [], 4.0, 0.0)
+    assert state.known == 50, f"work/ known up to {state.known}, after a listing at 50"
+    assert c in state.items and d in state.items and b not in state.items
