@@ -9,6 +9,8 @@ tests/test_viewstate.py does.
 """
 from __future__ import annotations
 
+import pytest
+
 from etcdq_v2.versions import Entry
 
 from test_viewstate import item_id, lock_value, ready_state, value
@@ -160,3 +162,38 @@ def test_a_listing_under_way_is_dropped_while_any_listing_applied_since_it_began
     state.apply_round(round_, (90, before), plan, (51, []), [], 4.0, 0.0)
     assert state.known == 50, f"work/ known up to {state.known}, after a listing at 50"
     assert c in state.items and d in state.items and b not in state.items
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "fresher_than_applied drops a listing under way if ANY listing applied since it began "
+    "has a higher index, also one from before etcd's index went back: a round's listing "
+    "retried on the restarted etcd (the transport retries a GET refused or lost) and "
+    "answered above the restarted etcd's last applied listing is the freshest, and is "
+    "dropped because of the old etcd's listing at 100; main's rule (the last applied "
+    "listing only) applied it.  Index alone cannot tell it from the old etcd's late reply"))
+def test_a_listing_answered_by_the_restarted_etcd_above_its_last_applied_listing_is_applied(
+        ) -> None:
+    """The round's listing of work/ starts; its GET to the old etcd is
+    refused or lost and retried.  Meanwhile a relist is applied at 100 (the
+    old etcd), etcd restarts without its data, a second relist is applied at
+    10 (the restarted etcd), and d is put there at 11.  The round's retried
+    GET is answered by the restarted etcd at 11: it holds every item the
+    view's listing at 10 holds, and d."""
+    a, b, c, d = item_id(2), item_id(3), item_id(5), item_id(11)
+    state, _ = ready_state([(a, 2, value("a")), (b, 3, value("b"))])
+    round_ = state.round_listing(_quiet_round_listing_locks(state))  # its listing starts
+    first = state.start_relist(1.0)
+    assert first is not None
+    old = [Entry(a, 2, value("a"))]  # the old etcd at 100
+    state.apply_relist(first, (100, old), state.plan_relist(first, old), None, 1.0, 0.0)
+    second = state.start_relist(2.0)  # etcd restarted without its data
+    assert second is not None
+    restarted = [Entry(c, 5, value("c"))]
+    state.apply_relist(second, (10, restarted), state.plan_relist(second, restarted), None,
+                       2.0, 0.0)
+    assert state.known == 10 and c in state.items
+    fresh = [Entry(c, 5, value("c")), Entry(d, 11, value("d"))]  # the retry, at 11
+    state.apply_round(round_, (11, fresh), state.plan_round(round_, fresh), (11, []), [],
+                      3.0, 0.0)
+    assert state.known == 11, f"work/ known up to {state.known}, after a listing at 11"
+    assert d in state.items, "the restarted etcd's item put at 11 is not offered"
