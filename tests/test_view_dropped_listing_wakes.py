@@ -54,7 +54,7 @@ def test_a_claim_waiting_for_the_view_wakes_when_its_round_s_listing_is_dropped(
             proxy.release()  # the round's older listing lands: dropped
             wait_until(lambda: view.state.ready, 30, message="the view ready")
             assert item in view.state.items  # the older listing was dropped
-            waiter.join(30)
+            waiter.join(10)  # its own timeout is 3600 s
             assert waited.is_set(), (
                 "the view is ready, but a claim in wait_ready() still waits (up to its "
                 "timeout, 3600 s)")
