@@ -356,6 +356,9 @@ class QueueView:
                 self._locks_unlisted(exc)
         reads: List[LockRead] = self._protocol.read_locks(plan.read, since) if plan.read else []
         with self._changing() as state:
+            # The view is ready now, also if the listing was dropped (no change
+            # of version then): a claim in wait_ready() wakes.
+            self._cond.notify_all()
             applied = state.apply_round(round_, work, plan, locks, reads,
                                         self._runtime.monotonic(), self._runtime.wall())
         return {"work": work[0], "locks": locks[0] if locks else 0} if applied else {}

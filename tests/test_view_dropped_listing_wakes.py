@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 import threading
 
-import pytest
 from helpers import wait_until
 
 from etcdq_v2 import Queue
@@ -28,10 +27,6 @@ _WORK_REPLY = re.compile(rb'/work","dir":true')
 _NEVER = re.compile(rb"\A\Z(?!x)x")  # holds no new connection; the held one stays held
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "QueueView._list applies the round's listing in _changing(), which wakes the waiters "
-    "only if the view's version changed: a dropped listing changes none, so ready turns "
-    "True and a claim in wait_ready() sleeps on to its timeout"))
 def test_a_claim_waiting_for_the_view_wakes_when_its_round_s_listing_is_dropped(
         own_etcd: EtcdServer, proxy_factory, queue_name: str) -> None:
     proxy: FaultProxy = proxy_factory(own_etcd.url)
