@@ -338,14 +338,14 @@ class QueueView:
         by directory (0: not listed, every event applies).  ``since``: the
         index at which the round's stream began (None: no stream)."""
         with self._cond:
-            round_ = self.state.round_listing(round_)  # this listing's start number
+            round_ = self.state.round_listing(round_)  # this listing's number as sent
         try:
             work = self._protocol.list("work")
         except EtcdqError:
             self._call(self.state.work_unlisted_by_round, round_)
             raise
         with self._cond:
-            plan = self.state.plan_round(round_, work[1])
+            plan = self.state.plan_round(round_, work[1])  # and as answered
         locks: Optional[Listing] = None
         if plan.list_locks:
             try:

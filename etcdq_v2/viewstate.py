@@ -198,8 +198,8 @@ class Round:
     watching: bool
     #: Its listings read locks/ (see ViewState.plan_round).
     list_locks: bool
-    #: The listings of work/ started before this listing of the round, its own
-    #: included (ViewState.started; ViewState.round_listing numbers each one).
+    #: The number this listing of work/ took as it was sent (ViewState.started;
+    #: ViewState.round_listing numbers each of the round's listings).
     started: int = 0
 
 
@@ -216,6 +216,9 @@ class RoundPlan:
     #: A failed listing of locks/ does not fail the round (a quiet round's,
     #: made for new delayed items only).
     may_fail: bool
+    #: The number its listing of work/ took as its reply was handed in
+    #: (ViewState.started): read at etcd between ``Round.started`` and this.
+    answered: int
 
 
 @dataclass(frozen=True)
@@ -225,7 +228,7 @@ class Relist:
     generation: int
     #: work/ and locks/ (the once-per-lock-TTL listing).
     full: bool
-    #: The listings of work/ started before it, its own included (ViewState.started).
+    #: The number it took as it was sent (ViewState.started).
     started: int = 0
 
 
@@ -239,6 +242,9 @@ class RelistPlan:
     new: Set[str]
     #: List locks/ too, and apply both listings together.
     list_locks: bool
+    #: The number its listing of work/ took as its reply was handed in
+    #: (ViewState.started): read at etcd between ``Relist.started`` and this.
+    answered: int
 
 
 @dataclass(frozen=True)
@@ -361,6 +367,9 @@ class ViewState:
         #: The watching follower's last listing of work/ failed: a catch-up offers
         #: own items without waiting for a new follower's listing.
         self.unlisted = False
+        #: A claimer's relist of work/ is under way: one at a time; a starved
+        #: claim waits for it before it starts watching.
+        self.listing = False
         # -- mode and rounds (events cost nothing while the process has work) -------
         #: The whole queue directory is watched (locks/ too); False: quiet.
         self.watching = False
@@ -399,28 +408,23 @@ class ViewState:
         #: Listings of work/ applied.
         self.relists = 0
         # -- listings that race (a round's and a claimer's relist, in one quiet round)
-        #: Listings of work/ started (rounds and relists): their order.
+        #: A clock of the listings of work/ (rounds' and relists'): each takes a
+        #: number as it is sent (new_round, round_listing, start_relist) and
+        #: another as its reply is handed in (plan_round, plan_relist), so its
+        #: read at etcd falls between the two, and two listings are ordered in
+        #: real time unless their intervals overlap (fresher_than_applied).
         self.started = 0
-        #: The listings of work/ under way, by who lists them ("round": the
-        #: follower's, "relist": a claimer's; each lists one at a time): the
-        #: number each started with.  What ``applied`` keeps for them.
-        self.under_way: Dict[str, int] = {}
-        #: Applied listings of work/ that a listing under way may have been
-        #: under way for: (``started`` when each was applied, its etcd index),
-        #: in the order applied.  A listing is dropped if one applied since it
-        #: started (``started`` then at least its number) has a higher index
-        #: (fresher_than_applied).  Pruned as each is applied to those applied
-        #: since the oldest listing under way started whose index no later
-        #: one reaches (so each index is lower than every earlier one's).
-        self.applied: List[Tuple[int, int]] = []
+        #: The last applied listing of work/: the numbers it took as it was sent
+        #: and as it was answered, and its etcd index.  A listing answered
+        #: before it was sent is older (dropped); one sent after it was answered
+        #: is newer (applied, at any index: one that went back, etcd restored
+        #: or restarted without its data, never freezes the view); one that
+        #: overlapped it is applied only at an index as high.
+        self.applied_sent = 0
+        self.applied_answered = 0
+        self.applied_index = 0
 
     # -- queries -------------------------------------------------------------------
-    @property
-    def listing(self) -> bool:
-        """A claimer's relist of work/ is under way: one at a time; a starved
-        claim waits for it before it starts watching."""
-        return "relist" in self.under_way
-
     def is_free(self, item_id: str) -> bool:
         """The item may be offered: in work/, no lock sign, no attempt of this
         process, no record pending, not an orphan, not a version found junk."""
@@ -800,9 +804,6 @@ class ViewState:
         self.watching = watching
         self.round_listed_at = math.inf
         self.started += 1
-        # What an older round's listing or relist reports is ignored: no
-        # listing applied before now can be under way for a later one.
-        self.under_way["round"], self.applied = self.started, []
         return Round(self.generation, watching, list_locks, self.started)
 
     def switch(self, *, watching: bool, list_locks: bool = False) -> Optional[Round]:
@@ -812,13 +813,11 @@ class ViewState:
         return self.new_round(watching=watching, list_locks=list_locks)
 
     def round_listing(self, round_: Round) -> Round:
-        """The round for its next listing of work/, numbered as it starts: a
+        """The round for its next listing of work/, numbered as it is sent: a
         round lists again after each failure and each stream, and each
-        listing is older or newer than a relist by when it started, never by
-        when its round did (fresher_than_applied)."""
+        listing is older or newer than a relist by when it was sent and
+        answered, never by when its round began (fresher_than_applied)."""
         self.started += 1
-        if round_.generation == self.generation:
-            self.under_way["round"] = self.started
         return replace(round_, started=self.started)
 
     def start_relisting(self) -> bool:
@@ -833,7 +832,6 @@ class ViewState:
         if round_.generation != self.generation:
             return False
         self.error = exc
-        self.under_way.pop("round", None)  # its listing, if under way, is over
         return True
 
     def work_unlisted_by_round(self, round_: Round) -> None:
@@ -849,12 +847,15 @@ class ViewState:
         are few: it reads their locks instead.  A quiet view's listing of
         locks/ made for them only may fail without failing the round.  Not one
         the round was asked for: a first listing has nothing to go on, and a
-        view going quiet must learn its delay locks."""
+        view going quiet must learn its delay locks.  Called as the listing of
+        work/ is handed in: its number as answered (fresher_than_applied)."""
+        self.started += 1
         delayed = self.new_delayed(work)  # once: it decodes each new item
         noted = self._noted_before(work) if round_.watching else []
         list_locks = round_.list_locks or bool(delayed) or len(noted) > FEW_LOCKS
         return RoundPlan(delayed, list_locks, [] if list_locks else noted,
-                         may_fail=not round_.watching and not round_.list_locks)
+                         may_fail=not round_.watching and not round_.list_locks,
+                         answered=self.started)
 
     def apply_round(self, round_: Round, work: Listing, plan: RoundPlan,
                     locks: Optional[Listing], reads: Sequence[LockRead],
@@ -866,8 +867,7 @@ class ViewState:
         if round_.generation != self.generation:
             return False
         work_index, entries = work
-        self.under_way.pop("round", None)
-        if self.fresher_than_applied(round_.started, work_index):
+        if self.fresher_than_applied(round_.started, plan.answered, work_index):
             self.take_listing(work_index, entries, plan.delayed)
         if locks is not None:
             self.reconcile_locks(locks[0], locks[1], now=now, wall=wall)
@@ -976,8 +976,8 @@ class ViewState:
         if self.listing or self.watching or self.closed or (
                 not full and now < gate.when(self)):
             return None
+        self.listing = True
         self.started += 1
-        self.under_way["relist"] = self.started
         return Relist(self.generation, full, self.started)
 
     def plan_relist(self, relist: Relist, work: List[Entry]) -> RelistPlan:
@@ -985,14 +985,17 @@ class ViewState:
         delayed items new since the last try (those noted before are the next
         claim's to list for: listing for them here too would cost each claim
         that misses a timeout while listings of locks/ fail), or for a full
-        listing."""
+        listing.  Called as the listing of work/ is handed in: its number as
+        answered (fresher_than_applied)."""
+        self.started += 1
         delayed = self.new_delayed(work)
         new = delayed - set(self.unplanned)
-        return RelistPlan(delayed, new, list_locks=bool(new) or relist.full)
+        return RelistPlan(delayed, new, list_locks=bool(new) or relist.full,
+                          answered=self.started)
 
     def end_relist(self) -> None:
         """The claimer's relist is over: a starved claim may wait for it."""
-        self.under_way.pop("relist", None)
+        self.listing = False
 
     def apply_relist(self, relist: Relist, work: Listing, plan: RelistPlan,
                      locks: Optional[Listing], now: float, wall: float) -> None:
@@ -1000,7 +1003,7 @@ class ViewState:
         self.end_relist()
         if relist.generation != self.generation:
             return  # the new follower lists for itself
-        if self.fresher_than_applied(relist.started, work[0]):
+        if self.fresher_than_applied(relist.started, plan.answered, work[0]):
             self.take_listing(work[0], work[1], plan.delayed)
         if locks is not None:  # work/ and locks/ listed in turn: a full listing
             self.reconcile_locks(locks[0], locks[1], now=now, wall=wall)
@@ -1065,25 +1068,22 @@ class ViewState:
         known = self.known
         return [entry.id for entry in work if self.locks.get(entry.id, known + 1) <= known]
 
-    def fresher_than_applied(self, started: int, index: int) -> bool:
-        """Whether a listing of work/ taken at ``index`` (the ``started``-th,
-        no longer under way) may replace the view's: not when it was under way
-        as any listing at a higher index was applied (a round's and a
-        claimer's relist race in one quiet round), not only the last one
-        (etcd's index may have gone back in between): it would drop the items
-        put in between, unoffered until the next listing.  One started after
-        every applied one is always applied, so an index that went back (a
-        restore, a restart without its data) does not freeze the view.  True
-        also records it in ``applied``, if a listing is under way."""
-        if index < max((at for after, at in self.applied if after >= started), default=0):
+    def fresher_than_applied(self, sent: int, answered: int, index: int) -> bool:
+        """Whether a listing of work/ sent and answered as numbered (``started``
+        then), taken at ``index``, may replace the view's: compared with the
+        last applied one, by real time first.  Answered before that one was
+        sent, it is older: it would drop the items put in between, unoffered
+        until the next listing (a round's and a claimer's relist race in one
+        quiet round).  Sent after that one was answered, it is newer, at any
+        index: an index that went back (a restore, a restart without its
+        data) does not freeze the view.  Their reads overlapped in time: by
+        index, which orders two reads of one etcd's history (the only case
+        left that an index can tell).  True also records it as the applied one."""
+        if answered < self.applied_sent:
             return False
-        if not self.under_way:  # every later listing starts after this one was applied
-            self.applied = []
-            return True
-        oldest = min(self.under_way.values())
-        self.applied = [(after, at) for after, at in self.applied
-                        if after >= oldest and at > index]
-        self.applied.append((self.started, index))
+        if sent < self.applied_answered and index < self.applied_index:
+            return False
+        self.applied_sent, self.applied_answered, self.applied_index = sent, answered, index
         return True
 
     def take_listing(self, index: int, work: List[Entry], delayed: Set[str]) -> None:

@@ -113,8 +113,8 @@ def test_the_simulator_reaches_a_listing_of_work_applied_at_a_lower_index() -> N
 def _dropping_every_second_listing(original: Callable[..., bool]) -> Callable[..., bool]:
     calls = [0]
 
-    def fresher_than_applied(self: viewstate.ViewState, started: int, index: int) -> bool:
-        fresher = original(self, started, index)  # its bookkeeping done: as if applied
+    def fresher_than_applied(self: viewstate.ViewState, *listing: int) -> bool:
+        fresher = original(self, *listing)  # its bookkeeping done: as if applied
         calls[0] += 1
         return fresher and not (self.ready and calls[0] % 2 == 0)
     return fresher_than_applied

@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 import shutil
 
-import pytest
 from helpers import wait_until
 
 from etcdq_v2 import Queue
@@ -34,11 +33,6 @@ def _work_gets(proxy: FaultProxy) -> int:
     return sum(1 for line in list(proxy.requests) if _WORK_GET.search(line))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fresher_than_applied drops a listing under way if any listing applied since it began "
-    "has a higher index, also the old etcd's one: the round's GET retried on the restarted "
-    "etcd is answered above the restarted etcd's last applied listing, and dropped; "
-    "main's rule (the last applied listing only) applied it"))
 def test_a_round_s_listing_retried_on_the_restarted_etcd_is_applied_over_an_older_relist(
         own_etcd: EtcdServer, proxy_factory, queue_name: str) -> None:
     proxy: FaultProxy = proxy_factory(own_etcd.url)

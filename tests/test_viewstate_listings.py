@@ -9,8 +9,6 @@ tests/test_viewstate.py does.
 """
 from __future__ import annotations
 
-import pytest
-
 from etcdq_v2.versions import Entry
 
 from test_viewstate import item_id, lock_value, ready_state, value
@@ -164,13 +162,6 @@ def test_a_listing_under_way_is_dropped_while_any_listing_applied_since_it_began
     assert c in state.items and d in state.items and b not in state.items
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fresher_than_applied drops a listing under way if ANY listing applied since it began "
-    "has a higher index, also one from before etcd's index went back: a round's listing "
-    "retried on the restarted etcd (the transport retries a GET refused or lost) and "
-    "answered above the restarted etcd's last applied listing is the freshest, and is "
-    "dropped because of the old etcd's listing at 100; main's rule (the last applied "
-    "listing only) applied it.  Index alone cannot tell it from the old etcd's late reply"))
 def test_a_listing_answered_by_the_restarted_etcd_above_its_last_applied_listing_is_applied(
         ) -> None:
     """The round's listing of work/ starts; its GET to the old etcd is

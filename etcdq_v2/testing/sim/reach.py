@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ...codec import Lock
@@ -89,16 +88,13 @@ def _tick(counts: Counts, original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _fresher_than_applied(counts: Counts, original: Callable[..., Any]
                           ) -> Callable[..., Any]:
-    last: "weakref.WeakKeyDictionary[ViewState, int]" = weakref.WeakKeyDictionary()
-
-    def fresher_than_applied(self: ViewState, started: int, index: int) -> bool:
-        fresher: bool = original(self, started, index)
+    def fresher_than_applied(self: ViewState, sent: int, answered: int, index: int) -> bool:
+        before = self.applied_index
+        fresher: bool = original(self, sent, answered, index)
         if not fresher:
             _count(counts, "older-listing-dropped")
-            return fresher
-        if index < last.get(self, 0):  # etcd's index went back (a restore): applied all the same
+        elif index < before:  # etcd's index went back (a restore): applied all the same
             _count(counts, "listing-at-lower-index-applied")
-        last[self] = index  # the last applied listing's index (the state keeps no such field)
         return fresher
     return fresher_than_applied
 
