@@ -99,8 +99,7 @@ def _reach_totals(*args: str) -> dict:
     "the simulator has no fault that sends etcd's index back for a quorum listing (no etcd "
     "restarted without its data: a restart keeps the store, and a snapshot restore's quorum "
     "GETs go through the log), so the rule's branch for an index that went back (a listing "
-    "started after the applied one is taken at a lower index; one under way is compared "
-    "with every listing applied since it began) is never run"))
+    "sent after the applied one was read is taken at a lower index) is never run"))
 def test_the_simulator_reaches_a_listing_of_work_applied_at_a_lower_index() -> None:
     """etcd's index goes back in some seed of --swarm, or of the race schedule:
     etcdq_v2.testing.sim.reach counts a listing applied below the last one."""
