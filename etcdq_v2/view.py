@@ -338,14 +338,14 @@ class QueueView:
         by directory (0: not listed, every event applies).  ``since``: the
         index at which the round's stream began (None: no stream)."""
         with self._cond:
-            round_ = self.state.round_listing(round_)  # this listing's start number
+            round_ = self.state.round_listing(round_)  # this listing's number as sent
         try:
             work = self._protocol.list("work")
         except EtcdqError:
             self._call(self.state.work_unlisted_by_round, round_)
             raise
         with self._cond:
-            plan = self.state.plan_round(round_, work[1])
+            plan = self.state.plan_round(round_, work[1])  # and as answered
         locks: Optional[Listing] = None
         if plan.list_locks:
             try:
@@ -356,6 +356,9 @@ class QueueView:
                 self._locks_unlisted(exc)
         reads: List[LockRead] = self._protocol.read_locks(plan.read, since) if plan.read else []
         with self._changing() as state:
+            # The view is ready now, also if the listing was dropped (no change
+            # of version then): a claim in wait_ready() wakes.
+            self._cond.notify_all()
             applied = state.apply_round(round_, work, plan, locks, reads,
                                         self._runtime.monotonic(), self._runtime.wall())
         return {"work": work[0], "locks": locks[0] if locks else 0} if applied else {}

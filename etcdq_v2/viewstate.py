@@ -198,8 +198,8 @@ class Round:
     watching: bool
     #: Its listings read locks/ (see ViewState.plan_round).
     list_locks: bool
-    #: The listings of work/ started before this listing of the round, its own
-    #: included (ViewState.started; ViewState.round_listing numbers each one).
+    #: The number this listing of work/ took as it was sent (ViewState.started;
+    #: ViewState.round_listing numbers each of the round's listings).
     started: int = 0
 
 
@@ -216,6 +216,9 @@ class RoundPlan:
     #: A failed listing of locks/ does not fail the round (a quiet round's,
     #: made for new delayed items only).
     may_fail: bool
+    #: The number its listing of work/ took as its reply was handed in
+    #: (ViewState.started): read at etcd between ``Round.started`` and this.
+    answered: int
 
 
 @dataclass(frozen=True)
@@ -225,7 +228,7 @@ class Relist:
     generation: int
     #: work/ and locks/ (the once-per-lock-TTL listing).
     full: bool
-    #: The listings of work/ started before it, its own included (ViewState.started).
+    #: The number it took as it was sent (ViewState.started).
     started: int = 0
 
 
@@ -239,6 +242,9 @@ class RelistPlan:
     new: Set[str]
     #: List locks/ too, and apply both listings together.
     list_locks: bool
+    #: The number its listing of work/ took as its reply was handed in
+    #: (ViewState.started): read at etcd between ``Relist.started`` and this.
+    answered: int
 
 
 @dataclass(frozen=True)
@@ -402,13 +408,21 @@ class ViewState:
         #: Listings of work/ applied.
         self.relists = 0
         # -- listings that race (a round's and a claimer's relist, in one quiet round)
-        #: Listings of work/ started (rounds and relists): their order.
+        #: A clock of the listings of work/ (rounds' and relists'): each takes a
+        #: number as it is sent (new_round, round_listing, start_relist) and
+        #: another as its reply is handed in (plan_round, plan_relist), so its
+        #: read at etcd falls between the two, and two listings are ordered in
+        #: real time unless their intervals overlap (fresher_than_applied).
         self.started = 0
-        #: The last applied listing of work/: its etcd index, and ``started``
-        #: when it was applied.  A listing started by then whose index is
-        #: lower was taken before it (fresher_than_applied).
+        #: The last applied listing of work/: the numbers it took as it was sent
+        #: and as it was answered, and its etcd index.  A listing answered
+        #: before it was sent is older (dropped); one sent after it was answered
+        #: is newer (applied, at any index: one that went back, etcd restored
+        #: or restarted without its data, never freezes the view); one that
+        #: overlapped it is applied only at an index as high.
+        self.applied_sent = 0
+        self.applied_answered = 0
         self.applied_index = 0
-        self.applied_after = 0
 
     # -- queries -------------------------------------------------------------------
     def is_free(self, item_id: str) -> bool:
@@ -799,10 +813,10 @@ class ViewState:
         return self.new_round(watching=watching, list_locks=list_locks)
 
     def round_listing(self, round_: Round) -> Round:
-        """The round for its next listing of work/, numbered as it starts: a
+        """The round for its next listing of work/, numbered as it is sent: a
         round lists again after each failure and each stream, and each
-        listing is older or newer than a relist by when it started, never by
-        when its round did (fresher_than_applied)."""
+        listing is older or newer than a relist by when it was sent and
+        answered, never by when its round began (fresher_than_applied)."""
         self.started += 1
         return replace(round_, started=self.started)
 
@@ -833,12 +847,15 @@ class ViewState:
         are few: it reads their locks instead.  A quiet view's listing of
         locks/ made for them only may fail without failing the round.  Not one
         the round was asked for: a first listing has nothing to go on, and a
-        view going quiet must learn its delay locks."""
+        view going quiet must learn its delay locks.  Called as the listing of
+        work/ is handed in: its number as answered (fresher_than_applied)."""
+        self.started += 1
         delayed = self.new_delayed(work)  # once: it decodes each new item
         noted = self._noted_before(work) if round_.watching else []
         list_locks = round_.list_locks or bool(delayed) or len(noted) > FEW_LOCKS
         return RoundPlan(delayed, list_locks, [] if list_locks else noted,
-                         may_fail=not round_.watching and not round_.list_locks)
+                         may_fail=not round_.watching and not round_.list_locks,
+                         answered=self.started)
 
     def apply_round(self, round_: Round, work: Listing, plan: RoundPlan,
                     locks: Optional[Listing], reads: Sequence[LockRead],
@@ -850,7 +867,7 @@ class ViewState:
         if round_.generation != self.generation:
             return False
         work_index, entries = work
-        if self.fresher_than_applied(round_.started, work_index):
+        if self.fresher_than_applied(round_.started, plan.answered, work_index):
             self.take_listing(work_index, entries, plan.delayed)
         if locks is not None:
             self.reconcile_locks(locks[0], locks[1], now=now, wall=wall)
@@ -968,10 +985,13 @@ class ViewState:
         delayed items new since the last try (those noted before are the next
         claim's to list for: listing for them here too would cost each claim
         that misses a timeout while listings of locks/ fail), or for a full
-        listing."""
+        listing.  Called as the listing of work/ is handed in: its number as
+        answered (fresher_than_applied)."""
+        self.started += 1
         delayed = self.new_delayed(work)
         new = delayed - set(self.unplanned)
-        return RelistPlan(delayed, new, list_locks=bool(new) or relist.full)
+        return RelistPlan(delayed, new, list_locks=bool(new) or relist.full,
+                          answered=self.started)
 
     def end_relist(self) -> None:
         """The claimer's relist is over: a starved claim may wait for it."""
@@ -983,7 +1003,7 @@ class ViewState:
         self.end_relist()
         if relist.generation != self.generation:
             return  # the new follower lists for itself
-        if self.fresher_than_applied(relist.started, work[0]):
+        if self.fresher_than_applied(relist.started, plan.answered, work[0]):
             self.take_listing(work[0], work[1], plan.delayed)
         if locks is not None:  # work/ and locks/ listed in turn: a full listing
             self.reconcile_locks(locks[0], locks[1], now=now, wall=wall)
@@ -1048,17 +1068,22 @@ class ViewState:
         known = self.known
         return [entry.id for entry in work if self.locks.get(entry.id, known + 1) <= known]
 
-    def fresher_than_applied(self, started: int, index: int) -> bool:
-        """Whether a listing of work/ taken at ``index`` (the ``started``-th)
-        may replace the view's: not when it was under way as a listing at a
-        higher index was applied (a round's and a claimer's relist race in
-        one quiet round): it would drop the items put in between, unoffered
-        until the next listing.  One started after that is always applied, so
-        an index that went back (a restore, a restart without its data) does
-        not freeze the view.  True also records it as the applied one."""
-        if started <= self.applied_after and index < self.applied_index:
+    def fresher_than_applied(self, sent: int, answered: int, index: int) -> bool:
+        """Whether a listing of work/ sent and answered as numbered (``started``
+        then), taken at ``index``, may replace the view's: compared with the
+        last applied one, by real time first.  Answered before that one was
+        sent, it is older: it would drop the items put in between, unoffered
+        until the next listing (a round's and a claimer's relist race in one
+        quiet round).  Sent after that one was answered, it is newer, at any
+        index: an index that went back (a restore, a restart without its
+        data) does not freeze the view.  Their reads overlapped in time: by
+        index, which orders two reads of one etcd's history (the only case
+        left that an index can tell).  True also records it as the applied one."""
+        if answered < self.applied_sent:
             return False
-        self.applied_index, self.applied_after = index, self.started
+        if sent < self.applied_answered and index < self.applied_index:
+            return False
+        self.applied_sent, self.applied_answered, self.applied_index = sent, answered, index
         return True
 
     def take_listing(self, index: int, work: List[Entry], delayed: Set[str]) -> None:

@@ -9,8 +9,6 @@ tests/test_viewstate.py does.
 """
 from __future__ import annotations
 
-import pytest
-
 from etcdq_v2.versions import Entry
 
 from test_viewstate import item_id, lock_value, ready_state, value
@@ -111,11 +109,6 @@ def test_a_relist_started_while_a_round_s_listing_was_under_way_and_listed_befor
     assert c in state.items and b not in state.items
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fresher_than_applied compares a listing under way with the last applied one only: "
-    "once etcd's index went back, a listing started before both (at the old etcd's index) "
-    "is applied over the restarted etcd's listing; docs/protocol.md drops a listing that "
-    "started before any listing at a higher index was applied"))
 def test_a_listing_under_way_across_an_index_that_went_back_is_not_applied_over_a_later_one(
         ) -> None:
     """The round's listing of work/ is answered at 90 by the old etcd, then
@@ -143,3 +136,55 @@ def test_a_listing_under_way_across_an_index_that_went_back_is_not_applied_over_
     assert state.known == 10, f"work/ known up to {state.known}, after a listing at 10"
     assert c in state.items, "the restarted etcd's item is gone from the view"
     assert b not in state.items, "an item of the old etcd, finished before 100, is back"
+
+
+def test_a_listing_under_way_is_dropped_while_any_listing_applied_since_it_began_is_higher(
+        ) -> None:
+    """The round's listing (answered at 90) is under way while relists are
+    applied at 100, at 10 (etcd restarted without its data) and at 50: the
+    one at 100 was applied since it began, whatever came after, so it is
+    dropped; the view keeps the listing at 50."""
+    a, b, c, d = item_id(2), item_id(3), item_id(5), item_id(40)
+    state, _ = ready_state([(a, 2, value("a")), (b, 3, value("b"))])
+    round_ = state.round_listing(_quiet_round_listing_locks(state))
+    before = [Entry(a, 2, value("a")), Entry(b, 3, value("b"))]
+    plan = state.plan_round(round_, before)  # work/ listed at 90; locks/ under way
+    for now, (index, listed) in enumerate([
+            (100, [Entry(a, 2, value("a"))]), (10, [Entry(c, 5, value("c"))]),
+            (50, [Entry(c, 5, value("c")), Entry(d, 40, value("d"))])], start=1):
+        relist = state.start_relist(state.relist_after + now)
+        assert relist is not None
+        state.apply_relist(relist, (index, listed), state.plan_relist(relist, listed), None,
+                           float(now), 0.0)
+        assert state.known == index
+    state.apply_round(round_, (90, before), plan, (51, []), [], 4.0, 0.0)
+    assert state.known == 50, f"work/ known up to {state.known}, after a listing at 50"
+    assert c in state.items and d in state.items and b not in state.items
+
+
+def test_a_listing_answered_by_the_restarted_etcd_above_its_last_applied_listing_is_applied(
+        ) -> None:
+    """The round's listing of work/ starts; its GET to the old etcd is
+    refused or lost and retried.  Meanwhile a relist is applied at 100 (the
+    old etcd), etcd restarts without its data, a second relist is applied at
+    10 (the restarted etcd), and d is put there at 11.  The round's retried
+    GET is answered by the restarted etcd at 11: it holds every item the
+    view's listing at 10 holds, and d."""
+    a, b, c, d = item_id(2), item_id(3), item_id(5), item_id(11)
+    state, _ = ready_state([(a, 2, value("a")), (b, 3, value("b"))])
+    round_ = state.round_listing(_quiet_round_listing_locks(state))  # its listing starts
+    first = state.start_relist(1.0)
+    assert first is not None
+    old = [Entry(a, 2, value("a"))]  # the old etcd at 100
+    state.apply_relist(first, (100, old), state.plan_relist(first, old), None, 1.0, 0.0)
+    second = state.start_relist(2.0)  # etcd restarted without its data
+    assert second is not None
+    restarted = [Entry(c, 5, value("c"))]
+    state.apply_relist(second, (10, restarted), state.plan_relist(second, restarted), None,
+                       2.0, 0.0)
+    assert state.known == 10 and c in state.items
+    fresh = [Entry(c, 5, value("c")), Entry(d, 11, value("d"))]  # the retry, at 11
+    state.apply_round(round_, (11, fresh), state.plan_round(round_, fresh), (11, []), [],
+                      3.0, 0.0)
+    assert state.known == 11, f"work/ known up to {state.known}, after a listing at 11"
+    assert d in state.items, "the restarted etcd's item put at 11 is not offered"

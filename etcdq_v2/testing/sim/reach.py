@@ -88,9 +88,9 @@ def _tick(counts: Counts, original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _fresher_than_applied(counts: Counts, original: Callable[..., Any]
                           ) -> Callable[..., Any]:
-    def fresher_than_applied(self: ViewState, started: int, index: int) -> bool:
+    def fresher_than_applied(self: ViewState, sent: int, answered: int, index: int) -> bool:
         before = self.applied_index
-        fresher: bool = original(self, started, index)
+        fresher: bool = original(self, sent, answered, index)
         if not fresher:
             _count(counts, "older-listing-dropped")
         elif index < before:  # etcd's index went back (a restore): applied all the same
