@@ -5,7 +5,10 @@ no threads, as tests/test_viewstate.py does.
 """
 from __future__ import annotations
 
+import random
 from typing import List, Tuple
+
+import pytest
 
 from etcdq_v2.viewstate import BACKLOG, Round, Switch, ViewState
 
@@ -75,3 +78,25 @@ def test_a_lock_gone_completes_the_backlog_of_a_watching_view() -> None:
     state.apply_block(round_, event("delete", "locks", held[0], at), floors, 0.0)
     assert state.is_free(held[0]) and held[0] in state.in_free
     assert state.candidates(1)[1] == Switch(watching=False, list_locks=True)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "pick() returns a walk's find before candidates(), the only place that decides "
+    "the switch: a watching view whose claims walk (a window over 1, widened by lost "
+    "races) keeps watching with any backlog, every event sent to it, until its "
+    "window narrows back to 1"))
+def test_a_watching_view_whose_claims_walk_goes_quiet_with_a_backlog() -> None:
+    """docs/protocol.md, "Switches": a watching view goes quiet when a claim
+    sees BACKLOG free items.  Here 4 * BACKLOG items are free and each claim
+    picks with a window of 8 (consumers raced for the head); none of 20
+    claims makes the view go quiet."""
+    ids = [item_id(i) for i in range(2, 2 + 4 * BACKLOG)]
+    state, _ = ready_state([(i, int(i), value(i)) for i in ids], watching=True)
+    rng = random.Random(0)
+    switches = []
+    for at in range(state.known + 1, state.known + 21):
+        found, switch = state.pick(8, rng)
+        assert found is not None
+        state.locked_at(found[0], at)  # our claim's lock
+        switches.append(switch)
+    assert any(switches), f"{len(ids)} free items, 20 claims: the view still watches"
