@@ -45,8 +45,9 @@ and the next round goes to the next member.
 Modes.  etcd sends every event to every watcher, so a view watches only while
 its process finds nothing to claim: a quiet view starts watching when a claim
 finds nothing free, and a watching one goes quiet when a claim sees a backlog
-of free items.  A quiet view learns what others did by missing (a claim finds
-its item locked or gone: :meth:`ViewState.missed`) and lists work/ again once
+of BACKLOG free items (not counting those locked since its listing).  A quiet
+view learns what others did by missing (a claim finds its item locked or
+gone: :meth:`ViewState.missed`) and lists work/ again once
 its misses cost about what a listing does, or half its tries missed
 (:attr:`ViewState.miss_limit`, :meth:`ViewState.start_relist`); a
 listing of work/ shows which items were claimed since the last one (their new
@@ -288,7 +289,8 @@ class ViewState:
         self.items: Dict[str, Tuple[int, Optional[str]]] = {}
         #: The ids of free items, sorted (ids are etcd indexes: the head is the
         #: oldest): a lone consumer takes the head (Order).  It may hold ids no
-        #: longer free (a walk drops them as it passes); every free item is in it.
+        #: longer free (a walk, and a watching view's count of its backlog,
+        #: drop them as they pass); every free item is in it.
         self.free: List[str] = []
         #: The ids in ``free``, to test membership at no cost.
         self.in_free: Set[str] = set()
@@ -494,7 +496,8 @@ class ViewState:
     # -- claims ----------------------------------------------------------------------
     def candidates(self, limit: int) -> Tuple[List[Candidate], Optional[Switch]]:
         """Up to ``limit`` free items from the head, and whether to go quiet: a
-        watching view that sees a backlog does (listing locks/ if it knows of
+        watching view that sees a backlog (BACKLOG items free by
+        :meth:`is_free`: _sees_backlog) does (listing locks/ if it knows of
         locks: a quiet view, which hears no expire event, must list them)."""
         found: List[Candidate] = []
         stale, self.behind = 0, 0
@@ -513,9 +516,40 @@ class ViewState:
                 stale += 1
         self._drop_taken(0, stale)
         switch = None
-        if self.watching and len(self.in_free) >= BACKLOG:
+        if self.watching and self._sees_backlog():
             switch = Switch(watching=False, list_locks=bool(self.locks))
         return found, switch
+
+    def _sees_backlog(self) -> bool:
+        """Whether BACKLOG items of the view are free (:meth:`is_free`): a
+        watching view then goes quiet.  Not ``len(in_free)``: ``free`` still
+        holds the items locked since they were listed, and one free item
+        among many running elsewhere is no backlog.
+
+        Cheap per claim: ``free`` holds every free item, so with fewer than
+        BACKLOG ids in it there is nothing to count.  Else it counts from the
+        head and drops the ids not free that it passes (as a walk does,
+        :meth:`_drop_taken`; make_free lists them anew), until BACKLOG free
+        ones: a count that falls short went through all of ``free``, which
+        then holds only free items, fewer than BACKLOG, and the next claim
+        counts again only once make_free has listed enough anew.  So each id
+        is passed over once per time it is listed, and a count costs at most
+        BACKLOG calls of is_free beside those."""
+        if len(self.in_free) < BACKLOG:
+            return False
+        kept: List[str] = []
+        gone: List[str] = []
+        for item_id in self.free:
+            if self.is_free(item_id):
+                kept.append(item_id)
+                if len(kept) == BACKLOG:
+                    break
+            else:
+                gone.append(item_id)
+        if gone:
+            self.free[:len(kept) + len(gone)] = kept
+            self.in_free.difference_update(gone)
+        return len(kept) == BACKLOG
 
     def pick(self, window: int, rng: Any) -> Tuple[Optional[Candidate], Optional[Switch]]:
         """A free item among the first ``window`` the view holds, marked
