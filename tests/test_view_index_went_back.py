@@ -2,10 +2,10 @@
 lower X-Etcd-Index (restarted without its data, or restored from an older
 snapshot).
 
-Each listing of work/ is older or newer than a listing already applied by
-when it started (docs/protocol.md, "Events and transitions": a listing under
-way when one at a higher index was applied is dropped); one started after
-the applied one was applied is always taken, whatever its index.  Real etcd,
+Each listing of work/ is older or newer than the listing last applied by
+real time first (docs/protocol.md, "Events and transitions": one read before
+that one was sent is dropped, one sent after it was read is taken whatever
+its index, and one that overlapped it is taken if its index is as high).  Real etcd,
 stopped and started again on the same port with its data dir wiped; the
 consumer reaches it through the real TCP proxy (tests/faultproxy.py), which
 refuses it meanwhile, so that the item put after the restart is in the

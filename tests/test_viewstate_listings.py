@@ -77,8 +77,8 @@ def test_a_round_s_next_listing_is_applied_though_etcd_s_index_went_back_since_i
         ) -> None:
     """A watching round lists again after each stream that ended (etcd
     restarted without its data, at a lower index): each of its listings is
-    numbered as it starts (ViewState.round_listing), so the next one started
-    after the round's first was applied, and is taken."""
+    numbered as it is sent (ViewState.round_listing), so the next one was sent
+    after the round's first was read, and is taken."""
     a, c = item_id(2), item_id(3)
     state, round_ = ready_state([(a, 900, value("a"))], watching=True)
     assert state.known == 900
@@ -93,8 +93,8 @@ def test_a_round_s_next_listing_is_applied_though_etcd_s_index_went_back_since_i
 def test_a_relist_started_while_a_round_s_listing_was_under_way_and_listed_before_it_is_dropped(
         ) -> None:
     """Started after the round's listing began, but etcd answered it first
-    (at 5, the round's at 7) and it lands last: it was under way when the
-    round's was applied, and is older."""
+    (at 5, the round's at 7) and it lands last: it overlapped the round's,
+    which was applied, and its index is lower."""
     a, b, c = item_id(2), item_id(3), item_id(6)
     state, _ = ready_state([(a, 2, value("a")), (b, 3, value("b"))])
     round_ = state.round_listing(_quiet_round_listing_locks(state))  # its listing starts
@@ -114,9 +114,9 @@ def test_a_listing_under_way_across_an_index_that_went_back_is_not_applied_over_
     """The round's listing of work/ is answered at 90 by the old etcd, then
     lists locks/ slowly; meanwhile a relist is applied at 100, etcd restarts
     without its data, and a second relist is applied at 10 (the restarted
-    etcd's index).  The round's listing started before both were applied,
-    and before one at a higher index (100): it is older than both and must
-    not put the old etcd's items back over the restarted etcd's listing."""
+    etcd's index).  The round's listing was read before both relists were
+    sent: it is older than both and must not put the old etcd's items back
+    over the restarted etcd's listing."""
     a, b, c = item_id(2), item_id(3), item_id(5)
     state, _ = ready_state([(a, 2, value("a")), (b, 3, value("b"))])
     round_ = state.round_listing(_quiet_round_listing_locks(state))  # its listing starts
