@@ -247,11 +247,13 @@ class Queue:
     def claim(self, timeout: Optional[float] = 0) -> Optional[Claim]:
         """The next free item, or None.  ``timeout``: 0 don't wait, None forever.
 
+        The first claim waits for the queue's first listing as long as it
+        waits for an item, a deadline at least (see :meth:`_ensure_view`).
         QueueClosed after :meth:`close`, also for a claim waiting then.
         """
         deadline = None if timeout is None else self.runtime.monotonic() + timeout
         self._check_open()
-        view = self._ensure_view()
+        view = self._ensure_view(timeout)
         # A listing the view went on without spent the call's deadline
         # (Transport.spending): in a frozen etcd, raise after one.
         with self.etcd.spending():
@@ -372,12 +374,18 @@ class Queue:
         if self._closed:
             raise QueueClosed(f"{self.layout.root} was closed: no claims (open a new Queue)")
 
-    def _ensure_view(self) -> QueueView:
+    def _ensure_view(self, timeout: Optional[float] = 0) -> QueueView:
+        """The view, once its first listing is in: waited for as long as the
+        caller waits for an item (``timeout``), and at least a deadline (None:
+        a deadline, so that a claim that waits for ever still hears of an etcd
+        that never answers).  A listing etcd is slow to serve, as many first
+        listings of a deep queue at once are, is not a dead etcd."""
         if self._view is None:
             self._view = QueueView(self._protocol)
+        wait = self.etcd.deadline if timeout is None else max(self.etcd.deadline, timeout)
         while True:
             try:
-                self._view.wait_ready(self.etcd.deadline)
+                self._view.wait_ready(wait)
                 return self._view
             except Unavailable:
                 # A listing still arriving is not a dead etcd: wait on for it,
@@ -709,7 +717,8 @@ def claim_first(queues: Sequence[Queue], timeout: Optional[float] = 0) -> Option
     runtime = shared_runtime(queues)
     deadline = None if timeout is None else runtime.monotonic() + timeout
     wake = runtime.Event()
-    views = [queue._ensure_view() for queue in queues]
+    views = [queue._ensure_view(None if deadline is None else deadline - runtime.monotonic())
+             for queue in queues]
     for view in views:
         view.add_waker(wake)
     try:

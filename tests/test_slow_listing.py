@@ -9,6 +9,8 @@ still fails the first claim at the deadline.
 """
 from __future__ import annotations
 
+import re
+import threading
 import time
 
 import pytest
@@ -63,15 +65,43 @@ def test_a_listing_that_keeps_arriving_outlives_the_request_timeout(
         transport.close()
 
 
-def test_a_first_claim_from_a_member_that_sends_nothing_fails_at_its_deadline(
+def test_a_first_claim_from_a_member_that_sends_nothing_fails_within_its_timeout(
         etcd_url: str, queue_name: str, proxy: FaultProxy) -> None:
     _filled(etcd_url, queue_name)
     proxy.black_hole("down")
     queue = Queue(connect(proxy.url, timeout=TIMEOUT), queue_name)
     try:
         with pytest.raises(Unavailable):
-            queue.claim(timeout=30)
+            queue.claim(timeout=2 * queue.etcd.deadline)
+        with pytest.raises(Unavailable):
+            queue.claim(timeout=0)  # a deadline, as every request
     finally:
+        queue.close()
+
+
+def test_a_first_claim_waits_its_timeout_for_a_listing_etcd_answers_after_a_deadline(
+        etcd_url: str, queue_name: str, proxy: FaultProxy) -> None:
+    """etcd encodes a listing whole before its first byte: many first listings
+    of a deep queue at once take it longer than a deadline, with nothing to
+    show that they are coming.  A claim that waits longer than a deadline for
+    an item waits that long for its view's first listing too: the reply of the
+    first listing of work/ is held for two deadlines (the follower's call gives
+    up, and lists again once the hold ends), and the claim gets the item."""
+    Queue(connect(etcd_url), queue_name).put("a")
+    listing = re.compile(rb'"action":"get","node":\{"key":"/etcdq/'
+                         + re.escape(queue_name.encode()) + rb'/work"')
+    queue = Queue(connect(proxy.url, timeout=TIMEOUT), queue_name)
+    proxy.hold("down", match=listing)
+    timer = threading.Timer(2 * queue.etcd.deadline, proxy.pass_through)
+    timer.start()
+    try:
+        claim = queue.claim(timeout=10 * queue.etcd.deadline)
+        assert claim is not None
+        assert timer.finished.is_set(), "the claim returned before the hold ended"
+        claim.complete()
+    finally:
+        timer.cancel()
+        proxy.pass_through()
         queue.close()
 
 
