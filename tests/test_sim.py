@@ -162,6 +162,32 @@ def test_a_free_item_unclaimed_past_its_bound_while_a_consumer_idles_breaks_no_s
     assert _starving_after(busy, [1.0, 16.0]) == []
 
 
+def _orphans_offered_after(hand_outs: List[Tuple[float, str, bool]]) -> List[str]:
+    """What orphans-offered says when c1's view has held orphan a (its outcome in
+    work/, no lock) free since 10 s and c1 is handed ``hand_outs`` (time, item,
+    at a window of one)."""
+    from etcdq_v2.testing.sim.actors import HandOut
+    history = History()
+    live = Live(history, None, "", Bounds(5, 90, 90, 15, passes=1))  # type: ignore[arg-type]
+    store = Stored(work={"a": (3, '{"o":"c"}'), "0": (2, "{}"), "b": (4, "{}"),
+                         "c": (5, "{}")}, completed={}, failed={}, locks={"0": (6, "{}")})
+    live._held[("c1", "a")] = 10.0
+    history.hand_outs = [HandOut(n, at, item, n, "c1", fifo=fifo)
+                         for n, (at, item, fifo) in enumerate(hand_outs)]
+    live._orphans(store, 20.0)
+    return [detail for name, detail in history.seen if name == "orphans-offered"]
+
+
+def test_newer_items_handed_out_past_an_orphan_its_view_holds_free_break_orphans_offered() -> None:
+    # One newer item: the claim under way when the orphan fell due.
+    assert _orphans_offered_after([(11.0, "b", True)]) == []
+    # Before it was held, at a window of more than one, or an older item: not judged.
+    assert _orphans_offered_after([(9.0, "b", True), (11.0, "c", False), (12.0, "0", True),
+                                   (13.0, "b", True)]) == []
+    said = _orphans_offered_after([(11.0, "b", True), (12.0, "c", True)])
+    assert len(said) == 1 and "orphan a " in said[0]
+
+
 def test_a_claim_that_raised_unavailable_once_every_member_answers_breaks_claims_available() -> None:
     history = History()
     history.unavailable = [(10.0, 16.0, "c1", "Unavailable()")]

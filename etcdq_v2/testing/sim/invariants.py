@@ -426,8 +426,9 @@ class Live:
                    for start, end in self.history.paused.get(name, []))
 
     def _paused(self, name: str, now: float) -> bool:
-        """Whether ``name``'s process is paused now: its view learns nothing it
-        does not hear (a quiet view hears nothing), and it claims nothing."""
+        """Whether ``name``'s process is paused now: a quiet view (which hears
+        nothing) learns nothing meanwhile, as in a partition: its claims' and
+        listings' requests do not leave."""
         return any(start <= now <= end for start, end in self.history.paused.get(name, []))
 
     def _seen(self, name: str, detail: str) -> None:
@@ -470,7 +471,7 @@ class Live:
                        f"the value {raw!r}, but the write at that index wrote {written!r}")
 
     def _view(self, name: str, view: ViewState, store: Stored, now: float) -> None:
-        if self.cut_off(name) or self._paused(name, now):
+        if self.cut_off(name) or (not view.watching and self._paused(name, now)):
             for since in (self._taken, self._unknown, self._held):
                 for key in [key for key in since if key[0] == name]:
                     del since[key]
