@@ -606,9 +606,10 @@ class Live:
                     self.longest.get("orphans-offered", 0.0), passes)
                 if passes == self.bounds.passes + 1:
                     self._seen("orphans-offered", f"item {out.item} was handed out to "
-                               f"{out.consumer} at {out.time:.3f}, the {passes}th newer item "
-                               f"while the orphan {item} (its outcome in work/, no lock) had "
-                               f"been held free by its view since {since:.3f}")
+                               f"{out.consumer} at {out.time:.3f} at a window of one: {passes} "
+                               f"items newer than the orphan {item} (its outcome in work/, no "
+                               f"lock), which its view has held free since {since:.3f} "
+                               f"(bound {self.bounds.passes:g})")
         self._orphans_judged = len(self.history.hand_outs)
         for key in [key for key in self._passes if key[1] not in orphans]:
             del self._passes[key]
