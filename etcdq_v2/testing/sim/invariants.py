@@ -365,7 +365,8 @@ class Bounds:
 class Live:
     """The invariants judged on the library's state as the run goes (every
     ``check``): one-version, view-taken-freed, view-knows-work,
-    lone-put-order (every hand-out at a window of one) and heartbeat-on-time."""
+    lone-put-order and orphans-offered (every hand-out at a window of one),
+    no-starving-while-idle and heartbeat-on-time."""
 
     history: History
     cluster: Cluster
