@@ -471,3 +471,23 @@ def canceller(queue: Queue, plan: Plan, history: History) -> None:
             history.error(exc)
             continue
         history.cancels.append((history.next(), item, cancelled))
+
+
+def steady_producer(queue: Queue, name: str, history: History, until: float, level: int,
+                    free: Callable[[], int]) -> None:
+    """Keeps ``level`` items free in work/ (``free()``: how many are, read off the
+    store) until ``until``: a producer that puts as fast as items are taken, so
+    that the consumers' claims keep finding work and their views keep watching
+    (fewer than BACKLOG free)."""
+    sim = queue.runtime
+    made = 0
+    while sim.monotonic() < until:
+        if free() < level:
+            _put_one(queue, f"{name}-{made}", history)
+            made += 1
+        else:
+            sim.sleep(STEADY_POLL)
+
+
+#: How often the steady producer looks at how many items are free.
+STEADY_POLL = 0.1

@@ -86,7 +86,7 @@ from .cluster import Cluster
 NAMES = ("acknowledged-put-kept", "stored-once", "one-outcome", "no-commit-after-reclaim",
          "no-hand-out-after-outcome", "one-live-claim", "delay-kept", "cancel-wins", "liveness",
          "no-claim-after-close", "closed-claims-lost", "refresh-of-own-lock", "heartbeat-on-time", "one-version",
-         "view-taken-freed", "view-knows-work", "lone-put-order", "no-starving-while-idle", "claims-available", "wait-agrees",
+         "view-taken-freed", "view-knows-work", "lone-put-order", "orphans-offered", "no-starving-while-idle", "claims-available", "wait-agrees",
          "no-thread-died", "no-deadlock")
 
 
@@ -356,13 +356,17 @@ class Bounds:
     starve: float = math.inf
     #: How late a refresh may leave after its due time.
     grace: float = 0.5
+    #: How many newer items a consumer at a window of one may be handed while its
+    #: view holds an orphan free.
+    passes: float = math.inf
 
 
 @dataclass
 class Live:
     """The invariants judged on the library's state as the run goes (every
     ``check``): one-version, view-taken-freed, view-knows-work,
-    lone-put-order (every hand-out at a window of one) and heartbeat-on-time."""
+    lone-put-order and orphans-offered (every hand-out at a window of one),
+    no-starving-while-idle and heartbeat-on-time."""
 
     history: History
     cluster: Cluster
@@ -380,6 +384,9 @@ class Live:
     #: (process, item) -> since when its view has held the item, not taken.
     _held: Dict[Tuple[str, str], float] = field(default_factory=dict)
     _judged: int = 0  # hand-outs judged by lone-put-order
+    _orphans_judged: int = 0  # hand-outs judged by orphans-offered
+    #: (process, orphan) -> (since when its view held it free, newer items handed out since).
+    _passes: Dict[Tuple[str, str], Tuple[float, int]] = field(default_factory=dict)
     _failed: Dict[int, float] = field(default_factory=dict)  # id(claim) -> refresh failure seen
     #: The longest each bounded state lasted (figures: how close to the bound).
     longest: Dict[str, float] = field(default_factory=dict)
@@ -411,12 +418,19 @@ class Live:
             self._starving(held, now)
         if held is not None:
             self._order(held, now)
+            self._orphans(held, now)
 
     def _killed(self, name: str, now: float) -> bool:
         """Whether ``name``'s process died by ``now``: its view serves no claim,
         so what it knows is judged no more (its stream may still deliver)."""
         return any(start <= now and end == math.inf
                    for start, end in self.history.paused.get(name, []))
+
+    def _paused(self, name: str, now: float) -> bool:
+        """Whether ``name``'s process is paused now: a quiet view (which hears
+        nothing) learns nothing meanwhile, as in a partition: its claims' and
+        listings' requests do not leave."""
+        return any(start <= now <= end for start, end in self.history.paused.get(name, []))
 
     def _seen(self, name: str, detail: str) -> None:
         self.history.seen.append((name, detail))
@@ -458,7 +472,7 @@ class Live:
                        f"the value {raw!r}, but the write at that index wrote {written!r}")
 
     def _view(self, name: str, view: ViewState, store: Stored, now: float) -> None:
-        if self.cut_off(name):
+        if self.cut_off(name) or (not view.watching and self._paused(name, now)):
             for since in (self._taken, self._unknown, self._held):
                 for key in [key for key in since if key[0] == name]:
                     del since[key]
@@ -569,6 +583,37 @@ class Live:
             self._free.pop(out.item, None)
         self._judged = len(self.history.hand_outs)
         self._free = {item: self._free.get(item, now) for item in sorted(free)}
+
+    def _orphans(self, store: Stored, now: float) -> None:
+        """orphans-offered, for the hand-outs since the last check: no consumer is
+        handed more than ``passes`` items newer than an orphan (an item in work/
+        with its outcome, F1, and no lock in the store: its F3 never came) at a
+        window of one while its view has held the orphan free (its orphan delay
+        over) and the orphan is one still."""
+        orphans = sorted(item for item, (_, value) in store.work.items()
+                         if item not in store.locks and '"o":' in value)
+        for out in self.history.hand_outs[self._orphans_judged:]:
+            if not out.fifo:
+                continue
+            for item in orphans:
+                key = (out.consumer, item)
+                since = self._held.get(key, math.inf)
+                if since >= out.time or out.item <= item:
+                    continue
+                was, passes = self._passes.get(key, (since, 0))
+                passes = passes + 1 if was == since else 1
+                self._passes[key] = (since, passes)
+                self.longest["orphans-offered"] = max(
+                    self.longest.get("orphans-offered", 0.0), passes)
+                if passes == self.bounds.passes + 1:
+                    self._seen("orphans-offered", f"item {out.item} was handed out to "
+                               f"{out.consumer} at {out.time:.3f} at a window of one: {passes} "
+                               f"items newer than the orphan {item} (its outcome in work/, no "
+                               f"lock), which its view has held free since {since:.3f} "
+                               f"(bound {self.bounds.passes:g})")
+        self._orphans_judged = len(self.history.hand_outs)
+        for key in [key for key in self._passes if key[1] not in orphans]:
+            del self._passes[key]
 
 
 # -- checked at the end ------------------------------------------------------------------
