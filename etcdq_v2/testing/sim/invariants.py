@@ -298,6 +298,8 @@ class ViewState:
     #: finisher's) is there; not this process's claim attempts under way.
     taken: Set[str]
     watching: bool
+    #: Items whose lock it holds: id -> the index it knows the lock at.
+    locks: Dict[str, int] = field(default_factory=dict)
 
 
 def view_state(queue: Queue) -> Optional[ViewState]:
@@ -317,7 +319,8 @@ def view_state(queue: Queue) -> Optional[ViewState]:
     now = view._runtime.monotonic()
     held = {item for item, due in state.orphans.items() if due > now}
     taken = (set(state.locks) | state.recorded | held) - set(state.trying)
-    return ViewState(dict(state.items), taken & set(state.items), state.watching)
+    return ViewState(dict(state.items), taken & set(state.items), state.watching,
+                     dict(state.locks))
 
 
 @dataclass
@@ -356,6 +359,10 @@ class Bounds:
     starve: float = math.inf
     #: How late a refresh may leave after its due time.
     grace: float = 0.5
+    #: An item taken in a view by a lock whose removal its stream delivered
+    #: (the view frees it on the event; a sign older than the stream is
+    #: confirmed CONFIRM after), counted from the delivery.
+    freed: float = math.inf
 
 
 @dataclass
@@ -392,6 +399,10 @@ class Live:
     #: view can learn nothing, so view-taken-freed and view-knows-work count
     #: from the partition's end.
     cut_off: Callable[[str], bool] = lambda name: False
+    #: (process, item) -> (index, when) of each removal of the item's lock its
+    #: streams delivered (Network.removals).
+    removals: Dict[Tuple[str, str], List[Tuple[int, float]]] = field(default_factory=dict)
+    _told: Set[Tuple[str, str]] = field(default_factory=set)  # freed: said once
 
     def check(self, now: float, *, store: bool) -> None:
         """The checks on the library's state; ``store``: also those that compare
@@ -475,12 +486,39 @@ class Live:
                 self._held.setdefault((name, item), now)
             else:
                 self._held.pop((name, item), None)
+        self._freed(name, view, now)
         for key in [key for key in self._held if key[0] == name and key[1] not in store.work]:
             del self._held[key]
         for key in [key for key in self._taken if key[0] == name and key[1] not in store.work]:
             del self._taken[key]
         for key in [key for key in self._unknown if key[0] == name and key[1] not in store.work]:
             del self._unknown[key]
+
+    def _freed(self, name: str, view: ViewState, now: float) -> None:
+        """view-taken-freed, from the view's own rule: no item stays taken by a
+        lock (at the index the view knows it) whose removal, at that index or
+        above, a stream of the process delivered more than ``freed`` ago
+        (counted from the end of a pause of the process meanwhile)."""
+        for item in sorted(view.taken):
+            index = view.locks.get(item)
+            if index is None or (name, item) in self._told:
+                continue
+            told = [when for removed, when in self.removals.get((name, item), [])
+                    if removed >= index]
+            if not told:
+                continue
+            start = min(told)
+            for paused, resumed in self.history.paused.get(name, []):
+                if paused <= now and resumed >= start:
+                    start = max(start, resumed)
+            self.longest["view-taken-freed (told)"] = max(
+                self.longest.get("view-taken-freed (told)", 0.0), now - start)
+            if now - start > self.bounds.freed:
+                self._seen("view-taken-freed", f"item {item} is taken in the view of {name} "
+                           f"by its lock at index {index}, though its stream delivered the "
+                           f"lock's removal at {min(told):.3f} (now {now:.3f}, bound "
+                           f"{self.bounds.freed:g} s)")
+                self._told.add((name, item))
 
     def _bounded(self, invariant: str, since: Dict[Tuple[str, str], float],
                  key: Tuple[str, str], holds: bool, now: float, bound: float,

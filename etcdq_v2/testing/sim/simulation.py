@@ -22,7 +22,7 @@ from ... import steps as steps_module
 from ...keys import Layout
 from ...queue import Queue
 from ...transport import connect
-from ...viewstate import ROUND
+from ...viewstate import CONFIRM, ROUND
 from ...wire import Member
 from ...worker import Worker
 from . import invariants
@@ -52,6 +52,11 @@ CHECK_VIEWS_EVERY = 1.0
 #: and a lock TTL; a quiet view lists locks/ once per lock TTL while items are
 #: taken, and relists work/ when it starves.
 TAKEN_BOUND = KNOWN_BOUND = ROUND + 2 * LOCK_TTL + 20.0
+#: An item may stay taken in a view this long after its stream delivered the
+#: removal (delete or expire) of the lock it holds the item taken by: the view
+#: frees it on the event, or CONFIRM (1 s) after for a sign older than its
+#: stream; the checks read the views every CHECK_VIEWS_EVERY.
+FREED_BOUND = CONFIRM + 2 * CHECK_VIEWS_EVERY
 #: The same bound where every stream delivers what its member applies (no
 #: silent stream, no member restored from a snapshot): a consumer away from
 #: claiming for up to 4.5 lock TTLs (a pause, and its work after), then a
@@ -217,8 +222,9 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
     trusted = fault_rates.silence_stream == 0 and fault_rates.restore == 0
     live = Live(history, cluster, Layout(ROOT, NAME).root,
                 Bounds(LOCK_TTL, TRUSTED_BOUND if trusted else TAKEN_BOUND,
-                       TRUSTED_BOUND if trusted else KNOWN_BOUND, ORDER_SLACK, STARVE_BOUND),
-                touched=network.touched, cut_off=network.partitioned)
+                       TRUSTED_BOUND if trusted else KNOWN_BOUND, ORDER_SLACK, STARVE_BOUND,
+                       freed=FREED_BOUND),
+                touched=network.touched, cut_off=network.partitioned, removals=network.removals)
 
     def calm() -> float:
         """When the faults' aftermath is over (inf while they last)."""
