@@ -45,7 +45,9 @@ heartbeat-on-time          the refresh of every open claim of a running process 
 one-version                every index a view or a claim holds for an item is of
                            the write that wrote the value it holds (the log)
 view-taken-freed           no item stays taken in a view for longer than
-                           TAKEN_BOUND after its lock went (the store has none)
+                           TAKEN_BOUND after its lock went (the store has none),
+                           nor by a lock held at an index whose removal its
+                           process's stream delivered more than FREED_BOUND ago
 view-knows-work            no item stays in work/ unknown to a ready view for
                            longer than KNOWN_BOUND
 lone-put-order             no item is handed out at a window of one (a consumer
@@ -61,6 +63,11 @@ claims-available           no claim() called once the faults' aftermath is over
                            (every member answers) raised Unavailable
 wait-agrees                every outcome wait() returned is the item's record at
                            the end
+read-back-finds-applied    no put() or put_many() raised "not found in the queue"
+                           after a lost reply when each payload it sent had been
+                           stored by a POST that applied (the log) before its
+                           read-back began (its sim-thread's quorum read of
+                           work/00000000000000000000, which gives P1's T)
 no-thread-died             no sim-thread of the library died of an exception
 no-deadlock                the run's sim-threads never all waited with no deadline,
                            and a claim(timeout=None) returned once its queue closed
@@ -87,6 +94,7 @@ NAMES = ("acknowledged-put-kept", "stored-once", "one-outcome", "no-commit-after
          "no-hand-out-after-outcome", "one-live-claim", "delay-kept", "cancel-wins", "liveness",
          "no-claim-after-close", "closed-claims-lost", "refresh-of-own-lock", "heartbeat-on-time", "one-version",
          "view-taken-freed", "view-knows-work", "lone-put-order", "no-starving-while-idle", "claims-available", "wait-agrees",
+         "read-back-finds-applied",
          "no-thread-died", "no-deadlock")
 
 
@@ -648,6 +656,42 @@ def refreshes_of_others(cluster: Cluster, root: str, senders: Dict[int, str],
             yield Violation("refresh-of-own-lock", f"a refresh of {request.key} by {sender} "
                             f"applied at index {pending.reply.headers.get('x-etcd-index')} "
                             f"on the lock of another claim ({lock.node_id})")
+            return
+
+
+def read_backs(cluster: Cluster, root: str, threads: Dict[int, Tuple[str, str]],
+               history: History) -> Iterator[Violation]:
+    """read-back-finds-applied: no put that raised "not found in the queue"
+    after a lost reply had, by the log, every payload it sent stored by a
+    POST that applied before its read-back began (its last quorum read of
+    work/00000000000000000000, by its sim-thread: the read that gives the
+    search's top index *T*; P1).  A put() sends one payload; a put_many()
+    is judged when each of its payloads applied before that read (its doubts
+    are among them)."""
+    zero = f"{root}/work/{'0' * 20}"
+    for doubt in history.doubts:
+        if not doubt.not_found:
+            continue
+        top: Optional[int] = None
+        applied: Dict[str, int] = {}  # payload -> log position of its POST
+        for position in range(doubt.first, doubt.last):
+            request, pending = cluster.log[position].request, cluster.log[position].pending
+            if request is None or pending is None or pending.reply is None \
+                    or threads.get(id(pending)) != (doubt.process, doubt.thread):
+                continue
+            if request.method == "GET" and request.quorum and request.key == zero:
+                top = position
+            elif request.method == "POST" and pending.reply.status == 201:
+                payload = _payload(request.value, False)
+                if isinstance(payload, str):
+                    applied.setdefault(payload, position)
+        if top is not None and all(applied.get(payload, top) < top
+                                   for payload in doubt.payloads):
+            yield Violation("read-back-finds-applied",
+                            f"a put of {doubt.payloads} by {doubt.process} raised that its "
+                            f"read-back found it nowhere, though its POST applied at log "
+                            f"position {applied[doubt.payloads[-1]]}, before its read-back's "
+                            f"read of T at {top}")
             return
 
 

@@ -236,6 +236,7 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
         return faults_until + AFTERMATH + (ROUND if stale else 0.0)
     live.calm = calm
     history.paused = network.spans
+    history.position = lambda: len(cluster.log)
     # In a share (``kills``) of the seeds with faults, consumer c0's process dies
     # after a random number of its requests (it stops dead: see Network.kill_after).
     deaths = random.Random(f"kills-{seed}")
@@ -367,6 +368,7 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
                                           "complete", claim.outcome))
     violations += list(invariants.refreshes_of_others(cluster, root, network.senders, history))
     violations += list(invariants.waits_agree(history, store))
+    violations += list(invariants.read_backs(cluster, root, network.threads, history))
     # Every member answers once a held request, a freeze and a lag are over.
     violations += list(invariants.claims_available(
         history, faults_until + AFTERMATH if faults else 0.0))
