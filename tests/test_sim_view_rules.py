@@ -5,9 +5,10 @@ overdue), strand items that are free in etcd for up to a watching round
 (ROUND, 60 s), and a claim waiting meanwhile gets nothing.
 
 The liveness invariant's bound (LIVENESS_BOUND, 100 s after the faults stop)
-is longer than a round, whose relist rescues such items, and no invariant
-bounds the time an item free in etcd goes unoffered by a view that watches;
-so neither defect shows.
+is longer than a round, whose relist rescues such items; view-taken-freed
+bounds how long a view keeps an item taken by a lock once its stream
+delivered the lock's removal (FREED_BOUND), which the first defect breaks.
+The orphan deadline is not reached (below).
 """
 from __future__ import annotations
 
