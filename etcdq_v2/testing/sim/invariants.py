@@ -45,7 +45,9 @@ heartbeat-on-time          the refresh of every open claim of a running process 
 one-version                every index a view or a claim holds for an item is of
                            the write that wrote the value it holds (the log)
 view-taken-freed           no item stays taken in a view for longer than
-                           TAKEN_BOUND after its lock went (the store has none)
+                           TAKEN_BOUND after its lock went (the store has none),
+                           nor by a lock held at an index whose removal its
+                           process's stream delivered more than FREED_BOUND ago
 view-knows-work            no item stays in work/ unknown to a ready view for
                            longer than KNOWN_BOUND
 lone-put-order             no item is handed out at a window of one (a consumer
@@ -61,6 +63,11 @@ claims-available           no claim() called once the faults' aftermath is over
                            (every member answers) raised Unavailable
 wait-agrees                every outcome wait() returned is the item's record at
                            the end
+read-back-finds-applied    no put() or put_many() raised "not found in the queue"
+                           after a lost reply when each payload it sent had been
+                           stored by a POST that applied (the log) before its
+                           read-back began (its sim-thread's quorum read of
+                           work/00000000000000000000, which gives P1's T)
 no-thread-died             no sim-thread of the library died of an exception
 no-deadlock                the run's sim-threads never all waited with no deadline,
                            and a claim(timeout=None) returned once its queue closed
@@ -87,6 +94,7 @@ NAMES = ("acknowledged-put-kept", "stored-once", "one-outcome", "no-commit-after
          "no-hand-out-after-outcome", "one-live-claim", "delay-kept", "cancel-wins", "liveness",
          "no-claim-after-close", "closed-claims-lost", "refresh-of-own-lock", "heartbeat-on-time", "one-version",
          "view-taken-freed", "view-knows-work", "lone-put-order", "orphans-offered", "no-starving-while-idle", "claims-available", "wait-agrees",
+         "read-back-finds-applied",
          "no-thread-died", "no-deadlock")
 
 
@@ -298,6 +306,8 @@ class ViewState:
     #: finisher's) is there; not this process's claim attempts under way.
     taken: Set[str]
     watching: bool
+    #: Items whose lock it holds: id -> the index it knows the lock at.
+    locks: Dict[str, int] = field(default_factory=dict)
 
 
 def view_state(queue: Queue) -> Optional[ViewState]:
@@ -317,7 +327,8 @@ def view_state(queue: Queue) -> Optional[ViewState]:
     now = view._runtime.monotonic()
     held = {item for item, due in state.orphans.items() if due > now}
     taken = (set(state.locks) | state.recorded | held) - set(state.trying)
-    return ViewState(dict(state.items), taken & set(state.items), state.watching)
+    return ViewState(dict(state.items), taken & set(state.items), state.watching,
+                     dict(state.locks))
 
 
 @dataclass
@@ -359,6 +370,10 @@ class Bounds:
     #: How many newer items a consumer at a window of one may be handed while its
     #: view holds an orphan free.
     passes: float = math.inf
+    #: An item taken in a view by a lock whose removal its stream delivered
+    #: (the view frees it on the event; a sign older than the stream is
+    #: confirmed CONFIRM after), counted from the delivery.
+    freed: float = math.inf
 
 
 @dataclass
@@ -399,6 +414,10 @@ class Live:
     #: view can learn nothing, so view-taken-freed and view-knows-work count
     #: from the partition's end.
     cut_off: Callable[[str], bool] = lambda name: False
+    #: (process, item) -> (index, when) of each removal of the item's lock its
+    #: streams delivered (Network.removals).
+    removals: Dict[Tuple[str, str], List[Tuple[int, float]]] = field(default_factory=dict)
+    _told: Set[Tuple[str, str]] = field(default_factory=set)  # freed: said once
 
     def check(self, now: float, *, store: bool) -> None:
         """The checks on the library's state; ``store``: also those that compare
@@ -489,12 +508,39 @@ class Live:
                 self._held.setdefault((name, item), now)
             else:
                 self._held.pop((name, item), None)
+        self._freed(name, view, now)
         for key in [key for key in self._held if key[0] == name and key[1] not in store.work]:
             del self._held[key]
         for key in [key for key in self._taken if key[0] == name and key[1] not in store.work]:
             del self._taken[key]
         for key in [key for key in self._unknown if key[0] == name and key[1] not in store.work]:
             del self._unknown[key]
+
+    def _freed(self, name: str, view: ViewState, now: float) -> None:
+        """view-taken-freed, from the view's own rule: no item stays taken by a
+        lock (at the index the view knows it) whose removal, at that index or
+        above, a stream of the process delivered more than ``freed`` ago
+        (counted from the end of a pause of the process meanwhile)."""
+        for item in sorted(view.taken):
+            index = view.locks.get(item)
+            if index is None or (name, item) in self._told:
+                continue
+            told = [when for removed, when in self.removals.get((name, item), [])
+                    if removed >= index]
+            if not told:
+                continue
+            start = min(told)
+            for paused, resumed in self.history.paused.get(name, []):
+                if paused <= now and resumed >= start:
+                    start = max(start, resumed)
+            self.longest["view-taken-freed (told)"] = max(
+                self.longest.get("view-taken-freed (told)", 0.0), now - start)
+            if now - start > self.bounds.freed:
+                self._seen("view-taken-freed", f"item {item} is taken in the view of {name} "
+                           f"by its lock at index {index}, though its stream delivered the "
+                           f"lock's removal at {min(told):.3f} (now {now:.3f}, bound "
+                           f"{self.bounds.freed:g} s)")
+                self._told.add((name, item))
 
     def _bounded(self, invariant: str, since: Dict[Tuple[str, str], float],
                  key: Tuple[str, str], holds: bool, now: float, bound: float,
@@ -655,6 +701,42 @@ def refreshes_of_others(cluster: Cluster, root: str, senders: Dict[int, str],
             yield Violation("refresh-of-own-lock", f"a refresh of {request.key} by {sender} "
                             f"applied at index {pending.reply.headers.get('x-etcd-index')} "
                             f"on the lock of another claim ({lock.node_id})")
+            return
+
+
+def read_backs(cluster: Cluster, root: str, threads: Dict[int, Tuple[str, str]],
+               history: History) -> Iterator[Violation]:
+    """read-back-finds-applied: no put that raised "not found in the queue"
+    after a lost reply had, by the log, every payload it sent stored by a
+    POST that applied before its read-back began (its last quorum read of
+    work/00000000000000000000, by its sim-thread: the read that gives the
+    search's top index *T*; P1).  A put() sends one payload; a put_many()
+    is judged when each of its payloads applied before that read (its doubts
+    are among them)."""
+    zero = f"{root}/work/{'0' * 20}"
+    for doubt in history.doubts:
+        if not doubt.not_found:
+            continue
+        top: Optional[int] = None
+        applied: Dict[str, int] = {}  # payload -> log position of its POST
+        for position in range(doubt.first, doubt.last):
+            request, pending = cluster.log[position].request, cluster.log[position].pending
+            if request is None or pending is None or pending.reply is None \
+                    or threads.get(id(pending)) != (doubt.process, doubt.thread):
+                continue
+            if request.method == "GET" and request.quorum and request.key == zero:
+                top = position
+            elif request.method == "POST" and pending.reply.status == 201:
+                payload = _payload(request.value, False)
+                if isinstance(payload, str):
+                    applied.setdefault(payload, position)
+        if top is not None and all(applied.get(payload, top) < top
+                                   for payload in doubt.payloads):
+            yield Violation("read-back-finds-applied",
+                            f"a put of {doubt.payloads} by {doubt.process} raised that its "
+                            f"read-back found it nowhere, though its POST applied at log "
+                            f"position {applied[doubt.payloads[-1]]}, before its read-back's "
+                            f"read of T at {top}")
             return
 
 

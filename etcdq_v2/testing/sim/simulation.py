@@ -22,7 +22,7 @@ from ... import steps as steps_module
 from ...keys import Layout
 from ...queue import Queue
 from ...transport import connect
-from ...viewstate import ROUND
+from ...viewstate import CONFIRM, ROUND
 from ...wire import Member
 from ...worker import Worker
 from . import invariants
@@ -52,6 +52,11 @@ CHECK_VIEWS_EVERY = 1.0
 #: and a lock TTL; a quiet view lists locks/ once per lock TTL while items are
 #: taken, and relists work/ when it starves.
 TAKEN_BOUND = KNOWN_BOUND = ROUND + 2 * LOCK_TTL + 20.0
+#: An item may stay taken in a view this long after its stream delivered the
+#: removal (delete or expire) of the lock it holds the item taken by: the view
+#: frees it on the event, or CONFIRM (1 s) after for a sign older than its
+#: stream; the checks read the views every CHECK_VIEWS_EVERY.
+FREED_BOUND = CONFIRM + 2 * CHECK_VIEWS_EVERY
 #: The same bound where every stream delivers what its member applies (no
 #: silent stream, no member restored from a snapshot): a consumer away from
 #: claiming for up to 4.5 lock TTLs (a pause, and its work after), then a
@@ -230,8 +235,8 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
     live = Live(history, cluster, Layout(ROOT, NAME).root,
                 Bounds(LOCK_TTL, TRUSTED_BOUND if trusted else TAKEN_BOUND,
                        TRUSTED_BOUND if trusted else KNOWN_BOUND, ORDER_SLACK, STARVE_BOUND,
-                       passes=ORPHAN_PASSES),
-                touched=network.touched, cut_off=network.partitioned)
+                       passes=ORPHAN_PASSES, freed=FREED_BOUND),
+                touched=network.touched, cut_off=network.partitioned, removals=network.removals)
 
     def calm() -> float:
         """When the faults' aftermath is over (inf while they last)."""
@@ -243,6 +248,7 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
         return faults_until + AFTERMATH + (ROUND if stale else 0.0)
     live.calm = calm
     history.paused = network.spans
+    history.position = lambda: len(cluster.log)
     # In a share (``kills``) of the seeds with faults, consumer c0's process dies
     # after a random number of its requests (it stops dead: see Network.kill_after).
     deaths = random.Random(f"kills-{seed}")
@@ -382,6 +388,7 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
                                           "complete", claim.outcome))
     violations += list(invariants.refreshes_of_others(cluster, root, network.senders, history))
     violations += list(invariants.waits_agree(history, store))
+    violations += list(invariants.read_backs(cluster, root, network.threads, history))
     # Every member answers once a held request, a freeze and a lag are over.
     violations += list(invariants.claims_available(
         history, faults_until + AFTERMATH if faults else 0.0))
