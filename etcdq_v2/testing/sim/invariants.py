@@ -418,6 +418,8 @@ class Live:
     #: streams delivered (Network.removals).
     removals: Dict[Tuple[str, str], List[Tuple[int, float]]] = field(default_factory=dict)
     _told: Set[Tuple[str, str]] = field(default_factory=set)  # freed: said once
+    #: process -> when its view was last looked at (a quiet view's pause is not counted).
+    _looked: Dict[str, float] = field(default_factory=dict)
 
     def check(self, now: float, *, store: bool) -> None:
         """The checks on the library's state; ``store``: also those that compare
@@ -491,10 +493,18 @@ class Live:
                        f"the value {raw!r}, but the write at that index wrote {written!r}")
 
     def _view(self, name: str, view: ViewState, store: Stored, now: float) -> None:
-        if self.cut_off(name) or (not view.watching and self._paused(name, now)):
+        last, self._looked[name] = self._looked.get(name, now), now
+        if self.cut_off(name):
             for since in (self._taken, self._unknown, self._held):
                 for key in [key for key in since if key[0] == name]:
                     del since[key]
+            return
+        if not view.watching and self._paused(name, now):
+            # A quiet view learns nothing while its process is paused: the
+            # pause is not counted, what it was wrong before it still is.
+            for since in (self._taken, self._unknown, self._held):
+                for key in [key for key in since if key[0] == name]:
+                    since[key] += now - last
             return
         for item in store.work:
             gone = item in view.taken and item not in store.locks
