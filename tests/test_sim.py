@@ -105,7 +105,7 @@ FOUND_WITHIN = [("f1-unfenced", 3), ("resend-lost-post", 2), ("lost-without-time
                 ("round-without-end", 5), ("heartbeat-serial", 7),
                 ("heartbeat-due-from-hand-out", 6), ("closed-queue-claims-not-lost", 9),
                 ("stream-end-without-relisting", 3), ("read-back-mixes-versions", 5),
-                ("record-forgets-item", 3)]
+                ("record-forgets-item", 3), ("orphans-never-offered", 3)]
 
 
 @pytest.mark.parametrize("name, seeds", FOUND_WITHIN)
@@ -160,6 +160,32 @@ def test_a_free_item_unclaimed_past_its_bound_while_a_consumer_idles_breaks_no_s
     assert _starving_after(paused, [1.0, 16.0]) == []  # a paused process is not idle
     busy = History()  # nobody idle: nobody to hand it to
     assert _starving_after(busy, [1.0, 16.0]) == []
+
+
+def _orphans_offered_after(hand_outs: List[Tuple[float, str, bool]]) -> List[str]:
+    """What orphans-offered says when c1's view has held orphan a (its outcome in
+    work/, no lock) free since 10 s and c1 is handed ``hand_outs`` (time, item,
+    at a window of one)."""
+    from etcdq_v2.testing.sim.actors import HandOut
+    history = History()
+    live = Live(history, None, "", Bounds(5, 90, 90, 15, passes=1))  # type: ignore[arg-type]
+    store = Stored(work={"a": (3, '{"o":"c"}'), "0": (2, "{}"), "b": (4, "{}"),
+                         "c": (5, "{}")}, completed={}, failed={}, locks={"0": (6, "{}")})
+    live._held[("c1", "a")] = 10.0
+    history.hand_outs = [HandOut(n, at, item, n, "c1", fifo=fifo)
+                         for n, (at, item, fifo) in enumerate(hand_outs)]
+    live._orphans(store, 20.0)
+    return [detail for name, detail in history.seen if name == "orphans-offered"]
+
+
+def test_newer_items_handed_out_past_an_orphan_its_view_holds_free_break_orphans_offered() -> None:
+    # One newer item: the claim under way when the orphan fell due.
+    assert _orphans_offered_after([(11.0, "b", True)]) == []
+    # Before it was held, at a window of more than one, or an older item: not judged.
+    assert _orphans_offered_after([(9.0, "b", True), (11.0, "c", False), (12.0, "0", True),
+                                   (13.0, "b", True)]) == []
+    said = _orphans_offered_after([(11.0, "b", True), (12.0, "c", True)])
+    assert len(said) == 1 and "orphan a " in said[0]
 
 
 def test_a_claim_that_raised_unavailable_once_every_member_answers_breaks_claims_available() -> None:
@@ -259,7 +285,7 @@ def test_a_finisher_killed_between_a_reset_f3_and_an_applied_f4_leaves_an_orphan
     F4 applied, the finisher dead, so no retry of F3 comes; the item, recorded and
     unlocked, is finished by another consumer within the liveness bound."""
     options = MUTANTS["orphans-never-offered"].options
-    result = simulate(2, **options)
+    result = simulate(1, **options)
     trace = result.trace
     killed = next(n for n, line in enumerate(trace) if line.endswith("kill c0"))
     assert "DELETE" in trace[killed - 1] and "/work/" in trace[killed - 1]

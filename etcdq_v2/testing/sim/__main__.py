@@ -56,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
                              "operator requeues, at once, with pauses past the lock TTL, so "
                              "that a requeue's Q5 fails (default off; drawn in half the "
                              "--swarm seeds)")
+    parser.add_argument("--steady-producer", type=float, metavar="SECONDS",
+                        help="another producer keeps a few items free in work/ from the start "
+                             "until SECONDS after the faults stop, so that claims keep finding "
+                             "work (default 0: off, or the --mutant's schedule's)")
     parser.add_argument("--slow-link", type=float, default=0.0, metavar="RATE",
                         help="per courier tick, the link of a member or of a consumer's "
                              "process slowed to 0.3-3 kB/s for 6-24 s (default 0: off)")
@@ -99,7 +103,7 @@ def _schedule(args: argparse.Namespace) -> Dict[str, object]:
 
 #: The schedule's options that have a flag (main() resolves them against the --mutant's).
 _FLAGGED = {"consumers": 3, "workers": 1, "kills": 0.3, "record_kills": 0.5, "swarm": False,
-            "send_f4": False, "requeue_race": False}
+            "send_f4": False, "requeue_race": False, "steady_producer": 0.0}
 
 
 def _run(seed: int, args: argparse.Namespace, keep_trace: bool = False) -> _Seed:
@@ -107,7 +111,8 @@ def _run(seed: int, args: argparse.Namespace, keep_trace: bool = False) -> _Seed
         result = simulate(seed, consumers=args.consumers, items=args.items, faults=args.faults,
                           workers=args.workers, kills=args.kills, record_kills=args.record_kills,
                           swarm=args.swarm, send_f4=args.send_f4,
-                          requeue_race=args.requeue_race, **_schedule(args))  # type: ignore[arg-type]
+                          requeue_race=args.requeue_race,
+                          steady_producer=args.steady_producer, **_schedule(args))  # type: ignore[arg-type]
     return _Seed(seed, result.handovers + result.requests,
                  [(violation.name, violation.detail) for violation in result.violations],
                  result.faults, result.settled, result.trace if keep_trace else None)
@@ -178,6 +183,8 @@ def _run_seeds(args: argparse.Namespace) -> int:
                   f"{'--faults' if args.faults else '--no-faults'} "
                   + ("--swarm " if args.swarm else "") + ("--send-f4 " if args.send_f4 else "")
                   + ("--requeue-race " if args.requeue_race else "")
+                  + (f"--steady-producer {args.steady_producer:g} "
+                     if args.steady_producer else "")
                   + (f"--slow-link {args.slow_link:g} " if args.slow_link else "")
                   + (f"--busy {args.busy:g} " if args.busy else "")
                   + f"--trace sim-{result.seed}.trace"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple, cast
 
 from ...claim import Claim
 from ...errors import EtcdqError, QueueClosed, Unavailable
@@ -46,11 +46,30 @@ class Commit:
 
 
 @dataclass
+class Doubt:
+    """A put() or put_many() that raised: its payloads and where the committed
+    log was when it was called and when it raised."""
+
+    process: str
+    thread: str  # the sim-thread that called it
+    first: int  # len(log) at the call
+    last: int  # len(log) when it raised
+    payloads: List[str]
+    #: It raised that a read-back after a lost reply did not find a POST
+    #: ("... not found in the queue"): no failed search, no refused POST.
+    not_found: bool
+
+
+@dataclass
 class History:
     """What the library returned to the actors, in the order it did (``seq``)."""
 
     puts: Dict[str, Tuple[float, str]] = field(default_factory=dict)  # id -> (time, payload)
     doubtful: List[str] = field(default_factory=list)  # payloads of puts that raised
+    #: The puts that raised (read-back-finds-applied).
+    doubts: List[Doubt] = field(default_factory=list)
+    #: The committed log's length now (Cluster.log).
+    position: Callable[[], int] = lambda: 0
     hand_outs: List[HandOut] = field(default_factory=list)
     commits: List[Commit] = field(default_factory=list)
     errors: Dict[str, int] = field(default_factory=dict)
@@ -129,6 +148,14 @@ class History:
         self.seq += 1
         return self.seq
 
+    def doubt(self, queue: Queue, first: int, payloads: List[str], exc: EtcdqError) -> None:
+        """A put of ``queue``'s process raised ``exc``."""
+        self.doubtful.extend(payloads)
+        self.doubts.append(Doubt(queue.node_id.rsplit("-", 1)[0],
+                                 cast(Any, queue.runtime).current().name, first, self.position(),
+                                 list(payloads), isinstance(exc, Unavailable)
+                                 and "not found in the queue" in str(exc)))
+
     def error(self, exc: BaseException) -> None:
         name = type(exc).__name__
         self.errors[name] = self.errors.get(name, 0) + 1
@@ -165,7 +192,7 @@ def producer(queue: Queue, name: str, plan: Plan, history: History, count: int,
         payloads = [f"{name}-{made + n}" for n in range(size)]
         made += size
         delay = rng.choice([None, None, None, 1.0, 3.0]) if not batched else None
-        called = sim.monotonic()
+        called, first = sim.monotonic(), history.position()
         try:
             if batched:
                 ids = queue.put_many(payloads, in_flight=rng.choice([1, 2, 4]))
@@ -173,7 +200,7 @@ def producer(queue: Queue, name: str, plan: Plan, history: History, count: int,
                 ids = [queue.put(payloads[0], delay=delay)]
         except EtcdqError as exc:
             history.error(exc)
-            history.doubtful.extend(payloads)
+            history.doubt(queue, first, payloads, exc)
         else:
             for item_id, payload in zip(ids, payloads):
                 history.next()
@@ -298,11 +325,12 @@ def _settle(queue: Queue, claim: Claim, name: str, plan: Plan, history: History)
 
 def _put_one(queue: Queue, payload: str, history: History) -> None:
     """A put of this process, recorded as the producers' are."""
+    first = history.position()
     try:
         item_id = queue.put(payload)
     except EtcdqError as exc:
         history.error(exc)
-        history.doubtful.append(payload)
+        history.doubt(queue, first, [payload], exc)
         return
     history.next()
     history.puts[item_id] = (queue.runtime.monotonic(), payload)
@@ -471,3 +499,23 @@ def canceller(queue: Queue, plan: Plan, history: History) -> None:
             history.error(exc)
             continue
         history.cancels.append((history.next(), item, cancelled))
+
+
+def steady_producer(queue: Queue, name: str, history: History, until: float, level: int,
+                    free: Callable[[], int]) -> None:
+    """Keeps ``level`` items free in work/ (``free()``: how many are, read off the
+    store) until ``until``: a producer that puts as fast as items are taken, so
+    that the consumers' claims keep finding work and their views keep watching
+    (fewer than BACKLOG free)."""
+    sim = queue.runtime
+    made = 0
+    while sim.monotonic() < until:
+        if free() < level:
+            _put_one(queue, f"{name}-{made}", history)
+            made += 1
+        else:
+            sim.sleep(STEADY_POLL)
+
+
+#: How often the steady producer looks at how many items are free.
+STEADY_POLL = 0.1

@@ -45,7 +45,9 @@ heartbeat-on-time          the refresh of every open claim of a running process 
 one-version                every index a view or a claim holds for an item is of
                            the write that wrote the value it holds (the log)
 view-taken-freed           no item stays taken in a view for longer than
-                           TAKEN_BOUND after its lock went (the store has none)
+                           TAKEN_BOUND after its lock went (the store has none),
+                           nor by a lock held at an index whose removal its
+                           process's stream delivered more than FREED_BOUND ago
 view-knows-work            no item stays in work/ unknown to a ready view for
                            longer than KNOWN_BOUND
 lone-put-order             no item is handed out at a window of one (a consumer
@@ -61,6 +63,11 @@ claims-available           no claim() called once the faults' aftermath is over
                            (every member answers) raised Unavailable
 wait-agrees                every outcome wait() returned is the item's record at
                            the end
+read-back-finds-applied    no put() or put_many() raised "not found in the queue"
+                           after a lost reply when each payload it sent had been
+                           stored by a POST that applied (the log) before its
+                           read-back began (its sim-thread's quorum read of
+                           work/00000000000000000000, which gives P1's T)
 no-thread-died             no sim-thread of the library died of an exception
 no-deadlock                the run's sim-threads never all waited with no deadline,
                            and a claim(timeout=None) returned once its queue closed
@@ -86,7 +93,8 @@ from .cluster import Cluster
 NAMES = ("acknowledged-put-kept", "stored-once", "one-outcome", "no-commit-after-reclaim",
          "no-hand-out-after-outcome", "one-live-claim", "delay-kept", "cancel-wins", "liveness",
          "no-claim-after-close", "closed-claims-lost", "refresh-of-own-lock", "heartbeat-on-time", "one-version",
-         "view-taken-freed", "view-knows-work", "lone-put-order", "no-starving-while-idle", "claims-available", "wait-agrees",
+         "view-taken-freed", "view-knows-work", "lone-put-order", "orphans-offered", "no-starving-while-idle", "claims-available", "wait-agrees",
+         "read-back-finds-applied",
          "no-thread-died", "no-deadlock")
 
 
@@ -298,6 +306,8 @@ class ViewState:
     #: finisher's) is there; not this process's claim attempts under way.
     taken: Set[str]
     watching: bool
+    #: Items whose lock it holds: id -> the index it knows the lock at.
+    locks: Dict[str, int] = field(default_factory=dict)
 
 
 def view_state(queue: Queue) -> Optional[ViewState]:
@@ -317,7 +327,8 @@ def view_state(queue: Queue) -> Optional[ViewState]:
     now = view._runtime.monotonic()
     held = {item for item, due in state.orphans.items() if due > now}
     taken = (set(state.locks) | state.recorded | held) - set(state.trying)
-    return ViewState(dict(state.items), taken & set(state.items), state.watching)
+    return ViewState(dict(state.items), taken & set(state.items), state.watching,
+                     dict(state.locks))
 
 
 @dataclass
@@ -356,13 +367,21 @@ class Bounds:
     starve: float = math.inf
     #: How late a refresh may leave after its due time.
     grace: float = 0.5
+    #: How many newer items a consumer at a window of one may be handed while its
+    #: view holds an orphan free.
+    passes: float = math.inf
+    #: An item taken in a view by a lock whose removal its stream delivered
+    #: (the view frees it on the event; a sign older than the stream is
+    #: confirmed CONFIRM after), counted from the delivery.
+    freed: float = math.inf
 
 
 @dataclass
 class Live:
     """The invariants judged on the library's state as the run goes (every
     ``check``): one-version, view-taken-freed, view-knows-work,
-    lone-put-order (every hand-out at a window of one) and heartbeat-on-time."""
+    lone-put-order and orphans-offered (every hand-out at a window of one),
+    no-starving-while-idle and heartbeat-on-time."""
 
     history: History
     cluster: Cluster
@@ -380,6 +399,9 @@ class Live:
     #: (process, item) -> since when its view has held the item, not taken.
     _held: Dict[Tuple[str, str], float] = field(default_factory=dict)
     _judged: int = 0  # hand-outs judged by lone-put-order
+    _orphans_judged: int = 0  # hand-outs judged by orphans-offered
+    #: (process, orphan) -> (since when its view held it free, newer items handed out since).
+    _passes: Dict[Tuple[str, str], Tuple[float, int]] = field(default_factory=dict)
     _failed: Dict[int, float] = field(default_factory=dict)  # id(claim) -> refresh failure seen
     #: The longest each bounded state lasted (figures: how close to the bound).
     longest: Dict[str, float] = field(default_factory=dict)
@@ -392,6 +414,12 @@ class Live:
     #: view can learn nothing, so view-taken-freed and view-knows-work count
     #: from the partition's end.
     cut_off: Callable[[str], bool] = lambda name: False
+    #: (process, item) -> (index, when) of each removal of the item's lock its
+    #: streams delivered (Network.removals).
+    removals: Dict[Tuple[str, str], List[Tuple[int, float]]] = field(default_factory=dict)
+    _told: Set[Tuple[str, str]] = field(default_factory=set)  # freed: said once
+    #: process -> when its view was last looked at (a quiet view's pause is not counted).
+    _looked: Dict[str, float] = field(default_factory=dict)
 
     def check(self, now: float, *, store: bool) -> None:
         """The checks on the library's state; ``store``: also those that compare
@@ -411,12 +439,19 @@ class Live:
             self._starving(held, now)
         if held is not None:
             self._order(held, now)
+            self._orphans(held, now)
 
     def _killed(self, name: str, now: float) -> bool:
         """Whether ``name``'s process died by ``now``: its view serves no claim,
         so what it knows is judged no more (its stream may still deliver)."""
         return any(start <= now and end == math.inf
                    for start, end in self.history.paused.get(name, []))
+
+    def _paused(self, name: str, now: float) -> bool:
+        """Whether ``name``'s process is paused now: a quiet view (which hears
+        nothing) learns nothing meanwhile, as in a partition: its claims' and
+        listings' requests do not leave."""
+        return any(start <= now <= end for start, end in self.history.paused.get(name, []))
 
     def _seen(self, name: str, detail: str) -> None:
         self.history.seen.append((name, detail))
@@ -458,10 +493,18 @@ class Live:
                        f"the value {raw!r}, but the write at that index wrote {written!r}")
 
     def _view(self, name: str, view: ViewState, store: Stored, now: float) -> None:
+        last, self._looked[name] = self._looked.get(name, now), now
         if self.cut_off(name):
             for since in (self._taken, self._unknown, self._held):
                 for key in [key for key in since if key[0] == name]:
                     del since[key]
+            return
+        if not view.watching and self._paused(name, now):
+            # A quiet view learns nothing while its process is paused: the
+            # pause is not counted, what it was wrong before it still is.
+            for since in (self._taken, self._unknown, self._held):
+                for key in [key for key in since if key[0] == name]:
+                    since[key] += now - last
             return
         for item in store.work:
             gone = item in view.taken and item not in store.locks
@@ -475,12 +518,39 @@ class Live:
                 self._held.setdefault((name, item), now)
             else:
                 self._held.pop((name, item), None)
+        self._freed(name, view, now)
         for key in [key for key in self._held if key[0] == name and key[1] not in store.work]:
             del self._held[key]
         for key in [key for key in self._taken if key[0] == name and key[1] not in store.work]:
             del self._taken[key]
         for key in [key for key in self._unknown if key[0] == name and key[1] not in store.work]:
             del self._unknown[key]
+
+    def _freed(self, name: str, view: ViewState, now: float) -> None:
+        """view-taken-freed, from the view's own rule: no item stays taken by a
+        lock (at the index the view knows it) whose removal, at that index or
+        above, a stream of the process delivered more than ``freed`` ago
+        (counted from the end of a pause of the process meanwhile)."""
+        for item in sorted(view.taken):
+            index = view.locks.get(item)
+            if index is None or (name, item) in self._told:
+                continue
+            told = [when for removed, when in self.removals.get((name, item), [])
+                    if removed >= index]
+            if not told:
+                continue
+            start = min(told)
+            for paused, resumed in self.history.paused.get(name, []):
+                if paused <= now and resumed >= start:
+                    start = max(start, resumed)
+            self.longest["view-taken-freed (told)"] = max(
+                self.longest.get("view-taken-freed (told)", 0.0), now - start)
+            if now - start > self.bounds.freed:
+                self._seen("view-taken-freed", f"item {item} is taken in the view of {name} "
+                           f"by its lock at index {index}, though its stream delivered the "
+                           f"lock's removal at {min(told):.3f} (now {now:.3f}, bound "
+                           f"{self.bounds.freed:g} s)")
+                self._told.add((name, item))
 
     def _bounded(self, invariant: str, since: Dict[Tuple[str, str], float],
                  key: Tuple[str, str], holds: bool, now: float, bound: float,
@@ -570,6 +640,37 @@ class Live:
         self._judged = len(self.history.hand_outs)
         self._free = {item: self._free.get(item, now) for item in sorted(free)}
 
+    def _orphans(self, store: Stored, now: float) -> None:
+        """orphans-offered, for the hand-outs since the last check: no consumer is
+        handed more than ``passes`` items newer than an orphan (an item in work/
+        with its outcome, F1, and no lock in the store: its F3 never came) at a
+        window of one while its view has held the orphan free (its orphan delay
+        over) and the orphan is one still."""
+        orphans = sorted(item for item, (_, value) in store.work.items()
+                         if item not in store.locks and '"o":' in value)
+        for out in self.history.hand_outs[self._orphans_judged:]:
+            if not out.fifo:
+                continue
+            for item in orphans:
+                key = (out.consumer, item)
+                since = self._held.get(key, math.inf)
+                if since >= out.time or out.item <= item:
+                    continue
+                was, passes = self._passes.get(key, (since, 0))
+                passes = passes + 1 if was == since else 1
+                self._passes[key] = (since, passes)
+                self.longest["orphans-offered"] = max(
+                    self.longest.get("orphans-offered", 0.0), passes)
+                if passes == self.bounds.passes + 1:
+                    self._seen("orphans-offered", f"item {out.item} was handed out to "
+                               f"{out.consumer} at {out.time:.3f} at a window of one: {passes} "
+                               f"items newer than the orphan {item} (its outcome in work/, no "
+                               f"lock), which its view has held free since {since:.3f} "
+                               f"(bound {self.bounds.passes:g})")
+        self._orphans_judged = len(self.history.hand_outs)
+        for key in [key for key in self._passes if key[1] not in orphans]:
+            del self._passes[key]
+
 
 # -- checked at the end ------------------------------------------------------------------
 def refreshes_of_others(cluster: Cluster, root: str, senders: Dict[int, str],
@@ -610,6 +711,42 @@ def refreshes_of_others(cluster: Cluster, root: str, senders: Dict[int, str],
             yield Violation("refresh-of-own-lock", f"a refresh of {request.key} by {sender} "
                             f"applied at index {pending.reply.headers.get('x-etcd-index')} "
                             f"on the lock of another claim ({lock.node_id})")
+            return
+
+
+def read_backs(cluster: Cluster, root: str, threads: Dict[int, Tuple[str, str]],
+               history: History) -> Iterator[Violation]:
+    """read-back-finds-applied: no put that raised "not found in the queue"
+    after a lost reply had, by the log, every payload it sent stored by a
+    POST that applied before its read-back began (its last quorum read of
+    work/00000000000000000000, by its sim-thread: the read that gives the
+    search's top index *T*; P1).  A put() sends one payload; a put_many()
+    is judged when each of its payloads applied before that read (its doubts
+    are among them)."""
+    zero = f"{root}/work/{'0' * 20}"
+    for doubt in history.doubts:
+        if not doubt.not_found:
+            continue
+        top: Optional[int] = None
+        applied: Dict[str, int] = {}  # payload -> log position of its POST
+        for position in range(doubt.first, doubt.last):
+            request, pending = cluster.log[position].request, cluster.log[position].pending
+            if request is None or pending is None or pending.reply is None \
+                    or threads.get(id(pending)) != (doubt.process, doubt.thread):
+                continue
+            if request.method == "GET" and request.quorum and request.key == zero:
+                top = position
+            elif request.method == "POST" and pending.reply.status == 201:
+                payload = _payload(request.value, False)
+                if isinstance(payload, str):
+                    applied.setdefault(payload, position)
+        if top is not None and all(applied.get(payload, top) < top
+                                   for payload in doubt.payloads):
+            yield Violation("read-back-finds-applied",
+                            f"a put of {doubt.payloads} by {doubt.process} raised that its "
+                            f"read-back found it nowhere, though its POST applied at log "
+                            f"position {applied[doubt.payloads[-1]]}, before its read-back's "
+                            f"read of T at {top}")
             return
 
 

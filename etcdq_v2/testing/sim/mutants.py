@@ -368,12 +368,14 @@ MUTANTS: Dict[str, Mutant] = {
         "an outcome record's event forgets its item while its finisher's lock is there",
         {"rates": FaultRates(silence_stream=0, restore=0), "kills": 1.0, "record_kills": 1.0}),
     "orphans-never-offered": Mutant(
-        [(ViewState, "tick", _orphans_waited_for)], "liveness",
+        [(ViewState, "tick", _orphans_waited_for)], "orphans-offered",
         "recorded items whose F3 never came offered only to a claim that waits",
         # The schedule that makes orphans: F4 sent beside F3, c0 killed at a lock's
-        # DELETE with F3 reset in a third of the pipelines (docs/simulation.md).
+        # DELETE with F3 reset in a third of the pipelines (docs/simulation.md);
+        # and a steady producer, so that c1's claims keep finding other work.
         {"send_f4": True, "kills": 1.0, "record_kills": 0.0,
-         "lock_delete_kills": 1.0, "rates": FaultRates(reset=0.3, silence_stream=0, restore=0)}),
+         "lock_delete_kills": 1.0, "rates": FaultRates(reset=0.3, silence_stream=0, restore=0),
+         "consumers": 2, "workers": 0, "steady_producer": 30.0}),
 }
 
 

@@ -38,6 +38,7 @@ run holds both the hand-overs and the requests, in order.
 """
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
@@ -139,6 +140,7 @@ class _Flight:
     pending: Optional[Pending] = None
     error: Optional[Exception] = None
     client: str = ""
+    thread: str = ""  # the sim-thread that sent it
     #: Its reply's bytes are crossing a slow link now (SimMember.arriving).
     flowing: bool = False
     #: When its member had its reply made (a busy member makes it slowly).
@@ -201,6 +203,14 @@ class Network:
         #: (client, path) -> the virtual time a request of it was last sent or
         #: waited for (the invariants judge whether a heartbeat is on a lock).
         self.touched: Dict[Tuple[str, str], float] = {}
+        #: (client, item) -> (the event's index, when its stream gave it) of each
+        #: removal of locks/<item> (delete, compareAndDelete, expire) a stream
+        #: of the client delivered to its reader (the invariants judge whether
+        #: its view frees the item: view-taken-freed).
+        self.removals: Dict[Tuple[str, str], List[Tuple[int, float]]] = {}
+        #: id(Pending) -> (client, the sim-thread that sent it): the
+        #: invariants tell one put's read-back from another's by it.
+        self.threads: Dict[int, Tuple[str, str]] = {}
 
     # -- endpoints ---------------------------------------------------------------
     def urls(self) -> List[str]:
@@ -336,7 +346,7 @@ class Network:
             self.note(f"{self.sim.current().name} {method} m{member} {path}"
                       + (f" {body}" if body else "") + (f" !{fault.value}" if fault else ""))
             flights.append(_Flight(member, (method, path, body), fault, self.sim.now,
-                                   client=client))
+                                   client=client, thread=self.sim.current().name))
             self.touched[(client, path.split("?", 1)[0])] = self.sim.now
         self._trip()
         for flight in flights:
@@ -362,6 +372,7 @@ class Network:
         try:
             flight.pending = self.cluster.request(flight.member, method, path, body, self.sim.now)
             self.senders[id(flight.pending)] = flight.client
+            self.threads[id(flight.pending)] = (flight.client, flight.thread)
         except ConnectionRefusedError:
             flight.error = Refused("cannot connect: [Errno 111] Connection refused (simulated)")
 
@@ -681,6 +692,10 @@ def _outcome(finish: Any, flight: _Flight, deadline: float) -> Union[Response, E
         return exc
 
 
+#: The actions of a watch event that remove a key.
+_LOCK_REMOVED = ("delete", "compareAndDelete", "expire")
+
+
 @dataclass(eq=False)
 class SimConnection:
     """A stream's or a listing's connection: wire.Connection's reading side.
@@ -724,11 +739,24 @@ class SimConnection:
             lines = watcher.take()
             if lines:
                 self.network.note(f"stream #{self.number} gives {len(lines)} events")
+                self._removals(lines)
                 if self.network.costs is not None:
                     self.network.costs.streamed(self.target, lines)
                 yield b"".join(lines)
             elif watcher.ended:
                 raise Lost("the member closed the connection")
+
+    def _removals(self, lines: Sequence[bytes]) -> None:
+        """Note the removals of locks/<id> among ``lines`` (Network.removals)."""
+        for line in lines:
+            if b"/locks/" not in line:
+                continue
+            event = json.loads(line)
+            node = event.get("node") or {}
+            if event.get("action") in _LOCK_REMOVED and "/locks/" in node.get("key", ""):
+                self.network.removals.setdefault((self.client, node["key"].rsplit("/", 1)[1]),
+                                                 []).append((node["modifiedIndex"],
+                                                             self.network.sim.now))
 
     def _readable(self) -> bool:
         if self.closed or self.cut:

@@ -22,12 +22,12 @@ from ... import steps as steps_module
 from ...keys import Layout
 from ...queue import Queue
 from ...transport import connect
-from ...viewstate import ROUND
+from ...viewstate import CONFIRM, ROUND
 from ...wire import Member
 from ...worker import Worker
 from . import invariants
 from .actors import (Commit, History, Plan, RequeueRace, _put_one, canceller, consumer,
-                     operator, producer, waiter, worker)
+                     operator, producer, steady_producer, waiter, worker)
 from .cluster import SWEEP_PERIOD, Cluster
 from .invariants import Bounds, Live, Violation
 from .net import NO_FAULTS, FaultRates, Network
@@ -52,6 +52,11 @@ CHECK_VIEWS_EVERY = 1.0
 #: and a lock TTL; a quiet view lists locks/ once per lock TTL while items are
 #: taken, and relists work/ when it starves.
 TAKEN_BOUND = KNOWN_BOUND = ROUND + 2 * LOCK_TTL + 20.0
+#: An item may stay taken in a view this long after its stream delivered the
+#: removal (delete or expire) of the lock it holds the item taken by: the view
+#: frees it on the event, or CONFIRM (1 s) after for a sign older than its
+#: stream; the checks read the views every CHECK_VIEWS_EVERY.
+FREED_BOUND = CONFIRM + 2 * CHECK_VIEWS_EVERY
 #: The same bound where every stream delivers what its member applies (no
 #: silent stream, no member restored from a snapshot): a consumer away from
 #: claiming for up to 4.5 lock TTLs (a pause, and its work after), then a
@@ -69,6 +74,11 @@ ORDER_SLACK = 2 * LOCK_TTL + 5.0
 #: lists locks/ once per lock TTL; and the checks read the store every
 #: CHECK_VIEWS_EVERY.
 STARVE_BOUND = LOCK_TTL + 3 * 2.0 + 1.0 + 2 * CHECK_VIEWS_EVERY
+#: A consumer at a window of one may be handed this many items newer than an
+#: orphan its view holds free (its orphan delay over): a claim round offers the
+#: orphans due before it picks, and a window of one picks the head; so one, the
+#: item its claim under way picked before the orphan fell due.
+ORPHAN_PASSES = 1
 #: The faults' aftermath: a request held in flight arrives up to 16 s late, a
 #: member frozen up to 15 s or lagging up to 10 s answers again; a view's round
 #: listed before a stream went silent or its member was restored from a
@@ -79,6 +89,10 @@ AFTERMATH = 16.0
 LATE_ITEMS = 4
 #: The most a member's clock is ahead of the simulation's (and the clients').
 MAX_SKEW = 1.5
+#: Free items the steady producer (simulate(steady_producer=)) keeps in work/:
+#: enough that a claim finds one, fewer than the view's BACKLOG (32), so that
+#: a watching view stays watching.
+STEADY_LEVEL = 4
 ROOT = "/etcdq"
 NAME = "q"
 
@@ -150,7 +164,7 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
              rates: Optional[FaultRates] = None, kills: float = 0.3,
              record_kills: float = 0.5, swarm: bool = False, send_f4: bool = False,
              lock_delete_kills: float = 0.0,
-             requeue_race: bool = False,
+             requeue_race: bool = False, steady_producer: float = 0.0,
              prepare: Optional[Callable[[SimRuntime], None]] = None) -> Result:
     """Run seed ``seed``; ``prepare(sim)`` runs first in the main sim-thread.
     ``workers``: Workers with concurrency besides the ``consumers``' claim loops;
@@ -167,10 +181,13 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
     (drawn in a share SWARM_REQUEUE_RACE of swarm seeds): another process
     requeues or cancels the dead letter the operator requeues, at once, with
     pauses past the lock TTL (actors.RequeueRace), so that a requeue's Q5
-    fails."""
+    fails.  ``steady_producer`` (seconds; 0: off): another producer keeps
+    STEADY_LEVEL items free in work/ from the start until this long after the
+    faults stop (actors.steady_producer), so that claims keep finding work."""
     with _f4_sent(send_f4):
         return _simulate(seed, consumers, items, faults, workers, follow_ups, rates, kills,
-                         record_kills, lock_delete_kills, swarm, requeue_race, prepare)
+                         record_kills, lock_delete_kills, swarm, requeue_race,
+                         steady_producer, prepare)
 
 
 @contextlib.contextmanager
@@ -189,7 +206,7 @@ def _f4_sent(sent: bool) -> Iterator[None]:
 def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
               follow_ups: float, rates: Optional[FaultRates], kills: float,
               record_kills: float, lock_delete_kills: float, swarm: bool, requeue_race: bool,
-              prepare: Optional[Callable[[SimRuntime], None]]) -> Result:
+              steady: float, prepare: Optional[Callable[[SimRuntime], None]]) -> Result:
     sim = SimRuntime(seed)
     clocks = random.Random(f"clocks-{seed}")
     # Members' clocks a little apart (up to MAX_SKEW): a leader ahead expires locks early.
@@ -217,8 +234,9 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
     trusted = fault_rates.silence_stream == 0 and fault_rates.restore == 0
     live = Live(history, cluster, Layout(ROOT, NAME).root,
                 Bounds(LOCK_TTL, TRUSTED_BOUND if trusted else TAKEN_BOUND,
-                       TRUSTED_BOUND if trusted else KNOWN_BOUND, ORDER_SLACK, STARVE_BOUND),
-                touched=network.touched, cut_off=network.partitioned)
+                       TRUSTED_BOUND if trusted else KNOWN_BOUND, ORDER_SLACK, STARVE_BOUND,
+                       passes=ORPHAN_PASSES, freed=FREED_BOUND),
+                touched=network.touched, cut_off=network.partitioned, removals=network.removals)
 
     def calm() -> float:
         """When the faults' aftermath is over (inf while they last)."""
@@ -230,6 +248,7 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
         return faults_until + AFTERMATH + (ROUND if stale else 0.0)
     live.calm = calm
     history.paused = network.spans
+    history.position = lambda: len(cluster.log)
     # In a share (``kills``) of the seeds with faults, consumer c0's process dies
     # after a random number of its requests (it stops dead: see Network.kill_after).
     deaths = random.Random(f"kills-{seed}")
@@ -304,6 +323,14 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
                              args=(queue("p0"), "p0", plan, history, half, False)),
                   sim.Thread(producer, name="producer-1",
                              args=(queue("p1"), "p1", plan, history, items - half, True))]
+        if steady:
+            def free() -> int:
+                store = invariants.stored(cluster, root, sim.now)
+                return sum(1 for item, (_, value) in store.work.items()
+                           if item not in store.locks and '"o":' not in value)
+            makers.append(sim.Thread(steady_producer, name="producer-3",
+                                     args=(queue("p3"), "p3", history, faults_until + steady,
+                                           STEADY_LEVEL, free)))
         takers = [sim.Thread(consumer, name=f"consumer-{n}",
                              args=(lambda n=n: queue(f"c{n}"), f"c{n}", plan, history,
                                    lambda: not stop[0], network))
@@ -324,7 +351,7 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
             thread.start()
         for thread in makers:
             thread.join()
-        outcome[0] = drain(faults_until)
+        outcome[0] = drain(faults_until + steady)
         if outcome[0] is None:
             settled[0] = sim.now - faults_until
             late(max(calm(), sim.now))
@@ -361,6 +388,7 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
                                           "complete", claim.outcome))
     violations += list(invariants.refreshes_of_others(cluster, root, network.senders, history))
     violations += list(invariants.waits_agree(history, store))
+    violations += list(invariants.read_backs(cluster, root, network.threads, history))
     # Every member answers once a held request, a freeze and a lag are over.
     violations += list(invariants.claims_available(
         history, faults_until + AFTERMATH if faults else 0.0))
