@@ -315,6 +315,14 @@ class ViewState:
         #: it was; a sign at or before it is older news (a listing applied late
         #: never locks an item given back since).  Only for items in work/: bounded.
         self.gone: Dict[str, int] = {}
+        #: Items forgotten (finished here, found gone, a record or delete event):
+        #: id -> ``started`` then.  A listing of work/ started by then may have
+        #: been taken before the item left, and does not bring it back (a lone
+        #: consumer would try its own finished item, lose to its lingering lock,
+        #: and widen its window: Order).  Dropped once a listing started later
+        #: is applied, or the item is written again: bounded by what left work/
+        #: since the last listing.
+        self.left: Dict[str, int] = {}
         #: Claim attempts of this process under way: id -> the newest etcd index
         #: at which the item's lock was seen gone meanwhile (-1: not seen): no
         #: item stays taken after its lock went, whatever order the news comes in.
@@ -902,7 +910,8 @@ class ViewState:
             return False
         work_index, entries = work
         if self.fresher_than_applied(round_.started, plan.answered, work_index):
-            self.take_listing(work_index, entries, plan.delayed)
+            self.take_listing(work_index, self.not_left(round_.started, entries),
+                              plan.delayed)
         if locks is not None:
             self.reconcile_locks(locks[0], locks[1], now=now, wall=wall)
         elif plan.delayed:  # the next claim lists locks/ first
@@ -1038,7 +1047,7 @@ class ViewState:
         if relist.generation != self.generation:
             return  # the new follower lists for itself
         if self.fresher_than_applied(relist.started, plan.answered, work[0]):
-            self.take_listing(work[0], work[1], plan.delayed)
+            self.take_listing(work[0], self.not_left(relist.started, work[1]), plan.delayed)
         if locks is not None:  # work/ and locks/ listed in turn: a full listing
             self.reconcile_locks(locks[0], locks[1], now=now, wall=wall)
         else:
@@ -1119,6 +1128,19 @@ class ViewState:
             return False
         self.applied_sent, self.applied_answered, self.applied_index = sent, answered, index
         return True
+
+    def not_left(self, started: int, work: List[Entry]) -> List[Entry]:
+        """The entries of a listing of work/, the ``started``-th, about to be
+        applied, without the items forgotten after it started (:attr:`left`):
+        it may have been taken before they left.  Marks older than it are
+        dropped: a listing sent before them is applied after this one only if
+        the two reads overlapped and its index is not lower
+        (fresher_than_applied), so it read work/ after they left."""
+        if not self.left:
+            return work
+        left = self.left
+        self.left = {i: at for i, at in left.items() if at >= started}
+        return [entry for entry in work if left.get(entry.id, -1) < started]
 
     def take_listing(self, index: int, work: List[Entry], delayed: Set[str]) -> None:
         """Apply a listing of work/ taken at ``index``; ``delayed``: its items
@@ -1216,6 +1238,8 @@ class ViewState:
             self.version += 1
 
     def forget(self, item_id: str) -> None:
+        """The item left work/: a listing started before now does not bring it back (left)."""
+        self.left[item_id] = self.started
         self.items.pop(item_id, None)
         self.locks.pop(item_id, None)
         self.gone.pop(item_id, None)
@@ -1228,6 +1252,7 @@ class ViewState:
         """The item's version ``index`` with ``value``: the value etcd wrote at
         that index, or None (never another version's: see Version)."""
         self.items[item_id] = (index, _cacheable(value))
+        self.left.pop(item_id, None)  # written again (a requeue): in work/ once more
         self.make_free(item_id)
 
     def locked(self, item_id: str, index: int) -> None:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from etcdq_v2 import Queue
 from etcdq_v2.viewstate import BACKLOG
 
@@ -20,10 +18,6 @@ from helpers import wait_until
 UP_DELAY_MS = 300
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "take_listing replaces the view's items with the listing's contents: the "
-    "item finished after the listing was taken comes back free, and the next "
-    "claim tries it (C1 refused by its own lingering lock: a lost race)"))
 def test_a_lone_consumer_does_not_retry_an_item_it_finished_during_its_listing(
         etcd_url: str, queue_name: str) -> None:
     """The consumer watches (nothing to claim); BACKLOG + 4 items come, heard

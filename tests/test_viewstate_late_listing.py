@@ -12,20 +12,12 @@ from __future__ import annotations
 
 import random
 
-import pytest
-
 from etcdq_v2.versions import Entry
 from etcdq_v2.viewstate import BACKLOG, Switch
 
 from test_viewstate import item_id, ready_state, value
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "take_listing replaces items and free with the listing's contents: an item "
-    "forgotten by finished() after the listing was taken comes back free, its "
-    "claim-less version at the listing's index; the next claim's C1 finds the "
-    "finisher's lingering lock (F4 skipped), a lost race that widens a lone "
-    "consumer's window (out of put order)"))
 def test_an_item_finished_while_a_listing_was_under_way_is_not_offered_again() -> None:
     ids = [item_id(i) for i in range(2, 2 + BACKLOG + 4)]
     state, _ = ready_state([(i, int(i), value(i)) for i in ids], watching=True)
