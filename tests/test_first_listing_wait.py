@@ -1,6 +1,7 @@
 """The wait of a queue's first claim for its view's first listing: ended by
 close(), no shorter for a claim that waits for ever than for one that waits
-long, and, in claim_first, one wait for all its queues' first listings.
+long, and, in claim_first, one wait for all its queues' first listings; a
+timeout no wait can take is refused, as wait() refuses it.
 
 Real etcd through the TCP proxy (tests/faultproxy.py): the reply of a first
 listing of ``work/`` is held, as etcd holds one it is still encoding (whole,
@@ -9,6 +10,7 @@ before its first byte) when many consumers list a deep queue at once.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from etcdq_v2 import Queue, QueueClosed, claim_first, connect
+from etcdq_v2 import InvalidArgument, Queue, QueueClosed, claim_first, connect
 
 from faultproxy import FaultProxy
 
@@ -112,5 +114,25 @@ def test_claim_first_waits_for_its_queues_first_listings_together(
         for timer in timers:
             timer.cancel()
         proxy.pass_through()
+        for queue in queues:
+            queue.close()
+
+
+@pytest.mark.xfail(strict=True, reason="claim() and claim_first() do not check their timeout "
+                   "(wait() does, _deadline): an infinite one reaches Condition.wait and "
+                   "OverflowError leaves the library")
+@pytest.mark.parametrize("many", [False, True])
+def test_a_claim_refuses_an_infinite_timeout_as_wait_does(
+        etcd_url: str, queue_name: str, many: bool) -> None:
+    queues = [Queue(connect(etcd_url, timeout=TIMEOUT), f"{queue_name}-{n}") for n in (1, 2)]
+    try:
+        with pytest.raises(InvalidArgument):
+            queues[0].wait("00000000000000000001", timeout=math.inf)
+        with pytest.raises(InvalidArgument):
+            if many:
+                claim_first(queues, timeout=math.inf)
+            else:
+                queues[0].claim(timeout=math.inf)
+    finally:
         for queue in queues:
             queue.close()
