@@ -251,7 +251,7 @@ class Queue:
         waits for an item, a deadline at least (see :meth:`_ensure_view`).
         QueueClosed after :meth:`close`, also for a claim waiting then.
         """
-        deadline = None if timeout is None else self.runtime.monotonic() + timeout
+        deadline = _deadline(self.runtime, timeout)
         self._check_open()
         view = self._ensure_view(timeout)
         # A listing the view went on without spent the call's deadline
@@ -376,22 +376,29 @@ class Queue:
 
     def _ensure_view(self, timeout: Optional[float] = 0) -> QueueView:
         """The view, once its first listing is in: waited for as long as the
-        caller waits for an item (``timeout``), and at least a deadline (None:
-        a deadline, so that a claim that waits for ever still hears of an etcd
-        that never answers).  A listing etcd is slow to serve, as many first
-        listings of a deep queue at once are, is not a dead etcd."""
-        if self._view is None:
-            self._view = QueueView(self._protocol)
-        wait = self.etcd.deadline if timeout is None else max(self.etcd.deadline, timeout)
+        caller waits for an item (``timeout``; None: for ever), and at least a
+        deadline.  A listing etcd is slow to serve, as many first listings of a
+        deep queue at once are, is not a dead etcd; an error that trying again
+        cannot mend is raised at once (QueueView.wait_ready), and QueueClosed
+        once the queue was closed."""
+        view = self._start_view()
+        wait = None if timeout is None else max(self.etcd.deadline, timeout)
         while True:
             try:
-                self._view.wait_ready(wait)
-                return self._view
+                view.wait_ready(wait)
+                return view
             except Unavailable:
+                self._check_open()
                 # A listing still arriving is not a dead etcd: wait on for it,
                 # a deadline at a time, while its bytes keep coming.
-                if self._closed or not self.etcd.arriving():
+                if not self.etcd.arriving():
                     raise
+
+    def _start_view(self) -> QueueView:
+        """The view, made (its follower's first listing sent) if it was not."""
+        if self._view is None:
+            self._view = QueueView(self._protocol)
+        return self._view
 
     # -- inspecting ----------------------------------------------------------------
     @public_errors()
@@ -715,10 +722,11 @@ def claim_first(queues: Sequence[Queue], timeout: Optional[float] = 0) -> Option
     if len(queues) == 1:
         return queues[0].claim(timeout)
     runtime = shared_runtime(queues)
-    deadline = None if timeout is None else runtime.monotonic() + timeout
+    deadline = _deadline(runtime, timeout)
     wake = runtime.Event()
-    views = [queue._ensure_view(None if deadline is None else deadline - runtime.monotonic())
-             for queue in queues]
+    for queue in queues:  # every first listing sent before any is waited for
+        queue._start_view()
+    views = [queue._ensure_view(_remaining(runtime, deadline)) for queue in queues]
     for view in views:
         view.add_waker(wake)
     try:

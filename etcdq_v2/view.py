@@ -85,7 +85,7 @@ class QueueView:
             return method(*args, **kwargs)
 
     # -- for claimers ----------------------------------------------------------
-    def wait_ready(self, timeout: float) -> None:
+    def wait_ready(self, timeout: Optional[float]) -> None:
         """Block until a listing is in, or raise.
 
         While etcd is unavailable the follower tries the next member, so this
@@ -104,7 +104,8 @@ class QueueView:
         if _final(error) and isinstance(error, EtcdqError):
             raise error
         why = "the queue was closed" if closed else f"last error: {error or 'none'}"
-        raise Unavailable(f"could not list {self._layout.label} within {timeout:g} s ({why})")
+        within = "" if timeout is None else f" within {timeout:g} s"
+        raise Unavailable(f"could not list {self._layout.label}{within} ({why})")
 
     def candidates(self, limit: int) -> List[Candidate]:
         """Up to ``limit`` free items from the head: ``(id, version)``."""

@@ -31,9 +31,6 @@ def _listing(*names: str) -> "re.Pattern[bytes]":
     return re.compile(rb'"action":"get","node":\{"key":"(?:' + keys + rb')"')
 
 
-@pytest.mark.xfail(strict=True, reason="a close() during the first claim's wait for its "
-                   "view's first listing raises Unavailable ('the queue was closed'), not "
-                   "QueueClosed as close() and claim() document")
 def test_a_close_while_a_first_claim_waits_for_its_listing_raises_queue_closed(
         etcd_url: str, queue_name: str, proxy: FaultProxy) -> None:
     Queue(connect(etcd_url), queue_name).put("a")
@@ -59,9 +56,6 @@ def test_a_close_while_a_first_claim_waits_for_its_listing_raises_queue_closed(
         pool.shutdown()
 
 
-@pytest.mark.xfail(strict=True, reason="claim(timeout=None) waits one deadline for the "
-                   "first listing (Unavailable), while claim(timeout=10 deadlines) waits "
-                   "for it and gets the item: waiting for ever is the least patient")
 def test_a_claim_that_waits_for_ever_waits_for_a_first_listing_etcd_answers_after_a_deadline(
         etcd_url: str, queue_name: str, proxy: FaultProxy) -> None:
     """As test_slow_listing's claim(timeout=10 deadlines), with timeout=None:
@@ -81,9 +75,6 @@ def test_a_claim_that_waits_for_ever_waits_for_a_first_listing_etcd_answers_afte
         queue.close()
 
 
-@pytest.mark.xfail(strict=True, reason="claim_first lists its queues one after another "
-                   "(each view is made by _ensure_view in turn): the second queue's listing "
-                   "starts only once the first's is in, and gets what is left of the timeout")
 def test_claim_first_waits_for_its_queues_first_listings_together(
         etcd_url: str, queue_name: str, proxy: FaultProxy) -> None:
     """Each queue's first listing is answered 0.6 of claim_first's timeout
@@ -118,9 +109,6 @@ def test_claim_first_waits_for_its_queues_first_listings_together(
             queue.close()
 
 
-@pytest.mark.xfail(strict=True, reason="claim() and claim_first() do not check their timeout "
-                   "(wait() does, _deadline): an infinite one reaches Condition.wait and "
-                   "OverflowError leaves the library")
 @pytest.mark.parametrize("many", [False, True])
 def test_a_claim_refuses_an_infinite_timeout_as_wait_does(
         etcd_url: str, queue_name: str, many: bool) -> None:
