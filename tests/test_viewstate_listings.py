@@ -10,6 +10,7 @@ tests/test_viewstate.py does.
 from __future__ import annotations
 
 from etcdq_v2.versions import Entry
+from etcdq_v2.viewstate import ViewState
 
 from test_viewstate import item_id, lock_value, ready_state, value
 
@@ -122,16 +123,7 @@ def test_a_listing_under_way_across_an_index_that_went_back_is_not_applied_over_
     round_ = state.round_listing(_quiet_round_listing_locks(state))  # its listing starts
     before = [Entry(a, 2, value("a")), Entry(b, 3, value("b"))]
     plan = state.plan_round(round_, before)  # work/ listed at 90; locks/ under way
-    first = state.start_relist(1.0)
-    assert first is not None
-    old = [Entry(a, 2, value("a"))]  # the old etcd at 100: b was finished
-    state.apply_relist(first, (100, old), state.plan_relist(first, old), None, 1.0, 0.0)
-    second = state.start_relist(2.0)  # etcd restarted without its data
-    assert second is not None
-    restarted = [Entry(c, 5, value("c"))]
-    state.apply_relist(second, (10, restarted), state.plan_relist(second, restarted), None,
-                       2.0, 0.0)
-    assert state.known == 10 and c in state.items
+    _relisted_at_100_then_at_10(state, a, c)  # b finished; etcd restarted
     state.apply_round(round_, (90, before), plan, (11, []), [], 3.0, 0.0)
     assert state.known == 10, f"work/ known up to {state.known}, after a listing at 10"
     assert c in state.items, "the restarted etcd's item is gone from the view"
@@ -173,18 +165,24 @@ def test_a_listing_answered_by_the_restarted_etcd_above_its_last_applied_listing
     a, b, c, d = item_id(2), item_id(3), item_id(5), item_id(11)
     state, _ = ready_state([(a, 2, value("a")), (b, 3, value("b"))])
     round_ = state.round_listing(_quiet_round_listing_locks(state))  # its listing starts
-    first = state.start_relist(1.0)
-    assert first is not None
-    old = [Entry(a, 2, value("a"))]  # the old etcd at 100
-    state.apply_relist(first, (100, old), state.plan_relist(first, old), None, 1.0, 0.0)
-    second = state.start_relist(2.0)  # etcd restarted without its data
-    assert second is not None
-    restarted = [Entry(c, 5, value("c"))]
-    state.apply_relist(second, (10, restarted), state.plan_relist(second, restarted), None,
-                       2.0, 0.0)
-    assert state.known == 10 and c in state.items
+    _relisted_at_100_then_at_10(state, a, c)
     fresh = [Entry(c, 5, value("c")), Entry(d, 11, value("d"))]  # the retry, at 11
     state.apply_round(round_, (11, fresh), state.plan_round(round_, fresh), (11, []), [],
                       3.0, 0.0)
     assert state.known == 11, f"work/ known up to {state.known}, after a listing at 11"
     assert d in state.items, "the restarted etcd's item put at 11 is not offered"
+
+
+def _relisted_at_100_then_at_10(state: ViewState, a: str, c: str) -> None:
+    """Two relists applied in turn: the old etcd's at 100 (``a`` only), then,
+    etcd restarted without its data, the new one's at 10 (``c`` only)."""
+    first = state.start_relist(1.0)
+    assert first is not None
+    old = [Entry(a, 2, value("a"))]
+    state.apply_relist(first, (100, old), state.plan_relist(first, old), None, 1.0, 0.0)
+    second = state.start_relist(2.0)
+    assert second is not None
+    restarted = [Entry(c, 5, value("c"))]
+    state.apply_relist(second, (10, restarted), state.plan_relist(second, restarted), None,
+                       2.0, 0.0)
+    assert state.known == 10 and c in state.items
