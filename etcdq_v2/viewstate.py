@@ -316,13 +316,15 @@ class ViewState:
         #: never locks an item given back since).  Only for items in work/: bounded.
         self.gone: Dict[str, int] = {}
         #: Items forgotten (finished here, found gone, a record or delete event):
-        #: id -> ``started`` then.  A listing of work/ started by then may have
-        #: been taken before the item left, and does not bring it back (a lone
-        #: consumer would try its own finished item, lose to its lingering lock,
-        #: and widen its window: Order).  Dropped once a listing started later
-        #: is applied, or the item is written again: bounded by what left work/
-        #: since the last listing.
-        self.left: Dict[str, int] = {}
+        #: id -> (``started`` then, the index of the version the view held; inf:
+        #: none).  A listing of work/ started by then may have been taken before
+        #: the item left, and does not bring that version or an older one back (a
+        #: lone consumer would try its own finished item, lose to its lingering
+        #: lock, and widen its window: Order); a newer one (the id written again
+        #: before the listing was served) it shows.  Dropped once a listing
+        #: started later is applied, or the item is written again: bounded by
+        #: what left work/ since the last listing.
+        self.left: Dict[str, Tuple[int, float]] = {}
         #: Claim attempts of this process under way: id -> the newest etcd index
         #: at which the item's lock was seen gone meanwhile (-1: not seen): no
         #: item stays taken after its lock went, whatever order the news comes in.
@@ -1139,8 +1141,9 @@ class ViewState:
         if not self.left:
             return work
         left = self.left
-        self.left = {i: at for i, at in left.items() if at >= started}
-        return [entry for entry in work if left.get(entry.id, -1) < started]
+        self.left = {i: mark for i, mark in left.items() if mark[0] >= started}
+        return [entry for entry in work
+                if entry.id not in left or not _hidden(left[entry.id], started, entry.index)]
 
     def take_listing(self, index: int, work: List[Entry], delayed: Set[str]) -> None:
         """Apply a listing of work/ taken at ``index``; ``delayed``: its items
@@ -1239,8 +1242,8 @@ class ViewState:
 
     def forget(self, item_id: str) -> None:
         """The item left work/: a listing started before now does not bring it back (left)."""
-        self.left[item_id] = self.started
-        self.items.pop(item_id, None)
+        held = self.items.pop(item_id, None)
+        self.left[item_id] = (self.started, math.inf if held is None else held[0])
         self.locks.pop(item_id, None)
         self.gone.pop(item_id, None)
         self.trying.pop(item_id, None)
@@ -1278,6 +1281,12 @@ class ViewState:
             self.delays.pop(item_id, None)
             self.make_free(item_id)
 
+
+def _hidden(mark: Tuple[int, float], started: int, index: int) -> bool:
+    """Whether a listing started ``started``-th leaves out an entry at ``index``
+    of an item forgotten with ``mark`` (ViewState.left): the listing started by
+    then, and the entry is the version the view held or an older one."""
+    return started <= mark[0] and index <= mark[1]
 
 def _earliest(values: Any) -> float:
     return min(values, default=math.inf)

@@ -14,13 +14,6 @@ from etcdq_v2.versions import Entry
 from test_viewstate import event, free_ids, item_id, ready_state, value
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not_left leaves out every item forgotten after the listing started, even "
-    "one written again before the listing was served: the write's event is "
-    "at or below the listing's index, so the round skips it (already in the "
-    "listing) and nothing drops the mark; the item is offered by no one in "
-    "this view until the next round (ROUND, 60 s). A late copy of a 'q' "
-    "item's D2/Q3/I3, or a new item reusing the id after etcd lost its data"))
 def test_an_item_written_again_before_a_listing_was_served_is_offered_by_it() -> None:
     x, y = item_id(2), item_id(3)
     state, _ = ready_state([(x, 2, value("a")), (y, 3, value("b"))], watching=True)
