@@ -556,9 +556,7 @@ class ViewState:
                     break
             else:
                 gone.append(item_id)
-        if gone:
-            self.free[:len(kept) + len(gone)] = kept
-            self.in_free.difference_update(gone)
+        self._unlist(0, len(kept) + len(gone), kept, gone)
         return len(kept) == BACKLOG
 
     def pick(self, window: int, rng: Any) -> Tuple[Optional[Candidate], Optional[Switch]]:
@@ -635,6 +633,11 @@ class ViewState:
         gone: List[str] = []
         for item_id in self.free[start:stop]:
             (kept if self.is_free(item_id) else gone).append(item_id)
+        return self._unlist(start, stop, kept, gone)
+
+    def _unlist(self, start: int, stop: int, kept: List[str], gone: List[str]) -> bool:
+        """``free[start:stop]`` becomes ``kept``, and ``gone`` leaves ``in_free``;
+        whether any went."""
         if gone:
             self.free[start:stop] = kept
             self.in_free.difference_update(gone)
@@ -1287,6 +1290,7 @@ def _hidden(mark: Tuple[int, float], started: int, index: int) -> bool:
     of an item forgotten with ``mark`` (ViewState.left): the listing started by
     then, and the entry is the version the view held or an older one."""
     return started <= mark[0] and index <= mark[1]
+
 
 def _earliest(values: Any) -> float:
     return min(values, default=math.inf)
