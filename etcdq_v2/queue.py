@@ -726,7 +726,10 @@ def claim_first(queues: Sequence[Queue], timeout: Optional[float] = 0) -> Option
     wake = runtime.Event()
     for queue in queues:  # every first listing sent before any is waited for
         queue._start_view()
-    views = [queue._ensure_view(_remaining(runtime, deadline)) for queue in queues]
+    # Waiting on one queue's view hears no close() of another: without a
+    # timeout, a deadline each, as a claim's requests have.
+    views = [queue._ensure_view(queue.etcd.deadline if deadline is None
+                                else _remaining(runtime, deadline)) for queue in queues]
     for view in views:
         view.add_waker(wake)
     try:
