@@ -82,7 +82,7 @@ def test_relist_work_rearms_check_locks_so_every_claim_waits_for_a_failing_locks
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as other, \
             Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
         producer.put_many([{"b": n} for n in range(30)])
-        view = consumer._ensure_view()
+        view = consumer._ensure_view(timeout=30)  # its first listing, however loaded the machine
         assert not view.watching_locks
         x_id = q_item(producer)
         proxy.hold(match=locks_get(queue_name))
@@ -131,7 +131,7 @@ def test_unplanned_delayed_item_skipped_by_relists_not_handed_out_early(
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as other, \
             Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
         producer.put_many([{"b": n} for n in range(30)])
-        view = consumer._ensure_view()
+        view = consumer._ensure_view(timeout=30)  # its first listing, however loaded the machine
         d_id = producer.put({"d": 1}, delay=5)
         put_at = time.monotonic()
         proxy.hold(match=locks_get(queue_name))
@@ -171,7 +171,7 @@ def test_concurrent_claimers_cover_unplanned_item(
             Queue(etcd_url, queue_name, lock_ttl=LOCK_TTL) as other, \
             Queue(transport, queue_name, lock_ttl=LOCK_TTL) as consumer:
         ids = producer.put_many([{"b": n} for n in range(120)])
-        view = consumer._ensure_view()
+        view = consumer._ensure_view(timeout=30)  # its first listing, however loaded the machine
         x_id = q_item(producer)
         proxy.hold(match=locks_get(queue_name))
         seen, lock = [], threading.Lock()
