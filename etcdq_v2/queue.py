@@ -30,7 +30,7 @@ from .protocol import (COMPLETED, FAILED, MAX_TTL, Entry, Gone, Protocol, Taken,
                        delay_ttl, in_flight_count, item_fields, lock_states, ttl_seconds)
 from .transfer import export_lines, guarded, import_lines
 from .transport import EventStream, Transport, connect
-from .view import QueueView
+from .view import QueueView, wait_all_ready
 
 log = logging.getLogger("etcdq_v2.queue")
 
@@ -375,29 +375,15 @@ class Queue:
             raise QueueClosed(f"{self.layout.root} was closed: no claims (open a new Queue)")
 
     def _ensure_view(self, timeout: Optional[float] = 0) -> QueueView:
-        """The view, once its first listing is in: waited for as long as the
-        caller waits for an item (``timeout``; None: for ever), and at least a
-        deadline.  A listing etcd is slow to serve, as many first listings of a
-        deep queue at once are, is not a dead etcd; an error that trying again
-        cannot mend is raised at once (QueueView.wait_ready), and QueueClosed
-        once the queue was closed."""
-        view = self._start_view()
-        wait = None if timeout is None else max(self.etcd.deadline, timeout)
-        while True:
-            try:
-                view.wait_ready(wait)
-                return view
-            except Unavailable:
-                self._check_open()
-                # A listing still arriving is not a dead etcd: wait on for it,
-                # a deadline at a time, while its bytes keep coming.
-                if not self.etcd.arriving():
-                    raise
+        """The view, once its first listing is in (see :func:`_ensure_views`)."""
+        return _ensure_views([self], timeout)[0]
 
     def _start_view(self) -> QueueView:
         """The view, made (its follower's first listing sent) if it was not."""
         if self._view is None:
             self._view = QueueView(self._protocol)
+            if self._closed:  # close() came meanwhile and saw no view: its waits end
+                self._view.close()
         return self._view
 
     # -- inspecting ----------------------------------------------------------------
@@ -712,8 +698,13 @@ def claim_first(queues: Sequence[Queue], timeout: Optional[float] = 0) -> Option
     on one Event that every queue's view sets when it changes (its waker).
     The Event is cleared before a round, so a change during the round ends
     the wait at once, and waiting costs no request and no polling.  One queue
-    is claimed from as by its own ``claim(timeout)``.  QueueClosed once any
-    of ``queues`` was closed.
+    is claimed from as by its own ``claim(timeout)``.
+
+    Every queue's first listing is sent before any is waited for, and all
+    are waited for in one wait on that Event, as long as the call waits for
+    an item (a deadline at least; None: for ever), longer while a listing's
+    bytes keep arriving (see :func:`_ensure_views`).  QueueClosed once any of
+    ``queues`` was closed, also while it waits for a first listing.
     """
     if not queues:
         raise InvalidArgument("claim_first needs at least one queue")
@@ -724,15 +715,11 @@ def claim_first(queues: Sequence[Queue], timeout: Optional[float] = 0) -> Option
     runtime = shared_runtime(queues)
     deadline = _deadline(runtime, timeout)
     wake = runtime.Event()
-    for queue in queues:  # every first listing sent before any is waited for
-        queue._start_view()
-    # Waiting on one queue's view hears no close() of another: without a
-    # timeout, a deadline each, as a claim's requests have.
-    views = [queue._ensure_view(queue.etcd.deadline if deadline is None
-                                else _remaining(runtime, deadline)) for queue in queues]
+    views = [queue._start_view() for queue in queues]  # every first listing sent
     for view in views:
         view.add_waker(wake)
     try:
+        _ensure_views(queues, timeout, wake)  # one wait for all: any close() ends it
         while True:
             wake.clear()
             for queue in queues:
@@ -746,6 +733,36 @@ def claim_first(queues: Sequence[Queue], timeout: Optional[float] = 0) -> Option
     finally:
         for view in views:
             view.remove_waker(wake)
+
+
+def _ensure_views(queues: Sequence[Queue], timeout: Optional[float],
+                  wake: Optional[EventLike] = None) -> List[QueueView]:
+    """The queues' views, once each one's first listing is in: waited for as
+    long as the caller waits for an item (``timeout``; None: for ever), and at
+    least a deadline.  A listing etcd is slow to serve, as many first listings
+    of a deep queue at once are, is not a dead etcd; an error that trying
+    again cannot mend is raised at once (QueueView.wait_ready), and
+    QueueClosed once any of the queues was closed.  ``wake``: a waker of every
+    view (QueueView.add_waker), for one wait that hears each of them
+    (wait_all_ready); None: one queue, waited for on its view's condition."""
+    views = [queue._start_view() for queue in queues]  # all sent before any is waited for
+    wait = None if timeout is None else max(max(q.etcd.deadline for q in queues), timeout)
+    while True:
+        try:
+            if wake is None:
+                (view,) = views
+                view.wait_ready(wait)
+            else:
+                wait_all_ready(views, wake, wait)
+            return views
+        except Unavailable:
+            for queue in queues:
+                queue._check_open()
+            # A listing still arriving is not a dead etcd: wait on for it,
+            # while its bytes keep coming.
+            if not any(queue.etcd.arriving()
+                       for queue, view in zip(queues, views) if not view.state.ready):
+                raise
 
 
 def _wait_any(views: List[QueueView], wake: EventLike, timeout: Optional[float]) -> None:

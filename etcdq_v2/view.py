@@ -11,7 +11,7 @@ queue.py and claim.py call; each one's rule is the state method it names.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List, Optional, Set, TypeVar
+from typing import Callable, Dict, List, Optional, Sequence, Set, TypeVar
 
 from .errors import EtcdqError, Unavailable
 from .keys import Layout
@@ -94,10 +94,22 @@ class QueueView:
         bad configuration) is raised at once, and so is Refused (every
         endpoint refused the connection: nobody listens).
         """
+        with self._cond:
+            self._cond.wait_for(self._settled, timeout)
+        self._raise_unready(timeout)
+
+    def _settled(self) -> bool:
+        """A listing is in, the view was closed, or its error is final: a wait
+        for the listing ends."""
         state = self.state
         with self._cond:
-            self._cond.wait_for(lambda: state.ready or state.closed or _final(state.error),
-                                timeout)
+            return state.ready or state.closed or _final(state.error)
+
+    def _raise_unready(self, timeout: Optional[float]) -> None:
+        """Return if a listing is in; else raise what a wait of ``timeout`` for
+        it ends with (:meth:`wait_ready`)."""
+        state = self.state
+        with self._cond:
             if state.ready:
                 return
             error, closed = state.error, state.closed
@@ -358,8 +370,8 @@ class QueueView:
         reads: List[LockRead] = self._protocol.read_locks(plan.read, since) if plan.read else []
         with self._changing() as state:
             # The view is ready now, also if the listing was dropped (no change
-            # of version then): a claim in wait_ready() wakes.
-            self._cond.notify_all()
+            # of version then): a claim in wait_ready() or wait_all_ready() wakes.
+            self._wake()
             applied = state.apply_round(round_, work, plan, locks, reads,
                                         self._runtime.monotonic(), self._runtime.wall())
         return {"work": work[0], "locks": locks[0] if locks else 0} if applied else {}
@@ -434,7 +446,7 @@ class QueueView:
         """The follower's last error, for :meth:`wait_ready` (a replaced one's is moot)."""
         with self._cond:
             if self.state.round_failed(round_, exc):
-                self._cond.notify_all()
+                self._wake()  # a final error ends a wait for the listing
 
 
 class _Follower:
@@ -568,6 +580,35 @@ class _Changing:
                     view._wake()
         finally:
             view._lock.__exit__(exc_type, exc, tb)
+
+
+def wait_all_ready(views: Sequence[QueueView], wake: EventLike,
+                   timeout: Optional[float]) -> None:
+    """Block until every one of ``views`` has a listing in, or raise as
+    :meth:`QueueView.wait_ready` does, at the first view that was closed or
+    was closed (also one listed) or failed for good, or once ``timeout`` (None:
+    never) passed.  One wait on
+    ``wake``, a waker of every view (QueueView.add_waker: set when a listing
+    is in, at a final error and on close), so a close() of any view ends it."""
+    runtime = views[0]._runtime
+    end = None if timeout is None else runtime.monotonic() + timeout
+    while True:
+        wake.clear()
+        for view in views:  # a closed view ends the wait, listed or not
+            if view.state.closed:
+                raise Unavailable(f"could not list {view._layout.label} (the queue was closed)")
+        waiting = [view for view in views if not view._settled()]
+        for view in views:
+            if view not in waiting:
+                view._raise_unready(timeout)  # closed or failed: raises
+        if not waiting:
+            return
+        remaining = None if end is None else end - runtime.monotonic()
+        if remaining is not None and remaining <= 0:
+            for view in waiting:
+                view._raise_unready(timeout)  # returns only if it was listed since
+            continue
+        wake.wait(remaining)
 
 
 def _final(error: Optional[BaseException]) -> bool:

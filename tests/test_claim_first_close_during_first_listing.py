@@ -27,10 +27,6 @@ def _listing(name: str) -> "re.Pattern[bytes]":
                       + re.escape(f"/etcdq/{name}/work".encode()) + rb'"')
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "claim_first waits in the first queue's _ensure_view (timeout None: "
-    "for ever) before any waker is added; closing the second queue wakes "
-    "nothing, so the call waits for the held listing instead of raising"))
 def test_claim_first_raises_queue_closed_when_a_queue_closes_while_another_lists(
         etcd_url: str, queue_name: str, proxy: FaultProxy) -> None:
     first, second = f"{queue_name}-1", f"{queue_name}-2"

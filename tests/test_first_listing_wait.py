@@ -75,6 +75,30 @@ def test_a_claim_that_waits_for_ever_waits_for_a_first_listing_etcd_answers_afte
         queue.close()
 
 
+def test_claim_first_that_waits_for_ever_waits_for_a_first_listing_etcd_answers_after_a_deadline(
+        etcd_url: str, queue_name: str, proxy: FaultProxy) -> None:
+    """As the test above, for claim_first(timeout=None) over two queues: the
+    reply of the first queue's first listing is held for two deadlines, then
+    passed; the claim gets its item."""
+    first, second = f"{queue_name}-1", f"{queue_name}-2"
+    Queue(connect(etcd_url), first).put("a")
+    transport = connect(proxy.url, timeout=TIMEOUT)
+    queues = [Queue(transport, first), Queue(transport, second)]
+    proxy.hold("down", match=_listing(first))
+    timer = threading.Timer(2 * transport.deadline, proxy.pass_through)
+    timer.start()
+    try:
+        claim = claim_first(queues, timeout=None)
+        assert claim is not None
+        assert claim.payload == "a"
+        claim.complete()
+    finally:
+        timer.cancel()
+        proxy.pass_through()
+        for queue in queues:
+            queue.close()
+
+
 def test_claim_first_waits_for_its_queues_first_listings_together(
         etcd_url: str, queue_name: str, proxy: FaultProxy) -> None:
     """Each queue's first listing is answered 0.6 of claim_first's timeout
