@@ -585,11 +585,11 @@ class _Changing:
 def wait_all_ready(views: Sequence[QueueView], wake: EventLike,
                    timeout: Optional[float]) -> None:
     """Block until every one of ``views`` has a listing in, or raise as
-    :meth:`QueueView.wait_ready` does, at the first view that was closed or
-    was closed (also one listed) or failed for good, or once ``timeout`` (None:
-    never) passed.  One wait on
-    ``wake``, a waker of every view (QueueView.add_waker: set when a listing
-    is in, at a final error and on close), so a close() of any view ends it."""
+    :meth:`QueueView.wait_ready` does, at the first view that was closed (also
+    one listed) or failed for good, or once ``timeout`` (None: never) passed.
+    One wait on ``wake``, a waker of every view (QueueView.add_waker: set when
+    a listing is in, at a final error and on close), so a close() of any view
+    ends it."""
     runtime = views[0]._runtime
     end = None if timeout is None else runtime.monotonic() + timeout
     while True:
