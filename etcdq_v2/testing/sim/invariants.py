@@ -49,12 +49,18 @@ view-taken-freed           no item stays taken in a view for longer than
                            nor by a lock held at an index whose removal its
                            process's stream delivered more than FREED_BOUND ago
 view-knows-work            no item stays in work/ unknown to a ready view for
-                           longer than KNOWN_BOUND
+                           longer than KNOWN_BOUND, nor (with no outcome) for
+                           longer than LISTED_BOUND after the reply to the last
+                           request of the round whose listing of work/ held it
 lone-put-order             no item is handed out at a window of one (a consumer
                            that looks alone, in a run with any number of them;
                            no lost race since: docs/protocol.md, "Where a claim
                            looks") while an older one had been free in the
                            store, and held free by its view, for ORDER_SLACK
+misses-bounded             a claim loop whose view is quiet loses no more races
+                           (C1 refused) since a listing of work/ it read than its
+                           miss limit (one per 100 listed items, at least one)
+                           before it sends another listing of work/
 no-starving-while-idle     once the faults' aftermath is over (Live.calm), no item
                            free in the store (in work/, no lock, no delay lock)
                            stays so for longer than STARVE_BOUND while a consumer
@@ -86,6 +92,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 from ...claim import Claim
 from ...codec import Item, Junk, Lock, Record
 from ...queue import Queue
+from ...viewstate import MISS_COST
 from .actors import Commit, History, settling
 from .api import Request, answer_local
 from .cluster import Cluster
@@ -93,9 +100,17 @@ from .cluster import Cluster
 NAMES = ("acknowledged-put-kept", "stored-once", "one-outcome", "no-commit-after-reclaim",
          "no-hand-out-after-outcome", "one-live-claim", "delay-kept", "cancel-wins", "liveness",
          "no-claim-after-close", "closed-claims-lost", "refresh-of-own-lock", "heartbeat-on-time", "one-version",
-         "view-taken-freed", "view-knows-work", "lone-put-order", "orphans-offered", "no-starving-while-idle", "claims-available", "wait-agrees",
+         "view-taken-freed", "view-knows-work", "lone-put-order", "orphans-offered", "misses-bounded", "no-starving-while-idle", "claims-available", "wait-agrees",
          "read-back-finds-applied",
          "no-thread-died", "no-deadlock")
+
+
+#: misses-bounded: the races a quiet claim loop may lose past its view's miss
+#: limit before it sends a listing of work/ (none: the miss that reaches the
+#: limit lists at once, in the claiming thread).
+MISSES_OVER = 0
+#: The sim-thread of a view's follower (its rounds' listings).
+FOLLOWER = "etcdq-view"
 
 
 @dataclass
@@ -374,6 +389,9 @@ class Bounds:
     #: (the view frees it on the event; a sign older than the stream is
     #: confirmed CONFIRM after), counted from the delivery.
     freed: float = math.inf
+    #: An item its follower's listing of work/ read may stay out of a ready view
+    #: this long after the read (the round lists locks/ before it applies both).
+    listed: float = math.inf
 
 
 @dataclass
@@ -420,6 +438,18 @@ class Live:
     _told: Set[Tuple[str, str]] = field(default_factory=set)  # freed: said once
     #: process -> when its view was last looked at (a quiet view's pause is not counted).
     _looked: Dict[str, float] = field(default_factory=dict)
+    #: view-knows-work: process -> (when its view's follower read its last
+    #: listing of work/, or the reply of its last request since (inf while one
+    #: is out), the ids it listed), until the follower lists work/ again.
+    _listed: Dict[str, Tuple[float, Set[str]]] = field(default_factory=dict)
+    #: The simulation's virtual time now.
+    clock: Callable[[], float] = lambda: 0.0
+    #: misses-bounded: claim loop -> (its miss limit by the last listing of work/
+    #: it read, races lost since), while no listing of work/ was sent since.
+    _misses: Dict[str, Tuple[int, int]] = field(default_factory=dict)
+    #: (process, lock key) -> C1s sent with no reply read since (a retry's
+    #: "already exists" may be its own lock's: not counted).
+    _c1_sent: Dict[Tuple[str, str], int] = field(default_factory=dict)
 
     def check(self, now: float, *, store: bool) -> None:
         """The checks on the library's state; ``store``: also those that compare
@@ -440,6 +470,77 @@ class Live:
         if held is not None:
             self._order(held, now)
             self._orphans(held, now)
+
+    def exchanged(self, client: str, thread: str, request: Tuple[str, str, Optional[str]],
+                  status: int, body: bytes) -> None:
+        """On each request a process sends (``status`` 0) and each reply it
+        reads whole (Network.exchanged): the listings of work/ its view's
+        follower read (view-knows-work, by :meth:`_listed`) and the races its
+        claims lost (misses-bounded, by :meth:`_missed`)."""
+        method, path, form = request
+        target, _, query = path.partition("?")
+        prefix = f"/v2/keys{self.root}/"
+        if method == "GET" and target == f"{prefix}work" and "sorted=true" in query \
+                and "wait=true" not in query:
+            listed: Optional[List[str]] = None
+            if status == 200:
+                try:
+                    listed = [node["key"].rsplit("/", 1)[1] for node in
+                              (json.loads(body).get("node") or {}).get("nodes") or []]
+                except (ValueError, KeyError, AttributeError):
+                    return
+            if thread == FOLLOWER:
+                if status == 0:
+                    self._listed.pop(client, None)  # its round lists again
+                elif listed is not None:
+                    self._listed[client] = (self.clock(), set(listed))
+            if client.startswith("c"):
+                if status == 0:
+                    self._misses.pop(client, None)
+                elif listed is not None:
+                    self._misses[client] = (
+                        max(1, (len(listed) + MISS_COST // 2) // MISS_COST), 0)
+            return
+        if client.startswith("c") and method == "PUT" \
+                and target.startswith(f"{prefix}locks/") and "prevExist=false" in (form or ""):
+            self._missed(client, target, status)
+        if thread == FOLLOWER and client in self._listed:
+            # The round's requests after its listing of work/ (locks/, lock
+            # reads, its stream): it applies its listings after their replies.
+            self._listed[client] = (math.inf if status == 0 else self.clock(),
+                                    self._listed[client][1])
+
+    def _missed(self, client: str, target: str, status: int) -> None:
+        """misses-bounded: after a listing of work/ that a claim loop (a process
+        ``c<n>``: one claiming thread) read, its quiet view loses at most its
+        miss limit of races (a C1 refused: the lock is there; one per
+        MISS_COST = 100 listed items, at least one) before the process sends
+        another listing of work/ (docs/protocol.md, "Where a claim looks": a
+        quiet view lists again once its misses cost about a listing).  Counted
+        afresh at each listing of work/ it reads; not while its view watches or
+        is not ready, nor once a listing was sent; not a C1 sent again (its
+        "already exists" may be its own lock's)."""
+        key = (client, target)
+        if status == 0:
+            self._c1_sent[key] = self._c1_sent.get(key, 0) + 1
+            return
+        sent = self._c1_sent.pop(key, 0)
+        if status != 412 or sent != 1 or client not in self._misses:
+            return
+        queue = self.history.queues.get(client)
+        view = view_state(queue) if queue is not None else None
+        if view is None or view.watching:
+            self._misses.pop(client, None)
+            return
+        limit, lost = self._misses[client]
+        self._misses[client] = (limit, lost + 1)
+        self.longest["misses-bounded"] = max(self.longest.get("misses-bounded", 0.0),
+                                             lost + 1 - limit)
+        if lost + 1 > limit + MISSES_OVER:
+            self._seen("misses-bounded", f"{client} lost {lost + 1} races for locks since "
+                       f"its last listing of work/ (miss limit {limit}), and sent no listing "
+                       f"of work/ meanwhile (the last: {target.rsplit('/', 1)[1]})")
+            self._misses.pop(client, None)  # said once a listing
 
     def _killed(self, name: str, now: float) -> bool:
         """Whether ``name``'s process died by ``now``: its view serves no claim,
@@ -519,6 +620,7 @@ class Live:
             else:
                 self._held.pop((name, item), None)
         self._freed(name, view, now)
+        self._known_listed(name, view, store, now)
         for key in [key for key in self._held if key[0] == name and key[1] not in store.work]:
             del self._held[key]
         for key in [key for key in self._taken if key[0] == name and key[1] not in store.work]:
@@ -551,6 +653,36 @@ class Live:
                            f"lock's removal at {min(told):.3f} (now {now:.3f}, bound "
                            f"{self.bounds.freed:g} s)")
                 self._told.add((name, item))
+
+    def _known_listed(self, name: str, view: ViewState, store: Stored, now: float) -> None:
+        """view-knows-work, from the view's own listing: an item its follower's
+        last listing of work/ read, still in work/ with no outcome (a claim
+        that found it finished drops it), is in the ready view within
+        ``listed`` of that read, or of the reply to the follower's last request
+        after it (locks/, lock reads, its stream: the round applies its
+        listings once they are in; none while one is out), counted from the end
+        of a pause of the process meanwhile; unless the follower listed work/
+        again since: the round failed (docs/protocol.md: a listing is dropped
+        only for a newer one, which holds it too)."""
+        if name not in self._listed:
+            return
+        read, ids = self._listed[name]
+        start = read
+        if start == math.inf:
+            return
+        for paused, resumed in self.history.paused.get(name, []):
+            if paused <= now and resumed >= start:
+                start = max(start, resumed)
+        missing = sorted(item for item in ids if item in store.work
+                         and '"o":' not in store.work[item][1] and item not in view.items)
+        self.longest["view-knows-work (listed)"] = max(
+            self.longest.get("view-knows-work (listed)", 0.0),
+            now - start if missing else 0.0)
+        if missing and now - start > self.bounds.listed:
+            self._seen("view-knows-work", f"item {missing[0]} is in work/ but not in the view "
+                       f"of {name}, though its follower's listing of work/ held it and the "
+                       f"round's last reply came at {read:.3f} (now {now:.3f}, bound {self.bounds.listed:g} s)")
+            del self._listed[name]  # said once a listing
 
     def _bounded(self, invariant: str, since: Dict[Tuple[str, str], float],
                  key: Tuple[str, str], holds: bool, now: float, bound: float,

@@ -211,6 +211,11 @@ class Network:
         #: id(Pending) -> (client, the sim-thread that sent it): the
         #: invariants tell one put's read-back from another's by it.
         self.threads: Dict[int, Tuple[str, str]] = {}
+        #: Called with (client, sim-thread, request, status, body) for each
+        #: request sent (status 0, no body) and each reply read whole (the
+        #: invariants on a claim's requests and a view's listings:
+        #: Live.exchanged); no draw, no trace line.
+        self.exchanged: Optional[Callable[[str, str, _Request, int, bytes], None]] = None
 
     # -- endpoints ---------------------------------------------------------------
     def urls(self) -> List[str]:
@@ -348,6 +353,8 @@ class Network:
             flights.append(_Flight(member, (method, path, body), fault, self.sim.now,
                                    client=client, thread=self.sim.current().name))
             self.touched[(client, path.split("?", 1)[0])] = self.sim.now
+            if self.exchanged is not None:
+                self.exchanged(client, self.sim.current().name, (method, path, body), 0, b"")
         self._trip()
         for flight in flights:
             self._deliver(flight)
@@ -409,6 +416,9 @@ class Network:
             raise Lost("ConnectionResetError: reset after the request was sent (simulated)")
         if self.costs is not None:
             self.costs.reply(flight.request, reply.body)
+        if self.exchanged is not None:
+            self.exchanged(flight.client, flight.thread, flight.request, reply.status,
+                           reply.body)
         return Response(reply.status, dict(reply.headers), reply.body)
 
     def _made(self, flight: _Flight, deadline: float) -> bool:

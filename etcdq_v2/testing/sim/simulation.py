@@ -57,6 +57,11 @@ TAKEN_BOUND = KNOWN_BOUND = ROUND + 2 * LOCK_TTL + 20.0
 #: frees it on the event, or CONFIRM (1 s) after for a sign older than its
 #: stream; the checks read the views every CHECK_VIEWS_EVERY.
 FREED_BOUND = CONFIRM + 2 * CHECK_VIEWS_EVERY
+#: An item the follower's listing of work/ read may stay out of its ready view
+#: this long after the reply to the round's last request (the listing, or
+#: locks/ and lock reads after it): the round applies its listings then, with
+#: no request in between; the checks read the views every CHECK_VIEWS_EVERY.
+LISTED_BOUND = 2 * CHECK_VIEWS_EVERY
 #: The same bound where every stream delivers what its member applies (no
 #: silent stream, no member restored from a snapshot): a consumer away from
 #: claiming for up to 4.5 lock TTLs (a pause, and its work after), then a
@@ -235,8 +240,10 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
     live = Live(history, cluster, Layout(ROOT, NAME).root,
                 Bounds(LOCK_TTL, TRUSTED_BOUND if trusted else TAKEN_BOUND,
                        TRUSTED_BOUND if trusted else KNOWN_BOUND, ORDER_SLACK, STARVE_BOUND,
-                       passes=ORPHAN_PASSES, freed=FREED_BOUND),
-                touched=network.touched, cut_off=network.partitioned, removals=network.removals)
+                       passes=ORPHAN_PASSES, freed=FREED_BOUND, listed=LISTED_BOUND),
+                touched=network.touched, cut_off=network.partitioned, removals=network.removals,
+                clock=lambda: sim.now)
+    network.exchanged = live.exchanged
 
     def calm() -> float:
         """When the faults' aftermath is over (inf while they last)."""
