@@ -1208,6 +1208,7 @@ class ViewState:
                 self.locked(entry.id, entry.index)
         self.items = {e.id: (e.index, _cacheable(e.value)) for e in work}
         self.gone = {i: at for i, at in self.gone.items() if i in self.items}
+        self.wrote = {i: at for i, at in self.wrote.items() if i in self.items}
         for item_id in delayed:  # the oldest listing that showed it
             self.unplanned[item_id] = min(self.unplanned.get(item_id, index), index)
         self.unplanned = {i: at for i, at in self.unplanned.items() if i in self.items}
