@@ -315,16 +315,24 @@ class ViewState:
         #: it was; a sign at or before it is older news (a listing applied late
         #: never locks an item given back since).  Only for items in work/: bounded.
         self.gone: Dict[str, int] = {}
-        #: Items forgotten (finished here, found gone, a record or delete event):
-        #: id -> (``started`` then, the index of the version the view held; inf:
-        #: none).  A listing of work/ started by then may have been taken before
-        #: the item left, and does not bring that version or an older one back (a
-        #: lone consumer would try its own finished item, lose to its lingering
-        #: lock, and widen its window: Order); a newer one (the id written again
-        #: before the listing was served) it shows.  Dropped once a listing
-        #: started later is applied, or the item is written again: bounded by
-        #: what left work/ since the last listing.
+        #: Items forgotten (finished here, found gone, a record or delete event)
+        #: while a listing of work/ is outstanding (round_sent, relist_sent):
+        #: id -> (``started`` then, the highest index of the item the view
+        #: knows: the version it held, or this process's own claim's (C2,
+        #: :attr:`wrote`); inf: none).  A listing of work/ sent by then may have
+        #: been taken before the item left, and does not bring that version or
+        #: an older one back (a lone consumer would try its own finished item,
+        #: lose to its lingering lock, and widen its window: Order); a newer one
+        #: (the id written again before the listing was served) it shows.  Kept
+        #: while a listing sent by then is outstanding, whatever the indexes of
+        #: the listings applied meanwhile (an index says nothing across a
+        #: restart); none made when no listing is outstanding: bounded by what
+        #: left work/ while one was.
         self.left: Dict[str, Tuple[int, float]] = {}
+        #: The indexes at which this process's claims found the item's lock
+        #: (locked_at: its C2's, for a claim that won): a listing read after
+        #: C2 shows that version.  Only for items in work/.
+        self.wrote: Dict[str, int] = {}
         #: Claim attempts of this process under way: id -> the newest etcd index
         #: at which the item's lock was seen gone meanwhile (-1: not seen): no
         #: item stays taken after its lock went, whatever order the news comes in.
@@ -435,6 +443,11 @@ class ViewState:
         self.applied_sent = 0
         self.applied_answered = 0
         self.applied_index = 0
+        #: Listings of work/ sent and not yet settled (applied, failed, or
+        #: their round replaced): the current round's and the claimer's
+        #: relist's ``started`` numbers as sent (None: none under way).
+        self.round_sent: Optional[int] = None
+        self.relist_sent: Optional[int] = None
 
     # -- queries -------------------------------------------------------------------
     def is_free(self, item_id: str) -> bool:
@@ -683,6 +696,8 @@ class ViewState:
         gone = self.trying.pop(item_id, None)
         if gone is None:
             return  # forgotten meanwhile, or another thread's attempt ended it
+        if index > self.wrote.get(item_id, 0) and item_id in self.items:
+            self.wrote[item_id] = index
         if refused and 0 < index == max(gone, self.gone.get(item_id, -1)):
             self.gone.pop(item_id, None)
             gone = -1
@@ -851,6 +866,8 @@ class ViewState:
         self.watching = watching
         self.round_listed_at = math.inf
         self.started += 1
+        self.round_sent = self.started  # the replaced round's listing is never applied
+        self._keep_needed_marks()
         return Round(self.generation, watching, list_locks, self.started)
 
     def switch(self, *, watching: bool, list_locks: bool = False) -> Optional[Round]:
@@ -865,6 +882,9 @@ class ViewState:
         listing is older or newer than a relist by when it was sent and
         answered, never by when its round began (fresher_than_applied)."""
         self.started += 1
+        if round_.generation == self.generation:
+            self.round_sent = self.started
+            self._keep_needed_marks()
         return replace(round_, started=self.started)
 
     def start_relisting(self) -> bool:
@@ -879,11 +899,14 @@ class ViewState:
         if round_.generation != self.generation:
             return False
         self.error = exc
+        self._round_settled()
         return True
 
     def work_unlisted_by_round(self, round_: Round) -> None:
         """The round's listing of work/ failed: a catch-up offers own items."""
         self.unlisted = self.unlisted or round_.generation == self.generation
+        if round_.generation == self.generation:
+            self._round_settled()
 
     def plan_round(self, round_: Round, work: List[Entry]) -> RoundPlan:
         """What the round lists after its listing of work/.
@@ -917,6 +940,7 @@ class ViewState:
         if self.fresher_than_applied(round_.started, plan.answered, work_index):
             self.take_listing(work_index, self.not_left(round_.started, entries),
                               plan.delayed)
+        self._round_settled()
         if locks is not None:
             self.reconcile_locks(locks[0], locks[1], now=now, wall=wall)
         elif plan.delayed:  # the next claim lists locks/ first
@@ -1026,6 +1050,7 @@ class ViewState:
             return None
         self.listing = True
         self.started += 1
+        self.relist_sent = self.started
         return Relist(self.generation, full, self.started)
 
     def plan_relist(self, relist: Relist, work: List[Entry]) -> RelistPlan:
@@ -1044,15 +1069,18 @@ class ViewState:
     def end_relist(self) -> None:
         """The claimer's relist is over: a starved claim may wait for it."""
         self.listing = False
+        self.relist_sent = None
+        self._keep_needed_marks()
 
     def apply_relist(self, relist: Relist, work: Listing, plan: RelistPlan,
                      locks: Optional[Listing], now: float, wall: float) -> None:
         """Apply a claimer's relist (``locks`` None: not listed, or failed)."""
+        if relist.generation == self.generation and self.fresher_than_applied(
+                relist.started, plan.answered, work[0]):
+            self.take_listing(work[0], self.not_left(relist.started, work[1]), plan.delayed)
         self.end_relist()
         if relist.generation != self.generation:
             return  # the new follower lists for itself
-        if self.fresher_than_applied(relist.started, plan.answered, work[0]):
-            self.take_listing(work[0], self.not_left(relist.started, work[1]), plan.delayed)
         if locks is not None:  # work/ and locks/ listed in turn: a full listing
             self.reconcile_locks(locks[0], locks[1], now=now, wall=wall)
         else:
@@ -1136,17 +1164,29 @@ class ViewState:
 
     def not_left(self, started: int, work: List[Entry]) -> List[Entry]:
         """The entries of a listing of work/, the ``started``-th, about to be
-        applied, without the items forgotten after it started (:attr:`left`):
-        it may have been taken before they left.  Marks older than it are
-        dropped: a listing sent before them is applied after this one only if
-        the two reads overlapped and its index is not lower
-        (fresher_than_applied), so it read work/ after they left."""
+        applied, without the items forgotten after it was sent (:attr:`left`):
+        it may have been taken before they left.  Marks are dropped only as
+        the listings sent before them settle (_keep_needed_marks)."""
         if not self.left:
             return work
         left = self.left
-        self.left = {i: mark for i, mark in left.items() if mark[0] >= started}
         return [entry for entry in work
                 if entry.id not in left or not _hidden(left[entry.id], started, entry.index)]
+
+    def _round_settled(self) -> None:
+        self.round_sent = None
+        self._keep_needed_marks()
+
+    def _oldest_outstanding(self) -> float:
+        sent = [n for n in (self.round_sent, self.relist_sent) if n is not None]
+        return min(sent, default=math.inf)
+
+    def _keep_needed_marks(self) -> None:
+        """Drop the marks no outstanding listing of work/ was sent by: every
+        listing that could bring their items back has settled."""
+        if self.left:
+            oldest = self._oldest_outstanding()
+            self.left = {i: mark for i, mark in self.left.items() if mark[0] >= oldest}
 
     def take_listing(self, index: int, work: List[Entry], delayed: Set[str]) -> None:
         """Apply a listing of work/ taken at ``index``; ``delayed``: its items
@@ -1168,6 +1208,7 @@ class ViewState:
                 self.locked(entry.id, entry.index)
         self.items = {e.id: (e.index, _cacheable(e.value)) for e in work}
         self.gone = {i: at for i, at in self.gone.items() if i in self.items}
+        self.wrote = {i: at for i, at in self.wrote.items() if i in self.items}
         for item_id in delayed:  # the oldest listing that showed it
             self.unplanned[item_id] = min(self.unplanned.get(item_id, index), index)
         self.unplanned = {i: at for i, at in self.unplanned.items() if i in self.items}
@@ -1246,7 +1287,10 @@ class ViewState:
     def forget(self, item_id: str) -> None:
         """The item left work/: a listing started before now does not bring it back (left)."""
         held = self.items.pop(item_id, None)
-        self.left[item_id] = (self.started, math.inf if held is None else held[0])
+        wrote = self.wrote.pop(item_id, 0)
+        if self._oldest_outstanding() <= self.started:  # a listing sent by now may show it
+            self.left[item_id] = (self.started,
+                                  math.inf if held is None else max(held[0], wrote))
         self.locks.pop(item_id, None)
         self.gone.pop(item_id, None)
         self.trying.pop(item_id, None)

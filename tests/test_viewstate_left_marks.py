@@ -7,7 +7,6 @@ round's listing, a claim's finish and the events is set by hand.
 
 from __future__ import annotations
 
-import pytest
 
 from etcdq_v2.versions import Entry
 
@@ -34,12 +33,6 @@ def test_an_item_written_again_before_a_listing_was_served_is_offered_by_it() ->
     assert x in free_ids(state), f"x, in work/ at 9, is not offered: {free_ids(state)}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "forget() marks every item that leaves, also while no listing of work/ "
-    "is under way (a watching round's delete events after its listing): "
-    "the marks stay until the next round's listing is applied, one per item "
-    "finished in the whole queue for up to ROUND (60 s) - at 10,000 "
-    "finishes/s, 600,000 marks in every watching process, with work/ empty"))
 def test_a_watching_view_keeps_no_mark_of_items_that_left_with_no_listing_under_way() -> None:
     first = item_id(2)
     state, round_ = ready_state([(first, 2, value("a"))], watching=True)

@@ -9,19 +9,12 @@ tests/test_viewstate_left_marks.py.
 
 from __future__ import annotations
 
-import pytest
 
 from etcdq_v2.versions import Entry
 
 from test_viewstate import free_ids, item_id, ready_state, value
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "forget() marks the index of the version the view held (the listed one); "
-    "a listing sent before the finish but read after our own C2 shows the "
-    "claim's newer version, which the mark does not hide: the finished item "
-    "is offered again once the round's listing of locks/ (read after F4) "
-    "lacks its lock"))
 def test_a_finished_item_listed_at_its_own_claims_version_is_not_offered_again() -> None:
     x, y = item_id(2), item_id(3)
     state, _ = ready_state([(x, 2, value("a")), (y, 3, value("b"))])
@@ -43,12 +36,6 @@ def test_a_finished_item_listed_at_its_own_claims_version_is_not_offered_again()
     assert free_ids(state) == [y], f"the finished {x} is offered again: {free_ids(state)}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not_left drops a mark once a listing sent after it is applied, trusting "
-    "that an older listing applied later read work/ after the item left as "
-    "its index is not lower (fresher_than_applied); after etcd restarted "
-    "without its data the index says nothing: the older listing, read before "
-    "the restart at a higher index, brings the finished item back"))
 def test_a_listing_from_before_a_restart_applied_last_does_not_offer_a_finished_item() -> None:
     x, y = item_id(2), item_id(3)
     state, _ = ready_state([(x, 2, value("a")), (y, 3, value("b"))])
