@@ -258,9 +258,9 @@ class QueueView:
         """A claim of this process gave the item back at ``index`` (ViewState.returned)."""
         self._call(self.state.returned, item_id, seconds, index, self._runtime.monotonic())
 
-    def finished(self, item_id: str) -> None:
+    def finished(self, item_id: str, index: int = 0) -> None:
         """The item is gone: never offer it again (ViewState.finished)."""
-        self._call(self.state.finished, item_id)
+        self._call(self.state.finished, item_id, index)
 
     def skip(self, item_id: str, index: int) -> None:
         """Never offer this version of the item again (it is junk)."""

@@ -720,12 +720,16 @@ class ViewState:
         if self.trying.pop(item_id, None) is not None:
             self.make_free(item_id)
 
-    def finished(self, item_id: str) -> None:
+    def finished(self, item_id: str, index: int = 0) -> None:
         """The item is gone (completed, dead-lettered, found gone): never offered again.
 
         F3 and F4 are committed together and their events may come in either
         order; without this, the lock's removal (or its expiry, when F4 is
-        skipped) could offer the item again."""
+        skipped) could offer the item again.  ``index``: where this process's
+        last write of the item applied (F1, the commit): a listing read after
+        it shows that version, which the left mark must cover."""
+        if index > self.wrote.get(item_id, 0):
+            self.wrote[item_id] = index
         self.forget(item_id)
 
     def skip_version(self, item_id: str, index: int) -> None:

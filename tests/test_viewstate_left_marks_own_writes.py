@@ -1,6 +1,6 @@
-"""The marks of items that left work/ (ViewState.left): gaps in what a
-listing of work/ under way as this process finished an item leaves out, and
-in how long an item that did not finish stays hidden.
+"""The marks of items that left work/ (ViewState.left) cover every version
+this process wrote of a finished item (its C2, its F1), and hide an item
+that did not finish for no longer than one listing.
 
 Unit tests of the state's transitions (no etcd, no threads), as
 tests/test_viewstate_left_marks.py.
@@ -22,10 +22,6 @@ def committed(token: str, claim: str) -> str:
                 created=0.0).encode()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the left mark is at max(held, C2's index); a listing read between F1 and F3 "
-    "shows the item at F1's index, above the mark, and the finished item is offered "
-    "again once its lock is gone"))
 def test_a_finished_item_listed_at_its_own_commits_version_is_not_offered_again() -> None:
     x, y = item_id(2), item_id(3)
     state, _ = ready_state([(x, 2, value("a")), (y, 3, value("b"))])
@@ -39,8 +35,8 @@ def test_a_finished_item_listed_at_its_own_commits_version_is_not_offered_again(
     # F1 commits x at at+3.  The listing of work/ is read at etcd now.
     listing = [Entry(x, at + 3, committed("a", "c" * 24)), Entry(y, 3, value("b"))]
     plan = state.plan_round(round_, listing)
-    # F2, F3, F4 (the lock removed at at+6): finished here.
-    state.finished(x)
+    # F2, F3, F4 (the lock removed at at+6): finished here, F1's index told.
+    state.finished(x, at + 3)
     # The round's listing of locks/ is read after F4: no lock of x.
     assert state.apply_round(round_, (at + 3, listing), plan, (at + 6, []), [], 1.0, 0.0)
     assert free_ids(state) == [y], f"the finished {x} is offered again: {free_ids(state)}"
