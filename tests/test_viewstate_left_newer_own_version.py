@@ -1,7 +1,7 @@
 """A listing of work/ under way while this process claimed and finished an
 item does not offer that item again, also when it was read after the claim's
-C2 (or F1) wrote a version of the item the view never held (ViewState.left
-marks the version the view held; docs/guarantees.md, "Order").
+C2 or F1 wrote a version of the item the view never held (ViewState.left
+marks the highest index this process wrote; docs/guarantees.md, "Order").
 
 Unit tests of the state's transitions (no etcd, no threads), as
 tests/test_viewstate_left_marks.py.
@@ -9,13 +9,23 @@ tests/test_viewstate_left_marks.py.
 
 from __future__ import annotations
 
+import pytest
 
+from etcdq_v2.codec import Item
 from etcdq_v2.versions import Entry
 
 from test_viewstate import free_ids, item_id, ready_state, value
 
 
-def test_a_finished_item_listed_at_its_own_claims_version_is_not_offered_again() -> None:
+def committed(token: str, claim: str) -> str:
+    """The item's value after F1: the record plus "o"."""
+    return Item(payload={"n": token}, token=token, claim=claim, outcome="completed",
+                created=0.0).encode()
+
+
+@pytest.mark.parametrize("write", ["C2", "F1"])
+def test_a_finished_item_listed_at_its_own_claims_version_is_not_offered_again(
+        write: str) -> None:
     x, y = item_id(2), item_id(3)
     state, _ = ready_state([(x, 2, value("a")), (y, 3, value("b"))])
     at = state.known
@@ -25,14 +35,18 @@ def test_a_finished_item_listed_at_its_own_claims_version_is_not_offered_again()
     # at at+1), C2 (x at at+2, with our claim token).
     state.taken(x)
     state.locked_at(x, at + 2)
-    # The listing of work/ is read at etcd now: x at at+2, claimed.
-    claimed = value("a", claim="c" * 24)
-    listing = [Entry(x, at + 2, claimed), Entry(y, 3, value("b"))]
+    # The listing of work/ is read at etcd now: x at at+2, claimed; or, read
+    # after F1, x at at+3, committed.
+    if write == "C2":
+        shown, listed_at = value("a", claim="c" * 24), at + 2
+    else:
+        shown, listed_at = committed("a", "c" * 24), at + 3
+    listing = [Entry(x, listed_at, shown), Entry(y, 3, value("b"))]
     plan = state.plan_round(round_, listing)
-    # F1 (at+3), F2, F3, F4 (the lock removed at at+6): finished here.
-    state.finished(x)
+    # F1 (at+3), F2, F3, F4 (the lock removed at at+6): finished here, F1's index told.
+    state.finished(x, at + 3)
     # The round's listing of locks/ is read after F4: no lock of x.
-    assert state.apply_round(round_, (at + 2, listing), plan, (at + 6, []), [], 1.0, 0.0)
+    assert state.apply_round(round_, (listed_at, listing), plan, (at + 6, []), [], 1.0, 0.0)
     assert free_ids(state) == [y], f"the finished {x} is offered again: {free_ids(state)}"
 
 
