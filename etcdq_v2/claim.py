@@ -121,7 +121,7 @@ class Claim:
         self._end("completed", lambda: self._protocol.finish(self._state, COMPLETED,
                                                              result=result))
         if self._view is not None:
-            self._view.finished(self.id, self._state.index)
+            self._view.finished(self.id, self._state.committed)
 
     @public_errors()
     def release(self, delay: float = 0) -> None:
@@ -157,7 +157,7 @@ class Claim:
         if back_in is not None:
             self._returned(back_in)
         elif self._view is not None:
-            self._view.finished(self.id, self._state.index)
+            self._view.finished(self.id, self._state.committed)
 
     def _returned(self, back: GivenBack) -> None:
         """Tell the view when the item is claimable again: a quiet view hears

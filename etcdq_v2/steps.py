@@ -279,6 +279,10 @@ class ClaimState:
     #: The claim's attempt number: ``a`` as C2 wrote it.  R0 gives it back in
     #: etcd (``item.attempts`` is then one less), never here.
     attempt: int = field(init=False)
+    #: The index F1 (our commit) applied at, once known (0: not committed).
+    #: Not ``index``: F1's value is the record, not the claim's version; the
+    #: view's mark of the finished item must cover it (ViewState.finished).
+    committed: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.attempt = self.item.attempts
@@ -1379,8 +1383,12 @@ class Steps:
                                   prev_index=state.index)
         except (CompareFailed, KeyMissing):
             # A resent CAS, or an earlier call of ours, may have applied: read it back.
-            return (yield from self._our_commit(state, kind))
-        return Entry(state.id, reply.written_index, marked)
+            entry = yield from self._our_commit(state, kind)
+        else:
+            entry = Entry(state.id, reply.written_index, marked)
+        if entry is not None:
+            state.committed = entry.index
+        return entry
 
     def _our_commit(self, state: ClaimState, kind: str) -> Step[Optional[Entry]]:
         """After F1 failed: our committed item, None if our record exists, else LockLost

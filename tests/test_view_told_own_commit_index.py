@@ -44,8 +44,6 @@ def _f1_index(etcd_url: str, queue: Queue, item_id: str, after: int) -> int:
     return int(node["modifiedIndex"])
 
 
-@pytest.mark.xfail(strict=True, reason="Claim passes ClaimState.index (C2's), not F1's: "
-                   "Protocol.finish never records F1's written index in the state")
 @pytest.mark.parametrize("how", ["complete", "dead-letter"])
 def test_a_finishing_claim_tells_its_view_the_index_its_commit_applied_at(
         etcd_url: str, queue_name: str, how: str) -> None:
