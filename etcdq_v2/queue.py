@@ -174,6 +174,7 @@ class Queue:
         #: The streams of the wait() calls under way, which close() ends.
         self._waiting: Set[EventStream] = set()
         self._waiting_lock = self.runtime.Lock()
+        self._view_lock = self.runtime.Lock()
         self._closed = False
 
     # -- producing -----------------------------------------------------------------
@@ -380,11 +381,12 @@ class Queue:
 
     def _start_view(self) -> QueueView:
         """The view, made (its follower's first listing sent) if it was not."""
-        if self._view is None:
-            self._view = QueueView(self._protocol)
-            if self._closed:  # close() came meanwhile and saw no view: its waits end
-                self._view.close()
-        return self._view
+        with self._view_lock:  # threads' first claims at once make one view, not orphans
+            if self._view is None:
+                self._view = QueueView(self._protocol)
+                if self._closed:  # close() came meanwhile and saw no view: its waits end
+                    self._view.close()
+            return self._view
 
     # -- inspecting ----------------------------------------------------------------
     @public_errors()

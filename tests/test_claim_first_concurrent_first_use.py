@@ -27,8 +27,6 @@ ROUNDS = 5
 THREADS = 2
 
 
-@pytest.mark.xfail(strict=True, reason="Queue._start_view is unguarded: concurrent first "
-                   "uses make two views, one orphaned, so close() does not end its waits")
 def test_claim_first_ends_at_close_when_threads_first_claim_at_once(
         etcd_url: str, queue_name: str) -> None:
     for n in range(ROUNDS):
