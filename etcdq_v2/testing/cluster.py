@@ -13,7 +13,7 @@ from ..errors import ConfigError, Unavailable
 from ..etcd_binary import find_etcd_binary
 from .flags import MemberAddress, initial_cluster_value
 from .member import EtcdServer, PathLike
-from .probe import LOOPBACK, free_port, get_json, poll
+from .probe import LOOPBACK, free_ports, get_json, poll
 
 
 class EtcdCluster:
@@ -36,8 +36,9 @@ class EtcdCluster:
         extra = () if snapshot_count is None else ("--snapshot-count", str(snapshot_count))
         base = Path(base_dir)
         binary = binary or find_etcd_binary()
-        addresses = [MemberAddress(f"m{i}", f"http://{LOOPBACK}:{free_port()}",
-                                   f"http://{LOOPBACK}:{free_port()}")
+        ports = free_ports(2 * size)  # distinct: a port picked twice fails the cluster's start
+        addresses = [MemberAddress(f"m{i}", f"http://{LOOPBACK}:{ports[2 * i - 2]}",
+                                   f"http://{LOOPBACK}:{ports[2 * i - 1]}")
                      for i in range(1, size + 1)]
         initial = initial_cluster_value(addresses)
         self.members: List[EtcdServer] = [

@@ -34,6 +34,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports(count: int) -> List[int]:
+    """``count`` distinct ports on 127.0.0.1 that were free a moment ago (see
+    :func:`free_port`): all held open until all are picked, so the kernel
+    cannot hand one out twice, as a cluster's members need."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind((LOOPBACK, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def _http_get(url: str, timeout: float) -> Tuple[int, bytes]:
     """GET ``url``; return (status, body) for any HTTP answer, raise OSError otherwise.
 
