@@ -3,6 +3,7 @@ the invariants of docs/guarantees.md: a seed replays byte for byte, a run of
 seeds with faults finds no violation, and a defect put back is found."""
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -319,3 +320,37 @@ def test_a_read_whose_reply_has_not_begun_by_the_timeout_is_waited_for_again_not
     assert sim.run(run) == 3
     assert transport.requests["GET"] == 1
     assert network.faults == {"slow_reply": 1}
+
+
+def _listed_item_judged(created: int) -> List[str]:
+    """What view-knows-work says at 13 s of c1's view, which does not hold item a,
+    when its follower's listing of work/ read a (created at index 3) at 10 s and
+    the store's work/a now is the node created at ``created``."""
+    from etcdq_v2.testing.sim.invariants import FOLLOWER, ViewState
+    history = History()
+    live = Live(history, None, "/q", Bounds(5, 90, 90, 15, listed=2.0))  # type: ignore[arg-type]
+    live.clock = lambda: 10.0
+    request = ("GET", "/v2/keys/q/work?sorted=true&quorum=true", None)
+    node = {"key": "/q/work/a", "value": "{}", "createdIndex": 3, "modifiedIndex": 3}
+    live.exchanged("c1", FOLLOWER, request, 0, b"")
+    live.exchanged("c1", FOLLOWER, request, 200, json.dumps({"node": {"nodes": [node]}}).encode())
+    store = Stored(work={"a": (created, "{}")}, completed={}, failed={},
+                   work_created={"a": created})
+    live._known_listed("c1", ViewState({}, set(), watching=True), store, 13.0)
+    return [detail for name, detail in history.seen if name == "view-knows-work"]
+
+
+def test_view_knows_work_bounds_by_a_listing_the_node_it_held_not_one_created_since() -> None:
+    # The node the listing held, still in work/, is in the view within LISTED_BOUND.
+    assert len(_listed_item_judged(3)) == 1
+    # One created since under its id (it left work/ and a late D2 or a requeue wrote it
+    # again) no listing held: KNOWN_BOUND judges it, as any item the stream brings.
+    assert _listed_item_judged(9) == []
+
+
+def test_a_swarm_seed_whose_listed_item_left_and_was_created_again_breaks_no_invariant() -> None:
+    # Seed 67 of --swarm: c1's listing holds item 31 (a delayed put's D2, sent to a
+    # frozen member too); its stream hears F3 delete it; the frozen member thaws and
+    # the late D2 creates it again while c1's stream's member is frozen.  That node
+    # is newer than the listing: view-knows-work judges it by KNOWN_BOUND only.
+    assert simulate(67, swarm=True).violations == []

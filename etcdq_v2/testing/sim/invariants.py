@@ -52,6 +52,7 @@ view-knows-work            no item stays in work/ unknown to a ready view for
                            longer than KNOWN_BOUND, nor (with no outcome) for
                            longer than LISTED_BOUND after the reply to the last
                            request of the round whose listing of work/ held it
+                           (that node: not one of its id created since)
 lone-put-order             no item is handed out at a window of one (a consumer
                            that looks alone, in a run with any number of them;
                            no lost race since: docs/protocol.md, "Where a claim
@@ -128,6 +129,10 @@ class Stored:
     completed: Dict[str, Tuple[int, str]]
     failed: Dict[str, Tuple[int, str]]
     locks: Dict[str, Tuple[int, str]] = field(default_factory=dict)
+    #: work/ id -> createdIndex: which node of the id it is (an item is written
+    #: by creates and CASes, which keep it: only one that left and was created
+    #: again has another).
+    work_created: Dict[str, int] = field(default_factory=dict)
 
     def finished(self) -> Dict[str, str]:
         return {**{i: "completed" for i in self.completed}, **{i: "failed" for i in self.failed}}
@@ -141,14 +146,17 @@ def stored(cluster: Cluster, root: str, now: float) -> Stored:
     doc = json.loads(reply.body) if reply.status == 200 else {}
     dirs: Dict[str, Dict[str, Tuple[int, str]]] = {"work": {}, "completed": {}, "failed": {},
                                                    "locks": {}}
+    created: Dict[str, int] = {}
     for directory in (doc.get("node") or {}).get("nodes", []):
         name = directory["key"].rsplit("/", 1)[1]
         if name in dirs:
             for node in directory.get("nodes", []):
                 if not node.get("dir"):
-                    dirs[name][node["key"].rsplit("/", 1)[1]] = (node["modifiedIndex"],
-                                                                node.get("value", ""))
-    return Stored(dirs["work"], dirs["completed"], dirs["failed"], dirs["locks"])
+                    item = node["key"].rsplit("/", 1)[1]
+                    dirs[name][item] = (node["modifiedIndex"], node.get("value", ""))
+                    if name == "work":
+                        created[item] = node["createdIndex"]
+    return Stored(dirs["work"], dirs["completed"], dirs["failed"], dirs["locks"], created)
 
 
 def _work_writes(cluster: Cluster, root: str) -> Iterator[Tuple[str, str, int]]:
@@ -440,8 +448,9 @@ class Live:
     _looked: Dict[str, float] = field(default_factory=dict)
     #: view-knows-work: process -> (when its view's follower read its last
     #: listing of work/, or the reply of its last request since (inf while one
-    #: is out), the ids it listed), until the follower lists work/ again.
-    _listed: Dict[str, Tuple[float, Set[str]]] = field(default_factory=dict)
+    #: is out), the ids it listed -> their createdIndex), until the follower
+    #: lists work/ again.
+    _listed: Dict[str, Tuple[float, Dict[str, int]]] = field(default_factory=dict)
     #: The simulation's virtual time now.
     clock: Callable[[], float] = lambda: 0.0
     #: misses-bounded: claim loop -> (its miss limit by the last listing of work/
@@ -482,18 +491,18 @@ class Live:
         prefix = f"/v2/keys{self.root}/"
         if method == "GET" and target == f"{prefix}work" and "sorted=true" in query \
                 and "wait=true" not in query:
-            listed: Optional[List[str]] = None
+            listed: Optional[Dict[str, int]] = None
             if status == 200:
                 try:
-                    listed = [node["key"].rsplit("/", 1)[1] for node in
-                              (json.loads(body).get("node") or {}).get("nodes") or []]
+                    listed = {node["key"].rsplit("/", 1)[1]: node["createdIndex"] for node in
+                              (json.loads(body).get("node") or {}).get("nodes") or []}
                 except (ValueError, KeyError, AttributeError):
                     return
             if thread == FOLLOWER:
                 if status == 0:
                     self._listed.pop(client, None)  # its round lists again
                 elif listed is not None:
-                    self._listed[client] = (self.clock(), set(listed))
+                    self._listed[client] = (self.clock(), listed)
             if client.startswith("c"):
                 if status == 0:
                     self._misses.pop(client, None)
@@ -656,14 +665,17 @@ class Live:
 
     def _known_listed(self, name: str, view: ViewState, store: Stored, now: float) -> None:
         """view-knows-work, from the view's own listing: an item its follower's
-        last listing of work/ read, still in work/ with no outcome (a claim
-        that found it finished drops it), is in the ready view within
-        ``listed`` of that read, or of the reply to the follower's last request
+        last listing of work/ read, still in work/ as the node it read with
+        no outcome (a claim that found it finished drops it), is in the
+        ready view within ``listed`` of that read, or of the reply to the follower's last request
         after it (locks/, lock reads, its stream: the round applies its
         listings once they are in; none while one is out), counted from the end
         of a pause of the process meanwhile; unless the follower listed work/
         again since: the round failed (docs/protocol.md: a listing is dropped
-        only for a newer one, which holds it too)."""
+        only for a newer one, which holds it too).  The node is told by its
+        createdIndex (a CAS keeps it): one created under the
+        id since the item left (a late D2, a requeue) no listing held; the
+        view learns it as any new item (KNOWN_BOUND)."""
         if name not in self._listed:
             return
         read, ids = self._listed[name]
@@ -673,7 +685,8 @@ class Live:
         for paused, resumed in self.history.paused.get(name, []):
             if paused <= now and resumed >= start:
                 start = max(start, resumed)
-        missing = sorted(item for item in ids if item in store.work
+        missing = sorted(item for item, created in ids.items()
+                         if store.work_created.get(item) == created
                          and '"o":' not in store.work[item][1] and item not in view.items)
         self.longest["view-knows-work (listed)"] = max(
             self.longest.get("view-knows-work (listed)", 0.0),
