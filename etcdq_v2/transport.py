@@ -534,8 +534,7 @@ class Transport:
         finally:
             self._limit.seconds = previous
 
-    @contextmanager
-    def spending(self) -> Iterator[None]:
+    def spending(self) -> "_Spending":
         """One call of the library's (a claim): inside the block, once
         :meth:`spent` is called, this thread's later requests try for one
         ``timeout`` each, not a whole deadline.
@@ -546,12 +545,7 @@ class Transport:
         request that merely took long, and answered, spends nothing: a lock
         create stalled by a failover still gets its deadline.
         """
-        previous = getattr(self._limit, "until", None)
-        self._limit.until = math.inf
-        try:
-            yield
-        finally:
-            self._limit.until = previous
+        return _Spending(self._limit)
 
     def spent(self) -> None:
         """This thread's call spent its deadline on a request it went on
@@ -721,6 +715,26 @@ class Transport:
         with self._lock:
             if self._members[self._current] is member:
                 self._current = (self._current + 1) % len(self._members)
+
+
+class _Spending:
+    """Transport.spending's block: a class, not @contextmanager, since every
+    claim runs inside one (a generator's context is a generator and four calls
+    more)."""
+
+    __slots__ = ("_limit", "_previous")
+
+    def __init__(self, limit: Any) -> None:
+        self._limit = limit
+        self._previous: Optional[float] = None
+
+    def __enter__(self) -> None:
+        self._previous = getattr(self._limit, "until", None)
+        self._limit.until = math.inf
+
+    def __exit__(self, kind: Optional[type], exc: Optional[BaseException],
+                 traceback: Any) -> None:
+        self._limit.until = self._previous
 
 
 class _Observed:
