@@ -620,7 +620,9 @@ class Transport:
             member = self._member()
             remaining = give_up - self.runtime.monotonic()
             try:
-                with self._observed(method) if observed else _UNOBSERVED:
+                if not (observed and self._observers):  # nobody to tell: no _Observed
+                    return attempt(member, min(self.timeout, max(remaining, 0.05)), retried)
+                with self._observed(method):
                     return attempt(member, min(self.timeout, max(remaining, 0.05)), retried)
             except _Transient as exc:
                 last = f"{member.url}: {exc}"
@@ -707,8 +709,11 @@ class Transport:
                            index=doc.get("index"))
 
     def _member(self) -> Member:
+        members = self._members
+        if len(members) == 1:  # the usual single endpoint: no lock to take
+            return members[0]
         with self._lock:
-            return self._members[self._current]
+            return members[self._current]
 
     def _failed(self, member: Member) -> None:
         """Move on from ``member`` unless another thread already did."""
@@ -770,10 +775,6 @@ class _Observed:
                 observer(self._method, seconds, error)
             except Exception:  # a metrics bug must not fail the request
                 log.exception("request observer %r failed", observer)
-
-
-#: The report of an attempt whose requests report themselves: nothing.
-_UNOBSERVED = _Observed((), "", None)
 
 
 def _error_label(exc: BaseException) -> str:
