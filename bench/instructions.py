@@ -68,7 +68,7 @@ def main(argv: List[str]) -> None:
     print("| tree | instructions at N={:,} | at N={:,} | per item |".format(small, large))
     print("|---|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as work, etcd_server(Path(work)) as server:
-        for number, tree in enumerate(args.tree or [REPO]):
+        for number, tree in enumerate(path.resolve() for path in args.tree or [REPO]):
             low = count(tree, server.url, f"ins{number}a", small)
             high = count(tree, server.url, f"ins{number}b", large)
             print(f"| {tree} | {low:,} | {high:,} | {(high - low) / (large - small):,.0f} |",
