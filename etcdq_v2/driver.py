@@ -27,21 +27,27 @@ def run(step: Step[T], transport: Transport) -> T:
     """Drive ``step``: send each request it yields (:func:`send`), then send it
     the reply, or throw into it the exception the request raised; return
     what the step returns (or raise what it raises)."""
-    reply: Any = None
+    # Every request of the library passes here: the loop is written for the
+    # common case, a reply sent on.
     error: Optional[BaseException] = None
-    while True:
-        try:
-            request = step.send(reply) if error is None else step.throw(error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        finally:
-            # The exception's traceback holds this frame, which held the
-            # exception: dropped here, a failed request leaves no cycle.
-            error = None
-        try:
-            reply = send(transport, request)
-        except BaseException as exc:  # the step decides, and re-raises what it cannot handle
-            reply, error = None, exc
+    try:
+        request = step.send(None)
+        while True:
+            try:
+                reply = send(transport, request)
+            except BaseException as exc:  # the step decides, and re-raises what it cannot handle
+                error = exc
+            else:
+                request = step.send(reply)
+                continue
+            try:  # outside the except block: what the step raises is not chained to it
+                request = step.throw(error)
+            finally:
+                # The exception's traceback holds this frame, which held the
+                # exception: dropped here, a failed request leaves no cycle.
+                error = None
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
 
 
 def send(transport: Transport, request: Request) -> Any:
@@ -51,20 +57,21 @@ def send(transport: Transport, request: Request) -> Any:
     for ``LISTING`` and ``STREAM`` (:func:`_read`), or the answer to a
     question (:func:`_answer`).  Callers outside this module call it as
     ``driver.send``, so that a wrapper put in its place sees their requests."""
-    if request.method == "GET":
+    method = request.method
+    if method == "GET":
         return transport.get(request.key, quorum=request.quorum, sorted=request.sorted)
-    if request.method == "PUT":
+    if method == "PUT":
         return transport.put(request.key, request.value, ttl=request.ttl,
                              prev_exist=request.prev_exist, prev_value=request.prev_value,
                              prev_index=request.prev_index, refresh=request.refresh)
-    if request.method == "DELETE":
+    if method == "DELETE":
         return transport.delete(request.key, prev_value=request.prev_value,
                                 prev_index=request.prev_index)
-    if request.method == "POST":
+    if method == "POST":
         return transport.post(request.key, request.value or "", ttl=request.ttl)
-    if request.method == "ALL":
+    if method == "ALL":
         return _all(transport, request.together)
-    if request.method == "POSTS":
+    if method == "POSTS":
         return transport.post_many(request.key, [post.value or "" for post in request.together],
                                    lanes=request.lanes, depth=1)
     return _answer(transport, request)

@@ -35,7 +35,7 @@ Where lower-level errors become these:
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from typing import Optional
 
 
 class EtcdqError(Exception):
@@ -170,15 +170,20 @@ class AmbiguousWrite(Unavailable):
     """A POST may or may not have been applied (reply lost). Internal."""
 
 
-@contextlib.contextmanager
-def public_errors() -> Iterator[None]:
+class public_errors(contextlib.ContextDecorator):  # noqa: N801 - used as a function was
     """Every public entry point's guard: no internal error leaves the library.
 
     An :class:`EtcdFailure` that reaches here was not one the protocol could
-    act on; it becomes :class:`EtcdRejected` with etcd's code and index.
+    act on; it becomes :class:`EtcdRejected` with etcd's code and index.  A
+    class, not @contextmanager: put, claim and complete each run inside it,
+    and a generator's context costs a generator and four calls more per call.
     """
-    try:
-        yield
-    except EtcdFailure as exc:
-        raise EtcdRejected(f"etcd refused the request: {exc}", code=exc.code,
-                           index=exc.index) from None
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Optional[type], exc: Optional[BaseException],
+                 traceback: object) -> None:
+        if isinstance(exc, EtcdFailure):
+            raise EtcdRejected(f"etcd refused the request: {exc}", code=exc.code,
+                               index=exc.index) from None

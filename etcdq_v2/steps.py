@@ -116,8 +116,7 @@ class ImportState:
 
 
 # -- the vocabulary ------------------------------------------------------------
-@dataclass(frozen=True)
-class Request:
+class Request(typing.NamedTuple):
     """One request of a step: an etcd v2 keys API call, or a question to the driver.
 
     ``method``: ``GET``, ``PUT``, ``DELETE``, ``POST`` (etcd; ``prev_*`` are
@@ -140,6 +139,10 @@ class Request:
     ``SEEN``, the highest etcd index its transport has seen (a bound below
     any POST sent after); ``DEADLINE``, how long its transport retries a
     request.
+
+    A NamedTuple, not a frozen dataclass: every request of every step is made
+    here, and a tuple is built in one call where a frozen dataclass's
+    ``__init__`` sets each of its 13 fields through ``object.__setattr__``.
     """
 
     method: str

@@ -534,8 +534,7 @@ class Transport:
         finally:
             self._limit.seconds = previous
 
-    @contextmanager
-    def spending(self) -> Iterator[None]:
+    def spending(self) -> "_Spending":
         """One call of the library's (a claim): inside the block, once
         :meth:`spent` is called, this thread's later requests try for one
         ``timeout`` each, not a whole deadline.
@@ -546,12 +545,7 @@ class Transport:
         request that merely took long, and answered, spends nothing: a lock
         create stalled by a failover still gets its deadline.
         """
-        previous = getattr(self._limit, "until", None)
-        self._limit.until = math.inf
-        try:
-            yield
-        finally:
-            self._limit.until = previous
+        return _Spending(self._limit)
 
     def spent(self) -> None:
         """This thread's call spent its deadline on a request it went on
@@ -626,7 +620,9 @@ class Transport:
             member = self._member()
             remaining = give_up - self.runtime.monotonic()
             try:
-                with self._observed(method) if observed else _UNOBSERVED:
+                if not (observed and self._observers):  # nobody to tell: no _Observed
+                    return attempt(member, min(self.timeout, max(remaining, 0.05)), retried)
+                with self._observed(method):
                     return attempt(member, min(self.timeout, max(remaining, 0.05)), retried)
             except _Transient as exc:
                 last = f"{member.url}: {exc}"
@@ -713,14 +709,37 @@ class Transport:
                            index=doc.get("index"))
 
     def _member(self) -> Member:
+        members = self._members
+        if len(members) == 1:  # the usual single endpoint: no lock to take
+            return members[0]
         with self._lock:
-            return self._members[self._current]
+            return members[self._current]
 
     def _failed(self, member: Member) -> None:
         """Move on from ``member`` unless another thread already did."""
         with self._lock:
             if self._members[self._current] is member:
                 self._current = (self._current + 1) % len(self._members)
+
+
+class _Spending:
+    """Transport.spending's block: a class, not @contextmanager, since every
+    claim runs inside one (a generator's context is a generator and four calls
+    more)."""
+
+    __slots__ = ("_limit", "_previous")
+
+    def __init__(self, limit: Any) -> None:
+        self._limit = limit
+        self._previous: Optional[float] = None
+
+    def __enter__(self) -> None:
+        self._previous = getattr(self._limit, "until", None)
+        self._limit.until = math.inf
+
+    def __exit__(self, kind: Optional[type], exc: Optional[BaseException],
+                 traceback: Any) -> None:
+        self._limit.until = self._previous
 
 
 class _Observed:
@@ -756,10 +775,6 @@ class _Observed:
                 observer(self._method, seconds, error)
             except Exception:  # a metrics bug must not fail the request
                 log.exception("request observer %r failed", observer)
-
-
-#: The report of an attempt whose requests report themselves: nothing.
-_UNOBSERVED = _Observed((), "", None)
 
 
 def _error_label(exc: BaseException) -> str:

@@ -128,7 +128,8 @@ class QueueView:
     def pick(self, window: int) -> Optional[Candidate]:
         """A free item among the first ``window`` the view holds, marked
         :meth:`taken` for this claim attempt; or None (ViewState.pick)."""
-        found, switch = self._call(self.state.pick, window, self._runtime.random)
+        with _Changing(self) as state:  # not _call: this and the four below run per item
+            found, switch = state.pick(window, self._runtime.random)
         self._switch(switch)
         return found
 
@@ -203,7 +204,7 @@ class QueueView:
 
     def check_locks(self) -> None:
         """Each claim round: the time (ViewState.tick), and the listing it asks for."""
-        with self._changing() as state:
+        with _Changing(self) as state:
             check = state.tick(self._runtime.monotonic())
             generation, round_ = state.generation, state.relists
         if check == "full":
@@ -233,7 +234,7 @@ class QueueView:
 
     def locked_at(self, item_id: str, index: int, *, refused: bool = False) -> None:
         """The attempt ended (ViewState.locked_at): the item's lock existed at ``index``."""
-        with self._changing() as state:
+        with _Changing(self) as state:
             state.locked_at(item_id, index, refused=refused, since=self._follower.since,
                             now=self._runtime.monotonic())
 
@@ -247,7 +248,8 @@ class QueueView:
 
     def added(self, item_id: str, seen: Version) -> None:
         """This process wrote the item or read it back at ``seen`` (ViewState.added)."""
-        self._call(self.state.added, item_id, seen)
+        with _Changing(self) as state:
+            state.added(item_id, seen)
 
     def delayed(self, item_id: str, seen: Version, lock_index: int, ttl: int) -> None:
         """This process put a delayed item (ViewState.delayed)."""
@@ -260,7 +262,8 @@ class QueueView:
 
     def finished(self, item_id: str, index: int = 0) -> None:
         """The item is gone: never offer it again (ViewState.finished)."""
-        self._call(self.state.finished, item_id, index)
+        with _Changing(self) as state:
+            state.finished(item_id, index)
 
     def skip(self, item_id: str, index: int) -> None:
         """Never offer this version of the item again (it is junk)."""
