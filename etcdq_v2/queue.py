@@ -318,7 +318,7 @@ class Queue:
                 view.untaken(item_id)
                 raise
             if state is not None:
-                view.locked_at(item_id, state.index)  # free again if our lock expires
+                view.locked_at(item_id, state.index, won=True)  # free again if our lock expires
                 self._narrow(view)
                 return Claim(state, self._protocol, self._heartbeat, view)
             view.locked_at(item_id, 0)  # it kept changing under us: after a listing
