@@ -37,6 +37,8 @@ class ViewHints(TypingProtocol):
 
     def finished(self, item_id: str, index: int = 0) -> None: ...
 
+    def disowned(self, item_id: str) -> None: ...
+
 
 class Claim:
     """An item this node holds the lock of, until complete(), release() or fail()."""
@@ -177,6 +179,7 @@ class Claim:
             if self._outcome is None:
                 self._outcome = "abandoned"
             self._heartbeat.discard(self)
+        self._disown()
 
     def __enter__(self) -> "Claim":
         return self
@@ -205,15 +208,30 @@ class Claim:
                 self._mark_lost("it was claimed again")
                 self._outcome = "lost"
                 self._heartbeat.discard(self)
+                self._disown()
                 raise
             except ClaimClosed as exc:  # an earlier call committed the other outcome
                 self._outcome = "dead-lettered" if exc.outcome == "failed" else exc.outcome
                 self._heartbeat.discard(self)
+                self._disown()
                 raise
             if self._outcome is None:  # fail() may have set "dead-lettered"
                 self._outcome = outcome
             self._heartbeat.discard(self)
             return result
+
+    def _disown(self) -> None:
+        """Nothing keeps the lock alive any more, and no view hint says how the
+        claim ended: the view no longer takes the item's sign for its own
+        live claim's (ViewState.own), and checks it as any other."""
+        if self._view is not None:
+            self._view.disowned(self.id)
+
+    def _unkept(self, why: str) -> None:
+        """The heartbeat dropped the claim (its queue closed, its thread died):
+        lost, and disowned."""
+        self._mark_lost(why)
+        self._disown()
 
     def _check_open(self) -> None:
         if self._outcome is not None:
@@ -307,7 +325,7 @@ class Heartbeat:
             if not closed:
                 self._schedule(claim, claim.confirmed_at + self.interval)
         if closed:  # a claim() that was under way when the queue closed
-            claim._mark_lost(_CLOSED)
+            claim._unkept(_CLOSED)
 
     def discard(self, claim: Claim) -> None:
         with self._lock:
@@ -321,7 +339,7 @@ class Heartbeat:
             self._wake.notify()
             self._work.notify_all()
         for claim in claims:
-            claim._mark_lost(_CLOSED)
+            claim._unkept(_CLOSED)
 
     def _schedule(self, claim: Claim, at: float) -> None:
         """(Under the lock.)  The claim's next refresh is due at ``at``."""
@@ -351,7 +369,7 @@ class Heartbeat:
                 claims = self._forget_all()
                 self._thread = None
             for claim in claims:
-                claim._mark_lost("the heartbeat's scheduler stopped")
+                claim._unkept("the heartbeat's scheduler stopped")
             raise
 
     def _loop(self) -> None:
@@ -397,7 +415,7 @@ class Heartbeat:
                 log.exception("the heartbeat's refresh of item %s failed unexpectedly; its "
                               "claim is marked lost", claim.id, extra=claim.log_fields)
                 self.discard(claim)
-                claim._mark_lost("its heartbeat stopped on an unexpected error")
+                claim._unkept("its heartbeat stopped on an unexpected error")
                 raise
             with self._lock:
                 if claim not in self._due or self._closed:
@@ -406,6 +424,8 @@ class Heartbeat:
                     del self._due[claim]
                 else:
                     self._schedule(claim, delay)
+            if delay is None:  # lost (or ended: then the view was told already)
+                claim._disown()
 
     def _beat(self, claim: Claim) -> Optional[float]:
         """Refresh the claim's lock; when its next refresh is due (None: forget it)."""

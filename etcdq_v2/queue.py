@@ -318,9 +318,13 @@ class Queue:
                 view.untaken(item_id)
                 raise
             if state is not None:
-                view.locked_at(item_id, state.index)  # free again if our lock expires
-                self._narrow(view)
-                return Claim(state, self._protocol, self._heartbeat, view)
+                view.locked_at(item_id, state.index, won=True)  # free again if our lock expires
+                try:
+                    self._narrow(view)
+                    return Claim(state, self._protocol, self._heartbeat, view)
+                except BaseException:  # no heartbeat keeps the lock: the view trusts it no more
+                    view.disowned(item_id)
+                    raise
             view.locked_at(item_id, 0)  # it kept changing under us: after a listing
 
     def _narrow(self, view: QueueView) -> None:

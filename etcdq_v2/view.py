@@ -232,11 +232,17 @@ class QueueView:
         """A claim attempt of this process on the item is under way: offer it to no other."""
         self._call(self.state.taken, item_id)
 
-    def locked_at(self, item_id: str, index: int, *, refused: bool = False) -> None:
-        """The attempt ended (ViewState.locked_at): the item's lock existed at ``index``."""
+    def locked_at(self, item_id: str, index: int, *, refused: bool = False,
+                  won: bool = False) -> None:
+        """The attempt ended (ViewState.locked_at): the item's lock existed at
+        ``index``; ``won``: it is this process's claim's."""
         with _Changing(self) as state:
-            state.locked_at(item_id, index, refused=refused, since=self._follower.since,
-                            now=self._runtime.monotonic())
+            state.locked_at(item_id, index, refused=refused, won=won,
+                            since=self._follower.since, now=self._runtime.monotonic())
+
+    def disowned(self, item_id: str) -> None:
+        """This process no longer keeps the item's lock alive (ViewState.disowned)."""
+        self._call(self.state.disowned, item_id, self._runtime.monotonic())
 
     def untaken(self, item_id: str) -> None:
         """Undo :meth:`taken` after a claim attempt failed before reaching etcd."""

@@ -44,11 +44,11 @@ and the next round goes to the next member.
 
 Modes.  etcd sends every event to every watcher, so a view watches only while
 its process finds nothing to claim: a quiet view starts watching when a claim
-finds nothing free, and a watching one goes quiet when a claim sees a backlog
-of BACKLOG free items (not counting those locked since its listing).  A quiet
-view learns what others did by missing (a claim finds its item locked or
-gone: :meth:`ViewState.missed`) and lists work/ again once
-its misses cost about what a listing does, or half its tries missed
+finds nothing free, and a watching one goes quiet when a claim's pick (from
+the head or a walk) sees a backlog of BACKLOG free items (not counting those
+locked since its listing).  A quiet view learns what others did by missing (a
+claim finds its item locked or gone: :meth:`ViewState.missed`) and lists
+work/ again once its misses cost about what a listing does, or half its tries missed
 (:attr:`ViewState.miss_limit`, :meth:`ViewState.start_relist`); a
 listing of work/ shows which items were claimed since the last one (their new
 version carries a claim token).  locks/, which holds about a lock TTL's
@@ -59,7 +59,8 @@ that shows new items that may be delayed.  A round that starts watching
 checks at once the claim signs from before its previous listing (those locks
 may have gone while it was quiet): it reads up to FEW_LOCKS of those locks,
 or lists locks/; newer signs it checks CONFIRM s later if they are still
-there.
+there.  Not the signs of this process's own live claims (:attr:`ViewState.own`),
+whose locks its heartbeat keeps, until :meth:`ViewState.disowned`.
 
 Where a claim looks (:meth:`ViewState.pick`).  A lone consumer takes the
 head; concurrent ones walk the backlog from random places, jumping after each
@@ -372,6 +373,12 @@ class ViewState:
         #: read needs no check, even at the listing's own index: the lock was
         #: there after the stream began.
         self.read_signs: Dict[str, int] = {}
+        #: Items of this process's live claims (locked_at after a won C2, until
+        #: the claim ends or its heartbeat stops keeping the lock: disowned):
+        #: their lock is there while the process runs, so their sign needs no
+        #: check (a consumer running its own item would list locks/ at every
+        #: start of watching).  Bounded by the process's open claims.
+        self.own: Set[str] = set()
         # -- the once-per-lock-TTL listing and the backoffs (a claim does not pay a
         # request's deadline at every miss while listings fail)
         #: When locks/ was last listed in full (-inf: never).
@@ -518,10 +525,8 @@ class ViewState:
 
     # -- claims ----------------------------------------------------------------------
     def candidates(self, limit: int) -> Tuple[List[Candidate], Optional[Switch]]:
-        """Up to ``limit`` free items from the head, and whether to go quiet: a
-        watching view that sees a backlog (BACKLOG items free by
-        :meth:`is_free`: _sees_backlog) does (listing locks/ if it knows of
-        locks: a quiet view, which hears no expire event, must list them)."""
+        """Up to ``limit`` free items from the head, and whether to go quiet
+        (:meth:`switch_due`)."""
         found: List[Candidate] = []
         stale, self.behind = 0, 0
         for position, item_id in enumerate(self.free):
@@ -538,10 +543,16 @@ class ViewState:
             elif position == stale:
                 stale += 1
         self._drop_taken(0, stale)
-        switch = None
+        return found, self.switch_due()
+
+    def switch_due(self) -> Optional[Switch]:
+        """Whether to go quiet, decided at every pick, whatever found the item
+        (the head, a walk): a watching view that sees a backlog
+        (_sees_backlog) does, listing locks/ if it knows of locks (a quiet
+        view, which hears no expire event, must list them)."""
         if self.watching and self._sees_backlog():
-            switch = Switch(watching=False, list_locks=bool(self.locks))
-        return found, switch
+            return Switch(watching=False, list_locks=bool(self.locks))
+        return None
 
     def _sees_backlog(self) -> bool:
         """Whether BACKLOG items of the view are free (:meth:`is_free`): a
@@ -593,7 +604,7 @@ class ViewState:
                 self.free, _id_at(self.offer_upto))), rng)
             if found is not None:
                 self.tried(found[0])
-                return found, None
+                return found, self.switch_due()
         head, switch = self.candidates(min(window, PROBES))
         if not head:
             return None, switch
@@ -675,7 +686,8 @@ class ViewState:
         self.trying.setdefault(item_id, -1)
 
     def locked_at(self, item_id: str, index: int, *, refused: bool = False,
-                  since: Optional[int] = None, now: float = 0.0) -> None:
+                  won: bool = False, since: Optional[int] = None,
+                  now: float = 0.0) -> None:
         """The attempt ended (:meth:`taken`): the item's lock (ours, or the claim
         that beat us) existed at etcd index ``index`` (0: at some time before).
         ``since``: the index at which the watching round's stream began.
@@ -692,6 +704,9 @@ class ViewState:
         by etcd, as given back at once).  Not a C2 that found the item
         claimed since: its index is the item's, which a listing at that index
         may rightly show without a lock (a late C2 whose lock expired).
+
+        ``won``: the claim is ours (C2 at ``index``): the item is :attr:`own`
+        until :meth:`disowned`, unless its lock was seen gone since.
         """
         gone = self.trying.pop(item_id, None)
         if gone is None:
@@ -703,7 +718,9 @@ class ViewState:
             gone = -1
         if index > gone:
             self.locked(item_id, index)
-            if self.watching and index <= self.confirm_upto and not (
+            if won and item_id in self.locks:
+                self.own.add(item_id)
+            elif self.watching and index <= self.confirm_upto and not (
                     refused and index >= (since or math.inf)):
                 # A sign from before the watching listing, which did not see
                 # it: that lock may have gone unheard.  Not a refusal at or
@@ -717,6 +734,7 @@ class ViewState:
 
     def untaken(self, item_id: str) -> None:
         """Undo :meth:`taken` after a claim attempt failed before reaching etcd."""
+        self.own.discard(item_id)
         if self.trying.pop(item_id, None) is not None:
             self.make_free(item_id)
 
@@ -775,6 +793,20 @@ class ViewState:
         elif item_id in self.locks:
             self.given_back[item_id] = index
             self.plan_delay(item_id, seconds, now)
+        self.disowned(item_id, now)
+
+    def disowned(self, item_id: str, now: float) -> None:
+        """The claim of this process on the item ended, or its heartbeat stopped
+        keeping its lock (lost: the lock may have expired while the process
+        was paused, or unheard while the view was quiet): the item's sign is
+        no longer :attr:`own`, and a watching view whose listing may predate
+        the lock's end checks it CONFIRM s from now (the round's own check
+        may have passed it by as own)."""
+        if item_id not in self.own:
+            return
+        self.own.discard(item_id)
+        if self.watching and self.locks.get(item_id, math.inf) <= self.confirm_upto:
+            self.plan_confirm(now)
 
     def catch_up_how(self) -> str:
         """How a catch-up whose items' events did not come (or a quiet view's)
@@ -841,10 +873,11 @@ class ViewState:
         the watch began, and no event would say so.  At the listing's own index
         too: a sign read off work/ is the index of the item's last write (a C2,
         R0 or F1, fenced on the item, not the lock), which may have landed after
-        its lock expired."""
-        upto = self.confirm_upto
+        its lock expired.  Not an item of this process's live claims (own):
+        its heartbeat keeps that lock, and disowned() plans a check if it stops."""
+        upto, own = self.confirm_upto, self.own
         return any(at <= upto and item_id in self.items and self.read_signs.get(item_id) != at
-                   for item_id, at in self.locks.items())
+                   and item_id not in own for item_id, at in self.locks.items())
 
     def confirm_unlisted(self, now: float) -> None:
         """The confirm check's listing of locks/ failed: not given up, the check
@@ -1144,9 +1177,11 @@ class ViewState:
         previous listing: that lock may have gone while the view was quiet,
         so a view that starts watching checks them at once (their locks read,
         or locks/ listed if there are more than FEW_LOCKS).  Newer signs
-        (misses, claims seen in this listing) wait for the confirm check."""
-        known = self.known
-        return [entry.id for entry in work if self.locks.get(entry.id, known + 1) <= known]
+        (misses, claims seen in this listing) wait for the confirm check.  Not
+        the items of this process's live claims (own): their locks are there."""
+        known, own = self.known, self.own
+        return [entry.id for entry in work
+                if self.locks.get(entry.id, known + 1) <= known and entry.id not in own]
 
     def fresher_than_applied(self, sent: int, answered: int, index: int) -> bool:
         """Whether a listing of work/ sent and answered as numbered (``started``
@@ -1301,6 +1336,7 @@ class ViewState:
         self.recorded.discard(item_id)
         self.orphans.pop(item_id, None)
         self.unplanned.pop(item_id, None)
+        self.own.discard(item_id)
 
     def apply_item(self, item_id: str, index: int, value: Optional[str]) -> None:
         """The item's version ``index`` with ``value``: the value etcd wrote at

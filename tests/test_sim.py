@@ -104,9 +104,10 @@ def _first_found(name: str, seeds: int) -> Tuple[int, List[str]]:
 FOUND_WITHIN = [("f1-unfenced", 3), ("resend-lost-post", 2), ("lost-without-time-rule", 2),
                 ("claim-unfenced", 6), ("delay-lock-short", 2), ("heartbeat-plain-refresh", 2),
                 ("round-without-end", 5), ("heartbeat-serial", 7),
-                ("heartbeat-due-from-hand-out", 6), ("closed-queue-claims-not-lost", 9),
-                ("stream-end-without-relisting", 3), ("read-back-mixes-versions", 5),
-                ("record-forgets-item", 3), ("orphans-never-offered", 3)]
+                ("heartbeat-due-from-hand-out", 6), ("closed-queue-claims-not-lost", 22),
+                ("stream-end-without-relisting", 3), ("read-back-mixes-versions", 7),
+                ("record-forgets-item", 3), ("orphans-never-offered", 3),
+                ("claim-never-disowned", 1)]
 
 
 @pytest.mark.parametrize("name, seeds", FOUND_WITHIN)

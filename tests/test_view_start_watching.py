@@ -12,9 +12,8 @@ Each test forces its interleaving against a real etcd.
 from __future__ import annotations
 
 import re
+import threading
 import time
-
-import pytest
 
 from helpers import hands_out, in_background, wait_until
 
@@ -113,23 +112,16 @@ def test_a_view_that_starts_watching_tries_every_new_delayed_item(
             f"lock create) when it started watching")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "left (low, cost only): a view cannot tell its own live claims from claims "
-    "whose lock expired unheard while it was quiet, so it confirms them too: "
-    "one still running its own item a second after it started watching lists "
-    "locks/ (docs/protocol.md, \"A view that starts watching\")"))
-def test_a_consumer_running_its_own_item_lists_locks_at_every_start_of_watching(
+def test_a_consumer_running_its_own_item_lists_no_locks_when_it_starts_watching(
         etcd_url: str, queue_name: str) -> None:
-    """Low (cost, not correctness).  The CONFIRM check counts the consumer's own
-    running claims as unconfirmed signs: its own lock (locked_at after C2) is
-    in _locks at C1's index, newer than its last listing and no newer than the
-    watching listing's.  A Worker's main thread claims the next item while a
-    slot runs the last one; at the end of a backlog it starts watching, and if
-    its own item runs longer than CONFIRM (1 s), the next claim round lists
-    locks/ in full (a lock TTL's worth of lingering locks) to confirm a lock
-    the process holds and heartbeats itself.  The change's claim ("64
-    consumers ending a drain no longer list a lock TTL's worth of lingering
-    locks each") holds only for handlers shorter than CONFIRM."""
+    """docs/protocol.md, "A view that starts watching": the signs of the
+    process's own live claims (ViewState.own) are not checked: its heartbeat
+    keeps those locks.  A Worker's main thread claims the next item while a
+    slot runs the last one; at the end of a backlog it starts watching, and
+    its own item runs longer than CONFIRM (1 s): its lock (locked_at after
+    C2, newer than the last listing and no newer than the watching one's) is
+    not confirmed by a listing of locks/ (a lock TTL's worth of lingering
+    locks)."""
     from etcdq_v2.viewstate import CONFIRM
     with Queue(etcd_url, queue_name) as consumer:
         consumer.put_many(range(3))
@@ -157,6 +149,44 @@ def test_a_consumer_running_its_own_item_lists_locks_at_every_start_of_watching(
         assert not locks, (
             f"listed locks/ {len(locks)} time(s) (s after the claim began: {locks}) to confirm the consumer's own "
             f"live claim {mine.id}: listings {lists}")
+
+
+def test_an_own_claim_lost_unheard_before_the_view_starts_watching_is_offered_again(
+        etcd_url: str, queue_name: str) -> None:
+    """docs/protocol.md, "A view that starts watching": an own claim's sign is
+    trusted only while the heartbeat keeps its lock.  The consumer claims X
+    with a quiet view; its heartbeat's refresh hangs (as in a process paused)
+    and X's lock goes (deleted here, as if etcd expired it), which the quiet
+    view does not hear.  The view starts watching and, X being its own live
+    claim, checks nothing.  Then the refresh fails until the lock TTL has
+    passed: the claim is lost, the heartbeat drops it, the view
+    disowns X and checks its sign CONFIRM later, so X is offered again.  A
+    view that kept trusting a lost claim's sign would hold X taken for as
+    long as it watches."""
+    from etcdq_v2.errors import Unavailable
+    from etcdq_v2.viewstate import CONFIRM
+    ttl = 2
+    with Queue(etcd_url, queue_name, lock_ttl=ttl) as consumer, \
+            Queue(etcd_url, queue_name, lock_ttl=ttl) as other:
+        item_id = consumer.put("x")
+        gate = threading.Event()
+
+        def hung_refresh(state):
+            gate.wait(10)
+            return Unavailable("the refresh was held (a paused process)")
+
+        consumer._protocol.confirm_in_time = hung_refresh  # type: ignore[method-assign]
+        mine = consumer.claim(timeout=0)
+        assert mine is not None and mine.id == item_id
+        view = consumer._view
+        assert not view.watching_locks and item_id in view.state.own
+        other.etcd.delete(other._protocol.layout.key("locks", item_id))  # as if expired
+        assert consumer.claim(timeout=0) is None  # starts watching, X its own
+        assert view.watching_locks and item_id in view.state.own
+        gate.set()
+        got = hands_out(consumer, item_id, CONFIRM + 2 * ttl, other)
+        assert mine.lost
+        got.complete()
 
 
 def test_an_item_released_elsewhere_comes_back_to_a_quiet_view_within_a_lock_ttl(

@@ -391,11 +391,13 @@ class ViewMachine(RuleBasedStateMachine):
     def lock_gone(self, data: st.DataObject, expired: bool) -> None:
         ident = data.draw(st.sampled_from(sorted(self.etcd.locks)))
         del self.etcd.locks[ident]
-        self.ours.pop(ident, None)  # ours too: expired (we stalled), or deleted by a tool
+        ours = self.ours.pop(ident, None)  # ours too: expired (we stalled), or deleted by a tool
         at = self.etcd.write()
         if self.round.watching:
             self.gone_signs[ident] = max(self.gone_signs.get(ident, 0), at)
         self._deliver(event("expire" if expired else "delete", "locks", ident, at))
+        if ours is not None:  # the claim is lost: its heartbeat drops it
+            self.state.disowned(ident, self.now)
 
     @precondition(lambda self: self.etcd.items)
     @rule(data=st.data())
@@ -492,16 +494,16 @@ class ViewMachine(RuleBasedStateMachine):
             at = self.etcd.write()
             self.etcd.locks[ident] = at
             self.ours[ident] = at
-            self._ended(ident, at)
+            self._ended(ident, at, won=True)
         else:
             at = self.etcd.locks.get(ident, began)
             self._ended(ident, at, refused=outcome == "refused" and ident in self.etcd.locks)
 
-    def _ended(self, ident: str, at: int, refused: bool = False) -> None:
+    def _ended(self, ident: str, at: int, refused: bool = False, won: bool = False) -> None:
         if refused and at == self.gone_signs.get(ident):
             self.gone_signs.pop(ident)
         self.signs[ident] = max(self.signs.get(ident, 0), at)
-        self.state.locked_at(ident, at, refused=refused, now=self.now)
+        self.state.locked_at(ident, at, refused=refused, won=won, now=self.now)
 
     @rule(data=st.data())
     def own_put(self, data: st.DataObject) -> None:
@@ -578,6 +580,10 @@ class ViewMachine(RuleBasedStateMachine):
             gone = self.gone_signs.get(ident, 0)
             assert not gone > self.signs.get(ident, 0), (
                 f"{ident} taken at {at} after its lock went at {gone}")
+
+    @invariant()
+    def only_live_claims_of_ours_are_own(self) -> None:
+        assert self.state.own <= set(self.ours), "a sign trusted as our live claim's"
 
     @invariant()
     def every_held_version_is_one_write(self) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 from typing import List, Tuple
 
-import pytest
 
 from etcdq_v2.viewstate import BACKLOG, Round, Switch, ViewState
 
@@ -80,11 +79,6 @@ def test_a_lock_gone_completes_the_backlog_of_a_watching_view() -> None:
     assert state.candidates(1)[1] == Switch(watching=False, list_locks=True)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pick() returns a walk's find before candidates(), the only place that decides "
-    "the switch: a watching view whose claims walk (a window over 1, widened by lost "
-    "races) keeps watching with any backlog, every event sent to it, until its "
-    "window narrows back to 1"))
 def test_a_watching_view_whose_claims_walk_goes_quiet_with_a_backlog() -> None:
     """docs/protocol.md, "Switches": a watching view goes quiet when a claim
     sees BACKLOG free items.  Here 4 * BACKLOG items are free and each claim

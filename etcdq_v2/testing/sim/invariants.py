@@ -38,6 +38,9 @@ closed-claims-lost         every open claim of a closed queue says it is lost,
 refresh-of-own-lock        no refresh of a lock that applied found another claim's
                            lock there (read from the committed log: the request's
                            sender and the reply's prevNode)
+own-claims-live            every item a view trusts as its process's live claim's
+                           (ViewState.own) is an open claim's not lost (or whose
+                           commit runs), but for a heartbeat interval + 2 s
 heartbeat-on-time          the refresh of every open claim of a running process is
                            on the network within 0.5 s of its due time (lock_ttl/3
                            after its last confirmation's send, or 1 s after a
@@ -100,7 +103,8 @@ from .cluster import Cluster
 
 NAMES = ("acknowledged-put-kept", "stored-once", "one-outcome", "no-commit-after-reclaim",
          "no-hand-out-after-outcome", "one-live-claim", "delay-kept", "cancel-wins", "liveness",
-         "no-claim-after-close", "closed-claims-lost", "refresh-of-own-lock", "heartbeat-on-time", "one-version",
+         "no-claim-after-close", "closed-claims-lost", "refresh-of-own-lock", "heartbeat-on-time", "own-claims-live",
+         "one-version",
          "view-taken-freed", "view-knows-work", "lone-put-order", "orphans-offered", "misses-bounded", "no-starving-while-idle", "claims-available", "wait-agrees",
          "read-back-finds-applied",
          "no-thread-died", "no-deadlock")
@@ -331,6 +335,8 @@ class ViewState:
     watching: bool
     #: Items whose lock it holds: id -> the index it knows the lock at.
     locks: Dict[str, int] = field(default_factory=dict)
+    #: Items it takes for its own process's live claims' (their signs unchecked).
+    own: Set[str] = field(default_factory=set)
 
 
 def view_state(queue: Queue) -> Optional[ViewState]:
@@ -351,7 +357,7 @@ def view_state(queue: Queue) -> Optional[ViewState]:
     held = {item for item, due in state.orphans.items() if due > now}
     taken = (set(state.locks) | state.recorded | held) - set(state.trying)
     return ViewState(dict(state.items), taken & set(state.items), state.watching,
-                     dict(state.locks))
+                     dict(state.locks), set(state.own))
 
 
 @dataclass
@@ -459,6 +465,9 @@ class Live:
     #: (process, lock key) -> C1s sent with no reply read since (a retry's
     #: "already exists" may be its own lock's: not counted).
     _c1_sent: Dict[Tuple[str, str], int] = field(default_factory=dict)
+    #: own-claims-live: (process, item) -> since when its view's own held it with no live claim.
+    _stale: Dict[Tuple[str, str], float] = field(default_factory=dict)
+    _stale_told: Set[Tuple[str, str]] = field(default_factory=set)
 
     def check(self, now: float, *, store: bool) -> None:
         """The checks on the library's state; ``store``: also those that compare
@@ -473,6 +482,8 @@ class Live:
                 self._one_version(f"the view of {name}", item, index, raw)
             if held is not None and not self._killed(name, now):
                 self._view(name, view, held, now)
+            if not self._killed(name, now):
+                self._own(name, queue, view, now)
         self._claims(now)
         if held is not None:
             self._starving(held, now)
@@ -709,6 +720,28 @@ class Live:
         if now - start > bound:
             self._seen(invariant, f"{what} from {start:.3f} to {now:.3f} (bound {bound:g} s)")
             since[key] = math.inf  # said once
+
+    def _own(self, name: str, queue: Queue, view: ViewState, now: float) -> None:
+        """own-claims-live: every item a view takes for its process's live
+        claim's (ViewState.own) is the item of an open claim of that view that
+        is not lost or whose complete()/fail()/release() runs (its end tells
+        the view), but for a heartbeat interval and two seconds after it was
+        lost or ended (counted from the end of a pause of the process)."""
+        live = {claim.id for claims in self.history.open.values() for claim in claims
+                if claim._view is queue._view and claim.outcome is None
+                and (settling(claim) or not claim.lost)}
+        bound = queue._heartbeat.interval + 2.0
+        for item in view.own - live:
+            since = self._stale.setdefault((name, item), now)
+            if self.history.was_paused(name, since, now):
+                self._stale[(name, item)] = since = now
+            if now - since > bound and (name, item) not in self._stale_told:
+                self._stale_told.add((name, item))
+                self._seen("own-claims-live", f"the view of {name} took item {item} for its "
+                           f"own live claim's from {since:.3f} to {now:.3f}, with no open "
+                           f"claim of it that is not lost")
+        for key in [key for key in self._stale if key[0] == name and key[1] not in view.own]:
+            del self._stale[key]
 
     def _claims(self, now: float) -> None:
         owners = {(out.item, out.token): out.consumer for out in self.history.hand_outs}

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ... import viewstate as viewstate_module
-from ...claim import Heartbeat
+from ...claim import Claim, Heartbeat
 from ...errors import AmbiguousWrite, CompareFailed, KeyMissing
 from ...protocol import Entry, Protocol, Version
 from ...steps import Place, Step, Steps, post, put
@@ -327,6 +327,10 @@ MUTANTS: Dict[str, Mutant] = {
     "heartbeat-due-from-hand-out": Mutant(
         [(Heartbeat, "add", _due_from_hand_out)], "heartbeat-on-time",
         "a claim's first refresh scheduled from its hand-out, not from C1's send"),
+    "claim-never-disowned": Mutant(
+        [(Claim, "_disown", lambda original: lambda self: None)], "own-claims-live",
+        "a claim whose heartbeat stops keeping its lock (lost, abandoned, closed) "
+        "never tells the view: its sign stays trusted as a live claim's"),
     "closed-queue-claims-not-lost": Mutant(
         [(Heartbeat, "close", _close_keeps_claims), (Heartbeat, "add", _add_when_closed)],
         "closed-claims-lost",
