@@ -345,9 +345,13 @@ class Heartbeat:
         """(Under the lock.)  The claim's next refresh is due at ``at``."""
         self._due[claim] = at
         if self._thread is None:
-            self._thread = self._runtime.Thread(target=self._run, name="etcdq-heartbeat",
-                                            daemon=True)
-            self._thread.start()
+            thread = self._runtime.Thread(target=self._run, name="etcdq-heartbeat", daemon=True)
+            try:
+                thread.start()
+            except BaseException:  # not kept: the claim raises, and the next one starts a thread
+                del self._due[claim]
+                raise
+            self._thread = thread
         elif at < self._wake_at:  # else the scheduler wakes in time: no context switch
             self._wake.notify()
 

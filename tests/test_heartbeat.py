@@ -136,3 +136,34 @@ def test_a_claim_nothing_refreshes_is_lost_once_its_lock_ttl_has_passed(
         wait_until(look, 10, interval=0.02, message="the lock to expire")
         assert looks[-1][1], "etcd dropped the lock while the claim still said it held it"
         assert not [at for at, lost in looks if lost and at < 2 - 0.01], "lost before lock_ttl"
+
+
+def test_a_heartbeat_whose_thread_could_not_start_starts_one_for_the_next_claim(
+        etcd_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim whose heartbeat thread could not start raises, and the next
+    claim's lock is kept: the heartbeat is not left believing a thread runs."""
+    with Queue(etcd_url, queue_name, lock_ttl=2) as queue:
+        queue.put_many(["first", "second"])
+        runtime = queue._heartbeat._runtime
+        real_thread = runtime.Thread
+
+        def refused(*args: object, **kwargs: object) -> threading.Thread:
+            thread = real_thread(*args, **kwargs)  # type: ignore[arg-type]
+            if kwargs.get("name") == "etcdq-heartbeat":
+                monkeypatch.setattr(runtime, "Thread", real_thread)  # once only
+                monkeypatch.setattr(thread, "start", _cannot_start)
+            return thread
+
+        queue._ensure_view()  # the view's thread started: the next one is the heartbeat's
+        monkeypatch.setattr(runtime, "Thread", refused)
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            queue.claim(timeout=5)
+        claim = queue.claim(timeout=5)
+        assert claim is not None
+        time.sleep(3)  # past lock_ttl: kept only if refreshed
+        assert not claim.lost, "the claim after the failed start was never refreshed"
+        claim.complete()
+
+
+def _cannot_start() -> None:
+    raise RuntimeError("can't start new thread")
