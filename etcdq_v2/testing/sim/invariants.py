@@ -166,14 +166,16 @@ def lineage(cluster: Cluster, era: int) -> List[Tuple[int, int]]:
 
 
 def lost_payloads(cluster: Cluster, root: str) -> Set[str]:
-    """The payloads of the items put (work/<id> created) in a history the last
-    one does not hold: etcd lost them at a restore from an older backup."""
+    """The payloads, and the ids, of the items put (work/<id> created) in a
+    history the last one does not hold: etcd lost them at a restore from an
+    older backup."""
     kept = lineage(cluster, len(cluster.rewinds))
     lost: Set[str] = set()
     prefix = f"{root}/work/"
     for position, entry in enumerate(cluster.log):
         request, pending = entry.request, entry.pending
-        if request is None or not (request.key + "/").startswith(prefix):
+        if request is None or not (request.key + "/").startswith(prefix) \
+                or any(lo <= position < hi for lo, hi in kept):
             continue
         # A POST to work/ creates an item, whatever its member answered (a
         # request timed out there may apply); a PUT of work/<id> if it did.
@@ -181,10 +183,14 @@ def lost_payloads(cluster: Cluster, root: str) -> Set[str]:
             and pending.reply.status == 201
         if request.method != "POST" and not (request.prev_exist is False and created):
             continue
-        if not any(lo <= position < hi for lo, hi in kept):
-            payload = _payload(request.value, False)
-            if isinstance(payload, str):
-                lost.add(payload)
+        payload = _payload(request.value, False)
+        if isinstance(payload, str):
+            lost.add(payload)
+        if created and request.method == "POST":  # named by its index
+            assert pending is not None and pending.reply is not None
+            lost.add(f"{int(pending.reply.headers['x-etcd-index']):020d}")
+        elif created:
+            lost.add(request.key[len(prefix):])
     return lost
 
 
@@ -264,9 +270,10 @@ def check(history: History, store: Stored, commits: Dict[str, int],
 
 
 def _kept(history: History, store: Stored, lost: Set[str]) -> Iterator[Violation]:
+    last = history.eras[-1][0] if history.eras else -math.inf
     for item, (when, payload) in history.puts.items():
-        if payload in lost:  # etcd lost it: restored from a backup older than its POST
-            continue
+        if payload in lost or (item in lost and when < last):
+            continue  # etcd lost it: restored from a backup older than its put
         if item not in store.work and item not in store.completed and item not in store.failed:
             yield Violation("acknowledged-put-kept",
                             f"item {item} ({payload!r}, put at {when:.3f}) is stored nowhere")

@@ -134,6 +134,9 @@ _ADDED = ("slow_link", "busy")
 #: The share of swarm seeds whose operator's requeues are raced (requeue_race),
 #: drawn from a generator of its own, after the rates.
 SWARM_REQUEUE_RACE = 0.5
+#: The share of swarm seeds whose cluster is restored from an older backup
+#: (restore_old), drawn by _restore_old's own generator.
+SWARM_RESTORE_OLD = 0.25
 #: Shares, not rates: drawn on or off, kept as they are.
 _SHARES = ("restore", "late_by")
 
@@ -256,6 +259,7 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
         rates = swarm_rates(random.Random(f"swarm-{seed}"), rates or FaultRates())
         requeue_race = requeue_race or \
             random.Random(f"requeue-race-{seed}").random() < SWARM_REQUEUE_RACE
+        restore_old = max(restore_old, SWARM_RESTORE_OLD)
     fault_rates = (rates or FaultRates()) if faults else NO_FAULTS
     network = Network(sim, cluster, random.Random(f"network-{seed}"), rates=fault_rates,
                       faults_until=faults_until)
