@@ -25,6 +25,9 @@ What the model keeps of raft is what a client can see:
   entries (None: only when :meth:`Cluster.snapshot` is called); a member
   restored from it takes that store and keeps its watchers, which miss
   the events the snapshot covered and get those after it from the log.
+* the whole cluster restored from an older backup (:meth:`Cluster.rewind`)
+  takes the backup's store on every member: etcd's index goes back, the
+  writes since are lost, every watch ends; the log goes on from there.
 
 Time is an argument of every call (seconds, as the simulator's clock
 reads); each member's wall clock is that plus its ``skew``.  Calls must

@@ -28,7 +28,8 @@ and, by the courier thread (:meth:`Network.courier`): a member frozen for a
 while (a frozen leader is replaced), a member that lags and catches up by
 the log or by the leader's snapshot (its watches miss what the snapshot
 covered), a restart (every watch on it ends), a stream cut or gone silent;
-off by default, a partition of one process and a slow link (a member's or a
+off by default, the whole cluster restored from an older backup at a
+seeded moment (:meth:`Network.restore_old`), a partition of one process and a slow link (a member's or a
 process's replies at a byte rate: read whole past the timeout, arriving).
 A client's whole process can be paused (:meth:`Network.pause`).  The courier also moves the
 cluster's time on (its TTL sweeps, its raft timeouts) when no request does.
