@@ -43,6 +43,9 @@ class Commit:
     token: str  # its claim token
     kind: str  # complete, fail, release
     outcome: Optional[str]  # the claim's outcome after it: completed, failed, dead-lettered, released
+    #: The history it is of (History.eras), when not its seq's: a Worker's,
+    #: noted at the end, is of its claim's hand-out.
+    era: Optional[int] = None
 
 
 @dataclass
@@ -104,6 +107,29 @@ class History:
     idle: Dict[str, float] = field(default_factory=dict)
     #: claim() calls that raised Unavailable: (called, raised, consumer, the error).
     unavailable: List[Tuple[float, float, str, str]] = field(default_factory=list)
+    #: Each restore of the whole cluster from an older backup (restore_old):
+    #: (when, the seq then, how many waits had returned, the backup's index).
+    #: What the library returned after one is of a new history, judged apart
+    #: (invariants).
+    eras: List[Tuple[float, int, int, int]] = field(default_factory=list)
+    #: id(claim) -> the history (era) it was handed out in.
+    _era_of: Dict[int, int] = field(default_factory=dict)
+
+    def rewound(self, now: float, index: int) -> None:
+        """The cluster was restored from a backup at etcd index ``index``: a new
+        history starts."""
+        self.eras.append((now, self.seq, len(self.waits), index))
+
+    def era(self, seq: int) -> int:
+        """The history an act of sequence number ``seq`` is of."""
+        return sum(1 for _, start, _, _ in self.eras if seq > start)
+
+    def commit_era(self, commit: Commit) -> int:
+        return self.era(commit.seq) if commit.era is None else commit.era
+
+    def claim_era(self, claim: Claim) -> int:
+        """The history ``claim`` was handed out in."""
+        return self._era_of.get(id(claim), 0)
 
     def hand_out(self, claim: Claim, consumer: str, now: float, fifo: bool = False) -> None:
         """A claim was handed out to ``consumer``."""
@@ -111,6 +137,8 @@ class History:
         self.hand_outs.append(HandOut(self.next(), now, claim.id, index, consumer,
                                       claim._state.lock.token, fifo))
         self.open.setdefault(claim.id, []).append(claim)
+        if self.eras:
+            self._era_of[id(claim)] = len(self.eras)
         self.check_live_claims(now)
 
     def closed_claim(self, claim: Claim, when: str) -> None:
@@ -132,6 +160,8 @@ class History:
             # One whose complete()/fail()/release() runs has left the item to its
             # fence (its own give-back may have deleted the lock already).
             live = [claim for claim in claims if not claim.lost and not settling(claim)]
+            if self.eras:  # judged within a history: etcd forgot the older one's locks
+                live = [claim for claim in live if self.claim_era(claim) == len(self.eras)]
             if len(live) < 2:
                 self._overlapping.pop(item, None)
                 continue
