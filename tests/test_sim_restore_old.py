@@ -49,11 +49,6 @@ def test_what_etcd_lost_at_a_restore_is_not_the_library_s_fault() -> None:
         assert result.violations == [], (seed, result.violations)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the view keeps the lock signs of the history etcd lost at a restore: a listing of "
-    "locks/ (or a removal) at an index below a sign frees nothing (ViewState.unlocked), so "
-    "an item stays taken in every view that held the sign until etcd's index passes it "
-    "again, and with no work left to raise it, for ever (being fixed on branch lockback)"))
 @pytest.mark.parametrize("seed,options", [
     (27, {"consumers": 1, "workers": 0, "items": 60}),
     (4, {"swarm": True}),
