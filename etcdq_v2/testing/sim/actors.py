@@ -32,6 +32,9 @@ class HandOut:
     token: str = ""  # the claim's token, which its writes of work/<id> carry
     #: Claimed at a window of one item, and no lost race in the call: from the head.
     fifo: bool = False
+    #: The history its C2 applied in (History.eras), when known; None: the
+    #: one it returned in (invariants.decide_histories).
+    era: Optional[int] = None
 
 
 @dataclass
@@ -43,8 +46,9 @@ class Commit:
     token: str  # its claim token
     kind: str  # complete, fail, release
     outcome: Optional[str]  # the claim's outcome after it: completed, failed, dead-lettered, released
-    #: The history it is of (History.eras), when not its seq's: a Worker's,
-    #: noted at the end, is of its claim's hand-out.
+    #: The history it is of (History.eras), when not its seq's: the one its
+    #: deciding write applied in (invariants.decide_histories); a Worker's,
+    #: noted at the end, is of its claim's hand-out until then.
     era: Optional[int] = None
 
 
@@ -69,6 +73,8 @@ class History:
 
     puts: Dict[str, Tuple[float, str]] = field(default_factory=dict)  # id -> (time, payload)
     doubtful: List[str] = field(default_factory=list)  # payloads of puts that raised
+    #: Ids acknowledged (requeues) whose payload is unknown: puts' holds their old id.
+    unknown_payloads: Set[str] = field(default_factory=set)
     #: The puts that raised (read-back-finds-applied).
     doubts: List[Doubt] = field(default_factory=list)
     #: The committed log's length now (Cluster.log).
@@ -114,6 +120,16 @@ class History:
     eras: List[Tuple[float, int, int, int]] = field(default_factory=list)
     #: id(claim) -> the history (era) it was handed out in.
     _era_of: Dict[int, int] = field(default_factory=dict)
+    #: The history the write of work/<item> carrying a claim token at an index
+    #: applied in (item, token, index; None: not in the log): the committed log's.
+    applied_in: Callable[[str, str, int], Optional[int]] = lambda item, token, index: None
+    #: The committed log's length when each of ``waits`` returned.
+    wait_positions: List[int] = field(default_factory=list)
+    #: seq -> the committed log's length when the act returned.
+    positions: Dict[int, int] = field(default_factory=dict)
+    #: seq of a cancel() that returned True -> the history its K3 applied in
+    #: (invariants.decide_histories).
+    cancel_eras: Dict[int, int] = field(default_factory=dict)
 
     def rewound(self, now: float, index: int) -> None:
         """The cluster was restored from a backup at etcd index ``index``: a new
@@ -127,6 +143,12 @@ class History:
     def commit_era(self, commit: Commit) -> int:
         return self.era(commit.seq) if commit.era is None else commit.era
 
+    def hand_out_era(self, out: HandOut) -> int:
+        return self.era(out.seq) if out.era is None else out.era
+
+    def cancel_era(self, seq: int) -> int:
+        return self.cancel_eras.get(seq, self.era(seq))
+
     def claim_era(self, claim: Claim) -> int:
         """The history ``claim`` was handed out in."""
         return self._era_of.get(id(claim), 0)
@@ -137,8 +159,9 @@ class History:
         self.hand_outs.append(HandOut(self.next(), now, claim.id, index, consumer,
                                       claim._state.lock.token, fifo))
         self.open.setdefault(claim.id, []).append(claim)
-        if self.eras:
-            self._era_of[id(claim)] = len(self.eras)
+        if self.eras:  # of the history its C2 applied in (a reply held across a restore)
+            era = self.applied_in(claim.id, claim._state.lock.token, index)
+            self._era_of[id(claim)] = len(self.eras) if era is None else era
         self.check_live_claims(now)
 
     def closed_claim(self, claim: Claim, when: str) -> None:
@@ -176,6 +199,7 @@ class History:
 
     def next(self) -> int:
         self.seq += 1
+        self.positions[self.seq] = self.position()
         return self.seq
 
     def doubt(self, queue: Queue, first: int, payloads: List[str], exc: EtcdqError) -> None:
@@ -440,6 +464,7 @@ def operator(queue: Queue, plan: Plan, history: History,
                 info = queue.wait(item, timeout=rng.uniform(0.5, 10.0))
                 if info is not None:
                     history.waits.append((item, info.id, info.state))
+                    history.wait_positions.append(history.position())
         except EtcdqError as exc:
             history.error(exc)
 
@@ -475,6 +500,8 @@ def _requeued(queue: Queue, item: str, history: History) -> None:
     new_id = queue.requeue(item)
     history.next()
     history.puts[new_id] = (queue.runtime.monotonic(), history.puts.get(item, (0.0, item))[1])
+    if item not in history.puts:  # a dead letter of a put that raised: its payload unknown
+        history.unknown_payloads.add(new_id)
 
 
 def _race(queue: Queue, item: str, history: History, race: RequeueRace, name: str,

@@ -6,7 +6,7 @@ docs/guarantees.md lists beside the guarantee it checks:
 
 =========================  =====================================================
 acknowledged-put-kept      every id put() or put_many() returned is, at the end,
-                           in work/, completed/ or failed/
+                           in work/, completed/ or failed/, with its payload
 stored-once                no two stored items (work/, completed/, failed/) carry
                            one put's payload (each put has its own)
 one-outcome                no item is in both completed/ and failed/, and at most
@@ -239,6 +239,96 @@ def claim_writes(cluster: Cluster, root: str) -> Dict[Tuple[str, str], int]:
     return found
 
 
+def _history_at(cluster: Cluster, position: int) -> int:
+    """The history (History.eras) the log entry at ``position`` applied in."""
+    return sum(1 for _, struck in cluster.rewinds if struck <= position)
+
+
+def applied_in(cluster: Cluster, root: str, item: str, token: str,
+               index: int) -> Optional[int]:
+    """The history the write of work/``item`` carrying claim ``token`` at etcd
+    index ``index`` applied in (a C2, or the re-fence); None: no such write."""
+    key = f"{root}/work/{item}"
+    for position in range(len(cluster.log) - 1, -1, -1):
+        entry = cluster.log[position]
+        request, pending = entry.request, entry.pending
+        if request is None or pending is None or pending.reply is None \
+                or request.key != key or request.method != "PUT" \
+                or pending.reply.status not in (200, 201) \
+                or int(pending.reply.headers["x-etcd-index"]) != index:
+            continue
+        try:
+            value = json.loads(request.value)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(value, dict) and value.get("c") == token:
+            return _history_at(cluster, position)
+    return None
+
+
+def _record_kept(cluster: Cluster, root: str, state: str, item: str,
+                 returned: int) -> Optional[bool]:
+    """Whether the write a wait() that returned at log position ``returned``
+    learnt ``item``'s outcome ``state`` from is in the last history's lineage
+    (etcd kept it): the last write before then of its record, or of
+    work/<item> with its outcome (F1, which a wait reads too); None: none."""
+    kept = lineage(cluster, len(cluster.rewinds))
+    record, work = f"{root}/{state}/{item}", f"{root}/work/{item}"
+    for position in range(min(returned, len(cluster.log)) - 1, -1, -1):
+        entry = cluster.log[position]
+        request, pending = entry.request, entry.pending
+        if request is None or pending is None or pending.reply is None \
+                or request.method != "PUT" or pending.reply.status not in (200, 201):
+            continue
+        if request.key == record or (request.key == work and '"o":' in (request.value or "")):
+            return any(lo <= position < hi for lo, hi in kept)
+    return None
+
+
+def decide_histories(cluster: Cluster, root: str, history: History) -> None:
+    """After a restore from an older backup: note each act's history as the one
+    its deciding write applied in, read from the committed log, not the one
+    it returned in (a reply held across the restore returns in the new
+    history what applied in the lost one): a hand-out's C2 (its token at its
+    index), a final commit's F1 (the first write of its token with "o"), a
+    give-back's last write of its token, a cancel's K3 (the last write of the
+    item with "o" and "cancelled" before it returned).  An act whose write is
+    not in the log keeps the history it returned in."""
+    writes: Dict[str, List[Tuple[int, Dict[str, Any], int]]] = {}
+    prefix = f"{root}/work/"
+    for position, entry in enumerate(cluster.log):
+        request, pending = entry.request, entry.pending
+        if request is None or pending is None or pending.reply is None \
+                or request.method != "PUT" or not request.key.startswith(prefix) \
+                or pending.reply.status not in (200, 201):
+            continue
+        try:
+            value = json.loads(request.value)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(value, dict):
+            writes.setdefault(request.key[len(prefix):], []).append(
+                (position, value, int(pending.reply.headers["x-etcd-index"])))
+    for out in history.hand_outs:
+        found = [position for position, value, index in writes.get(out.item, [])
+                 if value.get("c") == out.token and index == out.index]
+        if found:
+            out.era = _history_at(cluster, found[0])
+    for commit in history.commits:
+        mine = [(position, value) for position, value, _ in writes.get(commit.item, [])
+                if value.get("c") == commit.token]
+        if commit.outcome in ("completed", "dead-lettered"):
+            mine = [(position, value) for position, value in mine if "o" in value][:1]
+        if mine:
+            commit.era = _history_at(cluster, mine[-1][0])
+    for seq, item, cancelled in history.cancels:
+        returned = history.positions.get(seq, len(cluster.log))
+        found = [position for position, value, _ in writes.get(item, [])
+                 if position < returned and "o" in value and value.get("why") == "cancelled"]
+        if cancelled and found:
+            history.cancel_eras[seq] = _history_at(cluster, found[-1])
+
+
 def _payload(value: str, record: bool) -> Optional[Any]:
     try:
         return Record.decode(value).payload if record else Item.decode(value).payload
@@ -274,9 +364,18 @@ def _kept(history: History, store: Stored, lost: Set[str]) -> Iterator[Violation
     for item, (when, payload) in history.puts.items():
         if payload in lost or (item in lost and when < last):
             continue  # etcd lost it: restored from a backup older than its put
-        if item not in store.work and item not in store.completed and item not in store.failed:
+        held = [_payload(directory[item][1], record)
+                for directory, record in ((store.work, False), (store.completed, True),
+                                          (store.failed, True)) if item in directory]
+        if not held:
             yield Violation("acknowledged-put-kept",
                             f"item {item} ({payload!r}, put at {when:.3f}) is stored nowhere")
+        elif payload not in held and None not in held and item not in history.unknown_payloads:
+            # Its id holds another put's payload: an item of that name from an
+            # earlier history (a restore gives its indexes, and so names, again).
+            yield Violation("acknowledged-put-kept",
+                            f"item {item} ({payload!r}, put at {when:.3f}) is stored as "
+                            f"another put's: {', '.join(map(repr, held))}")
 
 
 def _once(store: Stored) -> Iterator[Violation]:
@@ -317,7 +416,7 @@ def _no_commit_after_reclaim(history: History,
         given_back = writes.get((commit.item, commit.token), commit.index)
         for out in history.hand_outs:
             if out.item != commit.item or out.index <= commit.index or out.seq > commit.seq \
-                    or history.era(out.seq) != history.commit_era(commit):
+                    or history.hand_out_era(out) != history.commit_era(commit):
                 continue
             if final or out.index < given_back:
                 yield Violation("no-commit-after-reclaim",
@@ -338,7 +437,7 @@ def _no_hand_out_after_outcome(history: History,
         if commit.outcome in ("completed", "dead-lettered"):
             final.setdefault((history.commit_era(commit), commit.item), commit)
     for out in history.hand_outs:
-        era = history.era(out.seq)
+        era = history.hand_out_era(out)
         fenced = eras[min(era, len(eras) - 1)].get(out.item)
         if fenced is not None and out.index > fenced:
             yield Violation("no-hand-out-after-outcome",
@@ -355,19 +454,18 @@ def _delay_kept(history: History, skew: float) -> Iterator[Violation]:
     for out in history.hand_outs:
         if out.item in history.delayed:
             called, delay = history.delayed[out.item]
-            if not _same_item(history, out.seq, out.item, called):
+            if not _same_item(history, history.hand_out_era(out), out.item, called):
                 continue
             if out.time < called + delay - skew:
                 yield Violation("delay-kept", f"item {out.item}, put at {called:.3f} with a "
                                 f"delay of {delay:g} s, was handed out at {out.time:.3f}")
 
 
-def _same_item(history: History, seq: int, item: str, put: float) -> bool:
-    """Whether the item handed out by act ``seq`` is the one put at time ``put``:
+def _same_item(history: History, era: int, item: str, put: float) -> bool:
+    """Whether the item handed out in history ``era`` is the one put at time ``put``:
     after a restore from an older backup, etcd names new items by indexes it
     had given before; one put in an earlier history is the same item if each
     backup since kept it (its name, an index, is at most the backup's)."""
-    era = history.era(seq)
     put_era = sum(1 for when, _, _, _ in history.eras if put >= when)
     if put_era >= era:
         return put_era == era
@@ -380,12 +478,13 @@ def _cancel_wins(history: History) -> Iterator[Violation]:
         if not cancelled:
             continue
         for out in history.hand_outs:
-            if out.item == item and out.seq > seq and history.era(out.seq) == history.era(seq):
+            if out.item == item and out.seq > seq \
+                    and history.hand_out_era(out) == history.cancel_era(seq):
                 yield Violation("cancel-wins", f"item {item} was handed out to {out.consumer} "
                                 f"at {out.time:.3f}, after cancel() returned True")
         for commit in history.commits:
             if commit.item == item and commit.outcome == "completed" \
-                    and history.commit_era(commit) == history.era(seq):
+                    and history.commit_era(commit) == history.cancel_era(seq):
                 yield Violation("cancel-wins", f"item {item} was completed OK at "
                                 f"{commit.time:.3f}, and cancel() returned True")
 
@@ -1041,12 +1140,21 @@ def claims_available(history: History, since: float) -> Iterator[Violation]:
             return
 
 
-def waits_agree(history: History, store: Stored) -> Iterator[Violation]:
+def waits_agree(history: History, store: Stored,
+                cluster: Optional[Cluster] = None, root: str = "") -> Iterator[Violation]:
     """wait-agrees: a completed outcome wait() returned is in completed/ at the
     end; a failed one in failed/ (a dead letter, or its requeue's tombstone):
-    those that returned in the last history (the end's store is its)."""
+    those the last history holds (the end's store is its).  After a restore
+    from an older backup (``cluster``'s rewinds), a wait is of the history
+    the outcome's write applied in (its record's, or F1's: the last before
+    the wait returned, read from the log), not of the one it returned in."""
     last = history.eras[-1][2] if history.eras else 0
-    for item, named, state in history.waits[last:]:
+    for number, (item, named, state) in enumerate(history.waits):
+        kept = _record_kept(cluster, root, state, named, history.wait_positions[number]) \
+            if cluster is not None and cluster.rewinds \
+            and number < len(history.wait_positions) else None
+        if kept is False or (kept is None and number < last):
+            continue  # etcd lost the outcome at a restore from an older backup
         where = store.completed if state == "completed" else store.failed
         if named not in where:
             yield Violation("wait-agrees", f"wait({item}) returned {named} {state}, which "

@@ -296,6 +296,8 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
     live.calm = calm
     history.paused = network.spans
     history.position = lambda: len(cluster.log)
+    history.applied_in = lambda item, token, index: invariants.applied_in(
+        cluster, root, item, token, index)
     # In a share (``kills``) of the seeds with faults, consumer c0's process dies
     # after a random number of its requests (it stops dead: see Network.kill_after).
     deaths = random.Random(f"kills-{seed}")
@@ -435,11 +437,13 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
                                           "complete", claim.outcome,
                                           history.claim_era(claim) if history.eras else None))
     violations += list(invariants.refreshes_of_others(cluster, root, network.senders, history))
-    violations += list(invariants.waits_agree(history, store))
+    violations += list(invariants.waits_agree(history, store, cluster, root))
     violations += list(invariants.read_backs(cluster, root, network.threads, history))
     # Every member answers once a held request, a freeze and a lag are over.
     violations += list(invariants.claims_available(
         history, faults_until + AFTERMATH if faults else 0.0))
+    if cluster.rewinds:
+        invariants.decide_histories(cluster, root, history)
     eras = [invariants.fenced_commits(cluster, root, era)
             for era in range(len(cluster.rewinds) + 1)] if cluster.rewinds else None
     violations += invariants.check(history, store, invariants.fenced_commits(cluster, root),
