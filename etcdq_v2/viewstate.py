@@ -335,7 +335,9 @@ class ViewState:
         #: while a listing of work/ is outstanding (round_sent, relist_sent):
         #: id -> (``started`` then, the highest index of the item the view
         #: knows: the version it held, or this process's own claim's (C2,
-        #: :attr:`wrote`); inf: none).  A listing of work/ sent by then may have
+        #: :attr:`wrote`); inf: none; and the held version's index alone,
+        #: which is what the mark keeps when etcd's history changes:
+        #: _history_changed).  A listing of work/ sent by then may have
         #: been taken before the item left, and does not bring that version or
         #: an older one back (a lone consumer would try its own finished item,
         #: lose to its lingering lock, and widen its window: Order); a newer one
@@ -344,7 +346,7 @@ class ViewState:
         #: the listings applied meanwhile (an index says nothing across a
         #: restart); none made when no listing is outstanding: bounded by what
         #: left work/ while one was.
-        self.left: Dict[str, Tuple[int, float]] = {}
+        self.left: Dict[str, Tuple[int, float, float]] = {}
         #: The indexes at which this process's claims found the item's lock
         #: (locked_at: its C2's, for a claim that won): a listing read after
         #: C2 shows that version.  Only for items in work/.
@@ -1238,10 +1240,10 @@ class ViewState:
         if not self.fresher_than_applied(sent.started, answered, index):
             return False
         if later_and_lower or index < sent.highest:
-            self._history_changed(index)
+            self._history_changed(index, sent.started)
         return True
 
-    def _history_changed(self, index: int) -> None:
+    def _history_changed(self, index: int, started: int) -> None:
         """A listing of work/ read at ``index``, lower than etcd's history
         allows (_fresh), is about to be applied: etcd was restored from an
         older snapshot or restarted without its data, and every index the
@@ -1255,7 +1257,14 @@ class ViewState:
         self.items.clear()  # every item of the listing is new: its claim token is a sign
         self.locks.clear()
         self.gone.clear()
-        self.left.clear()
+        # The marks made while this listing (the ``started``-th) was under way
+        # hide what the view held of their items, or older, as before: the
+        # listing may have been read before they left (a finished item is not
+        # offered again).  Our own writes' indexes may be the old history's,
+        # and outweigh a new write of the id: they count no more.  Older marks
+        # served only listings sent earlier, which are dropped now.
+        self.left = {i: (at, version, version) for i, (at, _, version) in self.left.items()
+                     if at >= started}
         self.wrote.clear()
         self.skip.clear()  # an id's index may hold another write now: checked again
         self.read_signs.clear()
@@ -1396,8 +1405,8 @@ class ViewState:
         held = self.items.pop(item_id, None)
         wrote = self.wrote.pop(item_id, 0)
         if self._oldest_outstanding() <= self.started:  # a listing sent by now may show it
-            self.left[item_id] = (self.started,
-                                  math.inf if held is None else max(held[0], wrote))
+            version = math.inf if held is None else held[0]
+            self.left[item_id] = (self.started, max(version, wrote), version)
         self.locks.pop(item_id, None)
         self.gone.pop(item_id, None)
         self.trying.pop(item_id, None)
@@ -1440,7 +1449,7 @@ class ViewState:
             self.make_free(item_id)
 
 
-def _hidden(mark: Tuple[int, float], started: int, index: int) -> bool:
+def _hidden(mark: Tuple[int, float, float], started: int, index: int) -> bool:
     """Whether a listing started ``started``-th leaves out an entry at ``index``
     of an item forgotten with ``mark`` (ViewState.left): the listing started by
     then, and the entry is the version the view held or an older one."""

@@ -18,7 +18,6 @@ import re
 import shutil
 import threading
 
-import pytest
 from helpers import wait_until
 
 from etcdq_v2 import Queue
@@ -32,8 +31,6 @@ _WORK_REPLY = re.compile(rb'"node":\{"key":"[^"]*/work","dir":true')
 _NEVER = re.compile(rb"\A\Z(?!x)x")  # holds no new connection; the held one stays held
 
 
-@pytest.mark.xfail(strict=True, reason="the listing that tells the history changed drops "
-                   "every left mark, also the one of the item finished while it was under way")
 def test_an_item_finished_on_the_restored_etcd_is_not_offered_again_by_a_listing_read_before(
         own_etcd: EtcdServer, proxy_factory, queue_name: str, tmp_path) -> None:
     backup = tmp_path / "backup"

@@ -14,8 +14,6 @@ from test_viewstate import free_ids, item_id, ready_state, value
 from test_viewstate_history_changed import relisted
 
 
-@pytest.mark.xfail(strict=True, reason="_history_changed drops every left mark, also the "
-                   "ones this process made in the new history while the listing was under way")
 def test_an_item_finished_while_the_listing_that_tells_the_change_is_under_way_stays_gone(
 ) -> None:
     """The view knew the old etcd up to 100; etcd came back at 10.  A relist is
