@@ -387,10 +387,13 @@ class QueueView:
 
     def _list_locks(self, generation: int, full: bool = False,
                     round_: Optional[int] = None) -> None:
-        """List locks/ and apply it (ViewState.apply_locks: only if still current)."""
+        """List locks/ and apply it (ViewState.apply_locks: only if still current,
+        in the history it was sent in)."""
+        with self._cond:
+            history = self.state.history
         locks = self._protocol.list("locks")
         with self._changing() as state:
-            state.apply_locks(generation, round_, locks, full=full,
+            state.apply_locks(generation, round_, locks, full=full, history=history,
                               now=self._runtime.monotonic(), wall=self._runtime.wall())
 
     def relist_work(self, *, full: bool = False, catching_up: bool = False) -> None:

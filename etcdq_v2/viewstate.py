@@ -81,6 +81,13 @@ delete or expire event) that comes while the attempt is under way is kept
 and compared with that index then; any later one frees the item at once.  So
 no item stays taken after its lock went, whatever the order of the news.
 
+History.  etcd restored from an older snapshot, or restarted without its
+data, goes on from a lower index.  A listing of work/ (a quorum read) read
+below the highest index the view was told of before it was sent shows it
+(:meth:`ViewState._fresh`): every sign of the old history is dropped, since
+none compares with the new one's indexes (:meth:`ViewState._history_changed`),
+and a reply to a request sent before the change is dropped whatever its index.
+
 A claim never trusts the view: the lock create (C1) and the compare-and-swap
 on the item (C2) decide, so a stale view costs a retry, never a wrong answer.
 A claim that finds items gone tells the view (:meth:`ViewState.finished`); a few
@@ -103,7 +110,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from .codec import Item, Junk, Lock
 from .keys import Layout
@@ -203,6 +210,11 @@ class Round:
     #: The number this listing of work/ took as it was sent (ViewState.started;
     #: ViewState.round_listing numbers each of the round's listings).
     started: int = 0
+    #: ViewState.history as this listing of work/ was sent: its replies
+    #: (work/, locks/, lock reads) are dropped if the history changed since.
+    history: int = 0
+    #: ViewState.highest as it was sent: read at a lower index, etcd's history changed.
+    highest: int = 0
 
 
 @dataclass(frozen=True)
@@ -232,6 +244,10 @@ class Relist:
     full: bool
     #: The number it took as it was sent (ViewState.started).
     started: int = 0
+    #: ViewState.history as it was sent: dropped whole if the history changed since.
+    history: int = 0
+    #: ViewState.highest as it was sent: read at a lower index, etcd's history changed.
+    highest: int = 0
 
 
 @dataclass(frozen=True)
@@ -320,7 +336,9 @@ class ViewState:
         #: while a listing of work/ is outstanding (round_sent, relist_sent):
         #: id -> (``started`` then, the highest index of the item the view
         #: knows: the version it held, or this process's own claim's (C2,
-        #: :attr:`wrote`); inf: none).  A listing of work/ sent by then may have
+        #: :attr:`wrote`); inf: none; and the held version's index alone,
+        #: which is what the mark keeps when etcd's history changes:
+        #: _history_changed).  A listing of work/ sent by then may have
         #: been taken before the item left, and does not bring that version or
         #: an older one back (a lone consumer would try its own finished item,
         #: lose to its lingering lock, and widen its window: Order); a newer one
@@ -329,15 +347,17 @@ class ViewState:
         #: the listings applied meanwhile (an index says nothing across a
         #: restart); none made when no listing is outstanding: bounded by what
         #: left work/ while one was.
-        self.left: Dict[str, Tuple[int, float]] = {}
+        self.left: Dict[str, Tuple[int, float, float]] = {}
         #: The indexes at which this process's claims found the item's lock
         #: (locked_at: its C2's, for a claim that won): a listing read after
         #: C2 shows that version.  Only for items in work/.
         self.wrote: Dict[str, int] = {}
         #: Claim attempts of this process under way: id -> the newest etcd index
-        #: at which the item's lock was seen gone meanwhile (-1: not seen): no
-        #: item stays taken after its lock went, whatever order the news comes in.
-        self.trying: Dict[str, int] = {}
+        #: at which the item's lock was seen gone meanwhile (-1: not seen; inf:
+        #: the history changed meanwhile, so the index the attempt ends with
+        #: may be the old history's and makes no sign): no item stays taken
+        #: after its lock went, whatever order the news comes in.
+        self.trying: Dict[str, float] = {}
         #: (Watching.) Items with an outcome record whose removal from work/ (F3)
         #: the view has not seen yet, while their finisher's lock is there: a
         #: finished item is offered to no one.
@@ -450,6 +470,18 @@ class ViewState:
         self.applied_sent = 0
         self.applied_answered = 0
         self.applied_index = 0
+        #: The highest etcd index the view was told of (listings, lock reads,
+        #: events, this process's writes and claims' outcomes).  A listing of
+        #: work/ sent after it (a quorum read) is read at an index as high in
+        #: the same history: one applied at a lower index shows that etcd's
+        #: history changed (restored from an older snapshot, or restarted
+        #: without its data: _history_changed).
+        self.highest = 0
+        #: etcd's histories seen: bumped at each change (_history_changed).  A
+        #: listing or lock read notes it as it is sent (Round, Relist,
+        #: apply_locks) and is dropped if it changed meanwhile: its indexes
+        #: may be the old history's, which compare with nothing of the new.
+        self.history = 0
         #: Listings of work/ sent and not yet settled (applied, failed, or
         #: their round replaced): the current round's and the claimer's
         #: relist's ``started`` numbers as sent (None: none under way).
@@ -707,10 +739,17 @@ class ViewState:
 
         ``won``: the claim is ours (C2 at ``index``): the item is :attr:`own`
         until :meth:`disowned`, unless its lock was seen gone since.
+
+        An attempt under way when etcd's history changed makes no sign: its
+        ``index`` may be the old history's (``trying``).
         """
         gone = self.trying.pop(item_id, None)
         if gone is None:
             return  # forgotten meanwhile, or another thread's attempt ended it
+        if gone == math.inf:  # the history changed meanwhile: ``index`` may be the old one's
+            self.make_free(item_id)
+            return
+        self.highest = max(self.highest, index)
         if index > self.wrote.get(item_id, 0) and item_id in self.items:
             self.wrote[item_id] = index
         if refused and 0 < index == max(gone, self.gone.get(item_id, -1)):
@@ -746,18 +785,21 @@ class ViewState:
         skipped) could offer the item again.  ``index``: where this process's
         last write of the item applied (F1, the commit): a listing read after
         it shows that version, which the left mark must cover."""
+        self.highest = max(self.highest, index)
         if index > self.wrote.get(item_id, 0):
             self.wrote[item_id] = index
         self.forget(item_id)
 
     def skip_version(self, item_id: str, index: int) -> None:
         """Never offer this version of the item again (it is junk)."""
+        self.highest = max(self.highest, index)
         self.skip[item_id] = index
 
     # -- own puts ---------------------------------------------------------------------
     def added(self, item_id: str, seen: Version) -> None:
         """This process wrote the item (a put, a requeue) or read it back after
         a lost reply, at version ``seen``: offer it before etcd's event arrives."""
+        self.highest = max(self.highest, seen.index)
         if self.ready and seen.index > self.items.get(item_id, (0, None))[0]:
             self.apply_item(item_id, seen.index, seen.raw)
 
@@ -772,6 +814,7 @@ class ViewState:
         (a relist of work/ between D2 and now) but never the lock: it always
         notes the lock and when it is due.
         """
+        self.highest = max(self.highest, seen.index, lock_index)
         known = seen.index <= self.items.get(item_id, (0, None))[0]
         if not self.ready or (known and self.watching):
             return  # the next listing has it; or it is known (or finished) already
@@ -788,6 +831,7 @@ class ViewState:
         when etcd expires its delay lock, so that a quiet view, which hears no
         expiry, lists locks/ then rather than up to a lock TTL later; a listing
         older than ``index``, which shows our claim's lock, does not undo that."""
+        self.highest = max(self.highest, index)
         if not seconds:
             self.unlocked(item_id, index)
         elif item_id in self.locks:
@@ -905,7 +949,8 @@ class ViewState:
         self.started += 1
         self.round_sent = self.started  # the replaced round's listing is never applied
         self._keep_needed_marks()
-        return Round(self.generation, watching, list_locks, self.started)
+        return Round(self.generation, watching, list_locks, self.started, self.history,
+                     self.highest)
 
     def switch(self, *, watching: bool, list_locks: bool = False) -> Optional[Round]:
         """A new round in the other mode, or None if the view is in that mode already."""
@@ -922,7 +967,8 @@ class ViewState:
         if round_.generation == self.generation:
             self.round_sent = self.started
             self._keep_needed_marks()
-        return replace(round_, started=self.started)
+        return replace(round_, started=self.started, history=self.history,
+                       highest=self.highest)
 
     def start_relisting(self) -> bool:
         """A claim asks for a new round (subscribe, list); True: start it (False:
@@ -970,14 +1016,30 @@ class ViewState:
         """Apply the round's listings (``locks`` None: not listed, or failed as
         ``plan`` allowed) and lock reads; False if the round was replaced: an
         older listing applied after the successor's events could mark a
-        released item locked for good."""
+        released item locked for good.  None of them if etcd's history changed
+        since its listing of work/ was sent (``history``): its indexes may be
+        the old history's.  The listing that tells the change keeps its own
+        listing and reads of locks/, sent after its reply came."""
         if round_.generation != self.generation:
             return False
         work_index, entries = work
-        if self.fresher_than_applied(round_.started, plan.answered, work_index):
+        current = round_.history == self.history
+        if current and self._fresh(round_, plan.answered, work_index):
             self.take_listing(work_index, self.not_left(round_.started, entries),
                               plan.delayed)
         self._round_settled()
+        if current:
+            self._apply_round_locks(round_, work_index, plan, locks, reads, now, wall)
+        if round_.watching:
+            self.round_listed_at = now
+        self.ready, self.error = True, None
+        return True
+
+    def _apply_round_locks(self, round_: Round, work_index: int, plan: RoundPlan,
+                           locks: Optional[Listing], reads: Sequence[LockRead],
+                           now: float, wall: float) -> None:
+        """apply_round's listing and reads of locks/, and the confirm check up to
+        its listing of work/ (at ``work_index``)."""
         if locks is not None:
             self.reconcile_locks(locks[0], locks[1], now=now, wall=wall)
         elif plan.delayed:  # the next claim lists locks/ first
@@ -986,10 +1048,6 @@ class ViewState:
         self.confirm_upto, self.confirm_at = work_index, math.inf
         if round_.watching and locks is None and self.unconfirmed():
             self.plan_confirm(now)
-        if round_.watching:
-            self.round_listed_at = now
-        self.ready, self.error = True, None
-        return True
 
     def round_over(self, round_: Round, now: float) -> bool:
         """The round has trusted its stream long enough (ROUND after its listing)."""
@@ -1010,6 +1068,8 @@ class ViewState:
             return False  # replaced: its successor's listing covers these events
         for action, key, value, is_dir, index in _EVENT.findall(block):
             number = int(index)
+            if number > self.highest:
+                self.highest = number
             self._apply_event(action, key.decode("utf-8", "replace"), value, is_dir,
                               number, floors, now)
             if round_.watching:  # events come in etcd's order: work/ is known up to here
@@ -1088,7 +1148,7 @@ class ViewState:
         self.listing = True
         self.started += 1
         self.relist_sent = self.started
-        return Relist(self.generation, full, self.started)
+        return Relist(self.generation, full, self.started, self.history, self.highest)
 
     def plan_relist(self, relist: Relist, work: List[Entry]) -> RelistPlan:
         """What a relist lists after work/: locks/ for the listing's new
@@ -1111,13 +1171,14 @@ class ViewState:
 
     def apply_relist(self, relist: Relist, work: Listing, plan: RelistPlan,
                      locks: Optional[Listing], now: float, wall: float) -> None:
-        """Apply a claimer's relist (``locks`` None: not listed, or failed)."""
-        if relist.generation == self.generation and self.fresher_than_applied(
-                relist.started, plan.answered, work[0]):
+        """Apply a claimer's relist (``locks`` None: not listed, or failed).
+        Nothing of it if etcd's history changed since it was sent (``history``)."""
+        current = relist.generation == self.generation and relist.history == self.history
+        if current and self._fresh(relist, plan.answered, work[0]):
             self.take_listing(work[0], self.not_left(relist.started, work[1]), plan.delayed)
         self.end_relist()
-        if relist.generation != self.generation:
-            return  # the new follower lists for itself
+        if not current:
+            return  # the new follower lists for itself; or old-history indexes
         if locks is not None:  # work/ and locks/ listed in turn: a full listing
             self.reconcile_locks(locks[0], locks[1], now=now, wall=wall)
         else:
@@ -1151,15 +1212,18 @@ class ViewState:
         return self.work_retry
 
     def apply_locks(self, generation: int, relists: Optional[int], locks: Listing, *,
-                    full: bool, now: float, wall: float) -> None:
+                    full: bool, history: int, now: float, wall: float) -> None:
         """Apply a listing of locks/ decided at ``generation`` (and, for a
-        confirm check, at listing ``relists``): in a quiet view, to delayed
-        items only unless ``full``.  A round that took over since lists locks/
-        itself, and may have applied newer events already; and if the view
-        listed again since, that listing and its own check stand (applied
-        after it, this older one would mark locked an item whose lock had
-        expired unheard)."""
-        if generation == self.generation and relists in (None, self.relists):
+        confirm check, at listing ``relists``) and sent at ``history``: in a
+        quiet view, to delayed items only unless ``full``.  A round that took
+        over since lists locks/ itself, and may have applied newer events
+        already; and if the view listed again since, that listing and its own
+        check stand (applied after it, this older one would mark locked an
+        item whose lock had expired unheard).  Nor if etcd's history changed
+        since it was sent: its signs may be the old history's, at indexes no
+        new sign outweighs."""
+        if generation == self.generation and relists in (None, self.relists) and (
+                history == self.history):
             self.reconcile_locks(locks[0], locks[1], delays=not self.watching and not full,
                                  now=now, wall=wall)
 
@@ -1200,6 +1264,52 @@ class ViewState:
             return False
         self.applied_sent, self.applied_answered, self.applied_index = sent, answered, index
         return True
+
+    def _fresh(self, sent: Union[Round, Relist], answered: int, index: int) -> bool:
+        """Whether the listing of work/ ``sent`` (a Round or Relist, as numbered
+        when it was sent) is applied (fresher_than_applied); if so, and read
+        at an index lower than the highest the view had been told of when it
+        was sent, or lower than the last applied one's though sent after that
+        one was answered, etcd's history changed (_history_changed)."""
+        later_and_lower = sent.started > self.applied_answered and index < self.applied_index
+        if not self.fresher_than_applied(sent.started, answered, index):
+            return False
+        if later_and_lower or index < sent.highest:
+            self._history_changed(index, sent.started)
+        return True
+
+    def _history_changed(self, index: int, started: int) -> None:
+        """A listing of work/ read at ``index``, lower than etcd's history
+        allows (_fresh), is about to be applied: etcd was restored from an
+        older snapshot or restarted without its data, and every index the
+        view holds is of the old history.  An old sign at an index above ``index`` would outweigh
+        every sign of the new one below it (a lock sign keeps its item taken,
+        a gone mark drops new locks, a left mark hides an item written
+        again), so each index-keyed field is dropped or re-based to ``index``.
+        Requests sent before this and answered after it are dropped
+        (``history``); claim attempts under way make no sign (``trying``)."""
+        self.history += 1
+        self.items.clear()  # every item of the listing is new: its claim token is a sign
+        self.locks.clear()
+        self.gone.clear()
+        # The marks made while this listing (the ``started``-th) was under way
+        # hide what the view held of their items, or older, as before: the
+        # listing may have been read before they left (a finished item is not
+        # offered again).  Our own writes' indexes may be the old history's,
+        # and outweigh a new write of the id: they count no more.  Older marks
+        # served only listings sent earlier, which are dropped now.
+        self.left = {i: (at, version, version) for i, (at, _, version) in self.left.items()
+                     if at >= started}
+        self.wrote.clear()
+        self.skip.clear()  # an id's index may hold another write now: checked again
+        self.read_signs.clear()
+        self.own.clear()  # our locks may be gone with the old history: checked as any sign
+        self.trying = dict.fromkeys(self.trying, math.inf)
+        self.delays.clear()  # delay locks and given back items: learned anew ...
+        self.given_back.clear()
+        self.next_delay = -math.inf  # ... the next claim of a quiet view lists locks/
+        self.unplanned = dict.fromkeys(self.unplanned, index)  # shown by this listing
+        self.confirm_upto, self.behind, self.highest = index, 0, index
 
     def not_left(self, started: int, work: List[Entry]) -> List[Entry]:
         """The entries of a listing of work/, the ``started``-th, about to be
@@ -1242,6 +1352,7 @@ class ViewState:
         Listings of work/ answer again: a miss may list at once.
         """
         self.relist_after, self.work_retry, self.unlisted = -math.inf, 0.0, False
+        self.highest = max(self.highest, index)
         for entry in work:
             if entry.index != self.items.get(entry.id, (0, None))[0] and _claimed(entry.value):
                 self.locked(entry.id, entry.index)
@@ -1268,6 +1379,7 @@ class ViewState:
         items whose known delay lock went, or that waited for a listing of
         locks/ to plan theirs (the others may have been finished)."""
         listed = {entry.id: entry.index for entry in locks}
+        self.highest = max(self.highest, index)
         # Their delay locks were there before them (D1 before D2): planned now.
         planned = {i for i, at in self.unplanned.items() if at <= index}
         for item_id in [i for i in {**self.locks, **self.trying} if i not in listed]:
@@ -1307,6 +1419,7 @@ class ViewState:
         without it would."""
         self.read_signs = {}
         for item_id, index, lock in reads:
+            self.highest = max(self.highest, index)
             if lock is None:
                 self.unlocked(item_id, index)
             elif item_id in self.items:
@@ -1328,8 +1441,8 @@ class ViewState:
         held = self.items.pop(item_id, None)
         wrote = self.wrote.pop(item_id, 0)
         if self._oldest_outstanding() <= self.started:  # a listing sent by now may show it
-            self.left[item_id] = (self.started,
-                                  math.inf if held is None else max(held[0], wrote))
+            version = math.inf if held is None else held[0]
+            self.left[item_id] = (self.started, max(version, wrote), version)
         self.locks.pop(item_id, None)
         self.gone.pop(item_id, None)
         self.trying.pop(item_id, None)
@@ -1348,6 +1461,8 @@ class ViewState:
     def locked(self, item_id: str, index: int) -> None:
         """A sign at ``index`` that the item is locked; ignored if its lock was
         seen gone since (an older listing applied late)."""
+        if index > self.highest:
+            self.highest = index
         if index > self.locks.get(item_id, 0) and index > self.gone.get(item_id, 0):
             self.locks[item_id] = index
 
@@ -1357,6 +1472,8 @@ class ViewState:
         While a claim attempt on it is under way, remember ``index`` for
         :meth:`locked_at`, which learns only then at which index the lock existed.
         """
+        if index > self.highest:
+            self.highest = index
         if self.trying.get(item_id, index) < index:
             self.trying[item_id] = index
         # Only for items the view holds: a finished item's lock goes after the
@@ -1369,7 +1486,7 @@ class ViewState:
             self.make_free(item_id)
 
 
-def _hidden(mark: Tuple[int, float], started: int, index: int) -> bool:
+def _hidden(mark: Tuple[int, float, float], started: int, index: int) -> bool:
     """Whether a listing started ``started``-th leaves out an entry at ``index``
     of an item forgotten with ``mark`` (ViewState.left): the listing started by
     then, and the entry is the version the view held or an older one."""

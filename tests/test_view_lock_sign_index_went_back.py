@@ -12,17 +12,10 @@ from __future__ import annotations
 
 import shutil
 
-import pytest
-
 from etcdq_v2 import Queue
 from etcdq_v2.server import EtcdServer
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the view keeps its lock sign of the item at the old history's index across "
-    "the listing at the restored etcd's lower index, and a lock read or listing "
-    "of locks/ at a lower index than the sign frees nothing: the item stays "
-    "taken in the view until etcd's index passes the old sign"))
 def test_a_view_offers_an_item_claimed_only_after_the_snapshot_etcd_was_restored_from(
         own_etcd: EtcdServer, queue_name: str, tmp_path) -> None:
     snapshot = tmp_path / "snapshot"

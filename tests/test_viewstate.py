@@ -115,11 +115,14 @@ def test_a_listing_of_locks_decided_before_a_new_round_or_listing_is_dropped() -
     decided, relists = state.generation, state.relists
     stale = (3, [Entry(x, 3, lock_value())])  # x locked when it was listed
     state.new_round(watching=True)
-    state.apply_locks(decided, None, stale, full=True, now=0.0, wall=0.0)
+    state.apply_locks(decided, None, stale, full=True, history=state.history, now=0.0,
+                      wall=0.0)
     assert x not in state.locks
-    state.apply_locks(state.generation, relists - 1, stale, full=True, now=0.0, wall=0.0)
+    state.apply_locks(state.generation, relists - 1, stale, full=True, history=state.history,
+                      now=0.0, wall=0.0)
     assert x not in state.locks  # a confirm check decided before the view listed again
-    state.apply_locks(state.generation, None, stale, full=True, now=0.0, wall=0.0)
+    state.apply_locks(state.generation, None, stale, full=True, history=state.history,
+                      now=0.0, wall=0.0)
     assert state.locks == {x: 3}
 
 
@@ -467,8 +470,8 @@ class ViewMachine(RuleBasedStateMachine):
     def list_locks(self) -> None:
         locks = (self.etcd.index, self._locks())
         self._note_listing(True)
-        self.state.apply_locks(self.state.generation, None, locks, full=True, now=self.now,
-                               wall=0.0)
+        self.state.apply_locks(self.state.generation, None, locks, full=True,
+                               history=self.state.history, now=self.now, wall=0.0)
 
     # -- our claims -----------------------------------------------------------------------
     @rule(window=st.sampled_from([1, 2, 8, 64]))

@@ -7,8 +7,6 @@ round's listing, a claim's finish and the events is set by hand.
 
 from __future__ import annotations
 
-import pytest
-
 from etcdq_v2.versions import Entry
 from etcdq_v2.viewstate import Round, ViewState
 
@@ -40,11 +38,6 @@ def assert_written_again_is_offered(state: ViewState, round_: Round, x: str, y: 
     assert x in free_ids(state), f"x, in work/ at 9, is not offered: {free_ids(state)}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "wrote keeps our claim's C2 index from before etcd's index went back (take_listing "
-    "filters it by id only): the left mark takes max(held, wrote) across histories and "
-    "hides the item written again below it; its event is below the listing's floor, so "
-    "it waits a ROUND"))
 def test_an_item_written_again_after_the_index_went_back_is_offered_by_the_next_listing() -> None:
     x, y = item_id(2), item_id(3)
     state, _ = ready_state([(x, 2, value("a")), (y, 3, value("b"))], watching=True)

@@ -4,7 +4,12 @@ listing is read at etcd between the moment it is sent and the moment its
 reply is handed to the state, and a finished listing is compared with the
 last one applied.  Answered before that one was sent: older, dropped.  Sent
 after that one was answered: newer, applied at any index.  Otherwise their
-reads overlapped: applied if and only if its index is as high.
+reads overlapped: applied if and only if its index is as high.  And by
+etcd's history: an applied listing read at an index lower than the highest
+the view had been told of when it was sent, or newer than the last applied
+one and lower, shows that the history changed (etcd restored or restarted
+without its data), and every listing sent before that is dropped, its
+listing of locks/ too.
 
 The model keeps its own timeline of those moments (a list of events, each
 listing's two places in it), not the state's numbers: random runs of
@@ -36,14 +41,19 @@ class _Listing:
     generation: int
     request: Any  # the Round or Relist the state numbered
     sent: int  # its place in the model's timeline
+    history: int  # the model's count of history changes as it was sent
+    highest: int  # the highest index the model had told the state as it was sent
     answered: Optional[int] = None
     index: int = 0
     plan: Any = None
 
 
-def _decision(listing: _Listing, last: Optional[_Listing]) -> str:
-    """The model: how ``listing`` is decided against the last applied one."""
+def _decision(listing: _Listing, last: Optional[_Listing], history: int) -> str:
+    """The model: how ``listing`` is decided against the last applied one, in
+    ``history`` (the changes counted so far)."""
     assert listing.answered is not None
+    if listing.history != history:
+        return "other-history"
     if last is None:
         return "first"
     assert last.answered is not None
@@ -65,6 +75,7 @@ def _run(seed: int, seen: Counter) -> None:
     flight: List[_Listing] = []  # sent, not yet applied nor failed
     last: Optional[_Listing] = None  # the last applied (ready_state's is before all these)
     index, now = 1000, 10.0
+    history, highest = 0, 1  # ready_state's listing was at 1
 
     def moment(what: str) -> int:
         timeline.append(what)
@@ -81,11 +92,13 @@ def _run(seed: int, seen: Counter) -> None:
             current, generation = new, generation + 1
         elif draw < 0.2 and not rounds:  # the round lists (again)
             request = state.round_listing(current)
-            flight.append(_Listing("round", generation, request, moment("sent")))
+            flight.append(_Listing("round", generation, request, moment("sent"), history,
+                                   highest))
         elif draw < 0.35 and not relists:
             relist = state.start_relist(now, full=rng.random() < 0.5)
             if relist is not None:
-                flight.append(_Listing("relist", generation, relist, moment("sent")))
+                flight.append(_Listing("relist", generation, relist, moment("sent"),
+                                       history, highest))
         elif flight:
             listing = rng.choice(flight)
             fails = rng.random() < 0.1
@@ -107,7 +120,12 @@ def _run(seed: int, seen: Counter) -> None:
             else:  # applied, or dropped
                 flight.remove(listing)
                 current_ = listing.generation == generation
-                decision = _decision(listing, last) if current_ else "replaced"
+                decision = _decision(listing, last, history) if current_ else "replaced"
+                if decision == "newer-at-lower-index" or (
+                        decision in APPLIED and listing.index < listing.highest):
+                    history, highest = history + 1, listing.index
+                    if decision != "newer-at-lower-index":
+                        seen["history-changed-below-highest"] += 1
                 before = state.relists
                 work = (listing.index, [])
                 if listing.kind == "round":
@@ -118,6 +136,10 @@ def _run(seed: int, seen: Counter) -> None:
                     state.apply_relist(listing.request, work, listing.plan, None, now, 0.0)
                 took = state.relists - before
                 assert took == (decision in APPLIED), (seed, step, listing.kind, decision)
+                assert state.history == history, (seed, step, decision)
+                if took or (listing.kind == "round" and decision not in (
+                        "replaced", "other-history")):  # its listing of locks/ was applied
+                    highest = max(highest, listing.index)
                 if took:
                     last = listing
                     assert state.known == listing.index, (seed, step)
@@ -129,5 +151,6 @@ def test_every_listing_of_work_is_decided_by_real_time_order_and_index_for_overl
     seen: Counter = Counter()
     for seed in range(SEEDS):
         _run(seed, seen)
-    for outcome in ("older", "newer-at-lower-index", "overlapped", "overlapped-lower"):
+    for outcome in ("older", "newer-at-lower-index", "overlapped", "overlapped-lower",
+                    "history-changed-below-highest", "other-history"):
         assert seen[outcome] > 0, f"no listing decided {outcome!r}: {dict(seen)}"

@@ -154,25 +154,6 @@ def test_a_listing_under_way_is_dropped_while_any_listing_applied_since_it_began
     assert c in state.items and d in state.items and b not in state.items
 
 
-def test_a_listing_answered_by_the_restarted_etcd_above_its_last_applied_listing_is_applied(
-        ) -> None:
-    """The round's listing of work/ starts; its GET to the old etcd is
-    refused or lost and retried.  Meanwhile a relist is applied at 100 (the
-    old etcd), etcd restarts without its data, a second relist is applied at
-    10 (the restarted etcd), and d is put there at 11.  The round's retried
-    GET is answered by the restarted etcd at 11: it holds every item the
-    view's listing at 10 holds, and d."""
-    a, b, c, d = item_id(2), item_id(3), item_id(5), item_id(11)
-    state, _ = ready_state([(a, 2, value("a")), (b, 3, value("b"))])
-    round_ = state.round_listing(_quiet_round_listing_locks(state))  # its listing starts
-    _relisted_at_100_then_at_10(state, a, c)
-    fresh = [Entry(c, 5, value("c")), Entry(d, 11, value("d"))]  # the retry, at 11
-    state.apply_round(round_, (11, fresh), state.plan_round(round_, fresh), (11, []), [],
-                      3.0, 0.0)
-    assert state.known == 11, f"work/ known up to {state.known}, after a listing at 11"
-    assert d in state.items, "the restarted etcd's item put at 11 is not offered"
-
-
 def _relisted_at_100_then_at_10(state: ViewState, a: str, c: str) -> None:
     """Two relists applied in turn: the old etcd's at 100 (``a`` only), then,
     etcd restarted without its data, the new one's at 10 (``c`` only)."""

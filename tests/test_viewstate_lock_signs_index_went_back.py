@@ -9,18 +9,11 @@ Fed to the state with no etcd and no threads, as tests/test_viewstate.py does.
 """
 from __future__ import annotations
 
-import pytest
-
 from etcdq_v2.versions import Entry
 
 from test_viewstate import free_ids, item_id, ready_state, value
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ViewState keeps lock signs across a listing of work/ at a lower index "
-    "(take_listing does not drop them), and unlocked() frees only at an index "
-    "at or above the sign's: an item locked at 60 in the old history stays "
-    "taken after etcd came back at 50, until a listing of locks/ at 60 or more"))
 def test_a_listing_of_locks_without_its_lock_frees_an_item_locked_before_etcd_s_index_went_back(
         ) -> None:
     x = item_id(45)

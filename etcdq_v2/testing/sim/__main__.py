@@ -66,6 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--busy", type=float, default=0.0, metavar="RATE",
                         help="per courier tick, every member busy for 6-24 s, making each reply "
                              "at 1-10 kB/s before its first byte (default 0: off)")
+    parser.add_argument("--restore-old", type=float, default=0.0, metavar="SHARE",
+                        help="the share of seeds in which, at a seeded moment, the whole "
+                             "cluster is restored from an older backup of its store: etcd's "
+                             "index goes back, the writes since are lost, every watch ends "
+                             "(default 0: off)")
     parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--trace", help="write the run's trace here (with --seed)")
     parser.add_argument("--mutant", choices=sorted(MUTANTS),
@@ -112,7 +117,8 @@ def _run(seed: int, args: argparse.Namespace, keep_trace: bool = False) -> _Seed
                           workers=args.workers, kills=args.kills, record_kills=args.record_kills,
                           swarm=args.swarm, send_f4=args.send_f4,
                           requeue_race=args.requeue_race,
-                          steady_producer=args.steady_producer, **_schedule(args))  # type: ignore[arg-type]
+                          steady_producer=args.steady_producer,
+                          restore_old=args.restore_old, **_schedule(args))  # type: ignore[arg-type]
     return _Seed(seed, result.handovers + result.requests,
                  [(violation.name, violation.detail) for violation in result.violations],
                  result.faults, result.settled, result.trace if keep_trace else None)
@@ -187,6 +193,7 @@ def _run_seeds(args: argparse.Namespace) -> int:
                      if args.steady_producer else "")
                   + (f"--slow-link {args.slow_link:g} " if args.slow_link else "")
                   + (f"--busy {args.busy:g} " if args.busy else "")
+                  + (f"--restore-old {args.restore_old:g} " if args.restore_old else "")
                   + f"--trace sim-{result.seed}.trace"
                   + (f" --mutant {args.mutant}" if args.mutant else ""), flush=True)
             if not args.keep_going:

@@ -32,6 +32,9 @@ class HandOut:
     token: str = ""  # the claim's token, which its writes of work/<id> carry
     #: Claimed at a window of one item, and no lost race in the call: from the head.
     fifo: bool = False
+    #: The history its C2 applied in (History.eras), when known; None: the
+    #: one it returned in (invariants.decide_histories).
+    era: Optional[int] = None
 
 
 @dataclass
@@ -43,6 +46,10 @@ class Commit:
     token: str  # its claim token
     kind: str  # complete, fail, release
     outcome: Optional[str]  # the claim's outcome after it: completed, failed, dead-lettered, released
+    #: The history it is of (History.eras), when not its seq's: the one its
+    #: deciding write applied in (invariants.decide_histories); a Worker's,
+    #: noted at the end, is of its claim's hand-out until then.
+    era: Optional[int] = None
 
 
 @dataclass
@@ -66,6 +73,8 @@ class History:
 
     puts: Dict[str, Tuple[float, str]] = field(default_factory=dict)  # id -> (time, payload)
     doubtful: List[str] = field(default_factory=list)  # payloads of puts that raised
+    #: Ids acknowledged (requeues) whose payload is unknown: puts' holds their old id.
+    unknown_payloads: Set[str] = field(default_factory=set)
     #: The puts that raised (read-back-finds-applied).
     doubts: List[Doubt] = field(default_factory=list)
     #: The committed log's length now (Cluster.log).
@@ -104,6 +113,45 @@ class History:
     idle: Dict[str, float] = field(default_factory=dict)
     #: claim() calls that raised Unavailable: (called, raised, consumer, the error).
     unavailable: List[Tuple[float, float, str, str]] = field(default_factory=list)
+    #: Each restore of the whole cluster from an older backup (restore_old):
+    #: (when, the seq then, how many waits had returned, the backup's index).
+    #: What the library returned after one is of a new history, judged apart
+    #: (invariants).
+    eras: List[Tuple[float, int, int, int]] = field(default_factory=list)
+    #: id(claim) -> the history (era) it was handed out in.
+    _era_of: Dict[int, int] = field(default_factory=dict)
+    #: The history the write of work/<item> carrying a claim token at an index
+    #: applied in (item, token, index; None: not in the log): the committed log's.
+    applied_in: Callable[[str, str, int], Optional[int]] = lambda item, token, index: None
+    #: The committed log's length when each of ``waits`` returned.
+    wait_positions: List[int] = field(default_factory=list)
+    #: seq -> the committed log's length when the act returned.
+    positions: Dict[int, int] = field(default_factory=dict)
+    #: seq of a cancel() that returned True -> the history its K3 applied in
+    #: (invariants.decide_histories).
+    cancel_eras: Dict[int, int] = field(default_factory=dict)
+
+    def rewound(self, now: float, index: int) -> None:
+        """The cluster was restored from a backup at etcd index ``index``: a new
+        history starts."""
+        self.eras.append((now, self.seq, len(self.waits), index))
+
+    def era(self, seq: int) -> int:
+        """The history an act of sequence number ``seq`` is of."""
+        return sum(1 for _, start, _, _ in self.eras if seq > start)
+
+    def commit_era(self, commit: Commit) -> int:
+        return self.era(commit.seq) if commit.era is None else commit.era
+
+    def hand_out_era(self, out: HandOut) -> int:
+        return self.era(out.seq) if out.era is None else out.era
+
+    def cancel_era(self, seq: int) -> int:
+        return self.cancel_eras.get(seq, self.era(seq))
+
+    def claim_era(self, claim: Claim) -> int:
+        """The history ``claim`` was handed out in."""
+        return self._era_of.get(id(claim), 0)
 
     def hand_out(self, claim: Claim, consumer: str, now: float, fifo: bool = False) -> None:
         """A claim was handed out to ``consumer``."""
@@ -111,6 +159,9 @@ class History:
         self.hand_outs.append(HandOut(self.next(), now, claim.id, index, consumer,
                                       claim._state.lock.token, fifo))
         self.open.setdefault(claim.id, []).append(claim)
+        if self.eras:  # of the history its C2 applied in (a reply held across a restore)
+            era = self.applied_in(claim.id, claim._state.lock.token, index)
+            self._era_of[id(claim)] = len(self.eras) if era is None else era
         self.check_live_claims(now)
 
     def closed_claim(self, claim: Claim, when: str) -> None:
@@ -132,6 +183,8 @@ class History:
             # One whose complete()/fail()/release() runs has left the item to its
             # fence (its own give-back may have deleted the lock already).
             live = [claim for claim in claims if not claim.lost and not settling(claim)]
+            if self.eras:  # judged within a history: etcd forgot the older one's locks
+                live = [claim for claim in live if self.claim_era(claim) == len(self.eras)]
             if len(live) < 2:
                 self._overlapping.pop(item, None)
                 continue
@@ -146,6 +199,7 @@ class History:
 
     def next(self) -> int:
         self.seq += 1
+        self.positions[self.seq] = self.position()
         return self.seq
 
     def doubt(self, queue: Queue, first: int, payloads: List[str], exc: EtcdqError) -> None:
@@ -410,6 +464,7 @@ def operator(queue: Queue, plan: Plan, history: History,
                 info = queue.wait(item, timeout=rng.uniform(0.5, 10.0))
                 if info is not None:
                     history.waits.append((item, info.id, info.state))
+                    history.wait_positions.append(history.position())
         except EtcdqError as exc:
             history.error(exc)
 
@@ -445,6 +500,8 @@ def _requeued(queue: Queue, item: str, history: History) -> None:
     new_id = queue.requeue(item)
     history.next()
     history.puts[new_id] = (queue.runtime.monotonic(), history.puts.get(item, (0.0, item))[1])
+    if item not in history.puts:  # a dead letter of a put that raised: its payload unknown
+        history.unknown_payloads.add(new_id)
 
 
 def _race(queue: Queue, item: str, history: History, race: RequeueRace, name: str,

@@ -25,6 +25,9 @@ What the model keeps of raft is what a client can see:
   entries (None: only when :meth:`Cluster.snapshot` is called); a member
   restored from it takes that store and keeps its watchers, which miss
   the events the snapshot covered and get those after it from the log.
+* the whole cluster restored from an older backup (:meth:`Cluster.rewind`)
+  takes the backup's store on every member: etcd's index goes back, the
+  writes since are lost, every watch ends; the log goes on from there.
 
 Time is an argument of every call (seconds, as the simulator's clock
 reads); each member's wall clock is that plus its ``skew``.  Calls must
@@ -120,6 +123,10 @@ class Cluster:
         self.snapshot_count = snapshot_count
         #: The leader's latest snapshot: the log position it covers, and its store.
         self._snapshot: Optional[Tuple[int, Store]] = None
+        #: Each restore of the whole cluster from an older backup (:meth:`rewind`):
+        #: (the log position its backup covers, the log position it struck at).
+        #: Entries between the two applied in a history etcd lost.
+        self.rewinds: List[Tuple[int, int]] = []
 
     # -- requests ---------------------------------------------------------------
     def request(self, member: int, method: str, target: str, body: Optional[str],
@@ -302,6 +309,33 @@ class Cluster:
                 self._waiting.append((self.now + REQUEST_TIMEOUT, entry.pending))
         state.store.restore(image)
         state.applied = position
+        self._apply_all()
+
+    def backup(self, now: float) -> Tuple[int, Store]:
+        """A copy of the leader's store now (``etcdctl snapshot save``, or a copy of
+        its data dir): the log position it covers, and its tree, index and TTLs."""
+        self.advance(now)
+        source = self.members[self.leader if self.leader is not None else 0]
+        return source.applied, source.store.snapshot()
+
+    def rewind(self, backup: Tuple[int, Store], now: float) -> None:
+        """The whole cluster is restored from ``backup`` (``etcdctl snapshot
+        restore`` on every member, or their data dirs copied back): each member
+        restarts with the backup's store, so etcd's index goes back to the
+        backup's, and every watch ends.  The writes after the backup are lost;
+        the requests not answered yet get no reply (they time out).  The log
+        goes on from here: what the members apply next is the new history."""
+        self.advance(now)
+        covered, image = backup
+        for number, member in enumerate(self.members):
+            for entry in self.log[member.applied:]:
+                if entry.pending is not None and entry.pending.member == number:
+                    self._waiting.append((self.now + REQUEST_TIMEOUT, entry.pending))
+            member.store.drop_watchers()
+            member.store.restore(image)
+            member.applied = len(self.log)
+        self.rewinds.append((covered, len(self.log)))
+        self._snapshot = None
         self._apply_all()
 
     def elect(self, member: Optional[int], now: float) -> None:

@@ -6,7 +6,7 @@ docs/guarantees.md lists beside the guarantee it checks:
 
 =========================  =====================================================
 acknowledged-put-kept      every id put() or put_many() returned is, at the end,
-                           in work/, completed/ or failed/
+                           in work/, completed/ or failed/, with its payload
 stored-once                no two stored items (work/, completed/, failed/) carry
                            one put's payload (each put has its own)
 one-outcome                no item is in both completed/ and failed/, and at most
@@ -163,26 +163,75 @@ def stored(cluster: Cluster, root: str, now: float) -> Stored:
     return Stored(dirs["work"], dirs["completed"], dirs["failed"], dirs["locks"], created)
 
 
-def _work_writes(cluster: Cluster, root: str) -> Iterator[Tuple[str, str, int]]:
-    """(item id, value written, index) of each PUT of work/<id> that applied, in
-    the committed log's order (read from the log and its replies)."""
+def lineage(cluster: Cluster, era: int) -> List[Tuple[int, int]]:
+    """The log positions whose writes history ``era`` holds, as [from, to)
+    spans: each restore of the whole cluster from a backup (Cluster.rewind)
+    keeps what its backup covered and goes on from where it struck."""
+    spans = [(0, len(cluster.log))]
+    for covered, struck in cluster.rewinds[:era]:
+        spans = [(lo, min(hi, covered)) for lo, hi in spans if lo < covered]
+        spans.append((struck, len(cluster.log)))
+    if era < len(cluster.rewinds):  # its history ends where the next restore struck
+        end = cluster.rewinds[era][1]
+        spans = [(lo, min(hi, end)) for lo, hi in spans if lo < end]
+    return spans
+
+
+def lost_payloads(cluster: Cluster, root: str) -> Set[str]:
+    """The payloads, and the ids, of the items put (work/<id> created) in a
+    history the last one does not hold: etcd lost them at a restore from an
+    older backup."""
+    kept = lineage(cluster, len(cluster.rewinds))
+    lost: Set[str] = set()
     prefix = f"{root}/work/"
-    for entry in cluster.log:
+    for position, entry in enumerate(cluster.log):
+        request, pending = entry.request, entry.pending
+        if request is None or not (request.key + "/").startswith(prefix) \
+                or any(lo <= position < hi for lo, hi in kept):
+            continue
+        # A POST to work/ creates an item, whatever its member answered (a
+        # request timed out there may apply); a PUT of work/<id> if it did.
+        created = pending is not None and pending.reply is not None \
+            and pending.reply.status == 201
+        if request.method != "POST" and not (request.prev_exist is False and created):
+            continue
+        payload = _payload(request.value, False)
+        if isinstance(payload, str):
+            lost.add(payload)
+        if created and request.method == "POST":  # named by its index
+            assert pending is not None and pending.reply is not None
+            lost.add(f"{int(pending.reply.headers['x-etcd-index']):020d}")
+        elif created:
+            lost.add(request.key[len(prefix):])
+    return lost
+
+
+def _work_writes(cluster: Cluster, root: str,
+                 spans: Optional[List[Tuple[int, int]]] = None
+                 ) -> Iterator[Tuple[str, str, int]]:
+    """(item id, value written, index) of each PUT of work/<id> that applied, in
+    the committed log's order (read from the log and its replies); ``spans``:
+    only those at these log positions (a history's lineage)."""
+    prefix = f"{root}/work/"
+    for position, entry in enumerate(cluster.log):
         request, pending = entry.request, entry.pending
         if request is None or pending is None or pending.reply is None:
             continue
         if request.method != "PUT" or not request.key.startswith(prefix):
+            continue
+        if spans is not None and not any(lo <= position < hi for lo, hi in spans):
             continue
         if pending.reply.status in (200, 201):
             yield (request.key[len(prefix):], request.value,
                    int(pending.reply.headers["x-etcd-index"]))
 
 
-def fenced_commits(cluster: Cluster, root: str) -> Dict[str, int]:
+def fenced_commits(cluster: Cluster, root: str, era: Optional[int] = None) -> Dict[str, int]:
     """Item id -> the index of the first write of work/<id> with its outcome
-    ("o") that applied: F1."""
+    ("o") that applied: F1 (``era``: in that history's lineage)."""
     found: Dict[str, int] = {}
-    for item, value, index in _work_writes(cluster, root):
+    spans = lineage(cluster, era) if era is not None else None
+    for item, value, index in _work_writes(cluster, root, spans):
         if '"o":' in value:
             found[item] = min(index, found.get(item, index))
     return found
@@ -202,6 +251,96 @@ def claim_writes(cluster: Cluster, root: str) -> Dict[Tuple[str, str], int]:
     return found
 
 
+def _history_at(cluster: Cluster, position: int) -> int:
+    """The history (History.eras) the log entry at ``position`` applied in."""
+    return sum(1 for _, struck in cluster.rewinds if struck <= position)
+
+
+def applied_in(cluster: Cluster, root: str, item: str, token: str,
+               index: int) -> Optional[int]:
+    """The history the write of work/``item`` carrying claim ``token`` at etcd
+    index ``index`` applied in (a C2, or the re-fence); None: no such write."""
+    key = f"{root}/work/{item}"
+    for position in range(len(cluster.log) - 1, -1, -1):
+        entry = cluster.log[position]
+        request, pending = entry.request, entry.pending
+        if request is None or pending is None or pending.reply is None \
+                or request.key != key or request.method != "PUT" \
+                or pending.reply.status not in (200, 201) \
+                or int(pending.reply.headers["x-etcd-index"]) != index:
+            continue
+        try:
+            value = json.loads(request.value)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(value, dict) and value.get("c") == token:
+            return _history_at(cluster, position)
+    return None
+
+
+def _record_kept(cluster: Cluster, root: str, state: str, item: str,
+                 returned: int) -> Optional[bool]:
+    """Whether the write a wait() that returned at log position ``returned``
+    learnt ``item``'s outcome ``state`` from is in the last history's lineage
+    (etcd kept it): the last write before then of its record, or of
+    work/<item> with its outcome (F1, which a wait reads too); None: none."""
+    kept = lineage(cluster, len(cluster.rewinds))
+    record, work = f"{root}/{state}/{item}", f"{root}/work/{item}"
+    for position in range(min(returned, len(cluster.log)) - 1, -1, -1):
+        entry = cluster.log[position]
+        request, pending = entry.request, entry.pending
+        if request is None or pending is None or pending.reply is None \
+                or request.method != "PUT" or pending.reply.status not in (200, 201):
+            continue
+        if request.key == record or (request.key == work and '"o":' in (request.value or "")):
+            return any(lo <= position < hi for lo, hi in kept)
+    return None
+
+
+def decide_histories(cluster: Cluster, root: str, history: History) -> None:
+    """After a restore from an older backup: note each act's history as the one
+    its deciding write applied in, read from the committed log, not the one
+    it returned in (a reply held across the restore returns in the new
+    history what applied in the lost one): a hand-out's C2 (its token at its
+    index), a final commit's F1 (the first write of its token with "o"), a
+    give-back's last write of its token, a cancel's K3 (the last write of the
+    item with "o" and "cancelled" before it returned).  An act whose write is
+    not in the log keeps the history it returned in."""
+    writes: Dict[str, List[Tuple[int, Dict[str, Any], int]]] = {}
+    prefix = f"{root}/work/"
+    for position, entry in enumerate(cluster.log):
+        request, pending = entry.request, entry.pending
+        if request is None or pending is None or pending.reply is None \
+                or request.method != "PUT" or not request.key.startswith(prefix) \
+                or pending.reply.status not in (200, 201):
+            continue
+        try:
+            value = json.loads(request.value)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(value, dict):
+            writes.setdefault(request.key[len(prefix):], []).append(
+                (position, value, int(pending.reply.headers["x-etcd-index"])))
+    for out in history.hand_outs:
+        found = [position for position, value, index in writes.get(out.item, [])
+                 if value.get("c") == out.token and index == out.index]
+        if found:
+            out.era = _history_at(cluster, found[0])
+    for commit in history.commits:
+        mine = [(position, value) for position, value, _ in writes.get(commit.item, [])
+                if value.get("c") == commit.token]
+        if commit.outcome in ("completed", "dead-lettered"):
+            mine = [(position, value) for position, value in mine if "o" in value][:1]
+        if mine:
+            commit.era = _history_at(cluster, mine[-1][0])
+    for seq, item, cancelled in history.cancels:
+        returned = history.positions.get(seq, len(cluster.log))
+        found = [position for position, value, _ in writes.get(item, [])
+                 if position < returned and "o" in value and value.get("why") == "cancelled"]
+        if cancelled and found:
+            history.cancel_eras[seq] = _history_at(cluster, found[-1])
+
+
 def _payload(value: str, record: bool) -> Optional[Any]:
     try:
         return Record.decode(value).payload if record else Item.decode(value).payload
@@ -211,27 +350,44 @@ def _payload(value: str, record: bool) -> Optional[Any]:
 
 def check(history: History, store: Stored, commits: Dict[str, int],
           live: Optional[str], skew: float = 0.0,
-          writes: Optional[Dict[Tuple[str, str], int]] = None) -> List[Violation]:
+          writes: Optional[Dict[Tuple[str, str], int]] = None,
+          eras: Optional[List[Dict[str, int]]] = None,
+          lost: Optional[Set[str]] = None) -> List[Violation]:
     """Every violation of the run (``live``: why liveness failed, None if it held;
-    ``skew``: how far ahead of the clients' a member's clock may be)."""
+    ``skew``: how far ahead of the clients' a member's clock may be).  After a
+    restore from an older backup (History.eras): ``eras``, each history's
+    fenced commits (``commits`` is the first's), and ``lost``, the payloads
+    of the puts etcd lost at one."""
     found: List[Violation] = []
     found += _delay_kept(history, skew)
     found += _cancel_wins(history)
-    found += _kept(history, store)
+    found += _kept(history, store, lost or set())
     found += _once(store)
     found += _one_outcome(history, store)
     found += _no_commit_after_reclaim(history, writes or {})
-    found += _no_hand_out_after_outcome(history, commits)
+    found += _no_hand_out_after_outcome(history, eras or [commits])
     if live is not None:
         found.append(Violation("liveness", live))
     return found
 
 
-def _kept(history: History, store: Stored) -> Iterator[Violation]:
+def _kept(history: History, store: Stored, lost: Set[str]) -> Iterator[Violation]:
+    last = history.eras[-1][0] if history.eras else -math.inf
     for item, (when, payload) in history.puts.items():
-        if item not in store.work and item not in store.completed and item not in store.failed:
+        if payload in lost or (item in lost and when < last):
+            continue  # etcd lost it: restored from a backup older than its put
+        held = [_payload(directory[item][1], record)
+                for directory, record in ((store.work, False), (store.completed, True),
+                                          (store.failed, True)) if item in directory]
+        if not held:
             yield Violation("acknowledged-put-kept",
                             f"item {item} ({payload!r}, put at {when:.3f}) is stored nowhere")
+        elif payload not in held and None not in held and item not in history.unknown_payloads:
+            # Its id holds another put's payload: an item of that name from an
+            # earlier history (a restore gives its indexes, and so names, again).
+            yield Violation("acknowledged-put-kept",
+                            f"item {item} ({payload!r}, put at {when:.3f}) is stored as "
+                            f"another put's: {', '.join(map(repr, held))}")
 
 
 def _once(store: Stored) -> Iterator[Violation]:
@@ -252,11 +408,12 @@ def _once(store: Stored) -> Iterator[Violation]:
 def _one_outcome(history: History, store: Stored) -> Iterator[Violation]:
     for item in set(store.completed) & set(store.failed):
         yield Violation("one-outcome", f"item {item} is in completed/ and in failed/")
-    final: Dict[str, int] = {}
+    final: Dict[Tuple[int, str], int] = {}  # (history, item): judged within a history
     for commit in history.commits:
         if commit.outcome in ("completed", "dead-lettered"):
-            final[commit.item] = final.get(commit.item, 0) + 1
-    for item, count in sorted(final.items()):
+            key = (history.commit_era(commit), commit.item)
+            final[key] = final.get(key, 0) + 1
+    for (_, item), count in sorted(final.items()):
         if count > 1:
             yield Violation("one-outcome", f"{count} final commits of item {item} returned OK")
 
@@ -270,7 +427,8 @@ def _no_commit_after_reclaim(history: History,
         final = commit.outcome in ("completed", "dead-lettered")
         given_back = writes.get((commit.item, commit.token), commit.index)
         for out in history.hand_outs:
-            if out.item != commit.item or out.index <= commit.index or out.seq > commit.seq:
+            if out.item != commit.item or out.index <= commit.index or out.seq > commit.seq \
+                    or history.hand_out_era(out) != history.commit_era(commit):
                 continue
             if final or out.index < given_back:
                 yield Violation("no-commit-after-reclaim",
@@ -281,18 +439,23 @@ def _no_commit_after_reclaim(history: History,
                 break
 
 
-def _no_hand_out_after_outcome(history: History, commits: Dict[str, int]) -> Iterator[Violation]:
-    final: Dict[str, Commit] = {}
+def _no_hand_out_after_outcome(history: History,
+                               eras: List[Dict[str, int]]) -> Iterator[Violation]:
+    """Judged within a history: a hand-out against the F1s its history holds
+    (``eras``: each one's, the writes a backup kept among them), and against
+    the final commits that returned OK in it."""
+    final: Dict[Tuple[int, str], Commit] = {}
     for commit in history.commits:
         if commit.outcome in ("completed", "dead-lettered"):
-            final.setdefault(commit.item, commit)
+            final.setdefault((history.commit_era(commit), commit.item), commit)
     for out in history.hand_outs:
-        fenced = commits.get(out.item)
+        era = history.hand_out_era(out)
+        fenced = eras[min(era, len(eras) - 1)].get(out.item)
         if fenced is not None and out.index > fenced:
             yield Violation("no-hand-out-after-outcome",
                             f"item {out.item} was handed out to {out.consumer} at {out.time:.3f} "
                             f"with C2 index {out.index}, after its commit F1 at {fenced}")
-        done = final.get(out.item)
+        done = final.get((era, out.item))
         if done is not None and out.seq > done.seq:
             yield Violation("no-hand-out-after-outcome",
                             f"item {out.item} was handed out to {out.consumer} at {out.time:.3f}, "
@@ -303,9 +466,23 @@ def _delay_kept(history: History, skew: float) -> Iterator[Violation]:
     for out in history.hand_outs:
         if out.item in history.delayed:
             called, delay = history.delayed[out.item]
+            if not _same_item(history, history.hand_out_era(out), out.item, called):
+                continue
             if out.time < called + delay - skew:
                 yield Violation("delay-kept", f"item {out.item}, put at {called:.3f} with a "
                                 f"delay of {delay:g} s, was handed out at {out.time:.3f}")
+
+
+def _same_item(history: History, era: int, item: str, put: float) -> bool:
+    """Whether the item handed out in history ``era`` is the one put at time ``put``:
+    after a restore from an older backup, etcd names new items by indexes it
+    had given before; one put in an earlier history is the same item if each
+    backup since kept it (its name, an index, is at most the backup's)."""
+    put_era = sum(1 for when, _, _, _ in history.eras if put >= when)
+    if put_era >= era:
+        return put_era == era
+    return item.isdigit() and all(int(item) <= index
+                                  for _, _, _, index in history.eras[put_era:era])
 
 
 def _cancel_wins(history: History) -> Iterator[Violation]:
@@ -313,11 +490,13 @@ def _cancel_wins(history: History) -> Iterator[Violation]:
         if not cancelled:
             continue
         for out in history.hand_outs:
-            if out.item == item and out.seq > seq:
+            if out.item == item and out.seq > seq \
+                    and history.hand_out_era(out) == history.cancel_era(seq):
                 yield Violation("cancel-wins", f"item {item} was handed out to {out.consumer} "
                                 f"at {out.time:.3f}, after cancel() returned True")
         for commit in history.commits:
-            if commit.item == item and commit.outcome == "completed":
+            if commit.item == item and commit.outcome == "completed" \
+                    and history.commit_era(commit) == history.cancel_era(seq):
                 yield Violation("cancel-wins", f"item {item} was completed OK at "
                                 f"{commit.time:.3f}, and cancel() returned True")
 
@@ -406,6 +585,10 @@ class Bounds:
     #: An item its follower's listing of work/ read may stay out of a ready view
     #: this long after the read (the round lists locks/ before it applies both).
     listed: float = math.inf
+    #: An item taken in a view by a lock at an index above etcd's (a sign of
+    #: an older history: a restore from a backup sent the index back), with no
+    #: lock in the store, counted from the restore.
+    older: float = math.inf
 
 
 @dataclass
@@ -468,6 +651,38 @@ class Live:
     #: own-claims-live: (process, item) -> since when its view's own held it with no live claim.
     _stale: Dict[Tuple[str, str], float] = field(default_factory=dict)
     _stale_told: Set[Tuple[str, str]] = field(default_factory=set)
+    #: (item, index) -> the values earlier histories wrote there (a restore from
+    #: an older backup gives indexes again): one-version holds for any of them.
+    _earlier: Dict[Tuple[str, int], Set[str]] = field(default_factory=dict)
+    #: When the last restore from an older backup struck (-inf: none): a
+    #: removal a stream delivered before it is of another history.
+    _rewound_at: float = -math.inf
+    #: view-taken-freed, signs of an older history: (process, item) -> since when.
+    _older: Dict[Tuple[str, str], float] = field(default_factory=dict)
+    #: process -> the lock signs (item -> index) its view held when the last
+    #: restore from an older backup struck.
+    _signs_before: Dict[str, Dict[str, int]] = field(default_factory=dict)
+
+    def rewound(self, now: float, index: int) -> None:
+        """The cluster was restored from an older backup (etcd's index went back
+        to ``index``, every watch ended): the bounded states restart now, as
+        from a new history; what the views knew of the older one they must
+        unlearn within the same bounds."""
+        self.history.rewound(now, index)
+        self._rewound_at = now
+        self._signs_before = {}
+        for name, queue in sorted(self.history.queues.items()):
+            view = view_state(queue)
+            if view is not None:
+                self._signs_before[name] = dict(view.locks)
+        for since in (self._taken, self._unknown, self._held):
+            for key in since:
+                since[key] = max(since[key], now)
+        self._free = {item: max(when, now) for item, when in self._free.items()}
+        self._free_since = {item: max(when, now) for item, when in self._free_since.items()}
+        self._listed.clear()
+        self._passes.clear()
+        self._misses.clear()
 
     def check(self, now: float, *, store: bool) -> None:
         """The checks on the library's state; ``store``: also those that compare
@@ -593,7 +808,10 @@ class Live:
                 self._unanswered.append(position)
             elif pending.reply.status in (200, 201):
                 index = int(pending.reply.headers["x-etcd-index"])
-                self.writes[(request.key[len(prefix):], index)] = request.value
+                key = (request.key[len(prefix):], index)
+                if key in self.writes and self.history.eras:
+                    self._earlier.setdefault(key, set()).add(self.writes[key])
+                self.writes[key] = request.value
 
     def _one_version(self, holder: str, item: str, index: int, raw: Optional[str],
                      held: Optional[Item] = None) -> None:
@@ -602,16 +820,20 @@ class Live:
         written = self.writes.get((item, index))
         if written is None or (raw is None and held is None):
             return
-        if held is not None:
-            try:
-                same = Item.decode(written) == held
-            except Junk:
-                same = False
-        else:
-            same = written == raw
+        same = any(self._same(value, raw, held)
+                   for value in [written, *self._earlier.get((item, index), ())])
         if not same:
             self._seen("one-version", f"{holder} holds item {item} at index {index} with "
                        f"the value {raw!r}, but the write at that index wrote {written!r}")
+
+    @staticmethod
+    def _same(written: str, raw: Optional[str], held: Optional[Item]) -> bool:
+        if held is None:
+            return written == raw
+        try:
+            return Item.decode(written) == held
+        except Junk:
+            return False
 
     def _view(self, name: str, view: ViewState, store: Stored, now: float) -> None:
         last, self._looked[name] = self._looked.get(name, now), now
@@ -640,6 +862,8 @@ class Live:
             else:
                 self._held.pop((name, item), None)
         self._freed(name, view, now)
+        if self.history.eras:
+            self._older_signs(name, view, store, now)
         self._known_listed(name, view, store, now)
         for key in [key for key in self._held if key[0] == name and key[1] not in store.work]:
             del self._held[key]
@@ -658,7 +882,7 @@ class Live:
             if index is None or (name, item) in self._told:
                 continue
             told = [when for removed, when in self.removals.get((name, item), [])
-                    if removed >= index]
+                    if removed >= index and when >= self._rewound_at]
             if not told:
                 continue
             start = min(told)
@@ -673,6 +897,26 @@ class Live:
                            f"lock's removal at {min(told):.3f} (now {now:.3f}, bound "
                            f"{self.bounds.freed:g} s)")
                 self._told.add((name, item))
+
+    def _older_signs(self, name: str, view: ViewState, store: Stored, now: float) -> None:
+        """view-taken-freed, across a restore from an older backup: no item in
+        work/ with no lock stays taken in a view, by the sign (a lock at an
+        index) it held when the restore struck, for longer than ``older``.
+        The sign is of the history etcd lost, its lock's removal never comes:
+        the restore ended every watch, and the view's next listing of locks/,
+        which has no such lock, frees the item."""
+        before = self._signs_before.get(name, {})
+        for item in sorted(store.work):
+            sign = view.locks.get(item)
+            stale = sign is not None and before.get(item) == sign and item in view.taken \
+                and item not in store.locks
+            self._bounded("view-taken-freed", self._older, (name, item), stale, now,
+                          self.bounds.older, f"item {item} is taken in the view of {name} by "
+                          f"a lock at index {sign}, a sign it held when the cluster was "
+                          f"restored from an older backup at {self._rewound_at:.3f}, and the "
+                          "store has no lock of it", "view-taken-freed (older history)")
+        for key in [key for key in self._older if key[0] == name and key[1] not in store.work]:
+            del self._older[key]
 
     def _known_listed(self, name: str, view: ViewState, store: Stored, now: float) -> None:
         """view-knows-work, from the view's own listing: an item its follower's
@@ -710,13 +954,15 @@ class Live:
 
     def _bounded(self, invariant: str, since: Dict[Tuple[str, str], float],
                  key: Tuple[str, str], holds: bool, now: float, bound: float,
-                 what: str) -> None:
-        """A state that may last up to ``bound``: a violation once it lasted longer."""
+                 what: str, figure: Optional[str] = None) -> None:
+        """A state that may last up to ``bound``: a violation once it lasted longer
+        (``figure``: the name its longest is noted by, if not ``invariant``)."""
         if not holds:
             since.pop(key, None)
             return
         start = since.setdefault(key, now)
-        self.longest[invariant] = max(self.longest.get(invariant, 0.0), now - start)
+        figure = figure or invariant
+        self.longest[figure] = max(self.longest.get(figure, 0.0), now - start)
         if now - start > bound:
             self._seen(invariant, f"{what} from {start:.3f} to {now:.3f} (bound {bound:g} s)")
             since[key] = math.inf  # said once
@@ -903,8 +1149,9 @@ def read_backs(cluster: Cluster, root: str, threads: Dict[int, Tuple[str, str]],
     are among them)."""
     zero = f"{root}/work/{'0' * 20}"
     for doubt in history.doubts:
-        if not doubt.not_found:
-            continue
+        if not doubt.not_found or any(doubt.first < struck <= doubt.last
+                                      for _, struck in cluster.rewinds):
+            continue  # judged within a history: a restore struck during its read-back
         top: Optional[int] = None
         applied: Dict[str, int] = {}  # payload -> log position of its POST
         for position in range(doubt.first, doubt.last):
@@ -939,10 +1186,21 @@ def claims_available(history: History, since: float) -> Iterator[Violation]:
             return
 
 
-def waits_agree(history: History, store: Stored) -> Iterator[Violation]:
+def waits_agree(history: History, store: Stored,
+                cluster: Optional[Cluster] = None, root: str = "") -> Iterator[Violation]:
     """wait-agrees: a completed outcome wait() returned is in completed/ at the
-    end; a failed one in failed/ (a dead letter, or its requeue's tombstone)."""
-    for item, named, state in history.waits:
+    end; a failed one in failed/ (a dead letter, or its requeue's tombstone):
+    those the last history holds (the end's store is its).  After a restore
+    from an older backup (``cluster``'s rewinds), a wait is of the history
+    the outcome's write applied in (its record's, or F1's: the last before
+    the wait returned, read from the log), not of the one it returned in."""
+    last = history.eras[-1][2] if history.eras else 0
+    for number, (item, named, state) in enumerate(history.waits):
+        kept = _record_kept(cluster, root, state, named, history.wait_positions[number]) \
+            if cluster is not None and cluster.rewinds \
+            and number < len(history.wait_positions) else None
+        if kept is False or (kept is None and number < last):
+            continue  # etcd lost the outcome at a restore from an older backup
         where = store.completed if state == "completed" else store.failed
         if named not in where:
             yield Violation("wait-agrees", f"wait({item}) returned {named} {state}, which "

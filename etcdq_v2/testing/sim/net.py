@@ -28,7 +28,8 @@ and, by the courier thread (:meth:`Network.courier`): a member frozen for a
 while (a frozen leader is replaced), a member that lags and catches up by
 the log or by the leader's snapshot (its watches miss what the snapshot
 covered), a restart (every watch on it ends), a stream cut or gone silent;
-off by default, a partition of one process and a slow link (a member's or a
+off by default, the whole cluster restored from an older backup at a
+seeded moment (:meth:`Network.restore_old`), a partition of one process and a slow link (a member's or a
 process's replies at a byte rate: read whole past the timeout, arriving).
 A client's whole process can be paused (:meth:`Network.pause`).  The courier also moves the
 cluster's time on (its TTL sweeps, its raft timeouts) when no request does.
@@ -50,7 +51,7 @@ from ...wire import Lost, NotSent, Refused, Response, Unanswered
 from .cluster import SWEEP_PERIOD, Cluster, Pending
 from .costs import Costs
 from .runtime import SimRuntime
-from .store import Watcher
+from .store import Store, Watcher
 
 _Request = Tuple[str, str, Optional[str]]
 
@@ -198,6 +199,13 @@ class Network:
         #: Until when every member is busy, and its bytes of reply made a second.
         self._busy: Tuple[float, float] = (0.0, math.inf)
         self._unlag: Dict[int, float] = {}
+        #: restore_old: when the backup is taken, when the cluster is restored
+        #: from it (None: no such fault), and the backup once taken.
+        self._rewind: Optional[Tuple[float, float]] = None
+        self._backup: Optional[Tuple[int, Store]] = None
+        #: Called at each restore of the whole cluster (the invariants judge
+        #: each history apart: History.rewound).
+        self.rewound: Optional[Callable[[float, int], None]] = None
         #: Which client sent each request a member received: id(its Pending) -> name.
         self.senders: Dict[int, str] = {}
         #: (client, path) -> the virtual time a request of it was last sent or
@@ -500,9 +508,31 @@ class Network:
                 self.note(f"late {flight.request[0]} m{flight.member} {flight.request[1]} arrives")
                 self._hand(flight)
             self._mend(now)
+            if self._rewind is not None:
+                self._restore_old(now)
             if self.faulty:
                 self._strike(now)
             self._streams = [s for s in self._streams if not s.closed]
+
+    def restore_old(self, backup_at: float, restore_at: float) -> None:
+        """At ``backup_at`` the leader's store is backed up; at ``restore_at`` the
+        whole cluster is restored from that backup (Cluster.rewind): etcd's
+        index goes back, the writes between are lost, every watch ends."""
+        self._rewind = (backup_at, restore_at)
+
+    def _restore_old(self, now: float) -> None:
+        assert self._rewind is not None
+        backup_at, restore_at = self._rewind
+        if self._backup is None and now >= backup_at:
+            self._backup = self.cluster.backup(now)
+            self.note(f"back up the cluster at index {self._backup[1].index}")
+        elif self._backup is not None and now >= restore_at:
+            self._rewind = None
+            self._struck("restore_old")
+            self.note(f"restore the cluster from its backup at index {self._backup[1].index}")
+            self.cluster.rewind(self._backup, now)
+            if self.rewound is not None:
+                self.rewound(now, self._backup[1].index)
 
     def _mend(self, now: float) -> None:
         for member, at in list(self._thaw.items()):

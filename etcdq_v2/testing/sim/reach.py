@@ -176,6 +176,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--delay-reply", type=float, default=0.0)
     parser.add_argument("--slow-link", type=float, default=0.0)
     parser.add_argument("--busy", type=float, default=0.0)
+    parser.add_argument("--restore-old", type=float, default=0.0,
+                        help="the share of seeds whose cluster is restored from an older backup")
     parser.add_argument("--mutant")
     parser.add_argument("--rate", action="append", default=[], metavar="FAULT=RATE",
                         help="a FaultRates field, over the defaults")
@@ -198,7 +200,8 @@ def main(argv: Optional[List[str]] = None) -> None:
             result = simulate(seed, consumers=args.consumers, workers=args.workers, items=args.items,
                               kills=args.kills, record_kills=args.record_kills,
                               lock_delete_kills=args.lock_delete_kills,
-                              send_f4=args.send_f4, requeue_race=args.requeue_race, **options)
+                              send_f4=args.send_f4, requeue_race=args.requeue_race,
+                              restore_old=args.restore_old, **options)
         for name, n in counts.items():
             total[name] = total.get(name, 0) + n
         print(seed, [v.name for v in result.violations], " ".join(f"{r}={counts.get(r, 0)}"

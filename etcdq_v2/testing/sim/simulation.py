@@ -52,6 +52,12 @@ CHECK_VIEWS_EVERY = 1.0
 #: and a lock TTL; a quiet view lists locks/ once per lock TTL while items are
 #: taken, and relists work/ when it starves.
 TAKEN_BOUND = KNOWN_BOUND = ROUND + 2 * LOCK_TTL + 20.0
+#: An item may stay taken in a view this long by a lock sign it held when the
+#: cluster was restored from an older backup (the lock gone with the history
+#: etcd lost): the restore ends every watch, so the view lists work/ and
+#: locks/ at once, not a ROUND later; retried across failed members (a member
+#: frozen up to 15 s) and a lock TTL, as TAKEN_BOUND.
+OLDER_BOUND = TAKEN_BOUND - ROUND
 #: An item may stay taken in a view this long after its stream delivered the
 #: removal (delete or expire) of the lock it holds the item taken by: the view
 #: frees it on the event, or CONFIRM (1 s) after for a sign older than its
@@ -128,6 +134,9 @@ _ADDED = ("slow_link", "busy")
 #: The share of swarm seeds whose operator's requeues are raced (requeue_race),
 #: drawn from a generator of its own, after the rates.
 SWARM_REQUEUE_RACE = 0.5
+#: The share of swarm seeds whose cluster is restored from an older backup
+#: (restore_old), drawn by _restore_old's own generator.
+SWARM_RESTORE_OLD = 0.25
 #: Shares, not rates: drawn on or off, kept as they are.
 _SHARES = ("restore", "late_by")
 
@@ -170,6 +179,7 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
              record_kills: float = 0.5, swarm: bool = False, send_f4: bool = False,
              lock_delete_kills: float = 0.0,
              requeue_race: bool = False, steady_producer: float = 0.0,
+             restore_old: float = 0.0,
              prepare: Optional[Callable[[SimRuntime], None]] = None) -> Result:
     """Run seed ``seed``; ``prepare(sim)`` runs first in the main sim-thread.
     ``workers``: Workers with concurrency besides the ``consumers``' claim loops;
@@ -188,11 +198,35 @@ def simulate(seed: int, *, consumers: int = 3, items: int = 20, faults: bool = T
     pauses past the lock TTL (actors.RequeueRace), so that a requeue's Q5
     fails.  ``steady_producer`` (seconds; 0: off): another producer keeps
     STEADY_LEVEL items free in work/ from the start until this long after the
-    faults stop (actors.steady_producer), so that claims keep finding work."""
+    faults stop (actors.steady_producer), so that claims keep finding work.
+    ``restore_old``: the share of seeds with faults in which the whole cluster
+    is restored from an older backup of its store (:func:`_restore_old`)."""
     with _f4_sent(send_f4):
         return _simulate(seed, consumers, items, faults, workers, follow_ups, rates, kills,
                          record_kills, lock_delete_kills, swarm, requeue_race,
-                         steady_producer, prepare)
+                         steady_producer, restore_old, prepare)
+
+
+#: restore_old: the backup is taken this many virtual seconds into the faults,
+#: and the cluster restored from it this long after (while faults last): from
+#: a backup younger than a lock TTL (its locks live on) to one that is many
+#: lock TTLs old (its locks expire at the first sweep, and etcd's index goes
+#: back by hundreds).
+BACKUP_AT = (2.0, 40.0)
+RESTORE_AFTER = (1.0, 55.0)
+
+
+def _restore_old(seed: int, share: float, network: Network) -> bool:
+    """In a share ``share`` of the seeds, drawn from a generator of its own (the
+    other draws stay the seed's): etcd's index goes back at a seeded moment,
+    as when a cluster is restored from an older backup (``etcdctl snapshot
+    restore``, or data dirs copied back)."""
+    rng = random.Random(f"restore-old-{seed}")
+    if not share or rng.random() >= share:
+        return False
+    backup = rng.uniform(*BACKUP_AT)
+    network.restore_old(backup, min(backup + rng.uniform(*RESTORE_AFTER), FAULTS_FOR - 1.0))
+    return True
 
 
 @contextlib.contextmanager
@@ -211,7 +245,8 @@ def _f4_sent(sent: bool) -> Iterator[None]:
 def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
               follow_ups: float, rates: Optional[FaultRates], kills: float,
               record_kills: float, lock_delete_kills: float, swarm: bool, requeue_race: bool,
-              steady: float, prepare: Optional[Callable[[SimRuntime], None]]) -> Result:
+              steady: float, restore_old: float,
+              prepare: Optional[Callable[[SimRuntime], None]]) -> Result:
     sim = SimRuntime(seed)
     clocks = random.Random(f"clocks-{seed}")
     # Members' clocks a little apart (up to MAX_SKEW): a leader ahead expires locks early.
@@ -224,6 +259,7 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
         rates = swarm_rates(random.Random(f"swarm-{seed}"), rates or FaultRates())
         requeue_race = requeue_race or \
             random.Random(f"requeue-race-{seed}").random() < SWARM_REQUEUE_RACE
+        restore_old = max(restore_old, SWARM_RESTORE_OLD)
     fault_rates = (rates or FaultRates()) if faults else NO_FAULTS
     network = Network(sim, cluster, random.Random(f"network-{seed}"), rates=fault_rates,
                       faults_until=faults_until)
@@ -236,14 +272,17 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
     stop = [False]
     settled = [-1.0]
     started: List[Worker] = []
-    trusted = fault_rates.silence_stream == 0 and fault_rates.restore == 0
+    rewinds = faults and _restore_old(seed, restore_old, network)
+    trusted = fault_rates.silence_stream == 0 and fault_rates.restore == 0 and not rewinds
     live = Live(history, cluster, Layout(ROOT, NAME).root,
                 Bounds(LOCK_TTL, TRUSTED_BOUND if trusted else TAKEN_BOUND,
                        TRUSTED_BOUND if trusted else KNOWN_BOUND, ORDER_SLACK, STARVE_BOUND,
-                       passes=ORPHAN_PASSES, freed=FREED_BOUND, listed=LISTED_BOUND),
+                       passes=ORPHAN_PASSES, freed=FREED_BOUND, listed=LISTED_BOUND,
+                       older=OLDER_BOUND),
                 touched=network.touched, cut_off=network.partitioned, removals=network.removals,
                 clock=lambda: sim.now)
     network.exchanged = live.exchanged
+    network.rewound = live.rewound
 
     def calm() -> float:
         """When the faults' aftermath is over (inf while they last)."""
@@ -251,11 +290,14 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
             return 0.0
         if sim.now < faults_until:
             return math.inf
-        stale = network.faults.get("silence_stream", 0) + network.faults.get("restore", 0)
+        stale = network.faults.get("silence_stream", 0) + network.faults.get("restore", 0) \
+            + network.faults.get("restore_old", 0)
         return faults_until + AFTERMATH + (ROUND if stale else 0.0)
     live.calm = calm
     history.paused = network.spans
     history.position = lambda: len(cluster.log)
+    history.applied_in = lambda item, token, index: invariants.applied_in(
+        cluster, root, item, token, index)
     # In a share (``kills``) of the seeds with faults, consumer c0's process dies
     # after a random number of its requests (it stops dead: see Network.kill_after).
     deaths = random.Random(f"kills-{seed}")
@@ -392,16 +434,22 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
         if claim.outcome in ("completed", "dead-lettered"):
             history.commits.append(Commit(history.seq + 1, sim.now, claim.id,
                                           claim._state.index, claim._state.lock.token,
-                                          "complete", claim.outcome))
+                                          "complete", claim.outcome,
+                                          history.claim_era(claim) if history.eras else None))
     violations += list(invariants.refreshes_of_others(cluster, root, network.senders, history))
-    violations += list(invariants.waits_agree(history, store))
+    violations += list(invariants.waits_agree(history, store, cluster, root))
     violations += list(invariants.read_backs(cluster, root, network.threads, history))
     # Every member answers once a held request, a freeze and a lag are over.
     violations += list(invariants.claims_available(
         history, faults_until + AFTERMATH if faults else 0.0))
+    if cluster.rewinds:
+        invariants.decide_histories(cluster, root, history)
+    eras = [invariants.fenced_commits(cluster, root, era)
+            for era in range(len(cluster.rewinds) + 1)] if cluster.rewinds else None
     violations += invariants.check(history, store, invariants.fenced_commits(cluster, root),
                                    outcome[0], max(skews) + SWEEP_PERIOD,
-                                   invariants.claim_writes(cluster, root))
+                                   invariants.claim_writes(cluster, root), eras,
+                                   invariants.lost_payloads(cluster, root) if cluster.rewinds else None)
     requests = network.requests
     handovers = len(sim.trace) - network.notes
     return Result(seed, violations, sim.trace, handovers, requests, sim.now, network.faults,
