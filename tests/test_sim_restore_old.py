@@ -253,3 +253,20 @@ def test_a_worker_s_outcome_applied_after_a_restore_is_judged_in_the_new_history
                 if commit.item == f"{23:020d}" and commit.token.startswith("7c35ff")]
     assert history.eras[0][0] < 13.6  # the restore struck before the F1 applied
     assert history.commit_era(commit) == 1
+
+
+def test_an_item_created_in_the_lost_history_counts_as_lost_though_its_member_never_answered(
+        ) -> None:
+    """A create of work/<id> (D2) sent to a lagging member applies on the others
+    and is acknowledged by a read-back elsewhere; its own member never applies
+    it before the restore, so it never answers: the item is still one etcd lost."""
+    cluster = Cluster(3)
+    backup = cluster.backup(0.1)
+    cluster.hold(1)  # lagging: it applies nothing until the restore
+    key = f"/v2/keys{ROOT}/work/{7:020d}"
+    sent = cluster.request(1, "PUT", key, 'value={"t": "T", "p": "late"}&prevExist=false', 0.2)
+    cluster.advance(0.3)
+    assert sent.reply is None  # applied by the leader, never answered by its member
+    cluster.rewind(backup, 1.0)
+    lost = invariants.lost_payloads(cluster, ROOT)
+    assert f"{7:020d}" in lost and "late" in lost, lost

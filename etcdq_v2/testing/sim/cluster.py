@@ -78,6 +78,12 @@ class _Entry:
     request: Optional[Request]
     pending: Optional[Pending] = None
     sync: int = 0
+    #: The status the entry applied with, on the first member that applied it
+    #: (0: none yet): whether it took effect, also when the member it was sent
+    #: to never answered (a restore, a member held until then).
+    status: int = 0
+    #: etcd's index after it applied there (X-Etcd-Index): a POST's new key.
+    index: int = 0
 
 
 @dataclass
@@ -221,7 +227,12 @@ class Cluster:
                 member.store.expire_keys(entry.sync, now)
                 continue
             origin = entry.pending is not None and member is self.members[entry.pending.member]
-            reply = api.apply(member.store, entry.request, now, answer=origin)
+            first = entry.pending is not None and not entry.status
+            reply = api.apply(member.store, entry.request, now, answer=origin or first)
+            if first:
+                assert reply is not None
+                entry.status = reply.status
+                entry.index = int(reply.headers.get("x-etcd-index", 0))
             if origin:
                 assert entry.pending is not None
                 entry.pending.reply = reply

@@ -185,22 +185,21 @@ def lost_payloads(cluster: Cluster, root: str) -> Set[str]:
     lost: Set[str] = set()
     prefix = f"{root}/work/"
     for position, entry in enumerate(cluster.log):
-        request, pending = entry.request, entry.pending
+        request = entry.request
         if request is None or not (request.key + "/").startswith(prefix) \
                 or any(lo <= position < hi for lo, hi in kept):
             continue
         # A POST to work/ creates an item, whatever its member answered (a
-        # request timed out there may apply); a PUT of work/<id> if it did.
-        created = pending is not None and pending.reply is not None \
-            and pending.reply.status == 201
+        # request timed out there may apply); a PUT of work/<id> if it did,
+        # on the first member that applied it (its own may never answer).
+        created = entry.status == 201
         if request.method != "POST" and not (request.prev_exist is False and created):
             continue
         payload = _payload(request.value, False)
         if isinstance(payload, str):
             lost.add(payload)
         if created and request.method == "POST":  # named by its index
-            assert pending is not None and pending.reply is not None
-            lost.add(f"{int(pending.reply.headers['x-etcd-index']):020d}")
+            lost.add(f"{entry.index:020d}")
         elif created:
             lost.add(request.key[len(prefix):])
     return lost
