@@ -60,7 +60,7 @@ def test_an_own_claim_disowned_while_watching_is_checked_a_confirm_later() -> No
     assert x not in state.own
     assert state.confirm_at == 10.0 + CONFIRM
     assert state.tick(10.0 + CONFIRM) == "confirm"
-    state.apply_locks(state.generation, state.relists, (12, []), full=False,
+    state.apply_locks(state.generation, state.relists, (12, []), full=False, history=state.history,
                       now=10.0 + CONFIRM, wall=0.0)
     assert state.is_free(x)
 
