@@ -66,7 +66,9 @@ claim(id)            (the caller picked ``id`` from its view of work/ and locks/
         or a delayed put), GET ``completed/<id>`` and ``failed/<id>``: a record
         there was written by 0.1.0 (whose record was its commit) before a
         crash, or the item was re-created by a requeue resumed late or a late
-        copy of D2; remove it, hand nothing out.
+        copy of D2; remove it, hand nothing out.  A record (or tombstone) of
+        another put token ("t") is another item's that had the id (etcd
+        restored from an older backup gives ids again): it does not count.
         An item carrying an outcome (``o``, its finisher crashed after F1) is
         finished instead (F2-F4), before C2, on a version read (quorum), never
         on the view's: it may have left work/ since, its record purged.
@@ -103,7 +105,13 @@ complete / dead-letter (``kind`` = completed or failed)
         (below): fine.  "Already exists", then gone when read back (it
         expired, or was purged): F2 again (bounded) if the item is still in
         work/ at F1's index; an item gone too (purged with its record, or
-        finished by another claimer) is not recorded again.
+        finished by another claimer) is not recorded again.  Another claim's
+        record of this item (our put token, or none: 0.1.0's) stays.  One of
+        another put token (another item that had the id, before a restore
+        from an older backup): CAS it on its index while work/<id> is still
+        the item F1 wrote ("compare failed"/"not found": F2 again); if it is
+        not, our F1 applied in the history etcd lost: the record stays.
+        Once a read showed work/<id> is not F1's item, F3 is not sent.
     F3. compareAndDelete ``work/<id>`` prevIndex=<F1's index>.
     F4. Only if lock_ttl > LINGER_MAX (60 s): compareAndDelete ``locks/<id>``
         prevValue=<our lock>, sent together with F3.  Otherwise (the default
@@ -111,6 +119,9 @@ complete / dead-letter (``kind`` = completed or failed)
         and every reader counts only locks of items in work/.  One write and
         one request less per item; a stale view's C1 on the finished item
         fails ("already exists": Taken) instead of C1, a failed C2 and a delete.
+    Crash after F2 found another item's record, or its CAS's reply lost: the
+    next claimer's F2 (or the resent CAS, "compare failed", then F2 again)
+    finds it, or our record: written once.
     Crash after F1 or F2: the item stays in work/ with its outcome; when the
     lock expires the next claimer's C2 finds "o", does F2 and F3 itself and
     hands nothing out: the item never runs again.  If nobody claimed it until
@@ -170,8 +181,9 @@ cancel(id)           (a pending item to failed/, reason "cancelled")
         by CAS on its value with ttl=max(lock_ttl, its ttl left); another lock
         is a claim's -> False.
     K2. Read ``work/<id>`` (quorum).  Committed ("o") or recorded (as C3: any
-        key in completed/ or failed/, a tombstone too; the item, re-created by
-        a late Q3 or D2, is removed) -> drop our lock, False; neither in work/
+        key in completed/ or failed/, a tombstone too, but for one of another
+        put token; the item, re-created by a late Q3 or D2, is removed) -> drop
+        our lock, False; neither in work/
         nor recorded -> NotFound.  On NotFound or
         any error (Unavailable) a delay lock we took over is left to expire,
         never dropped: the item it held back (or a delayed put's item, yet to

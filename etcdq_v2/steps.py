@@ -321,6 +321,22 @@ def put_token(decode: Any, raw: Optional[str]) -> Optional[str]:
     return token
 
 
+def record_token(raw: Optional[str]) -> Optional[str]:
+    """The put token a record or a requeue's tombstone carries; None if none (a
+    record of 0.1.0, an older tombstone, junk)."""
+    return tombstone_token(raw) or put_token(Record.decode, raw)
+
+
+def of_another_item(raw: Optional[str], item: Item) -> bool:
+    """``raw``, a key of completed/ or failed/, belongs to another item that had
+    ``item``'s id: its put token is known and not the item's.  etcd restored
+    from an older backup goes on from a lower index and names new items by ids
+    it gave before, and an F2 (a create, fenced by nothing) of an item of the
+    history it lost can land in the new one."""
+    token = record_token(raw)
+    return token is not None and token != item.token
+
+
 def marked_ttl(entry: Entry) -> Optional[int]:
     """Q1's TTL for the marked dead letter: none if it has none (a CAS without a
     TTL makes the key permanent, and this Queue's failed_ttl need not be the
@@ -1012,8 +1028,9 @@ class Steps:
 
         None if it is finished: committed (``"o"``), or recorded (gone from
         work/; or, for an item claimed before or carrying ``q``, any key in
-        completed/ or failed/, a tombstone too, as C3 checks: 0.1.0's crash
-        left it, or a late Q3 or D2 copy re-created it, and it is removed);
+        completed/ or failed/, a tombstone too, but for one of another item
+        that had the id, as C3 checks: 0.1.0's crash left it, or a late Q3 or
+        D2 copy re-created it, and it is removed);
         NotFound if it is neither in work/ nor recorded.
         """
         found = yield from self.work_item_step(item_id)
@@ -1332,15 +1349,19 @@ class Steps:
 
     def _finished_before(self, state: ClaimState) -> Step[bool]:
         """A record without a committed item: written by 0.1.0, whose F2 was the
-        commit, before a crash; remove the item (its F3)."""
+        commit, before a crash, or the item is a late copy; remove the item (its
+        F3).  A record of another item that had the id (of_another_item) does
+        not count: this item's own F2 replaces it."""
         for kind in (COMPLETED, FAILED):
-            if (yield from self.read_step(kind, state.id)) is not None:
-                log.warning("item %s of %s already has a %s record; removing it from work/",
-                            state.id, self.layout.root, kind,
-                            extra=item_fields(self.layout.name, state.id, state.item.attempts))
-                yield from self.delete_quietly_step(self.layout.key("work", state.id),
-                                                    prev_index=state.index)
-                return True
+            entry = yield from self.read_step(kind, state.id)
+            if entry is None or of_another_item(entry.value, state.item):
+                continue
+            log.warning("item %s of %s already has a %s record; removing it from work/",
+                        state.id, self.layout.root, kind,
+                        extra=item_fields(self.layout.name, state.id, state.item.attempts))
+            yield from self.delete_quietly_step(self.layout.key("work", state.id),
+                                                prev_index=state.index)
+            return True
         return False
 
     def _abandon(self, state: ClaimState, attempts: int) -> Step[None]:
@@ -1428,15 +1449,21 @@ class Steps:
         """F2-F4 for an item whose F1 applied: by its finisher, or by a claimer after a crash.
 
         F4 (``lock``'s delete) is sent only if locks do not linger (LINGER_MAX).
+        F3 is not sent once F2 read ``work/<id>`` and found it is not the item
+        F1 wrote: a delete on F1's index could then remove an item of another
+        history that has the same index (etcd restored from an older backup).
         """
         item = Item.decode(entry.value)
         assert item.outcome is not None
-        yield from self._record(item_id, item, Record.decode(entry.value).encode(stored=True),
-                                entry.index)
-        deletes = [Request("DELETE", self.layout.key("work", item_id), prev_index=entry.index)]
+        there = yield from self._record(item_id, item,
+                                        Record.decode(entry.value).encode(stored=True), entry)
+        deletes = [Request("DELETE", self.layout.key("work", item_id), prev_index=entry.index)
+                   ] if there else []
         if lock is not None and not self.locks_linger:
             deletes.append(Request("DELETE", self.layout.key("locks", item_id),
                                    prev_value=lock.encode()))
+        if not deletes:
+            return
         for outcome in (yield Request("ALL", together=tuple(deletes))):
             # Both are conditional: "not found"/"compare failed" means already done.
             if isinstance(outcome, EtcdqError) and not isinstance(
@@ -1452,60 +1479,101 @@ class Steps:
         ttl = self.record_ttls[item.outcome]
         return max(ttl, TOMBSTONE_TTL) if ttl is not None and item.requeued else ttl
 
-    def _record(self, item_id: str, item: Item, record: str, committed: int) -> Step[None]:
+    def _record(self, item_id: str, item: Item, record: str, committed: Entry) -> Step[bool]:
         """F2: PUT the record prevExist=false; "already exists" is read back.
+        False if a read showed ``work/<id>`` is not the item F1 wrote (F3 is
+        not to be sent), else True.
 
         A record that is gone when read back expired (its TTL) or was purged
-        in between: if the item is still in work/ at F1's index (``committed``)
-        it still carries the record, so F2 is sent again (a few times: each
-        needs the record to vanish again).  An item gone too was purged with
-        its record, or finished by another claimer: nothing to write.
+        in between: if the item is still in work/ as F1 wrote it
+        (``committed``) it still carries the record, so F2 is sent again (a
+        few times: each needs the record to vanish again).  An item gone too
+        was purged with its record, or finished by another claimer: nothing
+        to write.
         """
         assert item.outcome is not None
         key = self.layout.key(item.outcome, item_id)
         for _ in range(5):
             try:
                 yield Request("PUT", key, record, ttl=self._record_ttl(item), prev_exist=False)
-                return
+                return True
             except AlreadyExists:
-                if (yield from self._check_record(item_id, item)):
-                    return
+                existing = yield from self.read_step(item.outcome, item_id)
+            if existing is not None:
+                found = yield from self._found_record(item_id, item, record, existing, committed)
+                if found is not None:
+                    return found
+                continue  # replaced meanwhile, or gone: F2 again
             if not (yield from self._still_committed(item_id, committed)):
                 log.info("the %s record of item %s of %s vanished as it was read back, and "
                          "so did the item (purged, or finished by another claimer); not "
                          "writing it again", item.outcome, item_id, self.layout.root,
                          extra=item_fields(self.layout.name, item_id, item.attempts))
-                return
+                return False
             log.info("the %s record of item %s of %s vanished as it was read back; "
                      "writing it again", item.outcome, item_id, self.layout.root,
                      extra=item_fields(self.layout.name, item_id, item.attempts))
         raise EtcdRejected(f"{key} kept vanishing as it was written; the item stays in "
                            "work/, committed, until it is removed", code=AlreadyExists.code)
 
-    def _still_committed(self, item_id: str, committed: int) -> Step[bool]:
-        """Before F2 is sent again: ``work/<id>`` is still the item F1 wrote."""
+    def _still_committed(self, item_id: str, committed: Entry) -> Step[bool]:
+        """``work/<id>`` is still the item F1 wrote: its index and its value (an
+        index alone may be another history's, once etcd was restored)."""
         entry = yield from self.read_step("work", item_id)
-        return entry is not None and entry.index == committed
+        return entry is not None and (entry.index, entry.value) == (committed.index,
+                                                                    committed.value)
 
-    def _check_record(self, item_id: str, item: Item) -> Step[bool]:
-        """F2 found a record: ours (resent, or written by a claimer), one of 0.1.0's,
-        or junk, which must not take the place of the record (the item stays).
-        False if it is gone again (expired, purged): F2 is to be sent again."""
+    def _found_record(self, item_id: str, item: Item, record: str, existing: Entry,
+                      committed: Entry) -> Step[Optional[bool]]:
+        """F2 found ``existing``: None to send F2 again, else as :meth:`_record`.
+
+        Ours (resent, or written by a claimer) stays.  So does one of another
+        claim of this item (the same put token, or none): 0.1.0's, whose record
+        was its commit, or one of a history etcd lost; the item has one record,
+        the first, which a wait may have reported.  One of another item that had
+        the id (:func:`of_another_item`) is replaced (:meth:`_replace_record`).
+        Junk must not take the place of the record: the item stays."""
         assert item.outcome is not None
+        if of_another_item(existing.value, item):
+            return (yield from self._replace_record(item_id, item, record, existing, committed))
         try:
-            holder = yield from self._record_claim(item.outcome, item_id)
+            holder = Record.decode(existing.value).claim
         except Junk:
             raise EtcdRejected(
                 f"{self.layout.key(item.outcome, item_id)} holds something that is not a "
                 "record; the item stays in work/, committed, until it is removed",
                 code=AlreadyExists.code) from None
-        if holder is None:
-            return False
         if holder != item.claim:
-            log.warning("item %s of %s has a %s record of another claim, written before "
-                        "commits were fenced; keeping it", item_id, self.layout.root,
-                        item.outcome, extra=item_fields(self.layout.name, item_id,
+            log.warning("item %s of %s has a %s record of another claim of it (0.1.0's "
+                        "unfenced commit, or one etcd lost in a restore); keeping it",
+                        item_id, self.layout.root, item.outcome,
+                        extra=item_fields(self.layout.name, item_id, item.attempts))
+        return True
+
+    def _replace_record(self, item_id: str, item: Item, record: str, existing: Entry,
+                        committed: Entry) -> Step[Optional[bool]]:
+        """F2 on the record of another item that had the id: a CAS on its index,
+        only while ``work/<id>`` is the item F1 wrote (True once replaced).
+        Otherwise this finisher's F1 applied in a history etcd lost, and the
+        record (of the item this history holds, or held) stays: False.  None if
+        the record changed or went meanwhile (a claimer finishing our item
+        replaced it; it expired): F2 again."""
+        assert item.outcome is not None
+        key = self.layout.key(item.outcome, item_id)
+        if not (yield from self._still_committed(item_id, committed)):
+            log.warning("%s holds the record of another item that had id %s, and our "
+                        "commit is no longer in work/ (it applied in a history etcd lost "
+                        "when it was restored from an older backup); keeping that record",
+                        key, item_id, extra=item_fields(self.layout.name, item_id,
                                                         item.attempts))
+            return False
+        try:
+            yield from put(key, record, ttl=self._record_ttl(item), prev_index=existing.index)
+        except (CompareFailed, KeyMissing):
+            return None
+        log.warning("%s held the record of another item that had id %s (etcd, restored "
+                    "from an older backup, gave the id again); replaced by this item's",
+                    key, item_id, extra=item_fields(self.layout.name, item_id, item.attempts))
         return True
 
     def _is_our_record(self, kind: str, state: ClaimState) -> Step[bool]:

@@ -174,13 +174,11 @@ def test_replies_held_across_a_restore_are_judged_in_the_history_they_applied_in
     assert result.violations == [], result.violations
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a finisher's F1 applied in the history etcd lost, its F2 (a create, unfenced) in the "
-    "new one: it writes completed/<id> for an item that history does not hold; the new "
-    "history names a new item by that index, and its F2 finds the record there and keeps "
-    "it as its own (Steps._check_record keeps another claim's record), so the new item's "
-    "record and payload are lost (acknowledged-put-kept)"))
 def test_a_record_written_across_a_restore_takes_no_new_item_s_place() -> None:
+    # A finisher's F1 applied in the history etcd lost, its F2 in the new one:
+    # completed/<id> holds a record of an item that history does not hold. The
+    # new history names a new item by that id; its F2 finds the record of
+    # another put token and replaces it (acknowledged-put-kept).
     result = simulate(18, swarm=True, restore_old=1.0)
     assert result.faults["restore_old"] == 1
     assert result.violations == [], result.violations

@@ -228,6 +228,39 @@ def test_c3_at_max_attempts_dead_letters_the_item_and_hands_nothing_out() -> Non
     assert script.sent[5].key == LAYOUT.key("failed", ITEM) and script.sent[5].prev_exist is False
 
 
+#: A record of another item that had ITEM's id (etcd restored from an older backup
+#: names new items by ids it gave before): its put token is not "put-token".
+ANOTHER_ITEMS = Record("old payload", "old-claim", "node-b", 1, 1.0, 2.0,
+                       token="old-put-token").encode()
+
+
+@pytest.mark.parametrize("found, finished", [
+    (ANOTHER_ITEMS, False),
+    (tombstone("00000000000000000099", "old-put-token"), False),
+    (Record("payload", "old-claim", "node-b", 1, 1.0, 2.0, token="put-token").encode(), True),
+    (Record("payload", "old-claim", "node-b", 1, 1.0, 2.0).encode(), True),  # 0.1.0's: no "t"
+    (tombstone("00000000000000000099", "put-token"), True),
+], ids=["another-record", "another-tombstone", "its-record", "record-of-0.1.0",
+        "its-tombstone"])
+def test_c3_counts_a_record_as_the_item_s_only_if_its_put_token_is_not_another_s(
+        found: str, finished: bool) -> None:
+    """A record or tombstone of another put token belongs to another item that
+    had the id: the item is handed out (its F2 replaces that record); one of
+    its own put token, or of none (0.1.0's), finishes it: removed, nothing
+    handed out."""
+    answers: List[Any] = [written(60), node(20, found)]
+    answers += [written(61)] if finished else [missing(), 100.0]  # its F3; or failed/, NOW
+    script = Script(steps().take_step(ITEM, held(), Version(SEEN_AT, unclaimed(1))),
+                    answers + ([written(62)] if finished else []))  # our lock dropped
+    if finished:
+        with pytest.raises(Gone):
+            script.result()
+        assert script.sent[2] == Request("DELETE", WORK, prev_index=60)
+    else:
+        assert script.result().index == 60
+        assert [r.method for r in script.sent] == ["PUT", "GET", "GET", "NOW"]
+
+
 # -- F1 ----------------------------------------------------------------------
 def marked(kind: str = COMPLETED, claim: str = OURS.token) -> str:
     return Record("payload", claim, "node-a", 1, 1.0, 2.0, "done", token="put-token").encode(
@@ -283,10 +316,64 @@ def test_f2_refused_then_no_record_is_sent_again_while_the_item_holds_f1s_index(
 
 def test_f2_refused_then_no_record_and_no_item_writes_nothing_again() -> None:
     script = Script(steps().record_step(ITEM, Entry(ITEM, 61, marked()), OURS),
-                    [AlreadyExists("exists", code=AlreadyExists.code), missing(), missing(),
-                     [missing()]])
+                    [AlreadyExists("exists", code=AlreadyExists.code), missing(), missing()])
     script.result()
-    assert [r.method for r in script.sent] == ["PUT", "GET", "GET", "ALL"]
+    assert [r.method for r in script.sent] == ["PUT", "GET", "GET"]  # no F3: no item
+
+
+def test_f2_replaces_another_item_s_record_by_a_cas_on_its_index_while_f1_s_item_stays(
+        ) -> None:
+    """completed/<id> holds the record of another item that had the id (its put
+    token is not ours); work/<id> is still the item F1 wrote: F2 is a CAS on
+    that record's index, then F3."""
+    record_key = LAYOUT.key("completed", ITEM)
+    script = Script(steps().record_step(ITEM, Entry(ITEM, 61, marked()), OURS),
+                    [AlreadyExists("exists", code=AlreadyExists.code), node(30, ANOTHER_ITEMS),
+                     node(61, marked()), written(62), [written(63)]])
+    script.result()
+    assert script.sent[1:3] == [Request("GET", record_key, quorum=True),
+                                Request("GET", WORK, quorum=True)]
+    replaced = script.sent[3]
+    assert (replaced.method, replaced.key, replaced.prev_index) == ("PUT", record_key, 30)
+    assert Record.decode(replaced.value).token == "put-token"
+    assert replaced.ttl == 86400 and replaced.prev_exist is None
+
+
+def test_f2_replacing_another_item_s_record_whose_reply_was_lost_reads_ours_back() -> None:
+    """The resent CAS finds the index moved ("compare failed"): F2 again, and the
+    record there now is ours: F3, nothing written twice."""
+    ours = Record.decode(marked()).encode()
+    script = Script(steps().record_step(ITEM, Entry(ITEM, 61, marked()), OURS),
+                    [AlreadyExists("exists", code=AlreadyExists.code), node(30, ANOTHER_ITEMS),
+                     node(61, marked()), compare_failed(62, retried=True),
+                     AlreadyExists("exists", code=AlreadyExists.code), node(62, ours),
+                     [written(63)]])
+    script.result()
+    assert [r.method for r in script.sent] == ["PUT", "GET", "GET", "PUT", "PUT", "GET", "ALL"]
+
+
+@pytest.mark.parametrize("work", [missing(), node(61, unclaimed(1, "claim-new"))])
+def test_f2_of_a_commit_no_longer_in_work_keeps_another_item_s_record(work: Any) -> None:
+    """Our F1 applied in a history etcd lost (work/<id> is gone, or another item
+    at the same index): the record of the item this history holds stays, and
+    no F3 on F1's index removes that other item."""
+    script = Script(steps().record_step(ITEM, Entry(ITEM, 61, marked()), OURS),
+                    [AlreadyExists("exists", code=AlreadyExists.code), node(30, ANOTHER_ITEMS),
+                     work])
+    script.result()
+    assert [r.method for r in script.sent] == ["PUT", "GET", "GET"]
+
+
+@pytest.mark.parametrize("token", ["put-token", None])
+def test_f2_keeps_the_record_of_another_claim_of_the_same_item(token: Optional[str]) -> None:
+    """The same put token, or none (0.1.0's record, its commit): the item has
+    one record, the first; nothing is written."""
+    theirs = Record("payload", "their-claim", "node-b", 1, 1.0, 2.0, token=token).encode()
+    script = Script(steps().record_step(ITEM, Entry(ITEM, 61, marked()), OURS),
+                    [AlreadyExists("exists", code=AlreadyExists.code), node(30, theirs),
+                     [written(63)]])
+    script.result()
+    assert [r.method for r in script.sent] == ["PUT", "GET", "ALL"]
 
 
 @pytest.mark.parametrize("lock_ttl, deletes", [(30, 1), (120, 2)])
@@ -755,6 +842,17 @@ def test_a_cancel_commits_the_pending_item_as_read_under_its_lock_and_records_it
     k3 = script.sent[6]
     assert (k3.key, k3.prev_index) == (WORK, 40)
     assert Record.decode(k3.value).reason == "cancelled"
+
+
+def test_k2_does_not_count_another_item_s_record_as_the_item_finished() -> None:
+    """An item claimed before, with a record of another put token in completed/
+    (another item that had the id): K2 goes on, K3 commits it, F2 writes failed/."""
+    script = Script(steps().cancel_step(ITEM),
+                    cancel_to_k2(unclaimed(1)) + [node(20, ANOTHER_ITEMS), missing(),
+                                                  node(50, CANCELLER.encode()), 5.0,
+                                                  written(60), written(61), [written(62)]])
+    assert script.result() is True
+    assert (script.sent[8].key, script.sent[8].prev_index) == (WORK, 40)
 
 
 def test_a_cancel_on_a_claims_lock_is_false_and_writes_nothing() -> None:

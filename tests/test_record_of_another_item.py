@@ -1,0 +1,74 @@
+"""A record belongs to the item whose put token it carries (docs/protocol.md,
+F2 and C3): after etcd was restored from an older backup, it names new items
+by ids it gave before, and a finisher's F2 held across the restore can write
+the record of an item the new history does not hold. The new item of that id
+completes with its own record.
+
+Real etcd: its data dir is copied while it is stopped (the backup); an item is
+put, claimed and completed after it (the history etcd then loses); the copy is
+put back (the restore), and the finisher's F2 is sent again, as one held in
+flight across the restore lands, just before etcd gives the id again.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.parse
+import urllib.request
+from typing import Optional
+
+from etcdq_v2 import Queue
+from etcdq_v2.server import EtcdServer
+
+
+def _send(url: str, method: str, key: str, value: Optional[str] = None, **form: str
+          ) -> "tuple[int, dict]":
+    """One v2 keys request; (etcd's index, the body)."""
+    fields = dict(form, **({"value": value} if value is not None else {}))
+    data = urllib.parse.urlencode(fields).encode() if method == "PUT" else None
+    request = urllib.request.Request(f"{url}/v2/keys{key}", data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/x-www-form-urlencoded")
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        return int(reply.headers["X-Etcd-Index"]), json.loads(reply.read())
+
+
+def _restore(server: EtcdServer, backup) -> None:
+    server.stop()
+    shutil.rmtree(server.data_dir)
+    shutil.copytree(backup, server.data_dir)
+    server.start()
+
+
+def test_a_record_of_the_history_etcd_lost_takes_no_new_item_s_place(
+        own_etcd: EtcdServer, queue_name: str, tmp_path) -> None:
+    backup, url = tmp_path / "backup", own_etcd.url
+    record_key = f"/etcdq/{queue_name}/completed/"
+    own_etcd.stop()
+    shutil.copytree(own_etcd.data_dir, backup)
+    own_etcd.start()
+    with Queue(url, queue_name + "-other") as elsewhere:
+        elsewhere.put_many(range(50))  # the lost history goes far past the backup
+    with Queue(url, queue_name) as first:
+        old_id = first.put("old")
+        claim = first.claim(timeout=5)
+        assert claim is not None and claim.id == old_id
+        claim.complete("old result")
+        _, body = _send(url, "GET", record_key + old_id, quorum="true")
+        old_record = body["node"]["value"]
+    _restore(own_etcd, backup)
+    with Queue(url, queue_name) as queue:
+        index, _ = _send(url, "GET", "/")
+        assert index < int(old_id) - 1
+        while index < int(old_id) - 2:  # other writes of the new history
+            index, _ = _send(url, "PUT", "/filler", "x")
+        # The old finisher's F2, held across the restore: an id the new history
+        # has not given yet, so the create applies.
+        _send(url, "PUT", record_key + old_id, old_record, prevExist="false")
+        new_id = queue.put("new")
+        assert new_id == old_id  # etcd gave the id again
+        claim = queue.claim(timeout=5)
+        assert claim is not None and claim.id == new_id
+        claim.complete("new result")
+        info = queue.get(new_id)
+        assert (info.state, info.payload, info.result) == ("completed", "new", "new result")
