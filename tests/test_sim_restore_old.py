@@ -182,11 +182,6 @@ def test_a_record_written_across_a_restore_takes_no_new_item_s_place() -> None:
     result = simulate(18, swarm=True, restore_old=1.0)
     assert result.faults["restore_old"] == 1
     assert result.violations == [], result.violations
-@pytest.mark.xfail(strict=True, reason=(
-    "acknowledged-put-kept skips any put whose payload some POST of the lost history "
-    "carried, whenever it returned and whatever id it returned: a put whose first POST "
-    "the restore lost and whose second created an item the new history holds is not "
-    "checked (invariants._kept, lost_payloads)"))
 def test_a_put_acknowledged_after_a_restore_under_an_id_it_did_not_lose_must_be_stored() -> None:
     # The cluster restored at 50 s from a backup at index 100; a POST of p0-3
     # applied in the lost history at index 120.  The put returned at 70 s with
@@ -219,11 +214,6 @@ def _open_claim() -> Any:
     return SimpleNamespace(outcome=None, lost=False, _mutex=SimpleNamespace(_owner=None))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "one-live-claim pairs only claims handed out in the current history "
-    "(History.check_live_claims): a claim handed out before a restore is never paired "
-    "again, also when the backup kept its lock and its refreshes succeed, so a second "
-    "claim of its item beside it passes"))
 def test_a_claim_of_the_history_before_a_restore_still_counts_while_it_says_it_is_live() -> None:
     history = History(overlap=2.0)
     older, newer = _open_claim(), _open_claim()

@@ -183,8 +183,9 @@ class History:
             # One whose complete()/fail()/release() runs has left the item to its
             # fence (its own give-back may have deleted the lock already).
             live = [claim for claim in claims if not claim.lost and not settling(claim)]
-            if self.eras:  # judged within a history: etcd forgot the older one's locks
-                live = [claim for claim in live if self.claim_era(claim) == len(self.eras)]
+            # Across a restore too: a claim of the older history whose lock the
+            # backup kept still holds it, and one whose lock it lost is lost
+            # within its lock TTL, as any claim whose refresh is refused.
             if len(live) < 2:
                 self._overlapping.pop(item, None)
                 continue

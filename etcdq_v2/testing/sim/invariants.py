@@ -373,7 +373,7 @@ def check(history: History, store: Stored, commits: Dict[str, int],
 def _kept(history: History, store: Stored, lost: Set[str]) -> Iterator[Violation]:
     last = history.eras[-1][0] if history.eras else -math.inf
     for item, (when, payload) in history.puts.items():
-        if payload in lost or (item in lost and when < last):
+        if item in lost and (when < last or payload in lost):
             continue  # etcd lost it: restored from a backup older than its put
         held = [_payload(directory[item][1], record)
                 for directory, record in ((store.work, False), (store.completed, True),
