@@ -749,7 +749,7 @@ class ViewState:
         if gone == math.inf:  # the history changed meanwhile: ``index`` may be the old one's
             self.make_free(item_id)
             return
-        self.highest = max(self.highest, index)
+        self._told(index)
         if index > self.wrote.get(item_id, 0) and item_id in self.items:
             self.wrote[item_id] = index
         if refused and 0 < index == max(gone, self.gone.get(item_id, -1)):
@@ -785,21 +785,21 @@ class ViewState:
         skipped) could offer the item again.  ``index``: where this process's
         last write of the item applied (F1, the commit): a listing read after
         it shows that version, which the left mark must cover."""
-        self.highest = max(self.highest, index)
+        self._told(index)
         if index > self.wrote.get(item_id, 0):
             self.wrote[item_id] = index
         self.forget(item_id)
 
     def skip_version(self, item_id: str, index: int) -> None:
         """Never offer this version of the item again (it is junk)."""
-        self.highest = max(self.highest, index)
+        self._told(index)
         self.skip[item_id] = index
 
     # -- own puts ---------------------------------------------------------------------
     def added(self, item_id: str, seen: Version) -> None:
         """This process wrote the item (a put, a requeue) or read it back after
         a lost reply, at version ``seen``: offer it before etcd's event arrives."""
-        self.highest = max(self.highest, seen.index)
+        self._told(seen.index)
         if self.ready and seen.index > self.items.get(item_id, (0, None))[0]:
             self.apply_item(item_id, seen.index, seen.raw)
 
@@ -814,7 +814,7 @@ class ViewState:
         (a relist of work/ between D2 and now) but never the lock: it always
         notes the lock and when it is due.
         """
-        self.highest = max(self.highest, seen.index, lock_index)
+        self._told(seen.index, lock_index)
         known = seen.index <= self.items.get(item_id, (0, None))[0]
         if not self.ready or (known and self.watching):
             return  # the next listing has it; or it is known (or finished) already
@@ -831,7 +831,7 @@ class ViewState:
         when etcd expires its delay lock, so that a quiet view, which hears no
         expiry, lists locks/ then rather than up to a lock TTL later; a listing
         older than ``index``, which shows our claim's lock, does not undo that."""
-        self.highest = max(self.highest, index)
+        self._told(index)
         if not seconds:
             self.unlocked(item_id, index)
         elif item_id in self.locks:
@@ -1352,7 +1352,7 @@ class ViewState:
         Listings of work/ answer again: a miss may list at once.
         """
         self.relist_after, self.work_retry, self.unlisted = -math.inf, 0.0, False
-        self.highest = max(self.highest, index)
+        self._told(index)
         for entry in work:
             if entry.index != self.items.get(entry.id, (0, None))[0] and _claimed(entry.value):
                 self.locked(entry.id, entry.index)
@@ -1379,7 +1379,7 @@ class ViewState:
         items whose known delay lock went, or that waited for a listing of
         locks/ to plan theirs (the others may have been finished)."""
         listed = {entry.id: entry.index for entry in locks}
-        self.highest = max(self.highest, index)
+        self._told(index)
         # Their delay locks were there before them (D1 before D2): planned now.
         planned = {i for i, at in self.unplanned.items() if at <= index}
         for item_id in [i for i in {**self.locks, **self.trying} if i not in listed]:
@@ -1419,7 +1419,7 @@ class ViewState:
         without it would."""
         self.read_signs = {}
         for item_id, index, lock in reads:
-            self.highest = max(self.highest, index)
+            self._told(index)
             if lock is None:
                 self.unlocked(item_id, index)
             elif item_id in self.items:
@@ -1457,6 +1457,10 @@ class ViewState:
         self.items[item_id] = (index, _cacheable(value))
         self.left.pop(item_id, None)  # written again (a requeue): in work/ once more
         self.make_free(item_id)
+
+    def _told(self, *indexes: int) -> None:
+        """The view was told of etcd indexes (a reply, an event): ``highest``."""
+        self.highest = max(self.highest, *indexes)
 
     def locked(self, item_id: str, index: int) -> None:
         """A sign at ``index`` that the item is locked; ignored if its lock was

@@ -88,11 +88,7 @@ def test_a_record_of_another_put_token_is_not_reported_as_the_item_s_outcome(
     # made directly: completed/<id> holds the record of another item that had
     # the id, while work/<id> holds the pending item etcd named by it again.
     with Queue(etcd_url, queue_name) as queue:
-        item_id = queue.put("new")
-        another = Record("old", "old-claim", "node-b", 1, 1.0, 2.0, "old result",
-                         token="another-put-token").encode()
-        _send(etcd_url, "PUT", f"/etcdq/{queue_name}/completed/{item_id}", another,
-              prevExist="false")
+        item_id = _pending_beside_another_record(queue, etcd_url, queue_name)
         assert queue.get(item_id).state == "pending"
         assert queue.wait(item_id, timeout=0) is None
         claim = queue.claim(timeout=5)
@@ -109,12 +105,19 @@ def test_a_record_of_another_put_token_is_not_reported_as_the_item_s_outcome(
 def test_a_purge_keeps_a_pending_item_beside_a_record_of_another_put_token(
         etcd_url: str, queue_name: str) -> None:
     with Queue(etcd_url, queue_name) as queue:
-        item_id = queue.put("new")
-        another = Record("old", "old-claim", "node-b", 1, 1.0, 2.0, "old result",
-                         token="another-put-token").encode()
-        _send(etcd_url, "PUT", f"/etcdq/{queue_name}/completed/{item_id}", another,
-              prevExist="false")
+        item_id = _pending_beside_another_record(queue, etcd_url, queue_name)
         queue.purge(completed=True)
         claim = queue.claim(timeout=5)
         assert claim is not None and claim.id == item_id
         assert claim.payload == "new"
+
+
+def _pending_beside_another_record(queue: Queue, etcd_url: str, queue_name: str) -> str:
+    """A pending item "new" whose completed/<id> holds the record of another
+    item that had the id; the item's id."""
+    item_id = queue.put("new")
+    another = Record("old", "old-claim", "node-b", 1, 1.0, 2.0, "old result",
+                     token="another-put-token").encode()
+    _send(etcd_url, "PUT", f"/etcdq/{queue_name}/completed/{item_id}", another,
+          prevExist="false")
+    return item_id
