@@ -318,8 +318,8 @@ class Queue:
                 view.untaken(item_id)
                 raise
             if state is not None:
-                view.locked_at(item_id, state.index, won=True)  # free again if our lock expires
                 try:
+                    view.locked_at(item_id, state.index, won=True)  # free again if our lock expires
                     self._narrow(view)
                     return Claim(state, self._protocol, self._heartbeat, view)
                 except BaseException:  # no heartbeat keeps the lock: the view trusts it no more
