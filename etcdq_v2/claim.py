@@ -19,7 +19,7 @@ import collections
 import logging
 import math
 from types import TracebackType
-from typing import Any, Callable, Deque, Dict, List, Optional, Type, TypeVar
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Type, TypeVar
 from typing import Protocol as TypingProtocol
 
 from .errors import ClaimClosed, LockLost, public_errors
@@ -299,7 +299,11 @@ class Heartbeat:
     and its claim is judged as soon as it returns: no claim's refresh waits
     for another's.  At most one refresh per claim is in flight, so there are
     never more refresher threads than open claims; one idle for two intervals
-    ends.  A thread that dies of an error no layer expected logs it and marks
+    ends.  A claim whose refresh is in flight when it turns lost (``lock_ttl``
+    after its last confirmation's send) is disowned then by the scheduler,
+    not when that refresh returns: lost stays true, and a refresh held up
+    (a paused process, a slow re-creation) must not keep the view trusting
+    the item's sign.  A thread that dies of an error no layer expected logs it and marks
     its claims lost; the scheduler is started again by the next claim.
     """
 
@@ -307,8 +311,11 @@ class Heartbeat:
         self._protocol = protocol
         self.lock_ttl = protocol.lock_ttl
         self.interval = max(self.lock_ttl / 3.0, 0.3)
-        #: Every open claim: when its next refresh is due (boot_clock()), inf while in flight.
+        #: Every open claim: when its next refresh is due (boot_clock()); while
+        #: in flight, when it turns lost (then inf: disowned).
         self._due: Dict[Claim, float] = {}
+        #: The claims handed to a refresher whose refresh has not returned.
+        self._flying: Set[Claim] = set()
         self._runtime = protocol.runtime
         self._ready: Deque[Claim] = collections.deque()  # due, for the refreshers
         self._lock = self._runtime.Lock()
@@ -330,6 +337,7 @@ class Heartbeat:
     def discard(self, claim: Claim) -> None:
         with self._lock:
             self._due.pop(claim, None)
+            self._flying.discard(claim)
 
     def close(self) -> None:
         """Stop; the open claims are marked lost at once (nothing refreshes them now)."""
@@ -359,6 +367,7 @@ class Heartbeat:
         """(Under the lock.)  Drop every claim; those dropped."""
         claims = list(self._due)
         self._due.clear()
+        self._flying.clear()
         self._ready.clear()
         return claims
 
@@ -389,14 +398,29 @@ class Heartbeat:
                     self._wake.wait(max(self._wake_at - now, 0.01))
                     self._wake_at = -math.inf  # awake: whoever schedules need not notify
                     continue
-                for claim in due:
-                    self._due[claim] = math.inf  # in flight
-                self._ready.extend(due)
+                overdue = self._hand_over(due)
                 missing = len(self._ready) - self._idle
-                self._work.notify(len(due))
+            for claim in overdue:  # lost while its refresh is in flight: nothing keeps the lock
+                if claim.lost:
+                    claim._disown()
             for _ in range(missing):
                 self._runtime.Thread(target=self._refresher, name="etcdq-refresh",
                                  daemon=True).start()
+
+    def _hand_over(self, due: List[Claim]) -> List[Claim]:
+        """(Under the lock.)  Hand the due claims to the refreshers, due again
+        when each turns lost; those whose refresh was in flight already: they
+        turned lost meanwhile (due no more)."""
+        overdue = [claim for claim in due if claim in self._flying]
+        for claim in overdue:
+            self._due[claim] = math.inf
+        handed = [claim for claim in due if claim not in self._flying]
+        for claim in handed:
+            self._due[claim] = claim.confirmed_at + self.lock_ttl
+            self._flying.add(claim)
+        self._ready.extend(handed)
+        self._work.notify(len(handed))
+        return overdue
 
     def _refresher(self) -> None:
         """Refresh the due claims handed over, one at a time, until idle too long."""
@@ -422,6 +446,7 @@ class Heartbeat:
                 claim._unkept("its heartbeat stopped on an unexpected error")
                 raise
             with self._lock:
+                self._flying.discard(claim)
                 if claim not in self._due or self._closed:
                     continue  # ended, discarded or closed meanwhile
                 if delay is None:
