@@ -229,3 +229,47 @@ def test_the_real_heartbeat_keeps_a_claim_for_a_simulated_hour() -> None:
     assert protocol.beats == [10.0 * n for n in range(1, len(protocol.beats) + 1)]
     assert len(protocol.beats) >= 359
     assert sim.failures == []
+
+
+class _Hanging(_Refreshing):
+    """A refresh that hangs for two lock TTLs (a process paused before the
+    send, then delayed replies), then applies."""
+
+    def confirm_in_time(self, state: ClaimState) -> None:
+        self.beats.append(self.runtime.now)
+        self.runtime.sleep(2 * self.lock_ttl)
+        state.confirmed = self.runtime.boot_clock()
+
+
+class _Told:
+    """The view hints a Claim gives: when it was disowned."""
+
+    def __init__(self, sim: SimRuntime) -> None:
+        self.sim = sim
+        self.disowned_at: List[float] = []
+
+    def disowned(self, item_id: str) -> None:
+        self.disowned_at.append(self.sim.now)
+
+
+def test_a_claim_lost_while_its_refresh_hangs_is_disowned_when_it_turns_lost() -> None:
+    """The view stops trusting the item's sign as a live claim's once the claim
+    is lost (lock_ttl after C1's send), not when the hanging refresh returns."""
+    sim = SimRuntime(8)
+    protocol = _Hanging(sim)
+    told = _Told(sim)
+
+    def scenario() -> bool:
+        heartbeat = Heartbeat(protocol)  # type: ignore[arg-type]
+        state = ClaimState("1", Lock("node", sim.token()), Item("x", sim.token()), 5,
+                           sim.boot_clock())
+        claim = Claim(state, protocol, heartbeat, told)  # type: ignore[arg-type]
+        sim.sleep(protocol.lock_ttl + 1)
+        lost = claim.lost
+        heartbeat.close()
+        return lost
+
+    assert sim.run(scenario) is True
+    assert protocol.beats == [10.0]  # the refresh due at a third of the TTL, still hanging
+    assert told.disowned_at and told.disowned_at[0] == protocol.lock_ttl
+    assert sim.failures == []
