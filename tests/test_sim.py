@@ -105,7 +105,7 @@ FOUND_WITHIN = [("f1-unfenced", 3), ("resend-lost-post", 2), ("lost-without-time
                 ("claim-unfenced", 6), ("delay-lock-short", 2), ("heartbeat-plain-refresh", 2),
                 ("round-without-end", 5), ("heartbeat-serial", 7),
                 ("heartbeat-due-from-hand-out", 6), ("closed-queue-claims-not-lost", 22),
-                ("stream-end-without-relisting", 3), ("read-back-mixes-versions", 7),
+                ("stream-end-without-relisting", 3), ("read-back-mixes-versions", 22),
                 ("record-forgets-item", 3), ("orphans-never-offered", 3),
                 ("claim-never-disowned", 1)]
 
