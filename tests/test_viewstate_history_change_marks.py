@@ -6,8 +6,6 @@ Fed to the state with no etcd and no threads, as tests/test_viewstate.py does.
 """
 from __future__ import annotations
 
-import pytest
-
 from etcdq_v2.versions import Entry
 
 from test_viewstate import free_ids, item_id, ready_state, value
@@ -38,9 +36,6 @@ def test_an_item_finished_while_the_listing_that_tells_the_change_is_under_way_s
     assert free_ids(state) == [y], f"{x}, finished at 12, is offered: {free_ids(state)}"
 
 
-@pytest.mark.xfail(strict=True, reason="skip compares the index only: across histories an "
-                   "id and index name another write, which no listing tells unless it is "
-                   "read below the highest index the view knew")
 def test_a_junk_version_skipped_before_a_restore_does_not_hide_the_new_item_of_its_id(
 ) -> None:
     """Item ids are etcd indexes, given again after a restore.  The old etcd
@@ -52,7 +47,7 @@ def test_a_junk_version_skipped_before_a_restore_does_not_hide_the_new_item_of_i
     j, y = item_id(50), item_id(3)
     state, _ = ready_state([(y, 3, value("y"))])
     relisted(state, 100, [Entry(y, 3, value("y")), Entry(j, 50, "junk")], 1.0)
-    state.skip_version(j, 50)  # a claim found it junk
+    state.skip_version(j, 50, "junk")  # a claim found it junk
     assert free_ids(state) == [y]
     relisted(state, 120, [Entry(y, 3, value("y")), Entry(j, 50, value("j"))], 2.0)
     assert state.history == 0  # nothing tells the change
