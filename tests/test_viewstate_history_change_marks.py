@@ -6,7 +6,11 @@ Fed to the state with no etcd and no threads, as tests/test_viewstate.py does.
 """
 from __future__ import annotations
 
+import pytest
+
+from etcdq_v2.codec import Item
 from etcdq_v2.versions import Entry
+from etcdq_v2.viewstate import MAX_CACHED_VALUE
 
 from test_viewstate import free_ids, item_id, ready_state, value
 from test_viewstate_history_changed import relisted
@@ -50,5 +54,28 @@ def test_a_junk_version_skipped_before_a_restore_does_not_hide_the_new_item_of_i
     state.skip_version(j, 50, "junk")  # a claim found it junk
     assert free_ids(state) == [y]
     relisted(state, 120, [Entry(y, 3, value("y")), Entry(j, 50, value("j"))], 2.0)
+    assert state.history == 0  # nothing tells the change
+    assert j in free_ids(state), f"the new item {j} is skipped as the old junk was"
+
+
+@pytest.mark.xfail(strict=True, reason="a version whose value the view does not hold (over "
+                   "MAX_CACHED_VALUE) is skipped by its index alone (the empty digest): "
+                   "across histories that hides another write at that index")
+def test_a_large_junk_version_skipped_before_a_restore_does_not_hide_the_new_large_item(
+) -> None:
+    """As above, with values over MAX_CACHED_VALUE: the view holds neither
+    value (None), so the claim that found j junk skips the version the view
+    offered it, (50, no value).  After the restore the good item at j, as
+    large, is held as (50, no value) too: the same pair, skipped for good."""
+    j, y = item_id(50), item_id(3)
+    big = "x" * (MAX_CACHED_VALUE + 1)
+    good = Item(payload={"n": big}, token="j", created=0.0).encode()
+    state, _ = ready_state([(y, 3, value("y"))])
+    relisted(state, 100, [Entry(y, 3, value("y")), Entry(j, 50, "junk" + big)], 1.0)
+    seen = state.version_of(j)
+    assert seen is not None and seen.raw is None  # not cached: the view holds no value
+    state.skip_version(j, seen.index, seen.raw)  # a claim found it junk (Queue: view.skip)
+    assert free_ids(state) == [y]
+    relisted(state, 120, [Entry(y, 3, value("y")), Entry(j, 50, good)], 2.0)
     assert state.history == 0  # nothing tells the change
     assert j in free_ids(state), f"the new item {j} is skipped as the old junk was"
