@@ -502,8 +502,11 @@ class ViewState:
                 and item_id not in self.orphans and not self.skips(item_id, *entry))
 
     def skips(self, item_id: str, index: int, raw: Optional[str]) -> bool:
-        """That version of the item was found junk: its index and value match."""
-        return self.skip.get(item_id) == (index, digest(raw))
+        """That version of the item was found junk: its index and value match
+        (the value is hashed only for an id that has a skip entry: is_free runs
+        for every item a pick passes)."""
+        skipped = self.skip.get(item_id)
+        return skipped is not None and skipped == (index, digest(raw))
 
     def version_of(self, item_id: str) -> Optional[Version]:
         """The version of the item a claim would be offered (None: not held)."""
