@@ -311,7 +311,7 @@ class Queue:
             except Junk as exc:
                 log.warning("skipping item %s of %s: %s", item_id, self.layout.root, exc,
                             extra=item_fields(self.name, item_id))
-                view.skip(item_id, seen.index)
+                view.skip(item_id, seen)
                 view.untaken(item_id)
                 continue
             except BaseException:

@@ -271,9 +271,9 @@ class QueueView:
         with _Changing(self) as state:
             state.finished(item_id, index)
 
-    def skip(self, item_id: str, index: int) -> None:
-        """Never offer this version of the item again (it is junk)."""
-        self._call(self.state.skip_version, item_id, index)
+    def skip(self, item_id: str, seen: Version) -> None:
+        """Never offer this version of the item again (it is junk): ViewState.skip_version."""
+        self._call(self.state.skip_version, item_id, seen.index, seen.raw)
 
     def relist(self, timeout: float) -> None:
         """Subscribe and list again now, and wait (up to ``timeout``) for the listing."""

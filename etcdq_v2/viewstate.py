@@ -106,6 +106,7 @@ from __future__ import annotations
 
 import bisect
 import calendar
+import hashlib
 import json
 import math
 import re
@@ -322,8 +323,11 @@ class ViewState:
         #: ``known``: a catch-up could not list work/; a process's own items stay
         #: claimable while listings fail (0 again at the next listing).
         self.own_upto = 0
-        #: Versions found junk: id -> index; that version is offered no more.
-        self.skip: Dict[str, int] = {}
+        #: Versions found junk: id -> (index, :func:`digest` of the value); that
+        #: version is offered no more.  The index alone does not name a write:
+        #: after a restore the id and index may be another write's, which no
+        #: listing read above every index the view knew can tell.
+        self.skip: Dict[str, Tuple[int, bytes]] = {}
         # -- locks (no locked item offered; Taken items) ---------------------------
         #: Locked items: id -> the etcd index of the newest sign that its lock
         #: exists: a locked item is not offered.
@@ -495,7 +499,14 @@ class ViewState:
         entry = self.items.get(item_id)
         return (entry is not None and item_id not in self.locks
                 and item_id not in self.trying and item_id not in self.recorded
-                and item_id not in self.orphans and self.skip.get(item_id) != entry[0])
+                and item_id not in self.orphans and not self.skips(item_id, *entry))
+
+    def skips(self, item_id: str, index: int, raw: Optional[str]) -> bool:
+        """That version of the item was found junk: its index and value match
+        (the value is hashed only for an id that has a skip entry: is_free runs
+        for every item a pick passes)."""
+        skipped = self.skip.get(item_id)
+        return skipped is not None and skipped == (index, digest(raw))
 
     def version_of(self, item_id: str) -> Optional[Version]:
         """The version of the item a claim would be offered (None: not held)."""
@@ -790,10 +801,11 @@ class ViewState:
             self.wrote[item_id] = index
         self.forget(item_id)
 
-    def skip_version(self, item_id: str, index: int) -> None:
-        """Never offer this version of the item again (it is junk)."""
+    def skip_version(self, item_id: str, index: int, raw: Optional[str]) -> None:
+        """Never offer this version of the item again (it is junk): the one
+        written at ``index`` with the value ``raw`` (as the view offered it)."""
         self._told(index)
-        self.skip[item_id] = index
+        self.skip[item_id] = (index, digest(raw))
 
     # -- own puts ---------------------------------------------------------------------
     def added(self, item_id: str, seen: Version) -> None:
@@ -1488,6 +1500,14 @@ class ViewState:
             del self.locks[item_id]
             self.delays.pop(item_id, None)
             self.make_free(item_id)
+
+
+def digest(raw: Optional[str]) -> bytes:
+    """What ``skip`` keeps of a junk value: small, whatever the value's size
+    (b"": a version whose value the view did not hold)."""
+    if raw is None:
+        return b""
+    return hashlib.blake2b(raw.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _hidden(mark: Tuple[int, float, float], started: int, index: int) -> bool:

@@ -558,7 +558,7 @@ class ViewMachine(RuleBasedStateMachine):
         del self.attempts[ident]
         held = self.state.items.get(ident)
         if held is not None:
-            self.state.skip_version(ident, held[0])
+            self.state.skip_version(ident, *held)
         self.state.untaken(ident)
 
     @rule(seconds=st.floats(min_value=0.0, max_value=40.0))
@@ -572,7 +572,7 @@ class ViewMachine(RuleBasedStateMachine):
         for ident, version in self.state.candidates(10 ** 6)[0]:
             assert ident not in self.state.locks and ident not in self.state.trying
             assert ident not in self.attempts and ident not in self.ours
-            assert self.state.skip.get(ident) != version.index, "a junk version offered"
+            assert not self.state.skips(ident, version.index, version.raw), "a junk version offered"
 
     @invariant()
     def no_item_stays_taken_after_a_newer_sign_its_lock_went(self) -> None:
@@ -600,10 +600,10 @@ class ViewMachine(RuleBasedStateMachine):
     def the_free_list_is_sorted_and_holds_every_free_item(self) -> None:
         free = self.state.free
         assert free == sorted(set(free)) and self.state.in_free == set(free)
-        expected = {i for i, (index, _) in self.state.items.items()
+        expected = {i for i, (index, raw) in self.state.items.items()
                     if i not in self.state.locks and i not in self.state.trying
                     and i not in self.state.recorded and i not in self.state.orphans
-                    and self.state.skip.get(i) != index}
+                    and not self.state.skips(i, index, raw)}
         assert {i for i in free if self.state.is_free(i)} == expected
 
 
