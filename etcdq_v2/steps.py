@@ -86,6 +86,10 @@ SEARCH_BATCH = 16
 #: Where a put's item is: its id, and its version in work/ (None: it is finished).
 Place = Tuple[str, Optional[Version]]
 
+#: What a look at one id finds (Steps.look_step): the item in work/ (None: gone),
+#: and ``(kind, record)`` of its outcome (None: it has none yet).
+Look = Tuple[Optional[Tuple[Entry, Item]], Optional[Tuple[str, Record]]]
+
 #: What R1 (release, or a failure's retry) tells of an item given back: the
 #: seconds until it is claimable again (its delay lock's TTL; 0: now), and the
 #: etcd index at which R1 applied, so that a view does not let an older
@@ -335,6 +339,35 @@ def of_another_item(raw: Optional[str], item: Item) -> bool:
     history it lost can land in the new one."""
     token = record_token(raw)
     return token is not None and token != item.token
+
+
+def record_finishes(raw: Optional[str], work: Optional[Item]) -> bool:
+    """The one rule of whose outcome a key of completed/ or failed/ is: it
+    finishes the item of its id iff ``work`` (the item in ``work/<id>``,
+    read before the record; None: gone, or junk) is gone, or the record is
+    not another item's (:func:`of_another_item`: another put token).  A
+    record read first could be judged against a ``work/<id>`` read after the
+    item left and another item took the id: readers read ``work/`` first."""
+    return work is None or not of_another_item(raw, work)
+
+
+def finished_records(work: Iterable[Tuple[Entry, Item]],
+                     listed: Dict[str, Iterable[Tuple[Entry, Record]]]
+                     ) -> Dict[str, Dict[str, Record]]:
+    """By kind (``listed``'s), the records by id of the finished items: the
+    records listed that finish their item (:func:`record_finishes`, judged
+    against ``work``, listed before them or at their index), and the items
+    that carry that outcome (F1 done, F2 not yet: their value is the record)."""
+    work = list(work)
+    items = {entry.id: item for entry, item in work}
+    found = {kind: {entry.id: record for entry, record in records
+                    if record_finishes(entry.value, items.get(entry.id))}
+             for kind, records in listed.items()}
+    for entry, item in work:
+        if item.outcome in found and entry.id not in found[item.outcome]:
+            with contextlib.suppress(Junk):  # an outcome without a record: junk
+                found[item.outcome][entry.id] = Record.decode(entry.value)
+    return found
 
 
 def marked_ttl(entry: Entry) -> Optional[int]:
@@ -1043,13 +1076,13 @@ class Steps:
             return None
         return state
 
-    # -- W: wait (its reads) -----------------------------------------------------
+    # -- W: wait, get (their reads) ----------------------------------------------
     def work_item_step(self, item_id: str) -> Step[Optional[Tuple[Entry, Item]]]:
         """``work/<id>`` decoded; None if it left work/ and has a record; NotFound
         if it has neither (junk in its place counts as nothing)."""
         entry = yield from self.read_step("work", item_id)
         if entry is None:
-            if (yield from self.record_of_step(item_id)) is None:
+            if (yield from self.record_of_step(item_id, None)) is None:
                 raise NotFound(f"no item {item_id} in {self.layout.label}")
             return None
         try:
@@ -1057,11 +1090,44 @@ class Steps:
         except Junk:
             raise NotFound(f"no item {item_id} in {self.layout.label}") from None
 
-    def record_of_step(self, item_id: str) -> Step[Optional[Tuple[str, Record]]]:
-        """``(kind, record)`` from completed/ or failed/; junk (a tombstone) is skipped."""
+    def _in_work(self, item_id: str) -> Step[Optional[Tuple[Entry, Item]]]:
+        """``work/<id>`` decoded; None if it is not there or is junk."""
+        entry = yield from self.read_step("work", item_id)
+        try:
+            return (entry, Item.decode(entry.value)) if entry is not None else None
+        except Junk:
+            return None
+
+    def look_step(self, item_id: str) -> Step[Look]:
+        """W2 and get(): ``work/<id>``, read first, then the record that finishes it.
+
+        Returns ``(in work, outcome)``: the item in ``work/`` (None: gone, or
+        junk) and ``(kind, record)`` of its outcome, None while it has none.
+        An item committed by F1 carries its record (no further read); else the
+        records are read after ``work/`` and judged against it
+        (:func:`record_finishes`): a record of another item that had the id
+        is not this one's outcome.  NotFound if there is neither item nor
+        record (junk in their place counts as nothing)."""
+        found = yield from self._in_work(item_id)
+        item = found[1] if found is not None else None
+        if item is not None and item.outcome:
+            try:
+                return found, (item.outcome, Record.decode(found[0].value))
+            except Junk:  # an outcome without a record: not ours
+                raise NotFound(f"no item {item_id} in {self.layout.label}") from None
+        outcome = yield from self.record_of_step(item_id, item)
+        if found is None and outcome is None:
+            raise NotFound(f"no item {item_id} in {self.layout.label}")
+        return found, outcome
+
+    def record_of_step(self, item_id: str, work: Optional[Item]
+                       ) -> Step[Optional[Tuple[str, Record]]]:
+        """``(kind, record)`` from completed/ or failed/ that finishes ``work``
+        (the item read in ``work/<id>`` before, None: none there); junk (a
+        tombstone) is skipped."""
         for kind in (COMPLETED, FAILED):
             entry = yield from self.read_step(kind, item_id)
-            if entry is not None:
+            if entry is not None and record_finishes(entry.value, work):
                 with contextlib.suppress(Junk):
                     return kind, Record.decode(entry.value)
         return None
@@ -1084,12 +1150,20 @@ class Steps:
         still be claimed, or the item would run again.  An item changed since
         the listing keeps its record until the next purge.  ``progress`` is
         the caller's, called after each record (a progress display).
+
+        ``work/`` is listed first, and a record of another item that had the id
+        (:func:`record_finishes`) is not the listed item's: it goes, the item
+        stays.
         """
         in_work = {entry.id: (entry, item) for entry, item
                    in self.decode_entries("work", (yield from self.list_step("work"))[1])}
         removed = 0
         for entry, _ in self.decode_entries(kind, (yield from self.list_step(kind))[1]):
-            pending = in_work.pop(entry.id, None)
+            pending = in_work.get(entry.id)
+            if pending is not None and not record_finishes(entry.value, pending[1]):
+                pending = None  # another item's record: it goes, the item stays
+            else:
+                in_work.pop(entry.id, None)
             if pending is None or (yield from self._remove_item(pending[0])):
                 removed += yield from self.delete_quietly_step(self.layout.key(kind, entry.id),
                                                                prev_index=entry.index)
@@ -1354,7 +1428,7 @@ class Steps:
         not count: this item's own F2 replaces it."""
         for kind in (COMPLETED, FAILED):
             entry = yield from self.read_step(kind, state.id)
-            if entry is None or of_another_item(entry.value, state.item):
+            if entry is None or not record_finishes(entry.value, state.item):
                 continue
             log.warning("item %s of %s already has a %s record; removing it from work/",
                         state.id, self.layout.root, kind,
@@ -1534,7 +1608,7 @@ class Steps:
         the id (:func:`of_another_item`) is replaced (:meth:`_replace_record`).
         Junk must not take the place of the record: the item stays."""
         assert item.outcome is not None
-        if of_another_item(existing.value, item):
+        if not record_finishes(existing.value, item):
             return (yield from self._replace_record(item_id, item, record, existing, committed))
         try:
             holder = Record.decode(existing.value).claim

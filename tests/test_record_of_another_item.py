@@ -17,8 +17,6 @@ import urllib.parse
 import urllib.request
 from typing import Optional
 
-import pytest
-
 from etcdq_v2 import Queue
 from etcdq_v2.codec import Record
 from etcdq_v2.server import EtcdServer
@@ -77,11 +75,6 @@ def test_a_record_of_the_history_etcd_lost_takes_no_new_item_s_place(
         assert (info.state, info.payload, info.result) == ("completed", "new", "new result")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "get() and wait() read completed/ first and take any record there as the item's "
-    "(Queue._get_one, Protocol.outcome): a record of another put token, which C3, K2 "
-    "and F2 now treat as another item's, is reported as the pending item's outcome, "
-    "with the other item's payload and result; its F2 then replaces it"))
 def test_a_record_of_another_put_token_is_not_reported_as_the_item_s_outcome(
         etcd_url: str, queue_name: str) -> None:
     # The state a finisher's F2 held across a restore leaves (the test above),
@@ -98,10 +91,6 @@ def test_a_record_of_another_put_token_is_not_reported_as_the_item_s_outcome(
         assert info is not None and (info.payload, info.result) == ("new", "new result")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "purge removes an item in work/ that has a record before the record (Steps."
-    "purge_step, by id alone): a record of another put token is taken as the item's, "
-    "and the pending item etcd named by its id again is deleted without running"))
 def test_a_purge_keeps_a_pending_item_beside_a_record_of_another_put_token(
         etcd_url: str, queue_name: str) -> None:
     with Queue(etcd_url, queue_name) as queue:
