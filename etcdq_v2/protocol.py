@@ -272,7 +272,7 @@ from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
                     Union)
 
 from .codec import Item, Junk, Lock, Record, check_outcome, tombstone_token
-from .errors import EtcdqError, InvalidArgument, KeyMissing
+from .errors import EtcdqError, InvalidArgument, KeyMissing, NotFound
 from .keys import DIRS, Layout, check_prefix, is_queue_name
 from . import driver
 from .driver import run
@@ -548,6 +548,14 @@ class Protocol(Steps):
         """
         return self.look(item_id)[1]
 
+    def gone_outcome(self, item_id: str) -> Tuple[str, Record]:
+        """W3 after ``work/<id>``'s removal event: the record, read after work/
+        was seen gone (so any record at the id is the item's); NotFound if none."""
+        found = run(self.record_of_step(item_id, None), self.etcd)
+        if found is None:
+            raise NotFound(f"no item {item_id} in {self.layout.label}")
+        return found
+
     def outcome_in(self, item_id: str, block: bytes) -> Optional[Tuple[str, Record]]:
         """W3: the outcome a block of ``work/<id>``'s events tells, None: keep waiting.
 
@@ -562,7 +570,7 @@ class Protocol(Steps):
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # not an event of etcd's
             if action in ("delete", "compareAndDelete", "expire"):
-                return self.outcome(item_id)
+                return self.gone_outcome(item_id)
             with contextlib.suppress(Junk):
                 item = Item.decode(value)
                 if item.outcome:

@@ -762,9 +762,17 @@ class Steps:
         return result
 
     def _requeued(self, item_id: str) -> Step[Place]:
-        """Q1-Q4 under the dead letter's lock (Q0)."""
-        (token, index), record = yield from self._requeue_token(item_id)
-        yield from self._remove_dead_item(item_id)
+        """Q1-Q4 under the dead letter's lock (Q0).  ``work/<id>`` is read first,
+        and Q1 marks the dead letter only if it finishes the item there
+        (:func:`record_finishes`): another item's record beside a pending
+        item is no dead letter of it (NotFound, nothing written)."""
+        in_work = yield from self.read_step("work", item_id)
+        try:
+            item: Optional[Item] = Item.decode(in_work.value) if in_work else None
+        except Junk:
+            item = None
+        (token, index), record = yield from self._requeue_token(item_id, item)
+        yield from self._remove_dead_item(item_id, in_work)
         new_id = f"{index:020d}"  # Q1's own index: no POST can ever take this name
         raw = Item(record.payload, token, created=(yield from wall()),
                    requeued=True).encode(stored=True)
@@ -772,14 +780,14 @@ class Steps:
         yield from self._bury(item_id, new_id, record, index)  # Q4
         return new_id, created
 
-    def _remove_dead_item(self, item_id: str) -> Step[None]:
-        """Q2: the dead letter's own item, if a crash after its commit left it in work/.
+    def _remove_dead_item(self, item_id: str, entry: Optional[Entry]) -> Step[None]:
+        """Q2: the dead letter's own item, if a crash after its commit left it in
+        work/ (``entry``, read before Q1).
 
         Removed first, or a claimer would finish it later and write the dead
         letter again (or, from 0.1.0, run it as one more attempt).  We hold
         its lock, so no claim changes it meanwhile.
         """
-        entry = yield from self.read_step("work", item_id)
         while entry is not None and not (yield from self._remove_item(entry)):
             entry = yield from self.read_step("work", item_id)
 
@@ -902,27 +910,37 @@ class Steps:
         entry = yield from self.read_step("locks", item_id)
         return entry.value if entry else None
 
-    def _requeue_token(self, item_id: str) -> Step[Tuple[Tuple[str, int], Record]]:
+    def _requeue_token(self, item_id: str, work: Optional[Item]
+                       ) -> Step[Tuple[Tuple[str, int], Record]]:
         """Q1: ((token, index), record): the dead letter marked with a requeue
         token, or with the one an earlier requeue left there (it stopped
-        before Q4), at the index of that marking write."""
-        entry = yield from self.read_step(FAILED, item_id)
-        try:
-            record = Record.decode(entry.value if entry else None)
-        except Junk:
-            raise NotFound(f"no dead letter {item_id} in {self.layout.label}") from None
-        assert entry is not None  # Record.decode(None) raised Junk above
-        if record.requeue_token:
-            return (record.requeue_token, entry.index), record
-        token = yield from ask("TOKEN")
-        marked = replace(record, requeue_token=token).encode(stored=True)
-        try:
-            reply = yield from put(self.layout.key(FAILED, item_id), marked,
-                                   ttl=marked_ttl(entry), prev_index=entry.index)
-        except (CompareFailed, KeyMissing):
-            # Only a resent CAS of ours can have changed it: we hold its lock.
-            return (yield from self._requeue_token(item_id))
-        return (token, reply.written_index), record
+        before Q4), at the index of that marking write.  NotFound unless
+        ``failed/<id>`` holds a record that finishes ``work`` (the item read
+        in ``work/<id>`` before).  The CAS goes by index alone: a prevValue
+        could not match a value etcd stores in other bytes than we send.
+        Only a resent CAS of ours can change the key (we hold its lock), so
+        a failed one is read back, a few times."""
+        token = None
+        for _ in range(5):
+            entry = yield from self.read_step(FAILED, item_id)
+            if entry is None or not record_finishes(entry.value, work):
+                raise NotFound(f"no dead letter {item_id} in {self.layout.label}")
+            try:
+                record = Record.decode(entry.value)
+            except Junk:
+                raise NotFound(f"no dead letter {item_id} in {self.layout.label}") from None
+            if record.requeue_token:
+                return (record.requeue_token, entry.index), record
+            token = token or (yield from ask("TOKEN"))
+            marked = replace(record, requeue_token=token).encode(stored=True)
+            try:
+                reply = yield from put(self.layout.key(FAILED, item_id), marked,
+                                       ttl=marked_ttl(entry), prev_index=entry.index)
+            except (CompareFailed, KeyMissing):
+                continue
+            return (token, reply.written_index), record
+        raise Unavailable(f"dead letter {item_id} kept changing as it was marked for its "
+                          "requeue; nothing requeued")
 
     # -- K: cancel -------------------------------------------------------------
     def cancel_step(self, item_id: str) -> Step[bool]:
@@ -1110,9 +1128,9 @@ class Steps:
         record (junk in their place counts as nothing)."""
         found = yield from self._in_work(item_id)
         item = found[1] if found is not None else None
-        if item is not None and item.outcome:
+        if found is not None and found[1].outcome:
             try:
-                return found, (item.outcome, Record.decode(found[0].value))
+                return found, (found[1].outcome, Record.decode(found[0].value))
             except Junk:  # an outcome without a record: not ours
                 raise NotFound(f"no item {item_id} in {self.layout.label}") from None
         outcome = yield from self.record_of_step(item_id, item)
@@ -1424,19 +1442,43 @@ class Steps:
     def _finished_before(self, state: ClaimState) -> Step[bool]:
         """A record without a committed item: written by 0.1.0, whose F2 was the
         commit, before a crash, or the item is a late copy; remove the item (its
-        F3).  A record of another item that had the id (of_another_item) does
-        not count: this item's own F2 replaces it."""
+        F3).  A record of another item that had the id (:func:`record_finishes`)
+        does not count, and goes first (:meth:`_drop_another_record`)."""
+        own = None
         for kind in (COMPLETED, FAILED):
             entry = yield from self.read_step(kind, state.id)
-            if entry is None or not record_finishes(entry.value, state.item):
+            if entry is None:
                 continue
-            log.warning("item %s of %s already has a %s record; removing it from work/",
-                        state.id, self.layout.root, kind,
-                        extra=item_fields(self.layout.name, state.id, state.item.attempts))
-            yield from self.delete_quietly_step(self.layout.key("work", state.id),
-                                                prev_index=state.index)
-            return True
-        return False
+            if not record_finishes(entry.value, state.item):
+                yield from self._drop_another_record(kind, entry, state)
+            elif own is None:
+                own = kind
+        if own is None:
+            return False
+        log.warning("item %s of %s already has a %s record; removing it from work/",
+                    state.id, self.layout.root, own,
+                    extra=item_fields(self.layout.name, state.id, state.item.attempts))
+        yield from self.delete_quietly_step(self.layout.key("work", state.id),
+                                            prev_index=state.index)
+        return True
+
+    def _drop_another_record(self, kind: str, entry: Entry, state: ClaimState) -> Step[None]:
+        """C3, K2: delete the record of another item that had the id, on its index,
+        while the item is still in ``work/``.  Once the item leaves ``work/``
+        (finished into the other kind, or removed beside a record of its own),
+        a reader would take any record at the id as its outcome (the rule
+        holds only against an item in ``work/``).  A tombstone stays (no
+        reader takes it for an outcome); a key changed meanwhile is left."""
+        try:
+            Record.decode(entry.value)
+        except Junk:
+            return
+        log.warning("%s holds the record of another item that had id %s (etcd, restored "
+                    "from an older backup, gave the id again); deleting it",
+                    self.layout.key(kind, state.id), state.id,
+                    extra=item_fields(self.layout.name, state.id, state.item.attempts))
+        yield from self.delete_quietly_step(self.layout.key(kind, state.id),
+                                            prev_index=entry.index)
 
     def _abandon(self, state: ClaimState, attempts: int) -> Step[None]:
         """Dead-letter an item whose claims keep ending without complete/fail."""

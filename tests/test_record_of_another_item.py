@@ -17,8 +17,11 @@ import urllib.parse
 import urllib.request
 from typing import Optional
 
+import pytest
+
 from etcdq_v2 import Queue
 from etcdq_v2.codec import Record
+from etcdq_v2.errors import NotFound
 from etcdq_v2.server import EtcdServer
 
 
@@ -101,12 +104,60 @@ def test_a_purge_keeps_a_pending_item_beside_a_record_of_another_put_token(
         assert claim.payload == "new"
 
 
+
+
+def test_an_item_dead_lettered_beside_another_item_s_record_is_reported_failed(
+        etcd_url: str, queue_name: str) -> None:
+    """completed/<id> holds another item's record while the item is dead-lettered
+    into failed/: once the item left work/, a reader would take completed/'s
+    record as its outcome, so its claim (C3) deleted that record first."""
+    with Queue(etcd_url, queue_name) as queue:
+        item_id = queue.put("new")
+        claim = queue.claim(timeout=5)
+        assert claim is not None
+        claim.fail("again", delay=0)  # a = 1: its next claim reads the records (C3)
+        _another_record(etcd_url, queue_name, item_id, "completed")
+        claim = queue.claim(timeout=5)
+        assert claim is not None and claim.id == item_id
+        claim.fail("no use", retry=False)
+        info = queue.get(item_id)
+        assert (info.state, info.payload, info.reason) == ("failed", "new", "no use")
+        waited = queue.wait(item_id, timeout=0)
+        assert waited is not None and (waited.state, waited.payload) == ("failed", "new")
+        assert (queue.stats()["completed"], queue.stats()["failed"]) == (0, 1)
+
+
+def test_a_requeue_of_another_item_s_dead_letter_leaves_the_pending_item_alone(
+        etcd_url: str, queue_name: str) -> None:
+    """failed/<id> holds another item's dead letter beside the pending item etcd
+    named by its id again: no dead letter of that item (NotFound), nothing
+    written; the item stays, and runs."""
+    with Queue(etcd_url, queue_name) as queue:
+        item_id = queue.put("new")
+        key = f"/etcdq/{queue_name}/failed/{item_id}"
+        _another_record(etcd_url, queue_name, item_id, "failed")
+        _, before = _send(etcd_url, "GET", key, quorum="true")
+        with pytest.raises(NotFound):
+            queue.requeue(item_id)
+        _, after = _send(etcd_url, "GET", key, quorum="true")
+        assert after["node"]["modifiedIndex"] == before["node"]["modifiedIndex"]
+        assert queue.get(item_id).state == "pending"
+        claim = queue.claim(timeout=5)
+        assert claim is not None and (claim.id, claim.payload) == (item_id, "new")
+
+
 def _pending_beside_another_record(queue: Queue, etcd_url: str, queue_name: str) -> str:
     """A pending item "new" whose completed/<id> holds the record of another
     item that had the id; the item's id."""
     item_id = queue.put("new")
-    another = Record("old", "old-claim", "node-b", 1, 1.0, 2.0, "old result",
-                     token="another-put-token").encode()
-    _send(etcd_url, "PUT", f"/etcdq/{queue_name}/completed/{item_id}", another,
-          prevExist="false")
+    _another_record(etcd_url, queue_name, item_id, "completed")
     return item_id
+
+
+def _another_record(etcd_url: str, queue_name: str, item_id: str, kind: str) -> None:
+    """``kind/<id>`` holds the record of another item that had the id (another
+    put token, another payload)."""
+    another = Record("old", "old-claim", "node-b", 1, 1.0, 2.0, "old result",
+                     reason="old reason", token="another-put-token").encode()
+    _send(etcd_url, "PUT", f"/etcdq/{queue_name}/{kind}/{item_id}", another,
+          prevExist="false")

@@ -249,16 +249,22 @@ def test_c3_counts_a_record_as_the_item_s_only_if_its_put_token_is_not_another_s
     its own put token, or of none (0.1.0's), finishes it: removed, nothing
     handed out."""
     answers: List[Any] = [written(60), node(20, found)]
-    answers += [written(61)] if finished else [missing(), 100.0]  # its F3; or failed/, NOW
+    deleted = found == ANOTHER_ITEMS  # another item's record goes, on its index
+    answers += [written(61)] if deleted else []
+    answers += [missing()]  # failed/
+    answers += [written(61)] if finished else [100.0]  # its F3; or NOW
     script = Script(steps().take_step(ITEM, held(), Version(SEEN_AT, unclaimed(1))),
                     answers + ([written(62)] if finished else []))  # our lock dropped
     if finished:
         with pytest.raises(Gone):
             script.result()
-        assert script.sent[2] == Request("DELETE", WORK, prev_index=60)
+        assert script.sent[3] == Request("DELETE", WORK, prev_index=60)
     else:
         assert script.result().index == 60
-        assert [r.method for r in script.sent] == ["PUT", "GET", "GET", "NOW"]
+        assert [r.method for r in script.sent] == ["PUT", "GET"] + ["DELETE"] * deleted + [
+            "GET", "NOW"]
+    if deleted:
+        assert script.sent[2] == Request("DELETE", LAYOUT.key(COMPLETED, ITEM), prev_index=20)
 
 
 # -- F1 ----------------------------------------------------------------------
@@ -698,24 +704,43 @@ def test_d2_unanswered_is_unavailable_saying_the_item_is_stored_at_most_once() -
         script.result()
 
 
+# -- W2, get: one look at an id ------------------------------------------------------
+def test_a_look_reads_work_first_and_judges_each_record_by_the_item_there() -> None:
+    """work/<id> is read before the records: a record read first could be judged
+    against a work/ read after its item left and another item took the id.  A
+    record of another put token beside the item is not its outcome (it is
+    pending); its own is; with work/<id> gone, any record is."""
+    own = Record("payload", "claim", "node-b", 1, 1.0, 2.0, "done", token="put-token").encode()
+    pending = Script(steps().look_step(ITEM),
+                     [node(40, unclaimed(1)), node(20, ANOTHER_ITEMS), missing()])
+    assert pending.result()[1] is None
+    assert [r.key for r in pending.sent] == [WORK, LAYOUT.key(COMPLETED, ITEM),
+                                             LAYOUT.key(FAILED, ITEM)]
+    finished = Script(steps().look_step(ITEM), [node(40, unclaimed(1)), node(20, own)])
+    assert finished.result()[1] == (COMPLETED, Record.decode(own))
+    gone = Script(steps().look_step(ITEM), [missing(), node(20, ANOTHER_ITEMS)])
+    assert gone.result() == (None, (COMPLETED, Record.decode(ANOTHER_ITEMS)))
+    assert gone.sent[0] == Request("GET", WORK, quorum=True)
+
+
 # -- Q0-Q5 -------------------------------------------------------------------------
 DEAD = Record("payload", "dead-claim", "node-b", 3, 1.0, 2.0, reason="boom", token="put-token")
 DEAD_KEY = LAYOUT.key(FAILED, ITEM)
 REQUEUER = Lock("node-a", "requeue-lock")
 
 
-def requeue_answers_to_q1(dead: Record = DEAD) -> List[Any]:
-    """Q0 (token, clocks, the dead letter read, C1 made) and Q1 (the dead letter
-    read again, a requeue token, the marking CAS at index 81)."""
+def requeue_answers_to_q1(dead: Record = DEAD, in_work: Any = None) -> List[Any]:
+    """Q0 (token, clocks, the dead letter read, C1 made) and Q1 (``work/<id>``
+    read, none by default; the dead letter read again, a requeue token, the
+    marking CAS at index 81)."""
     raw = dead.encode(outcome=FAILED, stored=True)
-    return ["requeue-lock", 10.0, 3.0, node(70, raw), written(80), node(70, raw),
-            "rq-token", written(81)]
+    return ["requeue-lock", 10.0, 3.0, node(70, raw), written(80), in_work or missing(),
+            node(70, raw), "rq-token", written(81)]
 
 
 def test_requeue_marks_the_dead_letter_then_creates_the_item_named_by_q1s_index() -> None:
     script = Script(steps().requeue_step(ITEM),
-                    requeue_answers_to_q1() + [missing(), 5.0, written(82), written(83),
-                                               written(84)])
+                    requeue_answers_to_q1() + [5.0, written(82), written(83), written(84)])
     new_id = f"{81:020d}"
     sent = script.result()
     q3 = script.sent[10]
@@ -723,10 +748,11 @@ def test_requeue_marks_the_dead_letter_then_creates_the_item_named_by_q1s_index(
     assert sent == (new_id, Version(82, q3.value))
     item = Item.decode(q3.value)
     assert (item.token, item.requeued, item.attempts) == ("rq-token", True, 0)
-    q1 = script.sent[7]
+    q1 = script.sent[8]
     assert (q1.key, q1.prev_index) == (DEAD_KEY, 70)
     assert Record.decode(q1.value).requeue_token == "rq-token"
-    assert script.sent[8:10] == [Request("GET", WORK, quorum=True), Request("WALL")]
+    assert script.sent[5] == Request("GET", WORK, quorum=True)  # before the dead letter
+    assert script.sent[9] == Request("WALL")
     assert script.sent[11:] == [
         Request("PUT", DEAD_KEY, tombstone(new_id, "put-token"), ttl=TOMBSTONE_TTL,
                 prev_index=81),
@@ -738,18 +764,29 @@ def test_q1_whose_cas_failed_after_a_resend_takes_the_token_its_first_copy_wrote
     reads it again and keeps the requeue token it finds; no new token."""
     marked = replace(DEAD, requeue_token="rq-token").encode(outcome=FAILED, stored=True)
     answers = requeue_answers_to_q1()[:-1] + [compare_failed(81), node(81, marked),
-                                              missing(), 5.0, written(82), written(83),
-                                              written(84)]
+                                              5.0, written(82), written(83), written(84)]
     script = Script(steps().requeue_step(ITEM), answers)
     assert script.result()[0] == f"{81:020d}"
     assert [request.method for request in script.sent].count("TOKEN") == 2  # lock, Q1
 
 
+def test_q1_whose_cas_keeps_failing_gives_up_after_a_few_reads_and_drops_its_lock() -> None:
+    """A bounded loop, not a recursion: each failed CAS reads the dead letter again."""
+    raw = DEAD.encode(outcome=FAILED, stored=True)
+    answers = requeue_answers_to_q1()[:-1] + [compare_failed(81)]
+    answers += [node(70, raw), compare_failed(81)] * 4 + [written(90)]  # the lock dropped
+    script = Script(steps().requeue_step(ITEM), answers)
+    with pytest.raises(Unavailable, match="kept changing"):
+        script.result()
+    assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=REQUEUER.encode())
+    assert all(r.prev_value is None for r in script.sent if r.key == DEAD_KEY)
+
+
 def test_q2_removes_the_dead_letters_own_item_a_crash_left_in_work() -> None:
     committed = DEAD.encode(outcome=FAILED, stored=True)
     script = Script(steps().requeue_step(ITEM),
-                    requeue_answers_to_q1() + [node(69, committed), written(82),
-                                               5.0, written(83), written(84), written(85)])
+                    requeue_answers_to_q1(in_work=node(69, committed))
+                    + [written(82), 5.0, written(83), written(84), written(85)])
     script.result()
     assert script.sent[9] == Request("DELETE", WORK, prev_index=69)
 
@@ -759,8 +796,8 @@ def test_q4_on_a_dead_letter_gone_since_q1_creates_the_tombstone_and_warns_on_ju
     (prevExist=false); junk there is left as it is."""
     new_id = f"{81:020d}"
     script = Script(steps().requeue_step(ITEM),
-                    requeue_answers_to_q1() + [missing(), 5.0, written(82), missing(),
-                                               missing(), written(84), written(85)])
+                    requeue_answers_to_q1() + [5.0, written(82), missing(), missing(),
+                                               written(84), written(85)])
     script.result()
     assert script.sent[-2] == Request("PUT", DEAD_KEY, tombstone(new_id, "put-token"),
                                       ttl=TOMBSTONE_TTL, prev_exist=False)
@@ -788,7 +825,7 @@ def test_a_requeue_done_through_q4_returns_its_new_id_when_only_q5_fails() -> No
     expires").  The new id is returned; a retry could not learn it (the dead letter
     is a tombstone now: NotFound, once the lock expired)."""
     script = Script(steps().requeue_step(ITEM),
-                    requeue_answers_to_q1() + [missing(), 5.0, written(82), written(83),
+                    requeue_answers_to_q1() + [5.0, written(82), written(83),
                                                Unavailable("no member answered")])
     new_id, _ = script.result()
     assert new_id == f"{81:020d}"
@@ -846,13 +883,17 @@ def test_a_cancel_commits_the_pending_item_as_read_under_its_lock_and_records_it
 
 def test_k2_does_not_count_another_item_s_record_as_the_item_finished() -> None:
     """An item claimed before, with a record of another put token in completed/
-    (another item that had the id): K2 goes on, K3 commits it, F2 writes failed/."""
+    (another item that had the id): K2 deletes that record on its index, while
+    the item is in work/ (once it left, completed/<id> would be read as its
+    outcome), goes on; K3 commits it, F2 writes failed/."""
     script = Script(steps().cancel_step(ITEM),
-                    cancel_to_k2(unclaimed(1)) + [node(20, ANOTHER_ITEMS), missing(),
-                                                  node(50, CANCELLER.encode()), 5.0,
-                                                  written(60), written(61), [written(62)]])
+                    cancel_to_k2(unclaimed(1)) + [node(20, ANOTHER_ITEMS), written(21),
+                                                  missing(), node(50, CANCELLER.encode()),
+                                                  5.0, written(60), written(61),
+                                                  [written(62)]])
     assert script.result() is True
-    assert (script.sent[8].key, script.sent[8].prev_index) == (WORK, 40)
+    assert script.sent[5] == Request("DELETE", LAYOUT.key(COMPLETED, ITEM), prev_index=20)
+    assert (script.sent[9].key, script.sent[9].prev_index) == (WORK, 40)
 
 
 def test_a_cancel_on_a_claims_lock_is_false_and_writes_nothing() -> None:
