@@ -1450,7 +1450,7 @@ class Steps:
             if entry is None:
                 continue
             if not record_finishes(entry.value, state.item):
-                yield from self._drop_another_record(kind, entry, state)
+                yield from self._drop_another_record(kind, entry, state.id, state.item)
             elif own is None:
                 own = kind
         if own is None:
@@ -1462,7 +1462,8 @@ class Steps:
                                             prev_index=state.index)
         return True
 
-    def _drop_another_record(self, kind: str, entry: Entry, state: ClaimState) -> Step[None]:
+    def _drop_another_record(self, kind: str, entry: Entry, item_id: str,
+                             item: Item) -> Step[None]:
         """C3, K2: delete the record of another item that had the id, on its index,
         while the item is still in ``work/``.  Once the item leaves ``work/``
         (finished into the other kind, or removed beside a record of its own),
@@ -1475,9 +1476,9 @@ class Steps:
             return
         log.warning("%s holds the record of another item that had id %s (etcd, restored "
                     "from an older backup, gave the id again); deleting it",
-                    self.layout.key(kind, state.id), state.id,
-                    extra=item_fields(self.layout.name, state.id, state.item.attempts))
-        yield from self.delete_quietly_step(self.layout.key(kind, state.id),
+                    self.layout.key(kind, item_id), item_id,
+                    extra=item_fields(self.layout.name, item_id, item.attempts))
+        yield from self.delete_quietly_step(self.layout.key(kind, item_id),
                                             prev_index=entry.index)
 
     def _abandon(self, state: ClaimState, attempts: int) -> Step[None]:
@@ -1573,6 +1574,8 @@ class Steps:
         assert item.outcome is not None
         there = yield from self._record(item_id, item,
                                         Record.decode(entry.value).encode(stored=True), entry)
+        if there and item.outcome == FAILED:
+            yield from self._clear_completed(item_id, item)
         deletes = [Request("DELETE", self.layout.key("work", item_id), prev_index=entry.index)
                    ] if there else []
         if lock is not None and not self.locks_linger:
@@ -1585,6 +1588,16 @@ class Steps:
             if isinstance(outcome, EtcdqError) and not isinstance(
                     outcome, (KeyMissing, CompareFailed)):
                 raise outcome
+
+    def _clear_completed(self, item_id: str, item: Item) -> Step[None]:
+        """F2½ of a dead letter: before F3, ``completed/<id>`` must not hold the
+        record of another item that had the id, which readers (completed/
+        first) would take as this item's outcome once it left ``work/``; it
+        is deleted on its index (:meth:`_drop_another_record`).  A completion
+        needs no such read: its own record is the one read first."""
+        entry = yield from self.read_step(COMPLETED, item_id)
+        if entry is not None and not record_finishes(entry.value, item):
+            yield from self._drop_another_record(COMPLETED, entry, item_id, item)
 
     def _record_ttl(self, item: Item) -> Optional[int]:
         """F2's TTL: that of the record's kind, but at least TOMBSTONE_TTL for an

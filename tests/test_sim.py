@@ -12,6 +12,7 @@ from typing import List, Tuple
 import pytest
 
 from etcdq_v2 import steps
+from etcdq_v2.codec import Record
 from etcdq_v2.testing.sim.__main__ import main
 from etcdq_v2.testing.sim.actors import History
 from etcdq_v2.testing.sim.invariants import (NAMES, Bounds, Live, Stored, claims_available,
@@ -137,6 +138,20 @@ def test_an_outcome_wait_returned_that_the_store_does_not_hold_breaks_wait_agree
     assert [v.name for v in waits_agree(history, store)] == ["wait-agrees"]  # b is nowhere
     store.failed["b"] = (7, "{}")
     assert list(waits_agree(history, store)) == []
+
+
+def test_a_wait_that_returned_another_item_s_record_breaks_wait_agrees() -> None:
+    """Not merely some record at the id: the one of the item put under it."""
+    history = History()
+    history.waits = [("a", "a", "completed")]
+    history.wait_payloads = [("old", "new")]  # returned; put as a
+    store = Stored(work={}, completed={"a": (5, Record("new", "c", "n", 1, 1.0, 2.0).encode())},
+                   failed={})
+    assert [v.name for v in waits_agree(history, store)] == ["wait-agrees"]
+    history.wait_payloads = [("new", "new")]
+    assert list(waits_agree(history, store)) == []
+    history.wait_payloads = [("old", None)]  # the put's payload unknown: the store's says
+    assert [v.name for v in waits_agree(history, store)] == ["wait-agrees"]
 
 
 def _starving_after(history: History, checks: List[float]) -> List[str]:

@@ -218,6 +218,7 @@ def test_c3_at_max_attempts_dead_letters_the_item_and_hands_nothing_out() -> Non
     script = Script(steps(max_attempts=3).take_step(ITEM, held(), Version(SEEN_AT, unclaimed(3))),
                     [written(60), missing(), missing(),       # C2; C3: no records
                      1234.5, written(61), written(62),         # WALL; F1; F2
+                     missing(),                                # completed/: none
                      [written(63)], written(64)])              # F3; our lock dropped
     with pytest.raises(Gone) as gone:
         script.result()
@@ -380,6 +381,23 @@ def test_f2_keeps_the_record_of_another_claim_of_the_same_item(token: Optional[s
                      [written(63)]])
     script.result()
     assert [r.method for r in script.sent] == ["PUT", "GET", "ALL"]
+
+
+def test_a_dead_letter_deletes_another_item_s_completed_record_before_f3() -> None:
+    """completed/ is read first: once the item left work/, a record of another
+    item there would be read as its outcome.  A completion reads nothing more
+    (its own record is the one read first)."""
+    failing = Script(steps().finish_step(claimed_state(), FAILED, reason="boom"),
+                     [1.0, written(61), written(62), node(20, ANOTHER_ITEMS), written(63),
+                      [written(64)]])
+    failing.result()
+    assert failing.sent[3:5] == [Request("GET", LAYOUT.key(COMPLETED, ITEM), quorum=True),
+                                 Request("DELETE", LAYOUT.key(COMPLETED, ITEM), prev_index=20)]
+    assert failing.sent[5].method == "ALL"
+    completing = Script(steps().finish_step(claimed_state(), COMPLETED),
+                        [1.0, written(61), written(62), [written(63)]])
+    completing.result()
+    assert [r.method for r in completing.sent] == ["WALL", "PUT", "PUT", "ALL"]
 
 
 @pytest.mark.parametrize("lock_ttl, deletes", [(30, 1), (120, 2)])
@@ -870,7 +888,7 @@ def test_a_cancel_commits_the_pending_item_as_read_under_its_lock_and_records_it
     the lock lingers at this lock_ttl, so only work/ is deleted)."""
     script = Script(steps().cancel_step(ITEM),
                     cancel_to_k2(unclaimed()) + [node(50, CANCELLER.encode()), 5.0,
-                                                 written(60), written(61), [written(62)]])
+                                                 written(60), written(61), missing(), [written(62)]])
     assert script.result() is True
     assert script.sent[0:2] == [Request("TOKEN"), Request("PUT", LOCK_KEY, CANCELLER.encode(),
                                                           ttl=LOCK_TTL, prev_exist=False)]
@@ -890,7 +908,7 @@ def test_k2_does_not_count_another_item_s_record_as_the_item_finished() -> None:
                     cancel_to_k2(unclaimed(1)) + [node(20, ANOTHER_ITEMS), written(21),
                                                   missing(), node(50, CANCELLER.encode()),
                                                   5.0, written(60), written(61),
-                                                  [written(62)]])
+                                                  missing(), [written(62)]])
     assert script.result() is True
     assert script.sent[5] == Request("DELETE", LAYOUT.key(COMPLETED, ITEM), prev_index=20)
     assert (script.sent[9].key, script.sent[9].prev_index) == (WORK, 40)
@@ -914,7 +932,7 @@ def test_k1_takes_a_delay_lock_over_never_shortening_it_and_drops_it_after_k4() 
                     ["cancel-token", taken, node(45, backoff, ttl=90), written(52),
                      node(40, unclaimed(1, "claim-b")), 100.0, missing(), missing(),
                      node(52, CANCELLER.encode()), 5.0, written(60), written(61),
-                     [written(62)], written(63)])
+                     missing(), [written(62)], written(63)])
     assert script.result() is True
     assert script.sent[3] == Request("PUT", LOCK_KEY, CANCELLER.encode(), ttl=90,
                                      prev_value=backoff)
@@ -949,7 +967,7 @@ def test_a_cancel_whose_lock_lapsed_after_k2_starts_again_at_k1() -> None:
                     cancel_to_k2(unclaimed()) + [node(55, CANCELLER.encode()), written(56)]
                     + cancel_to_k2(unclaimed(), 57) + [node(57, CANCELLER.encode()), 5.0,
                                                        written(60), written(61),
-                                                       [written(62)]])
+                                                       missing(), [written(62)]])
     assert script.result() is True
     assert script.sent[5] == Request("DELETE", LOCK_KEY, prev_value=CANCELLER.encode())
 

@@ -125,6 +125,10 @@ class History:
     applied_in: Callable[[str, str, int], Optional[int]] = lambda item, token, index: None
     #: The committed log's length when each of ``waits`` returned.
     wait_positions: List[int] = field(default_factory=list)
+    #: For each of ``waits``: (the payload its record carried, the payload of
+    #: the put acknowledged under the id it names when it returned; None:
+    #: unknown, a put that raised or a requeue of one).
+    wait_payloads: List[Tuple[Any, Optional[str]]] = field(default_factory=list)
     #: seq -> the committed log's length when the act returned.
     positions: Dict[int, int] = field(default_factory=dict)
     #: seq of a cancel() that returned True -> the history its K3 applied in
@@ -466,6 +470,9 @@ def operator(queue: Queue, plan: Plan, history: History,
                 if info is not None:
                     history.waits.append((item, info.id, info.state))
                     history.wait_positions.append(history.position())
+                    put = history.puts.get(info.id)
+                    history.wait_payloads.append((info.payload, put[1] if put and info.id
+                                                  not in history.unknown_payloads else None))
         except EtcdqError as exc:
             history.error(exc)
 

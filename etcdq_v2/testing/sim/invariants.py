@@ -88,6 +88,7 @@ through :func:`view_state`, and a claim's only through :func:`claim_state`.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -1185,6 +1186,22 @@ def claims_available(history: History, since: float) -> Iterator[Violation]:
             return
 
 
+def _wait_payload(item: str, named: str, kept: str, returned: Any,
+                  put: Optional[str]) -> Iterator[Violation]:
+    """wait-agrees, whose outcome: the record a wait returned is that of the item
+    put under the id it names (its payload), and the one the store keeps there
+    (a requeue's tombstone carries no payload)."""
+    if put is not None and returned != put:
+        yield Violation("wait-agrees", f"wait({item}) returned the record of {named} with "
+                        f"payload {returned!r}, not that of the item put as {named} "
+                        f"({put!r}): another item's record")
+        return
+    with contextlib.suppress(Junk):
+        if Record.decode(kept).payload != returned:
+            yield Violation("wait-agrees", f"wait({item}) returned the record of {named} "
+                            f"with payload {returned!r}; the store keeps another there")
+
+
 def waits_agree(history: History, store: Stored,
                 cluster: Optional[Cluster] = None, root: str = "") -> Iterator[Violation]:
     """wait-agrees: a completed outcome wait() returned is in completed/ at the
@@ -1204,3 +1221,6 @@ def waits_agree(history: History, store: Stored,
         if named not in where:
             yield Violation("wait-agrees", f"wait({item}) returned {named} {state}, which "
                             f"is not in {'completed' if state == 'completed' else 'failed'}/")
+        elif number < len(history.wait_payloads):
+            yield from _wait_payload(item, named, where[named][1],
+                                     *history.wait_payloads[number])
