@@ -24,6 +24,7 @@ D1, D2      :meth:`Steps.put_delayed_step`
 Q0-Q5       :meth:`Steps.requeue_step`
 K1-K4       :meth:`Steps.cancel_step`
 purge       :meth:`Steps.purge_step`
+W2, get     :meth:`Steps.look_step`; whose record: :func:`record_finishes`
 I1, I3, I4  :meth:`Steps.lock_import_step`, :meth:`Steps.import_value_step`,
             :meth:`Steps.refresh_import_lock_step` (I2, a streamed listing, is
             read by the driver: Protocol.begin_import)
