@@ -1591,7 +1591,7 @@ class Steps:
                 raise outcome
 
     def _clear_completed(self, item_id: str, item: Item) -> Step[None]:
-        """F2½ of a dead letter: before F3, ``completed/<id>`` must not hold the
+        """After a dead letter's F2, before F3: ``completed/<id>`` must not hold the
         record of another item that had the id, which readers (completed/
         first) would take as this item's outcome once it left ``work/``; it
         is deleted on its index (:meth:`_drop_another_record`).  A completion
