@@ -370,3 +370,27 @@ def test_a_swarm_seed_whose_listed_item_left_and_was_created_again_breaks_no_inv
     # the late D2 creates it again while c1's stream's member is frozen.  That node
     # is newer than the listing: view-knows-work judges it by KNOWN_BOUND only.
     assert simulate(67, swarm=True).violations == []
+
+
+@pytest.mark.xfail(strict=True, reason="no seed of --swarm --restore-old 1 makes a record of "
+                   "another put token beside an item in work/: wait-agrees cannot find a "
+                   "record_finishes that takes every record")
+def test_restored_seeds_reach_a_record_of_another_item_beside_its_id_s_item(
+        monkeypatch) -> None:
+    # The rule (steps.record_finishes) refuses a record only when the id's item in
+    # work/ has another put token: a restore must lead the simulation there for
+    # wait-agrees (its payload check) to be able to fail on a rule that does not.
+    refused: List[int] = []
+    rule = steps.record_finishes
+
+    def counted(raw, work) -> bool:  # type: ignore[no-untyped-def]
+        finishes = rule(raw, work)
+        if not finishes:
+            refused.append(1)
+        return finishes
+    monkeypatch.setattr(steps, "record_finishes", counted)
+    for seed in range(20):
+        simulate(seed, swarm=True, restore_old=1.0)
+        if refused:
+            return
+    assert refused
