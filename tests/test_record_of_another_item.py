@@ -203,3 +203,38 @@ def test_stats_count_a_completed_item_once_beside_another_item_s_dead_letter(
         claim.complete("new result")
         stats = queue.stats()
         assert (stats["completed"], stats["failed"]) == (1, 0)
+
+
+class _Crash(Exception):
+    """The process dies here."""
+
+
+@pytest.mark.xfail(strict=True, reason="a purge removes a dead letter's item and record while "
+                   "another item's record still sits in completed/<id>: it is then taken "
+                   "for the item's outcome")
+def test_a_purged_dead_letter_is_never_reported_by_another_item_s_completed_record(
+        etcd_url: str, queue_name: str, monkeypatch) -> None:
+    """A dead letter's finisher dies after F2, before its read of completed/<id>
+    (docs/protocol.md, F2's crash rows): the item is in work/, committed, beside
+    another item's record in completed/. A purge of failed/ then removes the
+    item and its record; the other item's record must not become its outcome."""
+    from etcdq_v2.steps import Steps
+
+    def crash(self, item_id, item):  # type: ignore[no-untyped-def]
+        raise _Crash()
+        yield  # a step
+    with Queue(etcd_url, queue_name) as queue:
+        item_id = queue.put("new")
+        _another_record(etcd_url, queue_name, item_id, "completed")
+        claim = queue.claim(timeout=5)
+        assert claim is not None and claim.id == item_id
+        with monkeypatch.context() as patched:
+            patched.setattr(Steps, "_clear_completed", crash)
+            with pytest.raises(_Crash):
+                claim.fail("no use", retry=False)
+        queue.purge(failed=True)
+        try:
+            info = queue.get(item_id)
+        except NotFound:
+            return
+        assert (info.state, info.payload) != ("completed", "old")
