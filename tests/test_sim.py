@@ -406,9 +406,6 @@ def test_a_restored_seed_with_a_requeue_of_an_id_given_again_keeps_every_put() -
     assert result.violations == [], result.violations
 
 
-@pytest.mark.xfail(strict=True, reason="wait-agrees compares the record a wait returned with "
-                   "the one kept at the end, though etcd gave the id again after the wait "
-                   "and the new item's F2 replaced that record")
 def test_a_wait_that_returned_its_item_s_record_before_the_id_was_given_again_agrees() -> None:
     # --swarm --restore-old 1, seed 58: a late F2 of the lost history re-creates the
     # record of the requeued item the operator waits for (the right record); much
