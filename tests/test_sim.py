@@ -396,9 +396,6 @@ def test_restored_seeds_reach_a_record_of_another_item_beside_its_id_s_item(
     assert refused
 
 
-@pytest.mark.xfail(strict=True, reason="a requeue's new id takes the payload History.puts "
-                   "holds for the dead letter's id, which after a restore can be a lost "
-                   "history's put (the new put of that id not acknowledged yet)")
 def test_a_restored_seed_with_a_requeue_of_an_id_given_again_keeps_every_put() -> None:
     # --swarm --restore-old 1, seed 42: the operator requeues a dead letter whose id
     # etcd gave again after the restore, while the put that got it has no reply yet.

@@ -217,6 +217,20 @@ def _created(entry: Any, prefix: str) -> Optional[str]:
     return request.key[len(prefix):] if request.prev_exist is False else None
 
 
+def payload_of(cluster: Cluster, root: str, item: str) -> Optional[str]:
+    """The payload of the item of id ``item`` in the current history: that of
+    the last creation of work/``item`` in its lineage; None: none there."""
+    kept = lineage(cluster, len(cluster.rewinds))
+    prefix = f"{root}/work/"
+    for position in range(len(cluster.log) - 1, -1, -1):
+        entry = cluster.log[position]
+        if entry.request is not None and _created(entry, prefix) == item \
+                and any(lo <= position < hi for lo, hi in kept):
+            payload = _payload(entry.request.value, False)
+            return payload if isinstance(payload, str) else None
+    return None
+
+
 def _given_again(cluster: Cluster, root: str, item: str, since: int) -> Optional[int]:
     """The log position, from ``since`` on, where the last history created
     work/``item`` (etcd gave the id again after a restore from an older
