@@ -1172,7 +1172,8 @@ class Steps:
 
         ``work/`` is listed first, and a record of another item that had the id
         (:func:`record_finishes`) is not the listed item's: it goes, the item
-        stays.
+        stays.  An item removed first has the other kind's record at its id
+        read, and deleted if it is another item's (:meth:`_purge_item`).
         """
         in_work = {entry.id: (entry, item) for entry, item
                    in self.decode_entries("work", (yield from self.list_step("work"))[1])}
@@ -1183,15 +1184,28 @@ class Steps:
                 pending = None  # another item's record: it goes, the item stays
             else:
                 in_work.pop(entry.id, None)
-            if pending is None or (yield from self._remove_item(pending[0])):
+            if pending is None or (yield from self._purge_item(kind, *pending)):
                 removed += yield from self.delete_quietly_step(self.layout.key(kind, entry.id),
                                                                prev_index=entry.index)
             if progress is not None:
                 progress()
         for entry, item in in_work.values():
             if item.outcome == kind:
-                removed += yield from self._remove_item(entry)
+                removed += yield from self._purge_item(kind, entry, item)
         return removed
+
+    def _purge_item(self, kind: str, entry: Entry, item: Item) -> Step[bool]:
+        """Purge's F3 on a listed item finished as ``kind``: a record of another
+        item that had the id in the other outcome's directory goes first
+        (:meth:`_drop_another_record`, as C3 and K2), while the item is still
+        in ``work/``: once it left, a reader would take that record for its
+        outcome (a dead letter's finisher that died before its read of
+        ``completed/<id>``).  True once the item is gone."""
+        other = COMPLETED if kind == FAILED else FAILED
+        found = yield from self.read_step(other, entry.id)
+        if found is not None and not record_finishes(found.value, item):
+            yield from self._drop_another_record(other, found, entry.id, item)
+        return (yield from self._remove_item(entry))
 
     # -- I: import (I1, I3, I4; I2 is a streamed listing, read by the driver) -------
     def lock_import_step(self, lock: Lock) -> Step[float]:

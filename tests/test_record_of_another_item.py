@@ -209,9 +209,6 @@ class _Crash(Exception):
     """The process dies here."""
 
 
-@pytest.mark.xfail(strict=True, reason="a purge removes a dead letter's item and record while "
-                   "another item's record still sits in completed/<id>: it is then taken "
-                   "for the item's outcome")
 def test_a_purged_dead_letter_is_never_reported_by_another_item_s_completed_record(
         etcd_url: str, queue_name: str, monkeypatch) -> None:
     """A dead letter's finisher dies after F2, before its read of completed/<id>

@@ -1008,14 +1008,38 @@ def test_purge_deletes_each_record_on_its_listed_index_after_its_item_left_in_wo
                        "value": done}, index=90)
     ticks: List[int] = []
     script = Script(steps().purge_step(COMPLETED, lambda: ticks.append(1)),
-                    [work, records, written(91), written(92), missing(), written(93)])
+                    [work, records, missing(), written(91), written(92), missing(), missing(),
+                     written(93)])
     assert script.result() == 2  # a record already gone (missing) does not count
     assert script.sent[2:] == [
+        Request("GET", LAYOUT.key(FAILED, ITEM), quorum=True),
         Request("DELETE", WORK, prev_index=40),
         Request("DELETE", LAYOUT.key(COMPLETED, ITEM), prev_index=42),
         Request("DELETE", LAYOUT.key(COMPLETED, f"{44:020d}"), prev_index=44),
+        Request("GET", LAYOUT.key(FAILED, other), quorum=True),
         Request("DELETE", LAYOUT.key("work", other), prev_index=41)]
     assert ticks == [1, 1]
+
+
+def test_purge_deletes_another_item_s_record_of_the_other_kind_before_the_item() -> None:
+    """A dead letter's item still in work/ (its finisher died before its read of
+    completed/<id>) beside another item's completed record: that record goes,
+    on its index, while the item is still in work/; once it left, a reader
+    would take the record for its outcome."""
+    dead = Record("payload", "claim", "node-b", 1, 1.0, 2.0, token="put-token").encode(
+        outcome=FAILED)
+    work = listing({"key": WORK, "modifiedIndex": 40, "value": dead}, index=90)
+    records = listing({"key": LAYOUT.key(FAILED, ITEM), "modifiedIndex": 42, "value": dead},
+                      index=90)
+    script = Script(steps().purge_step(FAILED),
+                    [work, records, node(20, ANOTHER_ITEMS), written(91), written(92),
+                     written(93)])
+    assert script.result() == 1
+    assert script.sent[2:] == [
+        Request("GET", LAYOUT.key(COMPLETED, ITEM), quorum=True),
+        Request("DELETE", LAYOUT.key(COMPLETED, ITEM), prev_index=20),
+        Request("DELETE", WORK, prev_index=40),
+        Request("DELETE", LAYOUT.key(FAILED, ITEM), prev_index=42)]
 
 
 def test_purge_keeps_the_record_of_an_item_changed_since_the_listing() -> None:
@@ -1023,7 +1047,8 @@ def test_purge_keeps_the_record_of_an_item_changed_since_the_listing() -> None:
     done = record.encode(outcome=COMPLETED)
     work = listing({"key": WORK, "modifiedIndex": 40, "value": unclaimed()})
     records = listing({"key": LAYOUT.key(COMPLETED, ITEM), "modifiedIndex": 42, "value": done})
-    script = Script(steps().purge_step(COMPLETED), [work, records, compare_failed(95)])
+    script = Script(steps().purge_step(COMPLETED),
+                    [work, records, missing(), compare_failed(95)])
     assert script.result() == 0
     assert script.sent[-1] == Request("DELETE", WORK, prev_index=40)
 
