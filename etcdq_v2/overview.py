@@ -16,12 +16,11 @@ time (``created``) and its lock's seconds left are what the keys hold.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from .codec import Item, Junk, Lock, Record
-from .protocol import COMPLETED, FAILED, Entry, Protocol, lock_states
+from .codec import Item, Lock, Record
+from .protocol import COMPLETED, FAILED, Entry, Protocol, finished_records, lock_states
 
 #: How many dead letters an overview carries by default (the newest ones).
 DEAD_LETTERS = 100
@@ -77,13 +76,8 @@ def overview(protocol: Protocol, dead_letters: int = DEAD_LETTERS) -> QueueOverv
     work: List[Tuple[Entry, Item]] = sorted(protocol.decode_entries("work", found["work"]),
                                             key=lambda pair: pair[0].id)
     locks = found["locks"]
-    records = {kind: {entry.id: record for entry, record in
-                      protocol.decode_entries(kind, found[kind])}
-               for kind in (COMPLETED, FAILED)}
-    for entry, item in work:  # committed (F1), not yet recorded (F2): finished
-        if item.outcome and entry.id not in records[item.outcome]:
-            with contextlib.suppress(Junk):
-                records[item.outcome][entry.id] = Record.decode(entry.value)
+    records = finished_records(work, {kind: protocol.decode_entries(kind, found[kind])
+                                      for kind in (COMPLETED, FAILED)})
     waiting = [(entry, item) for entry, item in work if not item.outcome]
     running = _running(waiting, locks)
     counts = {"pending": len(waiting) - len(running), "running": len(running),

@@ -288,9 +288,11 @@ from .steps import IMPORT_LOCK as IMPORT_LOCK
 from .steps import GivenBack as GivenBack
 from .steps import ImportState as ImportState
 from .steps import Gone as Gone
-from .steps import Held, Request, Steps
+from .steps import Held, Look, Request, Steps
 from .steps import Taken as Taken
 from .steps import item_fields as item_fields
+from .steps import finished_records as finished_records
+from .steps import record_finishes as record_finishes
 from .steps import put_token
 from .steps import ttl_seconds as ttl_seconds
 from .transport import EventStream, Reply, Transport, UndecodableReply
@@ -534,26 +536,25 @@ class Protocol(Steps):
                                                              seconds=idle_timeout))
         return stream
 
+    def look(self, item_id: str) -> Look:
+        """The item in work/ and its outcome (:meth:`Steps.look_step`)."""
+        return run(self.look_step(item_id), self.etcd)
+
     def outcome(self, item_id: str) -> Optional[Tuple[str, Record]]:
         """W2: ``(kind, record)`` of a finished item, None while it is pending or running.
 
-        Read as Queue.get reads: the records, then the item (committed by F1:
-        its value is the record), then the records again in case it finished
-        in between.  NotFound if it is in none of them.
+        Read as Queue.get reads (:meth:`Steps.look_step`): the item first, then
+        the record that finishes it.  NotFound if it is in none of them.
         """
-        found = self.record_of(item_id)
-        if found is not None:
-            return found
-        in_work = run(self.work_item_step(item_id), self.etcd)
-        if in_work is None:
-            return self.record_of(item_id)
-        entry, item = in_work
-        if not item.outcome:
-            return None
-        try:
-            return item.outcome, Record.decode(entry.value)
-        except Junk:  # an outcome without a record: not ours, as get() says
-            raise NotFound(f"no item {item_id} in {self.layout.label}") from None
+        return self.look(item_id)[1]
+
+    def gone_outcome(self, item_id: str) -> Tuple[str, Record]:
+        """W3 after ``work/<id>``'s removal event: the record, read after work/
+        was seen gone (so any record at the id is the item's); NotFound if none."""
+        found = run(self.record_of_step(item_id, None), self.etcd)
+        if found is None:
+            raise NotFound(f"no item {item_id} in {self.layout.label}")
+        return found
 
     def outcome_in(self, item_id: str, block: bytes) -> Optional[Tuple[str, Record]]:
         """W3: the outcome a block of ``work/<id>``'s events tells, None: keep waiting.
@@ -569,16 +570,12 @@ class Protocol(Steps):
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # not an event of etcd's
             if action in ("delete", "compareAndDelete", "expire"):
-                return self.outcome(item_id)
+                return self.gone_outcome(item_id)
             with contextlib.suppress(Junk):
                 item = Item.decode(value)
                 if item.outcome:
                     return item.outcome, Record.decode(value)
         return None
-
-    def record_of(self, item_id: str) -> Optional[Tuple[str, Record]]:
-        """``(kind, record)`` from completed/ or failed/ (:meth:`Steps.record_of_step`)."""
-        return run(self.record_of_step(item_id), self.etcd)
 
     # -- I: import ---------------------------------------------------------------
     def begin_import(self) -> ImportState:

@@ -7,7 +7,6 @@ costs two etcd round trips however long the queue is.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -27,7 +26,8 @@ from .keys import Layout, check_item_id
 from .overview import DEAD_LETTERS, QueueOverview, overview
 from .runtime import SYSTEM, EventLike, Runtime
 from .protocol import (COMPLETED, FAILED, MAX_TTL, Entry, Gone, Protocol, Taken, Version,
-                       delay_ttl, in_flight_count, item_fields, lock_states, ttl_seconds)
+                       delay_ttl, finished_records, in_flight_count, item_fields, lock_states,
+                       ttl_seconds)
 from .transfer import export_lines, guarded, import_lines
 from .transport import EventStream, Transport, connect
 from .view import QueueView, wait_all_ready
@@ -413,11 +413,8 @@ class Queue:
         locks = lock_states(found["locks"])
         waiting = [entry for entry, item in work if not item.outcome]
         running = sum(1 for entry in waiting if _is_running(locks, entry.id))
-        finished = {kind: {entry.id for entry, _ in decode(kind, found[kind])}
-                    for kind in (COMPLETED, FAILED)}
-        for entry, item in work:  # committed (F1), not yet recorded (F2)
-            if item.outcome:
-                finished[item.outcome].add(entry.id)
+        finished = finished_records(work, {kind: decode(kind, found[kind])
+                                           for kind in (COMPLETED, FAILED)})
         counts = Counts({"pending": len(waiting) - running, "running": running,
                          COMPLETED: len(finished[COMPLETED]), FAILED: len(finished[FAILED])})
         counts.delayed = sum(1 for entry in waiting if _is_delayed(locks, entry.id))
@@ -429,14 +426,12 @@ class Queue:
         if state not in STATES:
             raise InvalidArgument(f"unknown state {state!r}: use one of {', '.join(STATES)}")
         if state in (COMPLETED, FAILED):
-            infos = {entry.id: _record_info(entry.id, state, record)
-                     for entry, record in self._protocol.decoded(state)}
-            for entry, item in self._protocol.decoded("work"):  # committed, not yet recorded
-                if item.outcome == state and entry.id not in infos:
-                    with contextlib.suppress(Junk):  # an outcome without a record: junk
-                        infos[entry.id] = _record_info(entry.id, state,
-                                                       Record.decode(entry.value))
-            found = [infos[item_id] for item_id in sorted(infos)]
+            # work/ listed first: a record is judged against the item there then
+            # (record_finishes), never against one that took its id later.
+            work = list(self._protocol.decoded("work"))
+            records = finished_records(work, {state: self._protocol.decoded(state)})[state]
+            found = [_record_info(item_id, state, records[item_id])
+                     for item_id in sorted(records)]
         else:
             work, lock_entries = self._work_and_lock_entries()
             found = [_item_info(entry, item, lock_entries) for entry, item in work
@@ -480,25 +475,17 @@ class Queue:
         return new_id
 
     def _get_one(self, item_id: str) -> ItemInfo:
-        """get() of this one id; NotFound if it is in none of the directories."""
-        try:
-            # Records first: after a crash inside complete() an item can be in
-            # work/ and completed/ at once, and completed/ is the truth.  Then
-            # again after work/, in case the item finished in between.
-            record = self._find_record(item_id)
-            if record is not None:
-                return record
-            entry = self._protocol.read("work", item_id)
-            if entry is None:
-                record = self._find_record(item_id)
-                if record is None:
-                    raise NotFound(f"no item {item_id} in {self.layout.label}")
-                return record
-            item = Item.decode(entry.value)
-            if item.outcome:  # committed (F1), not yet recorded (F2)
-                return _record_info(item_id, item.outcome, Record.decode(entry.value))
-        except Junk:
-            raise NotFound(f"no item {item_id} in {self.layout.label}") from None
+        """get() of this one id; NotFound if it is in none of the directories.
+
+        The item first, then the record that finishes it (Steps.look_step):
+        after a crash inside complete() an item can be in work/ and have its
+        record at once, and the record is the truth; a record of another item
+        that had the id is not."""
+        in_work, outcome = self._protocol.look(item_id)
+        if outcome is not None:
+            return _record_info(item_id, outcome[0], outcome[1])
+        assert in_work is not None  # look() raised NotFound otherwise
+        entry, item = in_work
         lock = self._protocol.read("locks", item_id)
         return _item_info(entry, item, {item_id: lock} if lock else {})
 
@@ -508,14 +495,6 @@ class Queue:
         finish times of the records kept: one GET of the queue, as ``stats()``
         makes, read from any member (see :mod:`etcdq_v2.overview`)."""
         return overview(self._protocol, dead_letters)
-
-    def _find_record(self, item_id: str) -> Optional[ItemInfo]:
-        for kind in (COMPLETED, FAILED):
-            entry = self._protocol.read(kind, item_id)
-            if entry is not None:
-                with contextlib.suppress(Junk):  # junk in its place: look further
-                    return _record_info(item_id, kind, Record.decode(entry.value))
-        return None
 
     @public_errors()
     def wait(self, item_id: str, timeout: Optional[float] = None) -> Optional[ItemInfo]:

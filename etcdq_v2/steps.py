@@ -24,6 +24,7 @@ D1, D2      :meth:`Steps.put_delayed_step`
 Q0-Q5       :meth:`Steps.requeue_step`
 K1-K4       :meth:`Steps.cancel_step`
 purge       :meth:`Steps.purge_step`
+W2, get     :meth:`Steps.look_step`; whose record: :func:`record_finishes`
 I1, I3, I4  :meth:`Steps.lock_import_step`, :meth:`Steps.import_value_step`,
             :meth:`Steps.refresh_import_lock_step` (I2, a streamed listing, is
             read by the driver: Protocol.begin_import)
@@ -85,6 +86,10 @@ SEARCH_BATCH = 16
 
 #: Where a put's item is: its id, and its version in work/ (None: it is finished).
 Place = Tuple[str, Optional[Version]]
+
+#: What a look at one id finds (Steps.look_step): the item in work/ (None: gone),
+#: and ``(kind, record)`` of its outcome (None: it has none yet).
+Look = Tuple[Optional[Tuple[Entry, Item]], Optional[Tuple[str, Record]]]
 
 #: What R1 (release, or a failure's retry) tells of an item given back: the
 #: seconds until it is claimable again (its delay lock's TTL; 0: now), and the
@@ -335,6 +340,35 @@ def of_another_item(raw: Optional[str], item: Item) -> bool:
     history it lost can land in the new one."""
     token = record_token(raw)
     return token is not None and token != item.token
+
+
+def record_finishes(raw: Optional[str], work: Optional[Item]) -> bool:
+    """The one rule of whose outcome a key of completed/ or failed/ is: it
+    finishes the item of its id iff ``work`` (the item in ``work/<id>``,
+    read before the record; None: gone, or junk) is gone, or the record is
+    not another item's (:func:`of_another_item`: another put token).  A
+    record read first could be judged against a ``work/<id>`` read after the
+    item left and another item took the id: readers read ``work/`` first."""
+    return work is None or not of_another_item(raw, work)
+
+
+def finished_records(work: Iterable[Tuple[Entry, Item]],
+                     listed: Dict[str, Iterable[Tuple[Entry, Record]]]
+                     ) -> Dict[str, Dict[str, Record]]:
+    """By kind (``listed``'s), the records by id of the finished items: the
+    records listed that finish their item (:func:`record_finishes`, judged
+    against ``work``, listed before them or at their index), and the items
+    that carry that outcome (F1 done, F2 not yet: their value is the record)."""
+    work = list(work)
+    items = {entry.id: item for entry, item in work}
+    found = {kind: {entry.id: record for entry, record in records
+                    if record_finishes(entry.value, items.get(entry.id))}
+             for kind, records in listed.items()}
+    for entry, item in work:
+        if item.outcome in found and entry.id not in found[item.outcome]:
+            with contextlib.suppress(Junk):  # an outcome without a record: junk
+                found[item.outcome][entry.id] = Record.decode(entry.value)
+    return found
 
 
 def marked_ttl(entry: Entry) -> Optional[int]:
@@ -729,9 +763,17 @@ class Steps:
         return result
 
     def _requeued(self, item_id: str) -> Step[Place]:
-        """Q1-Q4 under the dead letter's lock (Q0)."""
-        (token, index), record = yield from self._requeue_token(item_id)
-        yield from self._remove_dead_item(item_id)
+        """Q1-Q4 under the dead letter's lock (Q0).  ``work/<id>`` is read first,
+        and Q1 marks the dead letter only if it finishes the item there
+        (:func:`record_finishes`): another item's record beside a pending
+        item is no dead letter of it (NotFound, nothing written)."""
+        in_work = yield from self.read_step("work", item_id)
+        try:
+            item: Optional[Item] = Item.decode(in_work.value) if in_work else None
+        except Junk:
+            item = None
+        (token, index), record = yield from self._requeue_token(item_id, item)
+        yield from self._remove_dead_item(item_id, in_work)
         new_id = f"{index:020d}"  # Q1's own index: no POST can ever take this name
         raw = Item(record.payload, token, created=(yield from wall()),
                    requeued=True).encode(stored=True)
@@ -739,14 +781,14 @@ class Steps:
         yield from self._bury(item_id, new_id, record, index)  # Q4
         return new_id, created
 
-    def _remove_dead_item(self, item_id: str) -> Step[None]:
-        """Q2: the dead letter's own item, if a crash after its commit left it in work/.
+    def _remove_dead_item(self, item_id: str, entry: Optional[Entry]) -> Step[None]:
+        """Q2: the dead letter's own item, if a crash after its commit left it in
+        work/ (``entry``, read before Q1).
 
         Removed first, or a claimer would finish it later and write the dead
         letter again (or, from 0.1.0, run it as one more attempt).  We hold
         its lock, so no claim changes it meanwhile.
         """
-        entry = yield from self.read_step("work", item_id)
         while entry is not None and not (yield from self._remove_item(entry)):
             entry = yield from self.read_step("work", item_id)
 
@@ -869,27 +911,37 @@ class Steps:
         entry = yield from self.read_step("locks", item_id)
         return entry.value if entry else None
 
-    def _requeue_token(self, item_id: str) -> Step[Tuple[Tuple[str, int], Record]]:
+    def _requeue_token(self, item_id: str, work: Optional[Item]
+                       ) -> Step[Tuple[Tuple[str, int], Record]]:
         """Q1: ((token, index), record): the dead letter marked with a requeue
         token, or with the one an earlier requeue left there (it stopped
-        before Q4), at the index of that marking write."""
-        entry = yield from self.read_step(FAILED, item_id)
-        try:
-            record = Record.decode(entry.value if entry else None)
-        except Junk:
-            raise NotFound(f"no dead letter {item_id} in {self.layout.label}") from None
-        assert entry is not None  # Record.decode(None) raised Junk above
-        if record.requeue_token:
-            return (record.requeue_token, entry.index), record
-        token = yield from ask("TOKEN")
-        marked = replace(record, requeue_token=token).encode(stored=True)
-        try:
-            reply = yield from put(self.layout.key(FAILED, item_id), marked,
-                                   ttl=marked_ttl(entry), prev_index=entry.index)
-        except (CompareFailed, KeyMissing):
-            # Only a resent CAS of ours can have changed it: we hold its lock.
-            return (yield from self._requeue_token(item_id))
-        return (token, reply.written_index), record
+        before Q4), at the index of that marking write.  NotFound unless
+        ``failed/<id>`` holds a record that finishes ``work`` (the item read
+        in ``work/<id>`` before).  The CAS goes by index alone: a prevValue
+        could not match a value etcd stores in other bytes than we send.
+        Only a resent CAS of ours can change the key (we hold its lock), so
+        a failed one is read back, a few times."""
+        token = None
+        for _ in range(5):
+            entry = yield from self.read_step(FAILED, item_id)
+            if entry is None or not record_finishes(entry.value, work):
+                raise NotFound(f"no dead letter {item_id} in {self.layout.label}")
+            try:
+                record = Record.decode(entry.value)
+            except Junk:
+                raise NotFound(f"no dead letter {item_id} in {self.layout.label}") from None
+            if record.requeue_token:
+                return (record.requeue_token, entry.index), record
+            token = token or (yield from ask("TOKEN"))
+            marked = replace(record, requeue_token=token).encode(stored=True)
+            try:
+                reply = yield from put(self.layout.key(FAILED, item_id), marked,
+                                       ttl=marked_ttl(entry), prev_index=entry.index)
+            except (CompareFailed, KeyMissing):
+                continue
+            return (token, reply.written_index), record
+        raise Unavailable(f"dead letter {item_id} kept changing as it was marked for its "
+                          "requeue; nothing requeued")
 
     # -- K: cancel -------------------------------------------------------------
     def cancel_step(self, item_id: str) -> Step[bool]:
@@ -1043,13 +1095,13 @@ class Steps:
             return None
         return state
 
-    # -- W: wait (its reads) -----------------------------------------------------
+    # -- W: wait, get (their reads) ----------------------------------------------
     def work_item_step(self, item_id: str) -> Step[Optional[Tuple[Entry, Item]]]:
         """``work/<id>`` decoded; None if it left work/ and has a record; NotFound
         if it has neither (junk in its place counts as nothing)."""
         entry = yield from self.read_step("work", item_id)
         if entry is None:
-            if (yield from self.record_of_step(item_id)) is None:
+            if (yield from self.record_of_step(item_id, None)) is None:
                 raise NotFound(f"no item {item_id} in {self.layout.label}")
             return None
         try:
@@ -1057,11 +1109,44 @@ class Steps:
         except Junk:
             raise NotFound(f"no item {item_id} in {self.layout.label}") from None
 
-    def record_of_step(self, item_id: str) -> Step[Optional[Tuple[str, Record]]]:
-        """``(kind, record)`` from completed/ or failed/; junk (a tombstone) is skipped."""
+    def _in_work(self, item_id: str) -> Step[Optional[Tuple[Entry, Item]]]:
+        """``work/<id>`` decoded; None if it is not there or is junk."""
+        entry = yield from self.read_step("work", item_id)
+        try:
+            return (entry, Item.decode(entry.value)) if entry is not None else None
+        except Junk:
+            return None
+
+    def look_step(self, item_id: str) -> Step[Look]:
+        """W2 and get(): ``work/<id>``, read first, then the record that finishes it.
+
+        Returns ``(in work, outcome)``: the item in ``work/`` (None: gone, or
+        junk) and ``(kind, record)`` of its outcome, None while it has none.
+        An item committed by F1 carries its record (no further read); else the
+        records are read after ``work/`` and judged against it
+        (:func:`record_finishes`): a record of another item that had the id
+        is not this one's outcome.  NotFound if there is neither item nor
+        record (junk in their place counts as nothing)."""
+        found = yield from self._in_work(item_id)
+        item = found[1] if found is not None else None
+        if found is not None and found[1].outcome:
+            try:
+                return found, (found[1].outcome, Record.decode(found[0].value))
+            except Junk:  # an outcome without a record: not ours
+                raise NotFound(f"no item {item_id} in {self.layout.label}") from None
+        outcome = yield from self.record_of_step(item_id, item)
+        if found is None and outcome is None:
+            raise NotFound(f"no item {item_id} in {self.layout.label}")
+        return found, outcome
+
+    def record_of_step(self, item_id: str, work: Optional[Item]
+                       ) -> Step[Optional[Tuple[str, Record]]]:
+        """``(kind, record)`` from completed/ or failed/ that finishes ``work``
+        (the item read in ``work/<id>`` before, None: none there); junk (a
+        tombstone) is skipped."""
         for kind in (COMPLETED, FAILED):
             entry = yield from self.read_step(kind, item_id)
-            if entry is not None:
+            if entry is not None and record_finishes(entry.value, work):
                 with contextlib.suppress(Junk):
                     return kind, Record.decode(entry.value)
         return None
@@ -1084,21 +1169,43 @@ class Steps:
         still be claimed, or the item would run again.  An item changed since
         the listing keeps its record until the next purge.  ``progress`` is
         the caller's, called after each record (a progress display).
+
+        ``work/`` is listed first, and a record of another item that had the id
+        (:func:`record_finishes`) is not the listed item's: it goes, the item
+        stays.  An item removed first has the other kind's record at its id
+        read, and deleted if it is another item's (:meth:`_purge_item`).
         """
         in_work = {entry.id: (entry, item) for entry, item
                    in self.decode_entries("work", (yield from self.list_step("work"))[1])}
         removed = 0
         for entry, _ in self.decode_entries(kind, (yield from self.list_step(kind))[1]):
-            pending = in_work.pop(entry.id, None)
-            if pending is None or (yield from self._remove_item(pending[0])):
+            pending = in_work.get(entry.id)
+            if pending is not None and not record_finishes(entry.value, pending[1]):
+                pending = None  # another item's record: it goes, the item stays
+            else:
+                in_work.pop(entry.id, None)
+            if pending is None or (yield from self._purge_item(kind, *pending)):
                 removed += yield from self.delete_quietly_step(self.layout.key(kind, entry.id),
                                                                prev_index=entry.index)
             if progress is not None:
                 progress()
         for entry, item in in_work.values():
             if item.outcome == kind:
-                removed += yield from self._remove_item(entry)
+                removed += yield from self._purge_item(kind, entry, item)
         return removed
+
+    def _purge_item(self, kind: str, entry: Entry, item: Item) -> Step[bool]:
+        """Purge's F3 on a listed item finished as ``kind``: a record of another
+        item that had the id in the other outcome's directory goes first
+        (:meth:`_drop_another_record`, as C3 and K2), while the item is still
+        in ``work/``: once it left, a reader would take that record for its
+        outcome (a dead letter's finisher that died before its read of
+        ``completed/<id>``).  True once the item is gone."""
+        other = COMPLETED if kind == FAILED else FAILED
+        found = yield from self.read_step(other, entry.id)
+        if found is not None and not record_finishes(found.value, item):
+            yield from self._drop_another_record(other, found, entry.id, item)
+        return (yield from self._remove_item(entry))
 
     # -- I: import (I1, I3, I4; I2 is a streamed listing, read by the driver) -------
     def lock_import_step(self, lock: Lock) -> Step[float]:
@@ -1350,19 +1457,44 @@ class Steps:
     def _finished_before(self, state: ClaimState) -> Step[bool]:
         """A record without a committed item: written by 0.1.0, whose F2 was the
         commit, before a crash, or the item is a late copy; remove the item (its
-        F3).  A record of another item that had the id (of_another_item) does
-        not count: this item's own F2 replaces it."""
+        F3).  A record of another item that had the id (:func:`record_finishes`)
+        does not count, and goes first (:meth:`_drop_another_record`)."""
+        own = None
         for kind in (COMPLETED, FAILED):
             entry = yield from self.read_step(kind, state.id)
-            if entry is None or of_another_item(entry.value, state.item):
+            if entry is None:
                 continue
-            log.warning("item %s of %s already has a %s record; removing it from work/",
-                        state.id, self.layout.root, kind,
-                        extra=item_fields(self.layout.name, state.id, state.item.attempts))
-            yield from self.delete_quietly_step(self.layout.key("work", state.id),
-                                                prev_index=state.index)
-            return True
-        return False
+            if not record_finishes(entry.value, state.item):
+                yield from self._drop_another_record(kind, entry, state.id, state.item)
+            elif own is None:
+                own = kind
+        if own is None:
+            return False
+        log.warning("item %s of %s already has a %s record; removing it from work/",
+                    state.id, self.layout.root, own,
+                    extra=item_fields(self.layout.name, state.id, state.item.attempts))
+        yield from self.delete_quietly_step(self.layout.key("work", state.id),
+                                            prev_index=state.index)
+        return True
+
+    def _drop_another_record(self, kind: str, entry: Entry, item_id: str,
+                             item: Item) -> Step[None]:
+        """C3, K2: delete the record of another item that had the id, on its index,
+        while the item is still in ``work/``.  Once the item leaves ``work/``
+        (finished into the other kind, or removed beside a record of its own),
+        a reader would take any record at the id as its outcome (the rule
+        holds only against an item in ``work/``).  A tombstone stays (no
+        reader takes it for an outcome); a key changed meanwhile is left."""
+        try:
+            Record.decode(entry.value)
+        except Junk:
+            return
+        log.warning("%s holds the record of another item that had id %s (etcd, restored "
+                    "from an older backup, gave the id again); deleting it",
+                    self.layout.key(kind, item_id), item_id,
+                    extra=item_fields(self.layout.name, item_id, item.attempts))
+        yield from self.delete_quietly_step(self.layout.key(kind, item_id),
+                                            prev_index=entry.index)
 
     def _abandon(self, state: ClaimState, attempts: int) -> Step[None]:
         """Dead-letter an item whose claims keep ending without complete/fail."""
@@ -1457,6 +1589,8 @@ class Steps:
         assert item.outcome is not None
         there = yield from self._record(item_id, item,
                                         Record.decode(entry.value).encode(stored=True), entry)
+        if there and item.outcome == FAILED:
+            yield from self._clear_completed(item_id, item)
         deletes = [Request("DELETE", self.layout.key("work", item_id), prev_index=entry.index)
                    ] if there else []
         if lock is not None and not self.locks_linger:
@@ -1469,6 +1603,16 @@ class Steps:
             if isinstance(outcome, EtcdqError) and not isinstance(
                     outcome, (KeyMissing, CompareFailed)):
                 raise outcome
+
+    def _clear_completed(self, item_id: str, item: Item) -> Step[None]:
+        """After a dead letter's F2, before F3: ``completed/<id>`` must not hold the
+        record of another item that had the id, which readers (completed/
+        first) would take as this item's outcome once it left ``work/``; it
+        is deleted on its index (:meth:`_drop_another_record`).  A completion
+        needs no such read: its own record is the one read first."""
+        entry = yield from self.read_step(COMPLETED, item_id)
+        if entry is not None and not record_finishes(entry.value, item):
+            yield from self._drop_another_record(COMPLETED, entry, item_id, item)
 
     def _record_ttl(self, item: Item) -> Optional[int]:
         """F2's TTL: that of the record's kind, but at least TOMBSTONE_TTL for an
@@ -1534,7 +1678,7 @@ class Steps:
         the id (:func:`of_another_item`) is replaced (:meth:`_replace_record`).
         Junk must not take the place of the record: the item stays."""
         assert item.outcome is not None
-        if of_another_item(existing.value, item):
+        if not record_finishes(existing.value, item):
             return (yield from self._replace_record(item_id, item, record, existing, committed))
         try:
             holder = Record.decode(existing.value).claim

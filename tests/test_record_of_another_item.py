@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import urllib.parse
 import urllib.request
 from typing import Optional
@@ -21,6 +22,7 @@ import pytest
 
 from etcdq_v2 import Queue
 from etcdq_v2.codec import Record
+from etcdq_v2.errors import NotFound
 from etcdq_v2.server import EtcdServer
 
 
@@ -77,11 +79,6 @@ def test_a_record_of_the_history_etcd_lost_takes_no_new_item_s_place(
         assert (info.state, info.payload, info.result) == ("completed", "new", "new result")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "get() and wait() read completed/ first and take any record there as the item's "
-    "(Queue._get_one, Protocol.outcome): a record of another put token, which C3, K2 "
-    "and F2 now treat as another item's, is reported as the pending item's outcome, "
-    "with the other item's payload and result; its F2 then replaces it"))
 def test_a_record_of_another_put_token_is_not_reported_as_the_item_s_outcome(
         etcd_url: str, queue_name: str) -> None:
     # The state a finisher's F2 held across a restore leaves (the test above),
@@ -98,10 +95,6 @@ def test_a_record_of_another_put_token_is_not_reported_as_the_item_s_outcome(
         assert info is not None and (info.payload, info.result) == ("new", "new result")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "purge removes an item in work/ that has a record before the record (Steps."
-    "purge_step, by id alone): a record of another put token is taken as the item's, "
-    "and the pending item etcd named by its id again is deleted without running"))
 def test_a_purge_keeps_a_pending_item_beside_a_record_of_another_put_token(
         etcd_url: str, queue_name: str) -> None:
     with Queue(etcd_url, queue_name) as queue:
@@ -112,12 +105,133 @@ def test_a_purge_keeps_a_pending_item_beside_a_record_of_another_put_token(
         assert claim.payload == "new"
 
 
+
+
+def test_an_item_dead_lettered_beside_another_item_s_record_is_reported_failed(
+        etcd_url: str, queue_name: str) -> None:
+    """completed/<id> holds another item's record while the item is dead-lettered
+    into failed/: once the item left work/, a reader would take completed/'s
+    record as its outcome, so its claim (C3) deleted that record first."""
+    with Queue(etcd_url, queue_name) as queue:
+        item_id = queue.put("new")
+        claim = queue.claim(timeout=5)
+        assert claim is not None
+        claim.fail("again", delay=0)  # a = 1: its next claim reads the records (C3)
+        _another_record(etcd_url, queue_name, item_id, "completed")
+        claim = queue.claim(timeout=5)
+        assert claim is not None and claim.id == item_id
+        claim.fail("no use", retry=False)
+        info = queue.get(item_id)
+        assert (info.state, info.payload, info.reason) == ("failed", "new", "no use")
+        waited = queue.wait(item_id, timeout=0)
+        assert waited is not None and (waited.state, waited.payload) == ("failed", "new")
+        assert (queue.stats()["completed"], queue.stats()["failed"]) == (0, 1)
+
+
+def test_a_requeue_of_another_item_s_dead_letter_leaves_the_pending_item_alone(
+        etcd_url: str, queue_name: str) -> None:
+    """failed/<id> holds another item's dead letter beside the pending item etcd
+    named by its id again: no dead letter of that item (NotFound), nothing
+    written; the item stays, and runs."""
+    with Queue(etcd_url, queue_name) as queue:
+        item_id = queue.put("new")
+        key = f"/etcdq/{queue_name}/failed/{item_id}"
+        _another_record(etcd_url, queue_name, item_id, "failed")
+        _, before = _send(etcd_url, "GET", key, quorum="true")
+        with pytest.raises(NotFound):
+            queue.requeue(item_id)
+        _, after = _send(etcd_url, "GET", key, quorum="true")
+        assert after["node"]["modifiedIndex"] == before["node"]["modifiedIndex"]
+        assert queue.get(item_id).state == "pending"
+        claim = queue.claim(timeout=5)
+        assert claim is not None and (claim.id, claim.payload) == (item_id, "new")
+
+
 def _pending_beside_another_record(queue: Queue, etcd_url: str, queue_name: str) -> str:
     """A pending item "new" whose completed/<id> holds the record of another
     item that had the id; the item's id."""
     item_id = queue.put("new")
-    another = Record("old", "old-claim", "node-b", 1, 1.0, 2.0, "old result",
-                     token="another-put-token").encode()
-    _send(etcd_url, "PUT", f"/etcdq/{queue_name}/completed/{item_id}", another,
-          prevExist="false")
+    _another_record(etcd_url, queue_name, item_id, "completed")
     return item_id
+
+
+def _another_record(etcd_url: str, queue_name: str, item_id: str, kind: str) -> None:
+    """``kind/<id>`` holds the record of another item that had the id (another
+    put token, another payload)."""
+    another = Record("old", "old-claim", "node-b", 1, 1.0, 2.0, "old result",
+                     reason="old reason", token="another-put-token").encode()
+    _send(etcd_url, "PUT", f"/etcdq/{queue_name}/{kind}/{item_id}", another,
+          prevExist="false")
+
+
+@pytest.mark.xfail(strict=True, reason="a completion leaves another item's dead letter in "
+                   "failed/<id>: once completed/<id> goes, it is taken for the item's outcome")
+@pytest.mark.parametrize("how", ["purged", "expired"])
+def test_a_completed_item_is_never_reported_by_another_item_s_dead_letter(
+        etcd_url: str, queue_name: str, how: str) -> None:
+    """failed/<id> holds another item's dead letter beside the pending item of
+    that id, which completes on its first claim (no C3 read of the records):
+    once its own record is gone (purged, or its completed_ttl passed), no
+    reader may take the other item's dead letter for its outcome ("Whose
+    record": that record must be gone before the item leaves work/)."""
+    with Queue(etcd_url, queue_name, completed_ttl=1) as queue:
+        item_id = queue.put("new")
+        _another_record(etcd_url, queue_name, item_id, "failed")
+        claim = queue.claim(timeout=5)
+        assert claim is not None and claim.id == item_id
+        claim.complete("new result")
+        if how == "purged":
+            queue.purge(completed=True)
+        else:
+            time.sleep(2.5)  # the item's own record expires (completed_ttl)
+        try:
+            info = queue.get(item_id)
+        except NotFound:
+            return
+        assert (info.state, info.payload) != ("failed", "old")
+
+
+@pytest.mark.xfail(strict=True, reason="a completion leaves another item's dead letter in "
+                   "failed/<id>: stats counts the id both completed and failed")
+def test_stats_count_a_completed_item_once_beside_another_item_s_dead_letter(
+        etcd_url: str, queue_name: str) -> None:
+    with Queue(etcd_url, queue_name) as queue:
+        item_id = queue.put("new")
+        _another_record(etcd_url, queue_name, item_id, "failed")
+        claim = queue.claim(timeout=5)
+        assert claim is not None and claim.id == item_id
+        claim.complete("new result")
+        stats = queue.stats()
+        assert (stats["completed"], stats["failed"]) == (1, 0)
+
+
+class _Crash(Exception):
+    """The process dies here."""
+
+
+def test_a_purged_dead_letter_is_never_reported_by_another_item_s_completed_record(
+        etcd_url: str, queue_name: str, monkeypatch) -> None:
+    """A dead letter's finisher dies after F2, before its read of completed/<id>
+    (docs/protocol.md, F2's crash rows): the item is in work/, committed, beside
+    another item's record in completed/. A purge of failed/ then removes the
+    item and its record; the other item's record must not become its outcome."""
+    from etcdq_v2.steps import Steps
+
+    def crash(self, item_id, item):  # type: ignore[no-untyped-def]
+        raise _Crash()
+        yield  # a step
+    with Queue(etcd_url, queue_name) as queue:
+        item_id = queue.put("new")
+        _another_record(etcd_url, queue_name, item_id, "completed")
+        claim = queue.claim(timeout=5)
+        assert claim is not None and claim.id == item_id
+        with monkeypatch.context() as patched:
+            patched.setattr(Steps, "_clear_completed", crash)
+            with pytest.raises(_Crash):
+                claim.fail("no use", retry=False)
+        queue.purge(failed=True)
+        try:
+            info = queue.get(item_id)
+        except NotFound:
+            return
+        assert (info.state, info.payload) != ("completed", "old")

@@ -301,7 +301,7 @@ def test_crash_after_q1_leaves_the_dead_letter_expiring_a_week_later_at_least(
         queue.claim().fail("no")
         protocol = queue._protocol
         run(protocol._lock_dead_letter(item_id), protocol.etcd)  # Q0
-        run(protocol._requeue_token(item_id), protocol.etcd)     # Q1; then the requeue dies
+        run(protocol._requeue_token(item_id, None), protocol.etcd)     # Q1; then the requeue dies
         marked = node(queue, FAILED, item_id)
         assert marked is not None and Record.decode(marked["value"]).requeue_token
         assert kept - 10 <= marked.get("ttl", 0) <= kept
@@ -322,7 +322,7 @@ def test_q1_keeps_the_ttl_the_dead_letter_has_not_the_requeuers(
         item_id = worker.put("dead")
         worker.claim().fail("no")
         run(operator._protocol._lock_dead_letter(item_id), operator.etcd)  # Q0
-        run(operator._protocol._requeue_token(item_id), operator.etcd)     # Q1; then it dies
+        run(operator._protocol._requeue_token(item_id, None), operator.etcd)     # Q1; then it dies
         ttl = node(operator, FAILED, item_id).get("ttl")
         if written_with is None:
             assert ttl is None
@@ -358,7 +358,7 @@ def test_q1_on_a_dead_letter_past_its_expiry_not_yet_swept_keeps_it_expiring(
             if found.get("gone"):
                 continue  # swept before we saw it: try again
             try:
-                run(p._requeue_token(item_id), p.etcd)  # Q1 (a requeue that then stops)
+                run(p._requeue_token(item_id, None), p.etcd)  # Q1 (a requeue that then stops)
             except EtcdqError:
                 continue  # swept between our read and Q1's
             break

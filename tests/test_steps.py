@@ -218,6 +218,7 @@ def test_c3_at_max_attempts_dead_letters_the_item_and_hands_nothing_out() -> Non
     script = Script(steps(max_attempts=3).take_step(ITEM, held(), Version(SEEN_AT, unclaimed(3))),
                     [written(60), missing(), missing(),       # C2; C3: no records
                      1234.5, written(61), written(62),         # WALL; F1; F2
+                     missing(),                                # completed/: none
                      [written(63)], written(64)])              # F3; our lock dropped
     with pytest.raises(Gone) as gone:
         script.result()
@@ -249,16 +250,22 @@ def test_c3_counts_a_record_as_the_item_s_only_if_its_put_token_is_not_another_s
     its own put token, or of none (0.1.0's), finishes it: removed, nothing
     handed out."""
     answers: List[Any] = [written(60), node(20, found)]
-    answers += [written(61)] if finished else [missing(), 100.0]  # its F3; or failed/, NOW
+    deleted = found == ANOTHER_ITEMS  # another item's record goes, on its index
+    answers += [written(61)] if deleted else []
+    answers += [missing()]  # failed/
+    answers += [written(61)] if finished else [100.0]  # its F3; or NOW
     script = Script(steps().take_step(ITEM, held(), Version(SEEN_AT, unclaimed(1))),
                     answers + ([written(62)] if finished else []))  # our lock dropped
     if finished:
         with pytest.raises(Gone):
             script.result()
-        assert script.sent[2] == Request("DELETE", WORK, prev_index=60)
+        assert script.sent[3] == Request("DELETE", WORK, prev_index=60)
     else:
         assert script.result().index == 60
-        assert [r.method for r in script.sent] == ["PUT", "GET", "GET", "NOW"]
+        assert [r.method for r in script.sent] == ["PUT", "GET"] + ["DELETE"] * deleted + [
+            "GET", "NOW"]
+    if deleted:
+        assert script.sent[2] == Request("DELETE", LAYOUT.key(COMPLETED, ITEM), prev_index=20)
 
 
 # -- F1 ----------------------------------------------------------------------
@@ -374,6 +381,23 @@ def test_f2_keeps_the_record_of_another_claim_of_the_same_item(token: Optional[s
                      [written(63)]])
     script.result()
     assert [r.method for r in script.sent] == ["PUT", "GET", "ALL"]
+
+
+def test_a_dead_letter_deletes_another_item_s_completed_record_before_f3() -> None:
+    """completed/ is read first: once the item left work/, a record of another
+    item there would be read as its outcome.  A completion reads nothing more
+    (its own record is the one read first)."""
+    failing = Script(steps().finish_step(claimed_state(), FAILED, reason="boom"),
+                     [1.0, written(61), written(62), node(20, ANOTHER_ITEMS), written(63),
+                      [written(64)]])
+    failing.result()
+    assert failing.sent[3:5] == [Request("GET", LAYOUT.key(COMPLETED, ITEM), quorum=True),
+                                 Request("DELETE", LAYOUT.key(COMPLETED, ITEM), prev_index=20)]
+    assert failing.sent[5].method == "ALL"
+    completing = Script(steps().finish_step(claimed_state(), COMPLETED),
+                        [1.0, written(61), written(62), [written(63)]])
+    completing.result()
+    assert [r.method for r in completing.sent] == ["WALL", "PUT", "PUT", "ALL"]
 
 
 @pytest.mark.parametrize("lock_ttl, deletes", [(30, 1), (120, 2)])
@@ -698,24 +722,43 @@ def test_d2_unanswered_is_unavailable_saying_the_item_is_stored_at_most_once() -
         script.result()
 
 
+# -- W2, get: one look at an id ------------------------------------------------------
+def test_a_look_reads_work_first_and_judges_each_record_by_the_item_there() -> None:
+    """work/<id> is read before the records: a record read first could be judged
+    against a work/ read after its item left and another item took the id.  A
+    record of another put token beside the item is not its outcome (it is
+    pending); its own is; with work/<id> gone, any record is."""
+    own = Record("payload", "claim", "node-b", 1, 1.0, 2.0, "done", token="put-token").encode()
+    pending = Script(steps().look_step(ITEM),
+                     [node(40, unclaimed(1)), node(20, ANOTHER_ITEMS), missing()])
+    assert pending.result()[1] is None
+    assert [r.key for r in pending.sent] == [WORK, LAYOUT.key(COMPLETED, ITEM),
+                                             LAYOUT.key(FAILED, ITEM)]
+    finished = Script(steps().look_step(ITEM), [node(40, unclaimed(1)), node(20, own)])
+    assert finished.result()[1] == (COMPLETED, Record.decode(own))
+    gone = Script(steps().look_step(ITEM), [missing(), node(20, ANOTHER_ITEMS)])
+    assert gone.result() == (None, (COMPLETED, Record.decode(ANOTHER_ITEMS)))
+    assert gone.sent[0] == Request("GET", WORK, quorum=True)
+
+
 # -- Q0-Q5 -------------------------------------------------------------------------
 DEAD = Record("payload", "dead-claim", "node-b", 3, 1.0, 2.0, reason="boom", token="put-token")
 DEAD_KEY = LAYOUT.key(FAILED, ITEM)
 REQUEUER = Lock("node-a", "requeue-lock")
 
 
-def requeue_answers_to_q1(dead: Record = DEAD) -> List[Any]:
-    """Q0 (token, clocks, the dead letter read, C1 made) and Q1 (the dead letter
-    read again, a requeue token, the marking CAS at index 81)."""
+def requeue_answers_to_q1(dead: Record = DEAD, in_work: Any = None) -> List[Any]:
+    """Q0 (token, clocks, the dead letter read, C1 made) and Q1 (``work/<id>``
+    read, none by default; the dead letter read again, a requeue token, the
+    marking CAS at index 81)."""
     raw = dead.encode(outcome=FAILED, stored=True)
-    return ["requeue-lock", 10.0, 3.0, node(70, raw), written(80), node(70, raw),
-            "rq-token", written(81)]
+    return ["requeue-lock", 10.0, 3.0, node(70, raw), written(80), in_work or missing(),
+            node(70, raw), "rq-token", written(81)]
 
 
 def test_requeue_marks_the_dead_letter_then_creates_the_item_named_by_q1s_index() -> None:
     script = Script(steps().requeue_step(ITEM),
-                    requeue_answers_to_q1() + [missing(), 5.0, written(82), written(83),
-                                               written(84)])
+                    requeue_answers_to_q1() + [5.0, written(82), written(83), written(84)])
     new_id = f"{81:020d}"
     sent = script.result()
     q3 = script.sent[10]
@@ -723,10 +766,11 @@ def test_requeue_marks_the_dead_letter_then_creates_the_item_named_by_q1s_index(
     assert sent == (new_id, Version(82, q3.value))
     item = Item.decode(q3.value)
     assert (item.token, item.requeued, item.attempts) == ("rq-token", True, 0)
-    q1 = script.sent[7]
+    q1 = script.sent[8]
     assert (q1.key, q1.prev_index) == (DEAD_KEY, 70)
     assert Record.decode(q1.value).requeue_token == "rq-token"
-    assert script.sent[8:10] == [Request("GET", WORK, quorum=True), Request("WALL")]
+    assert script.sent[5] == Request("GET", WORK, quorum=True)  # before the dead letter
+    assert script.sent[9] == Request("WALL")
     assert script.sent[11:] == [
         Request("PUT", DEAD_KEY, tombstone(new_id, "put-token"), ttl=TOMBSTONE_TTL,
                 prev_index=81),
@@ -738,18 +782,29 @@ def test_q1_whose_cas_failed_after_a_resend_takes_the_token_its_first_copy_wrote
     reads it again and keeps the requeue token it finds; no new token."""
     marked = replace(DEAD, requeue_token="rq-token").encode(outcome=FAILED, stored=True)
     answers = requeue_answers_to_q1()[:-1] + [compare_failed(81), node(81, marked),
-                                              missing(), 5.0, written(82), written(83),
-                                              written(84)]
+                                              5.0, written(82), written(83), written(84)]
     script = Script(steps().requeue_step(ITEM), answers)
     assert script.result()[0] == f"{81:020d}"
     assert [request.method for request in script.sent].count("TOKEN") == 2  # lock, Q1
 
 
+def test_q1_whose_cas_keeps_failing_gives_up_after_a_few_reads_and_drops_its_lock() -> None:
+    """A bounded loop, not a recursion: each failed CAS reads the dead letter again."""
+    raw = DEAD.encode(outcome=FAILED, stored=True)
+    answers = requeue_answers_to_q1()[:-1] + [compare_failed(81)]
+    answers += [node(70, raw), compare_failed(81)] * 4 + [written(90)]  # the lock dropped
+    script = Script(steps().requeue_step(ITEM), answers)
+    with pytest.raises(Unavailable, match="kept changing"):
+        script.result()
+    assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=REQUEUER.encode())
+    assert all(r.prev_value is None for r in script.sent if r.key == DEAD_KEY)
+
+
 def test_q2_removes_the_dead_letters_own_item_a_crash_left_in_work() -> None:
     committed = DEAD.encode(outcome=FAILED, stored=True)
     script = Script(steps().requeue_step(ITEM),
-                    requeue_answers_to_q1() + [node(69, committed), written(82),
-                                               5.0, written(83), written(84), written(85)])
+                    requeue_answers_to_q1(in_work=node(69, committed))
+                    + [written(82), 5.0, written(83), written(84), written(85)])
     script.result()
     assert script.sent[9] == Request("DELETE", WORK, prev_index=69)
 
@@ -759,8 +814,8 @@ def test_q4_on_a_dead_letter_gone_since_q1_creates_the_tombstone_and_warns_on_ju
     (prevExist=false); junk there is left as it is."""
     new_id = f"{81:020d}"
     script = Script(steps().requeue_step(ITEM),
-                    requeue_answers_to_q1() + [missing(), 5.0, written(82), missing(),
-                                               missing(), written(84), written(85)])
+                    requeue_answers_to_q1() + [5.0, written(82), missing(), missing(),
+                                               written(84), written(85)])
     script.result()
     assert script.sent[-2] == Request("PUT", DEAD_KEY, tombstone(new_id, "put-token"),
                                       ttl=TOMBSTONE_TTL, prev_exist=False)
@@ -788,7 +843,7 @@ def test_a_requeue_done_through_q4_returns_its_new_id_when_only_q5_fails() -> No
     expires").  The new id is returned; a retry could not learn it (the dead letter
     is a tombstone now: NotFound, once the lock expired)."""
     script = Script(steps().requeue_step(ITEM),
-                    requeue_answers_to_q1() + [missing(), 5.0, written(82), written(83),
+                    requeue_answers_to_q1() + [5.0, written(82), written(83),
                                                Unavailable("no member answered")])
     new_id, _ = script.result()
     assert new_id == f"{81:020d}"
@@ -833,7 +888,7 @@ def test_a_cancel_commits_the_pending_item_as_read_under_its_lock_and_records_it
     the lock lingers at this lock_ttl, so only work/ is deleted)."""
     script = Script(steps().cancel_step(ITEM),
                     cancel_to_k2(unclaimed()) + [node(50, CANCELLER.encode()), 5.0,
-                                                 written(60), written(61), [written(62)]])
+                                                 written(60), written(61), missing(), [written(62)]])
     assert script.result() is True
     assert script.sent[0:2] == [Request("TOKEN"), Request("PUT", LOCK_KEY, CANCELLER.encode(),
                                                           ttl=LOCK_TTL, prev_exist=False)]
@@ -846,13 +901,17 @@ def test_a_cancel_commits_the_pending_item_as_read_under_its_lock_and_records_it
 
 def test_k2_does_not_count_another_item_s_record_as_the_item_finished() -> None:
     """An item claimed before, with a record of another put token in completed/
-    (another item that had the id): K2 goes on, K3 commits it, F2 writes failed/."""
+    (another item that had the id): K2 deletes that record on its index, while
+    the item is in work/ (once it left, completed/<id> would be read as its
+    outcome), goes on; K3 commits it, F2 writes failed/."""
     script = Script(steps().cancel_step(ITEM),
-                    cancel_to_k2(unclaimed(1)) + [node(20, ANOTHER_ITEMS), missing(),
-                                                  node(50, CANCELLER.encode()), 5.0,
-                                                  written(60), written(61), [written(62)]])
+                    cancel_to_k2(unclaimed(1)) + [node(20, ANOTHER_ITEMS), written(21),
+                                                  missing(), node(50, CANCELLER.encode()),
+                                                  5.0, written(60), written(61),
+                                                  missing(), [written(62)]])
     assert script.result() is True
-    assert (script.sent[8].key, script.sent[8].prev_index) == (WORK, 40)
+    assert script.sent[5] == Request("DELETE", LAYOUT.key(COMPLETED, ITEM), prev_index=20)
+    assert (script.sent[9].key, script.sent[9].prev_index) == (WORK, 40)
 
 
 def test_a_cancel_on_a_claims_lock_is_false_and_writes_nothing() -> None:
@@ -873,7 +932,7 @@ def test_k1_takes_a_delay_lock_over_never_shortening_it_and_drops_it_after_k4() 
                     ["cancel-token", taken, node(45, backoff, ttl=90), written(52),
                      node(40, unclaimed(1, "claim-b")), 100.0, missing(), missing(),
                      node(52, CANCELLER.encode()), 5.0, written(60), written(61),
-                     [written(62)], written(63)])
+                     missing(), [written(62)], written(63)])
     assert script.result() is True
     assert script.sent[3] == Request("PUT", LOCK_KEY, CANCELLER.encode(), ttl=90,
                                      prev_value=backoff)
@@ -908,7 +967,7 @@ def test_a_cancel_whose_lock_lapsed_after_k2_starts_again_at_k1() -> None:
                     cancel_to_k2(unclaimed()) + [node(55, CANCELLER.encode()), written(56)]
                     + cancel_to_k2(unclaimed(), 57) + [node(57, CANCELLER.encode()), 5.0,
                                                        written(60), written(61),
-                                                       [written(62)]])
+                                                       missing(), [written(62)]])
     assert script.result() is True
     assert script.sent[5] == Request("DELETE", LOCK_KEY, prev_value=CANCELLER.encode())
 
@@ -949,14 +1008,38 @@ def test_purge_deletes_each_record_on_its_listed_index_after_its_item_left_in_wo
                        "value": done}, index=90)
     ticks: List[int] = []
     script = Script(steps().purge_step(COMPLETED, lambda: ticks.append(1)),
-                    [work, records, written(91), written(92), missing(), written(93)])
+                    [work, records, missing(), written(91), written(92), missing(), missing(),
+                     written(93)])
     assert script.result() == 2  # a record already gone (missing) does not count
     assert script.sent[2:] == [
+        Request("GET", LAYOUT.key(FAILED, ITEM), quorum=True),
         Request("DELETE", WORK, prev_index=40),
         Request("DELETE", LAYOUT.key(COMPLETED, ITEM), prev_index=42),
         Request("DELETE", LAYOUT.key(COMPLETED, f"{44:020d}"), prev_index=44),
+        Request("GET", LAYOUT.key(FAILED, other), quorum=True),
         Request("DELETE", LAYOUT.key("work", other), prev_index=41)]
     assert ticks == [1, 1]
+
+
+def test_purge_deletes_another_item_s_record_of_the_other_kind_before_the_item() -> None:
+    """A dead letter's item still in work/ (its finisher died before its read of
+    completed/<id>) beside another item's completed record: that record goes,
+    on its index, while the item is still in work/; once it left, a reader
+    would take the record for its outcome."""
+    dead = Record("payload", "claim", "node-b", 1, 1.0, 2.0, token="put-token").encode(
+        outcome=FAILED)
+    work = listing({"key": WORK, "modifiedIndex": 40, "value": dead}, index=90)
+    records = listing({"key": LAYOUT.key(FAILED, ITEM), "modifiedIndex": 42, "value": dead},
+                      index=90)
+    script = Script(steps().purge_step(FAILED),
+                    [work, records, node(20, ANOTHER_ITEMS), written(91), written(92),
+                     written(93)])
+    assert script.result() == 1
+    assert script.sent[2:] == [
+        Request("GET", LAYOUT.key(COMPLETED, ITEM), quorum=True),
+        Request("DELETE", LAYOUT.key(COMPLETED, ITEM), prev_index=20),
+        Request("DELETE", WORK, prev_index=40),
+        Request("DELETE", LAYOUT.key(FAILED, ITEM), prev_index=42)]
 
 
 def test_purge_keeps_the_record_of_an_item_changed_since_the_listing() -> None:
@@ -964,7 +1047,8 @@ def test_purge_keeps_the_record_of_an_item_changed_since_the_listing() -> None:
     done = record.encode(outcome=COMPLETED)
     work = listing({"key": WORK, "modifiedIndex": 40, "value": unclaimed()})
     records = listing({"key": LAYOUT.key(COMPLETED, ITEM), "modifiedIndex": 42, "value": done})
-    script = Script(steps().purge_step(COMPLETED), [work, records, compare_failed(95)])
+    script = Script(steps().purge_step(COMPLETED),
+                    [work, records, missing(), compare_failed(95)])
     assert script.result() == 0
     assert script.sent[-1] == Request("DELETE", WORK, prev_index=40)
 

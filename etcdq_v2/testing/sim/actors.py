@@ -123,8 +123,15 @@ class History:
     #: The history the write of work/<item> carrying a claim token at an index
     #: applied in (item, token, index; None: not in the log): the committed log's.
     applied_in: Callable[[str, str, int], Optional[int]] = lambda item, token, index: None
+    #: The payload of the item of an id in the current history (the committed
+    #: log's last creation of work/<id> it holds); None: none known.
+    payload_of: Callable[[str], Optional[str]] = lambda item: None
     #: The committed log's length when each of ``waits`` returned.
     wait_positions: List[int] = field(default_factory=list)
+    #: For each of ``waits``: (the payload its record carried, the payload of
+    #: the put acknowledged under the id it names when it returned; None:
+    #: unknown, a put that raised or a requeue of one).
+    wait_payloads: List[Tuple[Any, Optional[str]]] = field(default_factory=list)
     #: seq -> the committed log's length when the act returned.
     positions: Dict[int, int] = field(default_factory=dict)
     #: seq of a cancel() that returned True -> the history its K3 applied in
@@ -466,6 +473,9 @@ def operator(queue: Queue, plan: Plan, history: History,
                 if info is not None:
                     history.waits.append((item, info.id, info.state))
                     history.wait_positions.append(history.position())
+                    put = history.puts.get(info.id)
+                    history.wait_payloads.append((info.payload, put[1] if put and info.id
+                                                  not in history.unknown_payloads else None))
         except EtcdqError as exc:
             history.error(exc)
 
@@ -500,9 +510,15 @@ def _requeue_one(queue: Queue, history: History, rng: random.Random,
 def _requeued(queue: Queue, item: str, history: History) -> None:
     new_id = queue.requeue(item)
     history.next()
-    history.puts[new_id] = (queue.runtime.monotonic(), history.puts.get(item, (0.0, item))[1])
-    if item not in history.puts:  # a dead letter of a put that raised: its payload unknown
-        history.unknown_payloads.add(new_id)
+    # The dead letter is of the item of its id in this history: after a restore
+    # from an older backup etcd may have given the id again, while puts still
+    # holds the lost history's payload for it (the new put not acknowledged yet).
+    payload = history.payload_of(item)
+    if payload is None:
+        payload = history.puts.get(item, (0.0, item))[1]
+        if item not in history.puts:  # a dead letter of a put that raised: its payload unknown
+            history.unknown_payloads.add(new_id)
+    history.puts[new_id] = (queue.runtime.monotonic(), payload)
 
 
 def _race(queue: Queue, item: str, history: History, race: RequeueRace, name: str,

@@ -72,7 +72,8 @@ no-starving-while-idle     once the faults' aftermath is over (Live.calm), no it
 claims-available           no claim() called once the faults' aftermath is over
                            (every member answers) raised Unavailable
 wait-agrees                every outcome wait() returned is the item's record at
-                           the end
+                           the end (when etcd gave its id again after the wait:
+                           just before it did)
 read-back-finds-applied    no put() or put_many() raised "not found in the queue"
                            after a lost reply when each payload it sent had been
                            stored by a POST that applied (the log) before its
@@ -88,6 +89,7 @@ through :func:`view_state`, and a claim's only through :func:`claim_state`.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -198,11 +200,64 @@ def lost_payloads(cluster: Cluster, root: str) -> Set[str]:
         payload = _payload(request.value, False)
         if isinstance(payload, str):
             lost.add(payload)
-        if created and request.method == "POST":  # named by its index
-            lost.add(f"{entry.index:020d}")
-        elif created:
-            lost.add(request.key[len(prefix):])
+        named = _created(entry, prefix)
+        if named is not None:
+            lost.add(named)
     return lost
+
+
+def _created(entry: Any, prefix: str) -> Optional[str]:
+    """The id of the item a log entry created in work/ (``prefix``): a POST's
+    is its index, a PUT with prevExist=false's its key; None: it created none."""
+    request = entry.request
+    if request is None or entry.status != 201 or not (request.key + "/").startswith(prefix):
+        return None
+    if request.method == "POST":
+        return f"{entry.index:020d}"
+    return request.key[len(prefix):] if request.prev_exist is False else None
+
+
+def payload_of(cluster: Cluster, root: str, item: str) -> Optional[str]:
+    """The payload of the item of id ``item`` in the current history: that of
+    the last creation of work/``item`` in its lineage; None: none there."""
+    kept = lineage(cluster, len(cluster.rewinds))
+    prefix = f"{root}/work/"
+    for position in range(len(cluster.log) - 1, -1, -1):
+        entry = cluster.log[position]
+        if entry.request is not None and _created(entry, prefix) == item \
+                and any(lo <= position < hi for lo, hi in kept):
+            payload = _payload(entry.request.value, False)
+            return payload if isinstance(payload, str) else None
+    return None
+
+
+def _given_again(cluster: Cluster, root: str, item: str, since: int) -> Optional[int]:
+    """The log position, from ``since`` on, where the last history created
+    work/``item`` (etcd gave the id again after a restore from an older
+    backup); None: it did not."""
+    kept = lineage(cluster, len(cluster.rewinds))
+    prefix = f"{root}/work/"
+    for position in range(since, len(cluster.log)):
+        if _created(cluster.log[position], prefix) == item \
+                and any(lo <= position < hi for lo, hi in kept):
+            return position
+    return None
+
+
+def _record_before(cluster: Cluster, root: str, state: str, item: str,
+                   until: int) -> Optional[str]:
+    """The record of ``item`` in ``state``/ the last history held before log
+    position ``until``: its last write there (a PUT's value; None after a
+    delete, or none)."""
+    kept = lineage(cluster, len(cluster.rewinds))
+    key = f"{root}/{state}/{item}"
+    for position in range(min(until, len(cluster.log)) - 1, -1, -1):
+        request, status = cluster.log[position].request, cluster.log[position].status
+        if request is None or request.key != key or status not in (200, 201) \
+                or not any(lo <= position < hi for lo, hi in kept):
+            continue
+        return request.value if request.method == "PUT" else None
+    return None
 
 
 def _work_writes(cluster: Cluster, root: str,
@@ -1185,6 +1240,22 @@ def claims_available(history: History, since: float) -> Iterator[Violation]:
             return
 
 
+def _wait_payload(item: str, named: str, kept: str, returned: Any,
+                  put: Optional[str]) -> Iterator[Violation]:
+    """wait-agrees, whose outcome: the record a wait returned is that of the item
+    put under the id it names (its payload), and the one the store keeps there
+    (a requeue's tombstone carries no payload)."""
+    if put is not None and returned != put:
+        yield Violation("wait-agrees", f"wait({item}) returned the record of {named} with "
+                        f"payload {returned!r}, not that of the item put as {named} "
+                        f"({put!r}): another item's record")
+        return
+    with contextlib.suppress(Junk):
+        if Record.decode(kept).payload != returned:
+            yield Violation("wait-agrees", f"wait({item}) returned the record of {named} "
+                            f"with payload {returned!r}; the store keeps another there")
+
+
 def waits_agree(history: History, store: Stored,
                 cluster: Optional[Cluster] = None, root: str = "") -> Iterator[Violation]:
     """wait-agrees: a completed outcome wait() returned is in completed/ at the
@@ -1200,7 +1271,29 @@ def waits_agree(history: History, store: Stored,
             and number < len(history.wait_positions) else None
         if kept is False or (kept is None and number < last):
             continue  # etcd lost the outcome at a restore from an older backup
-        where = store.completed if state == "completed" else store.failed
-        if named not in where:
+        record = _record_of_its_item(history, store, cluster, root, number)
+        if record is None:
             yield Violation("wait-agrees", f"wait({item}) returned {named} {state}, which "
-                            f"is not in {'completed' if state == 'completed' else 'failed'}/")
+                            f"is not in {_directory(state)}/")
+        elif record and number < len(history.wait_payloads):
+            yield from _wait_payload(item, named, record, *history.wait_payloads[number])
+
+
+def _directory(state: str) -> str:
+    return "completed" if state == "completed" else "failed"
+
+
+def _record_of_its_item(history: History, store: Stored, cluster: Optional[Cluster],
+                        root: str, number: int) -> Optional[str]:
+    """The record the store keeps for the item wait ``number`` returned the
+    outcome of: the one at the end, or, when etcd gave its id again after the
+    wait returned (a restore from an older backup), the one held just before
+    that (the end's is the new item's); "": it left before (nothing to
+    judge); None: none at the end."""
+    _, named, state = history.waits[number]
+    if cluster is not None and cluster.rewinds and number < len(history.wait_positions):
+        again = _given_again(cluster, root, named, history.wait_positions[number])
+        if again is not None:
+            return _record_before(cluster, root, _directory(state), named, again) or ""
+    where = store.completed if state == "completed" else store.failed
+    return where[named][1] if named in where else None

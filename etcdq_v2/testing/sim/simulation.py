@@ -298,6 +298,7 @@ def _simulate(seed: int, consumers: int, items: int, faults: bool, workers: int,
     history.position = lambda: len(cluster.log)
     history.applied_in = lambda item, token, index: invariants.applied_in(
         cluster, root, item, token, index)
+    history.payload_of = lambda item: invariants.payload_of(cluster, root, item)
     # In a share (``kills``) of the seeds with faults, consumer c0's process dies
     # after a random number of its requests (it stops dead: see Network.kill_after).
     deaths = random.Random(f"kills-{seed}")
