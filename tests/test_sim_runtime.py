@@ -129,6 +129,26 @@ def test_a_deadlock_names_every_thread_and_what_it_waits_for() -> None:
         sim.run(scenario)
 
 
+def test_a_loop_that_never_waits_ends_the_run_as_a_livelock() -> None:
+    # A deadline already past makes every wait zero-length: the loop takes its
+    # lock at one virtual instant for ever (a real process spins its CPU).
+    sim = SimRuntime(5)
+    spins: List[float] = []
+
+    def scenario() -> None:
+        lock = sim.Lock()
+        cond = sim.Condition(lock)
+        sim.sleep(1)
+        while True:
+            with lock:
+                cond.wait_for(lambda: False, 0)
+                spins.append(sim.monotonic())
+
+    with pytest.raises(Deadlock, match=r"livelock: time stands at "):
+        sim.run(scenario)
+    assert len(set(spins)) == 1 and len(spins) >= 100_000
+
+
 def test_a_sim_thread_that_raises_is_reported() -> None:
     sim = SimRuntime(4)
 

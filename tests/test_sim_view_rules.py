@@ -65,15 +65,18 @@ def test_a_view_that_never_offers_orphans_breaks_orphans_offered(
     assert "orphans-offered" in found, found
 
 
-@pytest.mark.xfail(strict=True, reason="orphans-offered judges only a claim loop's hand-outs at "
-                   "a window of one (not a Worker's, not a wider window), and view_state holds "
-                   "a due orphan free before the view offers it: with a third consumer, or the "
-                   "default Worker, seeds 0-2 of the schedule break no invariant")
-@pytest.mark.parametrize("others", [{"consumers": 3}, {"workers": 1}])
+@pytest.mark.parametrize("others", [
+    pytest.param({"consumers": 3}, marks=pytest.mark.xfail(strict=True, reason=(
+        "orphans-offered judges only a claim loop's hand-outs at a window of one (not a "
+        "wider window), and view_state holds a due orphan free before the view offers it: "
+        "with a third consumer, seeds 0-2 of the schedule break no invariant"))),
+    {"workers": 1}])
 def test_a_view_that_never_offers_orphans_breaks_an_invariant_beside_other_claimers(
         monkeypatch: pytest.MonkeyPatch, others: Dict[str, int]) -> None:
     # The schedule that finds it (seed 1, within 3 seeds), with one more claimer
-    # besides the lone consumer c1 once c0 is dead.
+    # besides the lone consumer c1 once c0 is dead.  Beside the default Worker, the
+    # orphan's deadline stays due, and a claim loop whose waits are then zero-length
+    # spins at one instant (no-deadlock's livelock).
     monkeypatch.setattr(viewstate.ViewState, "offer_due", lambda self, now: None)
     options = {**MUTANTS["orphans-never-offered"].options, **others}
     found = _violations(3, **options)
@@ -83,7 +86,7 @@ def test_a_view_that_never_offers_orphans_breaks_an_invariant_beside_other_claim
 #: Two consumers, 150 items, partitions, busy members and slow links (5 % a
 #: tick each): a consumer cut off comes back to a backlog, goes quiet knowing
 #: of locks (its round lists work/, then locks/, slowly) and its next claim's
-#: once-per-lock-TTL relist lists work/ meanwhile.  Seed 20 of it makes the race.
+#: once-per-lock-TTL relist lists work/ meanwhile.  Seed 11 of it makes the race.
 RACE = ["--consumers", "2", "--workers", "0", "--items", "150", "--partition", "0.05",
         "--busy", "0.05", "--slow-link", "0.05"]
 
@@ -95,7 +98,7 @@ def test_the_simulator_reaches_a_round_s_listing_older_than_a_relist_applied_bef
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]))
     env.pop("PYTHONHASHSEED", None)
-    out = subprocess.run([sys.executable, "-m", "etcdq_v2.testing.sim.reach", "--first", "20",
+    out = subprocess.run([sys.executable, "-m", "etcdq_v2.testing.sim.reach", "--first", "11",
                           "--seeds", "1", *RACE], env=env, check=True, capture_output=True,
                          text=True).stdout
     [total] = [line for line in out.splitlines() if line.startswith("total ")]

@@ -81,7 +81,9 @@ read-back-finds-applied    no put() or put_many() raised "not found in the queue
                            work/00000000000000000000, which gives P1's T)
 no-thread-died             no sim-thread of the library died of an exception
 no-deadlock                the run's sim-threads never all waited with no deadline,
-                           and a claim(timeout=None) returned once its queue closed
+                           virtual time never stood still for STILL_HAND_ONS
+                           hand-overs (a livelock), and a claim(timeout=None)
+                           returned once its queue closed
 =========================  =====================================================
 
 The checks made as the run goes (:class:`Live`) read a view's state only

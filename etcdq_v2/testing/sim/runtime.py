@@ -11,7 +11,9 @@ can go on with a seeded ``random.Random``.  Time is virtual: it stands still
 while a thread runs, and when every sim-thread waits it jumps to the earliest
 deadline, so ``sleep(3600)`` costs nothing.  Nothing able to run and no
 deadline to jump to is a deadlock: :class:`Deadlock` names each thread and
-what it waits for.
+what it waits for.  So is a livelock: time that stands still for
+:data:`STILL_HAND_ONS` hand-overs (a loop that waits for no time, as on a
+deadline already past, spins a real process's CPU and holds the virtual clock).
 
 The same seed and the same code give the same interleaving, which
 :attr:`SimRuntime.trace` records (one line per hand-over: virtual time and
@@ -52,8 +54,16 @@ def _never() -> bool:
     return False
 
 
+#: Hand-overs and lock acquisitions at one virtual instant that make a
+#: livelock.  A busy run makes a few thousand at one instant; a thread that
+#: loops through zero-length waits (which hand nothing over) makes them
+#: without end.
+STILL_HAND_ONS = 200_000
+
+
 class Deadlock(RuntimeError):
-    """No sim-thread can go on, and none waits with a deadline."""
+    """No sim-thread can go on, and none waits with a deadline; or time stands
+    still (a livelock)."""
 
 
 class Stopped(BaseException):
@@ -144,6 +154,8 @@ class SimRuntime(Runtime):
         self._live: List[_SimThread] = []
         self._stopped = False
         self._error: Optional[BaseException] = None
+        #: Hand-overs since virtual time last moved (a livelock at STILL_HAND_ONS).
+        self._still = 0
         self._main: Optional[_SimThread] = None
         #: The sim-thread holding the baton; the greenlet that called run(); the
         #: sim-thread the hub starts next (the one an ending sim-thread handed on to).
@@ -325,9 +337,25 @@ class SimRuntime(Runtime):
                 self._stop()
                 return None
             self.now, able = soonest, due
+            self._still = 0
+        elif self._livelocked(now, able):
+            return None
         chosen = self._picks.choice(able)
         chosen.timed_out = not chosen.ready()  # type: ignore[misc]
         return chosen
+
+    def _livelocked(self, now: float, able: List[_SimThread]) -> bool:
+        """Count a hand-over (or a lock taken) at ``now``; at STILL_HAND_ONS, end
+        the run with a Deadlock."""
+        self._still += 1
+        if self._still < STILL_HAND_ONS:
+            return False
+        self._error = Deadlock(
+            f"seed {self.seed}: livelock: time stands at {now:g} s for {self._still} "
+            "hand-overs and locks taken; able to go on: "
+            + "; ".join(t.name for t in able))
+        self._stop()
+        return True
 
     def _stop(self) -> None:
         """End the run: the hub resumes every waiting sim-thread, which unwinds
@@ -357,6 +385,8 @@ class SimLock:
                                     f"{self._owner.name}", None if timeout < 0 else timeout):
                 return False
         self._owner, self._count = me, 1
+        if self._sim._livelocked(self._sim.now, [me]):
+            raise Stopped()  # a loop that takes locks and never waits: the run ends here
         return True
 
     def release(self) -> None:
