@@ -275,3 +275,13 @@ def test_a_request_waiting_in_a_frozen_member_is_lost_at_a_restore_never_applied
     assert held.reply is None and held.applied_at is None
     reply = cluster.request(0, "GET", f"/v2/keys{ROOT}/work/y", None, 20.1).reply
     assert reply is not None and reply.status == 404, reply
+
+
+def test_a_requeue_paused_across_a_restore_stores_no_second_copy_of_its_payload() -> None:
+    # Swarm seed 174: the operator's requeue marks the dead letter (Q1), pauses,
+    # and etcd is restored from a backup older than the mark, which still holds
+    # the item the dead letter came from.  A Q3 sent from what the requeue read
+    # before the restore would store the payload beside that item (stored-once).
+    result = simulate(174, swarm=True)
+    assert result.faults["restore_old"] == 1
+    assert result.violations == [], result.violations
