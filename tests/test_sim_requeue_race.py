@@ -5,8 +5,11 @@ or cancel of the same dead letter, and pauses either past the lock TTL
 that Q5 lands on no lock or on the other's, and no invariant breaks."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
+from etcdq_v2.testing.sim.actors import History, _requeued
 from etcdq_v2.testing.sim.reach import counting
 from etcdq_v2.testing.sim.simulation import simulate
 
@@ -32,3 +35,17 @@ def test_the_default_schedule_keeps_its_requeues_unraced() -> None:
         plain = simulate(11)
     assert plain.trace != simulate(11, requeue_race=True).trace
     assert counts.get("q5-compare-failed", 0) == 0
+
+
+def test_a_requeue_of_a_requeued_item_whose_payload_is_unknown_leaves_it_unknown() -> None:
+    # Swarm seed 5307 (--requeue-race --restore-old 1): a dead letter of a put
+    # that raised is requeued as 39 (its payload unknown: puts holds "30"), 39 is
+    # requeued as 48, and acknowledged-put-kept then calls 48 "stored as another
+    # put's" for holding the payload it does hold.
+    answers = {"30": "39", "39": "48"}
+    queue = SimpleNamespace(requeue=answers.__getitem__,
+                            runtime=SimpleNamespace(monotonic=lambda: 1.0))
+    history = History()
+    for item in answers:
+        _requeued(queue, item, history)  # type: ignore[arg-type]
+    assert history.unknown_payloads == {"39", "48"}
