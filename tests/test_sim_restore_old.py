@@ -14,6 +14,7 @@ from typing import Any, Dict, Tuple
 
 import pytest
 
+from etcdq_v2.codec import Item, Record
 from etcdq_v2.testing.sim import invariants
 from etcdq_v2.testing.sim.actors import Commit, HandOut, History
 from etcdq_v2.testing.sim.cluster import Cluster
@@ -285,3 +286,20 @@ def test_a_requeue_paused_across_a_restore_stores_no_second_copy_of_its_payload(
     result = simulate(174, swarm=True)
     assert result.faults["restore_old"] == 1
     assert result.violations == [], result.violations
+
+
+@pytest.mark.parametrize("new_item", ["named-by-the-mark", "of-another-token"])
+def test_a_marked_dead_letter_beside_the_item_its_requeue_made_is_one_copy(
+        new_item: str) -> None:
+    # Swarm seed 5078 of --requeue-race --restore-old 1 (on older code): a
+    # backup taken between a requeue's Q3 and Q4 is restored after Q4, so the
+    # dead letter is marked again beside its new item, as after a crash at Q3:
+    # the next requeue finds the token and makes no second item.  A dead
+    # letter beside an item it did not make is still a second copy.
+    dead = Record("p", "claim", "node", 1, 1.0, 2.0, reason="boom", token="put",
+                  requeue_token="rq").encode(outcome="failed", stored=True)
+    token = "rq" if new_item == "named-by-the-mark" else "another"
+    item = Item("p", token, requeued=True).encode(stored=True)
+    store = Stored(work={f"{81:020d}": (82, item)}, completed={}, failed={"x": (81, dead)})
+    found = [v.name for v in invariants.check(History(), store, {}, None)]
+    assert found == ([] if new_item == "named-by-the-mark" else ["stored-once"]), found
