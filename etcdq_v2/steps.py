@@ -801,8 +801,9 @@ class Steps:
             if state is MARKED:
                 break
         else:
-            raise Unavailable(f"dead letter {item_id} lost its requeue mark {REMARKS} times "
-                              "(etcd restored from older backups?); nothing was requeued")
+            raise Unavailable(f"dead letter {item_id} lost its requeue mark, or work/{item_id} "
+                              f"changed under its lock, {REMARKS} times (etcd restored from "
+                              "older backups?); nothing was requeued")
         raw = Item(record.payload, token, created=(yield from wall()),
                    requeued=True).encode(stored=True)
         created = yield from self._create_item(new_id, raw)

@@ -852,6 +852,19 @@ def test_a_dead_letter_whose_mark_etcd_lost_is_marked_again_and_named_by_the_new
     assert Item.decode(script.sent[-3].value).token == "rq-token-2"
 
 
+def test_a_requeue_whose_mark_etcd_keeps_losing_gives_up_after_3_rounds_creating_nothing() -> None:
+    """A bounded loop: each round's mark is gone at Q2's read (restored again)."""
+    raw = DEAD.encode(outcome=FAILED, stored=True)
+    answers = requeue_answers_to_q1() + [node(70, raw)]
+    for index in (75, 76):
+        answers += [missing(), node(70, raw), f"rq-{index}", written(index), node(70, raw)]
+    script = Script(steps().requeue_step(ITEM), answers + [written(77)])
+    with pytest.raises(Unavailable, match="3 times"):
+        script.result()
+    assert not [r for r in script.sent if r.key.startswith(LAYOUT.dir("work")) and r.method != "GET"]
+    assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=REQUEUER.encode())
+
+
 def test_q0_on_a_dead_letter_gone_is_not_found_and_writes_nothing() -> None:
     script = Script(steps().requeue_step(ITEM), ["requeue-lock", 10.0, 3.0, missing()])
     with pytest.raises(NotFound):
