@@ -49,3 +49,15 @@ def test_a_requeue_of_a_requeued_item_whose_payload_is_unknown_leaves_it_unknown
     for item in answers:
         _requeued(queue, item, history)  # type: ignore[arg-type]
     assert history.unknown_payloads == {"39", "48"}
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a residual of the restore (docs/protocol.md, F2 landing "
+                   "in a new history): the lost history's requeued item's record beside the "
+                   "new history's requeue of the same dead letter")
+def test_a_late_f2_from_a_lost_history_stores_no_second_copy_of_a_requeued_payload() -> None:
+    # --swarm --requeue-race --restore-old 1, seed 2145: dead letter 131 is
+    # requeued as 166, which completes; the restore loses both, a late copy of
+    # 166's F2 lands after it, and 131 is requeued again as 179.
+    result = simulate(2145, swarm=True, restore_old=1, requeue_race=True)
+    assert result.faults["restore_old"] == 1
+    assert result.violations == [], result.violations
