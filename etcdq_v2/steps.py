@@ -63,6 +63,14 @@ COMPLETED, FAILED = "completed", "failed"
 #: The reason of a dead letter made by cancel().
 CANCELLED = "cancelled"
 
+#: Times a requeue starts again when its mark is gone before Q2 or Q3 (each
+#: time etcd was restored from a backup older than the mark).
+REMARKS = 3
+
+#: What a read of failed/<id> says of Q1's mark: still there, or turned into
+#: the tombstone by another requeue that found our token (the requeue is done).
+MARKED, DONE = "marked", "done"
+
 #: Seconds a requeued dead letter stays as a tombstone, so that a late copy of
 #: its F2 (held by a frozen member) finds the key taken instead of re-creating it.
 TOMBSTONE_TTL = 7 * 24 * 3600
@@ -118,6 +126,14 @@ class ImportState:
     #: The index of our latest write, which names the next key (I3); None: unknown.
     name: Optional[int]
     refreshed: float    # the MONOTONIC clock before the lock was last created or refreshed
+
+
+class Mark(typing.NamedTuple):
+    """Q1's mark of a dead letter, as a requeue checks it before it writes."""
+
+    token: str    # the requeue token
+    at: int       # the index of the marking write: the new item's name
+    buried: str   # the tombstone Q4 makes of it, naming the new item
 
 
 # -- the vocabulary ------------------------------------------------------------
@@ -766,31 +782,72 @@ class Steps:
         """Q1-Q4 under the dead letter's lock (Q0).  ``work/<id>`` is read first,
         and Q1 marks the dead letter only if it finishes the item there
         (:func:`record_finishes`): another item's record beside a pending
-        item is no dead letter of it (NotFound, nothing written)."""
-        in_work = yield from self.read_step("work", item_id)
-        try:
-            item: Optional[Item] = Item.decode(in_work.value) if in_work else None
-        except Junk:
-            item = None
-        (token, index), record = yield from self._requeue_token(item_id, item)
-        yield from self._remove_dead_item(item_id, in_work)
-        new_id = f"{index:020d}"  # Q1's own index: no POST can ever take this name
+        item is no dead letter of it (NotFound, nothing written).  Q2 and Q3
+        write only after a read found Q1's mark still there; else etcd was
+        restored from an older backup, and the requeue starts again from
+        ``work/`` (a few times)."""
+        for _ in range(REMARKS):
+            in_work = yield from self.read_step("work", item_id)
+            try:
+                item: Optional[Item] = Item.decode(in_work.value) if in_work else None
+            except Junk:
+                item = None
+            (token, index), record = yield from self._requeue_token(item_id, item)
+            new_id = f"{index:020d}"  # Q1's own index: no POST can ever take this name
+            mark = Mark(token, index, tombstone(new_id, record.token))
+            state = yield from self._removed_while_marked(item_id, in_work, mark)
+            if state is DONE:
+                return new_id, None
+            if state is MARKED:
+                break
+        else:
+            raise Unavailable(f"dead letter {item_id} lost its requeue mark, or work/{item_id} "
+                              f"changed under its lock, {REMARKS} times (etcd restored from "
+                              "older backups?); nothing was requeued")
         raw = Item(record.payload, token, created=(yield from wall()),
                    requeued=True).encode(stored=True)
         created = yield from self._create_item(new_id, raw)
         yield from self._bury(item_id, new_id, record, index)  # Q4
         return new_id, created
 
-    def _remove_dead_item(self, item_id: str, entry: Optional[Entry]) -> Step[None]:
-        """Q2: the dead letter's own item, if a crash after its commit left it in
-        work/ (``entry``, read before Q1).
+    def _removed_while_marked(self, item_id: str, in_work: Optional[Entry],
+                              mark: Mark) -> Step[Optional[str]]:
+        """The mark checks around Q2: MARKED once Q2 removed ``in_work`` (the
+        dead letter's own item, if a crash after its commit left it in work/)
+        with the mark there before and after; DONE if another requeue of it
+        finished; None if the mark is lost, or work/ changed under our lock.
 
         Removed first, or a claimer would finish it later and write the dead
         letter again (or, from 0.1.0, run it as one more attempt).  We hold
-        its lock, so no claim changes it meanwhile.
-        """
-        while entry is not None and not (yield from self._remove_item(entry)):
-            entry = yield from self.read_step("work", item_id)
+        its lock, so only a restore changes ``work/<id>`` meanwhile: it may
+        hold the item the backup kept, which nothing else stores."""
+        state = yield from self._mark_state(item_id, mark)
+        if state is not MARKED or in_work is None:
+            return state
+        if not (yield from self._remove_item(in_work)):
+            return None
+        return (yield from self._mark_state(item_id, mark))
+
+    def _mark_state(self, item_id: str, mark: Mark) -> Step[Optional[str]]:
+        """Read ``failed/<id>`` (quorum): MARKED if it is still Q1's mark (at its
+        index, with its token), DONE if it is the tombstone naming the new id
+        (another requeue, which found our token after our lock expired, did
+        Q3 and Q4), None otherwise.
+
+        Only a purge, or etcd restored from a backup older than Q1, takes the
+        mark away: we hold its lock.  Etcd then holds what the backup kept,
+        maybe the item the dead letter came from, in work/ again: a Q2 or Q3
+        sent from what Q1 read would delete it, or store its payload twice."""
+        entry = yield from self.read_step(FAILED, item_id)
+        if entry is None:
+            return None
+        if entry.value == mark.buried:
+            return DONE
+        try:
+            marked = Record.decode(entry.value).requeue_token == mark.token
+        except Junk:
+            return None
+        return MARKED if marked and entry.index == mark.at else None
 
     def _remove_item(self, entry: Entry) -> Step[bool]:
         """F3 on a listed item: True once it is gone, False if it changed meanwhile."""

@@ -92,8 +92,7 @@ def test_a_late_q3_after_completed_ttl_passed_still_finds_the_record_and_runs_no
         claim.fail("boom")  # max_attempts=1: a dead letter
         dead, p = claim.id, r1._protocol
         lock = run(p._lock_dead_letter(dead), p.etcd)                 # Q0
-        (token, index), record = run(p._requeue_token(dead, None), p.etcd)  # Q1
-        run(p._remove_dead_item(dead, None), p.etcd)                        # Q2, then R1 pauses
+        (token, index), record = run(p._requeue_token(dead, None), p.etcd)  # Q1 (Q2: none in work/), then R1 pauses
         wait_until(lambda: p.read("locks", dead) is None, 5, message="R1's lock to expire")
         new_id = r2.requeue(dead)                        # R2 does it all
         assert new_id == f"{index:020d}"
@@ -217,8 +216,7 @@ def test_r4_a_requeue_dead_after_q3_keeps_the_marked_dead_letter_against_a_late_
         assert DEAD_LETTER_PUT.search(k_proxy.held())
         p = q._protocol
         run(p._lock_dead_letter(dead), p.etcd)                                 # Q0
-        (token, index), record = run(p._requeue_token(dead, None), p.etcd)           # Q1
-        run(p._remove_dead_item(dead, None), p.etcd)                                 # Q2
+        (token, index), record = run(p._requeue_token(dead, None), p.etcd)           # Q1 (Q2: none in work/)
         first = f"{index:020d}"
         raw = Item(record.payload, token, requeued=True).encode()
         assert run(p._create_item(first, raw), p.etcd)            # Q3

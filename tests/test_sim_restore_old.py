@@ -14,6 +14,7 @@ from typing import Any, Dict, Tuple
 
 import pytest
 
+from etcdq_v2.codec import Item, Record
 from etcdq_v2.testing.sim import invariants
 from etcdq_v2.testing.sim.actors import Commit, HandOut, History
 from etcdq_v2.testing.sim.cluster import Cluster
@@ -258,3 +259,47 @@ def test_an_item_created_in_the_lost_history_counts_as_lost_though_its_member_ne
     cluster.rewind(backup, 1.0)
     lost = invariants.lost_payloads(cluster, ROOT)
     assert f"{7:020d}" in lost and "late" in lost, lost
+
+
+def test_a_request_waiting_in_a_frozen_member_is_lost_at_a_restore_never_applied_after_it() -> None:
+    # A restore restarts every member's process: what a frozen member had not
+    # received yet dies with it, as at a stop (swarm seed 359: a requeue's Q3
+    # held there created the item again after the restore, beside the one the
+    # backup kept).
+    cluster = Cluster(3)
+    backup = cluster.backup(0.1)
+    cluster.freeze(2, 0.2)
+    held = cluster.request(2, "PUT", f"/v2/keys{ROOT}/work/y", "value=late&prevExist=false", 0.3)
+    cluster.rewind(backup, 1.0)
+    cluster.thaw(2, 1.5)
+    cluster.advance(20.0)
+    assert held.reply is None and held.applied_at is None
+    reply = cluster.request(0, "GET", f"/v2/keys{ROOT}/work/y", None, 20.1).reply
+    assert reply is not None and reply.status == 404, reply
+
+
+def test_a_requeue_paused_across_a_restore_stores_no_second_copy_of_its_payload() -> None:
+    # Swarm seed 174: the operator's requeue marks the dead letter (Q1), pauses,
+    # and etcd is restored from a backup older than the mark, which still holds
+    # the item the dead letter came from.  A Q3 sent from what the requeue read
+    # before the restore would store the payload beside that item (stored-once).
+    result = simulate(174, swarm=True)
+    assert result.faults["restore_old"] == 1
+    assert result.violations == [], result.violations
+
+
+@pytest.mark.parametrize("new_item", ["named-by-the-mark", "of-another-token"])
+def test_a_marked_dead_letter_beside_the_item_its_requeue_made_is_one_copy(
+        new_item: str) -> None:
+    # Swarm seed 5078 of --requeue-race --restore-old 1 (on older code): a
+    # backup taken between a requeue's Q3 and Q4 is restored after Q4, so the
+    # dead letter is marked again beside its new item, as after a crash at Q3:
+    # the next requeue finds the token and makes no second item.  A dead
+    # letter beside an item it did not make is still a second copy.
+    dead = Record("p", "claim", "node", 1, 1.0, 2.0, reason="boom", token="put",
+                  requeue_token="rq").encode(outcome="failed", stored=True)
+    token = "rq" if new_item == "named-by-the-mark" else "another"
+    item = Item("p", token, requeued=True).encode(stored=True)
+    store = Stored(work={f"{81:020d}": (82, item)}, completed={}, failed={"x": (81, dead)})
+    found = [v.name for v in invariants.check(History(), store, {}, None)]
+    assert found == ([] if new_item == "named-by-the-mark" else ["stored-once"]), found

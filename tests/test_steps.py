@@ -745,6 +745,7 @@ def test_a_look_reads_work_first_and_judges_each_record_by_the_item_there() -> N
 DEAD = Record("payload", "dead-claim", "node-b", 3, 1.0, 2.0, reason="boom", token="put-token")
 DEAD_KEY = LAYOUT.key(FAILED, ITEM)
 REQUEUER = Lock("node-a", "requeue-lock")
+MARKED = replace(DEAD, requeue_token="rq-token").encode(outcome=FAILED, stored=True)
 
 
 def requeue_answers_to_q1(dead: Record = DEAD, in_work: Any = None) -> List[Any]:
@@ -758,10 +759,11 @@ def requeue_answers_to_q1(dead: Record = DEAD, in_work: Any = None) -> List[Any]
 
 def test_requeue_marks_the_dead_letter_then_creates_the_item_named_by_q1s_index() -> None:
     script = Script(steps().requeue_step(ITEM),
-                    requeue_answers_to_q1() + [5.0, written(82), written(83), written(84)])
+                    requeue_answers_to_q1() + [node(81, MARKED), 5.0, written(82), written(83),
+                                               written(84)])
     new_id = f"{81:020d}"
     sent = script.result()
-    q3 = script.sent[10]
+    q3 = script.sent[11]
     assert (q3.method, q3.key, q3.prev_exist) == ("PUT", LAYOUT.key("work", new_id), False)
     assert sent == (new_id, Version(82, q3.value))
     item = Item.decode(q3.value)
@@ -770,8 +772,8 @@ def test_requeue_marks_the_dead_letter_then_creates_the_item_named_by_q1s_index(
     assert (q1.key, q1.prev_index) == (DEAD_KEY, 70)
     assert Record.decode(q1.value).requeue_token == "rq-token"
     assert script.sent[5] == Request("GET", WORK, quorum=True)  # before the dead letter
-    assert script.sent[9] == Request("WALL")
-    assert script.sent[11:] == [
+    assert script.sent[9:11] == [Request("GET", DEAD_KEY, quorum=True), Request("WALL")]
+    assert script.sent[12:] == [
         Request("PUT", DEAD_KEY, tombstone(new_id, "put-token"), ttl=TOMBSTONE_TTL,
                 prev_index=81),
         Request("DELETE", LOCK_KEY, prev_value=REQUEUER.encode())]
@@ -780,9 +782,9 @@ def test_requeue_marks_the_dead_letter_then_creates_the_item_named_by_q1s_index(
 def test_q1_whose_cas_failed_after_a_resend_takes_the_token_its_first_copy_wrote() -> None:
     """Only a resent CAS of ours can change the dead letter under our lock: Q1
     reads it again and keeps the requeue token it finds; no new token."""
-    marked = replace(DEAD, requeue_token="rq-token").encode(outcome=FAILED, stored=True)
-    answers = requeue_answers_to_q1()[:-1] + [compare_failed(81), node(81, marked),
-                                              5.0, written(82), written(83), written(84)]
+    answers = requeue_answers_to_q1()[:-1] + [compare_failed(81), node(81, MARKED),
+                                              node(81, MARKED), 5.0, written(82), written(83),
+                                              written(84)]
     script = Script(steps().requeue_step(ITEM), answers)
     assert script.result()[0] == f"{81:020d}"
     assert [request.method for request in script.sent].count("TOKEN") == 2  # lock, Q1
@@ -804,9 +806,11 @@ def test_q2_removes_the_dead_letters_own_item_a_crash_left_in_work() -> None:
     committed = DEAD.encode(outcome=FAILED, stored=True)
     script = Script(steps().requeue_step(ITEM),
                     requeue_answers_to_q1(in_work=node(69, committed))
-                    + [written(82), 5.0, written(83), written(84), written(85)])
+                    + [node(81, MARKED), written(82), node(81, MARKED), 5.0, written(83),
+                       written(84), written(85)])
     script.result()
-    assert script.sent[9] == Request("DELETE", WORK, prev_index=69)
+    assert script.sent[10] == Request("DELETE", WORK, prev_index=69)
+    assert script.sent[9] == script.sent[11] == Request("GET", DEAD_KEY, quorum=True)
 
 
 def test_q4_on_a_dead_letter_gone_since_q1_creates_the_tombstone_and_warns_on_junk() -> None:
@@ -814,11 +818,51 @@ def test_q4_on_a_dead_letter_gone_since_q1_creates_the_tombstone_and_warns_on_ju
     (prevExist=false); junk there is left as it is."""
     new_id = f"{81:020d}"
     script = Script(steps().requeue_step(ITEM),
-                    requeue_answers_to_q1() + [5.0, written(82), missing(), missing(),
-                                               written(84), written(85)])
+                    requeue_answers_to_q1() + [node(81, MARKED), 5.0, written(82), missing(),
+                                               missing(), written(84), written(85)])
     script.result()
     assert script.sent[-2] == Request("PUT", DEAD_KEY, tombstone(new_id, "put-token"),
                                       ttl=TOMBSTONE_TTL, prev_exist=False)
+
+
+def test_q3_is_not_sent_once_etcd_lost_q1s_mark_and_a_dead_letter_gone_is_not_found() -> None:
+    """Etcd restored from a backup older than Q1 holds no such dead letter now
+    (maybe the item it came from, in work/): a Q3 from what Q1 read would store
+    the payload a second time.  Q1 again finds nothing: NotFound, lock dropped."""
+    script = Script(steps().requeue_step(ITEM),
+                    requeue_answers_to_q1() + [missing(), missing(), missing(), written(82)])
+    with pytest.raises(NotFound):
+        script.result()
+    assert not [r for r in script.sent if r.method == "PUT" and r.key.startswith(LAYOUT.dir("work"))]
+    assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=REQUEUER.encode())
+
+
+def test_a_dead_letter_whose_mark_etcd_lost_is_marked_again_and_named_by_the_new_mark() -> None:
+    """Restored from a backup taken between the dead-lettering and Q1: the dead
+    letter is there unmarked.  The requeue starts again from work/: Q1 marks
+    it with a new token, and Q3 names the item by the new mark's index."""
+    raw = DEAD.encode(outcome=FAILED, stored=True)
+    remarked = replace(DEAD, requeue_token="rq-token-2").encode(outcome=FAILED, stored=True)
+    script = Script(steps().requeue_step(ITEM),
+                    requeue_answers_to_q1() + [node(70, raw), missing(), node(70, raw),
+                                               "rq-token-2", written(75), node(75, remarked),
+                                               5.0, written(76), written(77), written(78)])
+    new_id, _ = script.result()
+    assert new_id == f"{75:020d}"
+    assert Item.decode(script.sent[-3].value).token == "rq-token-2"
+
+
+def test_a_requeue_whose_mark_etcd_keeps_losing_gives_up_after_3_rounds_creating_nothing() -> None:
+    """A bounded loop: each round's mark is gone at Q2's read (restored again)."""
+    raw = DEAD.encode(outcome=FAILED, stored=True)
+    answers = requeue_answers_to_q1() + [node(70, raw)]
+    for index in (75, 76):
+        answers += [missing(), node(70, raw), f"rq-{index}", written(index), node(70, raw)]
+    script = Script(steps().requeue_step(ITEM), answers + [written(77)])
+    with pytest.raises(Unavailable, match="3 times"):
+        script.result()
+    assert not [r for r in script.sent if r.key.startswith(LAYOUT.dir("work")) and r.method != "GET"]
+    assert script.sent[-1] == Request("DELETE", LOCK_KEY, prev_value=REQUEUER.encode())
 
 
 def test_q0_on_a_dead_letter_gone_is_not_found_and_writes_nothing() -> None:
@@ -843,7 +887,7 @@ def test_a_requeue_done_through_q4_returns_its_new_id_when_only_q5_fails() -> No
     expires").  The new id is returned; a retry could not learn it (the dead letter
     is a tombstone now: NotFound, once the lock expired)."""
     script = Script(steps().requeue_step(ITEM),
-                    requeue_answers_to_q1() + [5.0, written(82), written(83),
+                    requeue_answers_to_q1() + [node(81, MARKED), 5.0, written(82), written(83),
                                                Unavailable("no member answered")])
     new_id, _ = script.result()
     assert new_id == f"{81:020d}"
@@ -1126,3 +1170,93 @@ def test_i3_on_a_key_another_writer_took_is_rejected() -> None:
                                          createdIndex=62)])
     with pytest.raises(EtcdRejected, match="this import did not write"):
         script.result()
+
+
+class Keys:
+    """A few keys of etcd v2 answering a step's requests, and the driver's
+    questions; ``after(request, keys)`` runs once each request applied (a restore)."""
+
+    def __init__(self, keys: Dict[str, str], index: int, after: Any) -> None:
+        self.keys = {key: (index, value) for key, value in keys.items()}
+        self.index, self.after, self.tokens = index, after, 0
+
+    def restore(self, keys: Dict[str, str], index: int) -> None:
+        self.__init__(keys, index, self.after)  # type: ignore[misc]
+
+    def answer(self, request: Request) -> Any:
+        if request.method in ("MONOTONIC", "WALL", "DEADLINE"):
+            return 5.0
+        if request.method == "TOKEN":
+            self.tokens += 1
+            return f"token-{self.tokens}"
+        now = self.keys.get(request.key)
+        if request.method == "GET":
+            if now is None:
+                raise KeyMissing("Key not found", code=KeyMissing.code, index=self.index)
+            return node(now[0], now[1])
+        if request.prev_exist is False and now is not None:
+            raise AlreadyExists("exists", code=AlreadyExists.code, index=self.index)
+        if (request.prev_index or request.prev_value) and now is None:
+            raise KeyMissing("Key not found", code=KeyMissing.code, index=self.index)
+        if (request.prev_index and now[0] != request.prev_index) or (
+                request.prev_value and now[1] != request.prev_value):
+            raise CompareFailed("Compare failed", code=CompareFailed.code, index=self.index)
+        self.index += 1
+        if request.method == "DELETE":
+            del self.keys[request.key]
+        else:
+            self.keys[request.key] = (self.index, request.value)
+        return written(self.index)
+
+    def run(self, step: Step[Any]) -> Any:
+        reply: Any = None
+        error: Optional[BaseException] = None
+        while True:
+            try:
+                request = step.throw(error) if error is not None else step.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                reply, error = self.answer(request), None
+            except EtcdqError as exc:
+                reply, error = None, exc
+            self.after(request, self)
+
+
+@pytest.mark.parametrize("revived", [unclaimed(1, "dead-claim"),  # pending again
+                                     DEAD.encode(outcome=FAILED, stored=True)],  # F1, no F2
+                         ids=["pending", "committed-without-its-record"])
+def test_a_requeue_paused_across_a_restore_never_removes_the_item_the_backup_kept(
+        revived: str) -> None:
+    """A crash after F2 left the dead letter's commit in work/ (Q2's to remove).
+    The backup predates the dead letter: after the restore, failed/<id> is
+    gone and work/<id> holds the item again, pending (or committed by F1, whose
+    F2 the next claimer does).  A requeue that marked the dead letter (Q1)
+    before the restore must leave that item: nothing else holds its payload."""
+
+    def restore_after_q1(request: Request, keys: Keys) -> None:
+        if request.method == "PUT" and request.key == DEAD_KEY and request.prev_index:
+            keys.restore({WORK: revived}, 60)
+
+    dead = DEAD.encode(outcome=FAILED, stored=True)
+    keys = Keys({DEAD_KEY: dead, WORK: dead}, 70, restore_after_q1)
+    with pytest.raises(NotFound):
+        keys.run(steps().requeue_step(ITEM))
+    assert keys.keys.get(WORK, (0, None))[1] == revived, keys.keys
+
+
+def test_a_requeue_paused_while_another_finished_it_returns_the_same_new_id() -> None:
+    """Paused after Q1 past its lock's TTL, while another requeue of the same
+    dead letter took the lock, found the token and ran Q2-Q5: the paused one
+    finds the tombstone naming the same new id, and adds nothing."""
+    others: List[Any] = []
+
+    def another_requeues_it(request: Request, keys: Keys) -> None:
+        if not others and request.method == "PUT" and request.key == DEAD_KEY:
+            del keys.keys[LOCK_KEY]  # ours expired
+            keys.after = lambda *_: None
+            others.append(keys.run(steps().requeue_step(ITEM)))
+            keys.after = another_requeues_it
+
+    keys = Keys({DEAD_KEY: DEAD.encode(outcome=FAILED, stored=True)}, 70, another_requeues_it)
+    assert keys.run(steps().requeue_step(ITEM)) == (others[0][0], None)

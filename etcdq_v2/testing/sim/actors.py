@@ -516,7 +516,8 @@ def _requeued(queue: Queue, item: str, history: History) -> None:
     payload = history.payload_of(item)
     if payload is None:
         payload = history.puts.get(item, (0.0, item))[1]
-        if item not in history.puts:  # a dead letter of a put that raised: its payload unknown
+        # A dead letter of a put that raised, or of a requeue of one: its payload unknown.
+        if item not in history.puts or item in history.unknown_payloads:
             history.unknown_payloads.add(new_id)
     history.puts[new_id] = (queue.runtime.monotonic(), payload)
 

@@ -334,14 +334,18 @@ class Cluster:
         restore`` on every member, or their data dirs copied back): each member
         restarts with the backup's store, so etcd's index goes back to the
         backup's, and every watch ends.  The writes after the backup are lost;
-        the requests not answered yet get no reply (they time out).  The log
-        goes on from here: what the members apply next is the new history."""
+        the requests not answered yet get no reply (they time out).  A frozen
+        member's process is restarted too: it runs, and the requests waiting in
+        its inbox are lost with the old process (as at :meth:`stop`), never
+        applied to the new history.  The log goes on from here: what the
+        members apply next is the new history."""
         self.advance(now)
         covered, image = backup
         for number, member in enumerate(self.members):
             for entry in self.log[member.applied:]:
                 if entry.pending is not None and entry.pending.member == number:
                     self._waiting.append((self.now + REQUEST_TIMEOUT, entry.pending))
+            member.frozen, member.inbox = False, []
             member.store.drop_watchers()
             member.store.restore(image)
             member.applied = len(self.log)

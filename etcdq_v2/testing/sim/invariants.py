@@ -8,7 +8,8 @@ docs/guarantees.md lists beside the guarantee it checks:
 acknowledged-put-kept      every id put() or put_many() returned is, at the end,
                            in work/, completed/ or failed/, with its payload
 stored-once                no two stored items (work/, completed/, failed/) carry
-                           one put's payload (each put has its own)
+                           one put's payload (each put has its own); a dead letter
+                           marked beside the item its requeue made is one copy
 one-outcome                no item is in both completed/ and failed/, and at most
                            one complete() or final fail() per item returned OK
 no-commit-after-reclaim    no complete() or final fail() returned OK from a claim
@@ -100,6 +101,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 from ...claim import Claim
 from ...codec import Item, Junk, Lock, Record
 from ...queue import Queue
+from ...steps import put_token
 from ...viewstate import MISS_COST
 from .actors import Commit, History, settling
 from .api import Request, answer_local
@@ -448,17 +450,40 @@ def _kept(history: History, store: Stored, lost: Set[str]) -> Iterator[Violation
 
 def _once(store: Stored) -> Iterator[Violation]:
     seen: Dict[Any, str] = {}
+    requeuing = _requeuing(store)
     for directory, record in ((store.work, False), (store.completed, True),
                               (store.failed, True)):
         for item, (_, value) in directory.items():
             payload = _payload(value, record)
-            if payload is None:
+            if payload is None or (directory is store.failed and item in requeuing):
                 continue
             key = json.dumps(payload, sort_keys=True)
             if key in seen and seen[key] != item:
                 yield Violation("stored-once", f"payload {payload!r} is stored as {seen[key]} "
                                                f"and as {item}")
             seen.setdefault(key, item)
+
+
+def _requeuing(store: Stored) -> Set[str]:
+    """The dead letters marked by a requeue whose new item is stored: a requeue
+    stopped before Q4 (a crash, or a restore from a backup taken after its Q3).
+    The new item is named by the marking write's index and carries its token;
+    the next requeue finds that token and makes no second item, so the payload
+    is counted once, as the new item's (docs/protocol.md's crash table)."""
+    marked = set()
+    for item, (index, value) in store.failed.items():
+        try:
+            token = Record.decode(value).requeue_token
+        except (Junk, ValueError):
+            continue
+        new_id = f"{index:020d}"
+        held = [put_token(decode, directory[new_id][1])
+                for directory, decode in ((store.work, Item.decode),
+                                          (store.completed, Record.decode),
+                                          (store.failed, Record.decode)) if new_id in directory]
+        if token and token in held:
+            marked.add(item)
+    return marked
 
 
 def _one_outcome(history: History, store: Stored) -> Iterator[Violation]:
