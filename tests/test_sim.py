@@ -102,11 +102,11 @@ def _first_found(name: str, seeds: int) -> Tuple[int, List[str]]:
 
 #: Each mutant the simulator finds, and the seeds within which it does (the first
 #: seed of each is in docs/simulation.md's table).
-FOUND_WITHIN = [("f1-unfenced", 3), ("resend-lost-post", 5), ("lost-without-time-rule", 8),
-                ("claim-unfenced", 6), ("delay-lock-short", 2), ("heartbeat-plain-refresh", 3),
+FOUND_WITHIN = [("f1-unfenced", 3), ("resend-lost-post", 5), ("lost-without-time-rule", 2),
+                ("claim-unfenced", 6), ("delay-lock-short", 2), ("heartbeat-plain-refresh", 2),
                 ("round-without-end", 27), ("heartbeat-serial", 7),
-                ("heartbeat-due-from-hand-out", 2), ("closed-queue-claims-not-lost", 22),
-                ("stream-end-without-relisting", 6), ("read-back-mixes-versions", 3),
+                ("heartbeat-due-from-hand-out", 4), ("closed-queue-claims-not-lost", 22),
+                ("stream-end-without-relisting", 4), ("read-back-mixes-versions", 10),
                 ("record-forgets-item", 3), ("orphans-never-offered", 3),
                 ("claim-never-disowned", 6)]
 
