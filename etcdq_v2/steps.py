@@ -358,6 +358,16 @@ def of_another_item(raw: Optional[str], item: Item) -> bool:
     return token is not None and token != item.token
 
 
+def item_of(entry: Optional[Entry]) -> Optional[Item]:
+    """The Item a key of ``work/`` holds; None if there is none, or it is junk."""
+    if entry is None:
+        return None
+    try:
+        return Item.decode(entry.value)
+    except Junk:
+        return None
+
+
 def record_finishes(raw: Optional[str], work: Optional[Item]) -> bool:
     """The one rule of whose outcome a key of completed/ or failed/ is: it
     finishes the item of its id iff ``work`` (the item in ``work/<id>``,
@@ -788,11 +798,7 @@ class Steps:
         ``work/`` (a few times)."""
         for _ in range(REMARKS):
             in_work = yield from self.read_step("work", item_id)
-            try:
-                item: Optional[Item] = Item.decode(in_work.value) if in_work else None
-            except Junk:
-                item = None
-            (token, index), record = yield from self._requeue_token(item_id, item)
+            (token, index), record = yield from self._requeue_token(item_id, item_of(in_work))
             new_id = f"{index:020d}"  # Q1's own index: no POST can ever take this name
             mark = Mark(token, index, tombstone(new_id, record.token))
             state = yield from self._removed_while_marked(item_id, in_work, mark)
@@ -1078,11 +1084,7 @@ class Steps:
     def _unclaimed_since(self, state: ClaimState) -> Step[bool]:
         """After a failed K3: the item has no outcome and the claim token K2 saw,
         so no claim or cancel took it since K2 (the next K2 checks our lock)."""
-        entry = yield from self.read_step("work", state.id)
-        try:
-            item = Item.decode(entry.value) if entry else None
-        except Junk:
-            return False
+        item = item_of((yield from self.read_step("work", state.id)))
         return item is not None and item.outcome is None and item.claim == state.item.claim
 
     def let_go_step(self, item_id: str, lock: Lock) -> Step[None]:
@@ -1169,10 +1171,8 @@ class Steps:
     def _in_work(self, item_id: str) -> Step[Optional[Tuple[Entry, Item]]]:
         """``work/<id>`` decoded; None if it is not there or is junk."""
         entry = yield from self.read_step("work", item_id)
-        try:
-            return (entry, Item.decode(entry.value)) if entry is not None else None
-        except Junk:
-            return None
+        item = item_of(entry)
+        return (entry, item) if entry is not None and item is not None else None
 
     def look_step(self, item_id: str) -> Step[Look]:
         """W2 and get(): ``work/<id>``, read first, then the record that finishes it.
@@ -1608,10 +1608,7 @@ class Steps:
         (another claim's), or ClaimClosed (ours, with the other outcome)."""
         entry = yield from self.read_step("work", state.id)
         if entry is not None:
-            try:
-                item: Optional[Item] = Item.decode(entry.value)
-            except Junk:
-                item = None
+            item = item_of(entry)
             if item is not None and item.outcome and item.claim == state.lock.token:
                 return self._same_outcome(state, kind, item.outcome, entry)
         else:
@@ -1896,10 +1893,7 @@ class Steps:
                 if (yield from self._is_our_record(done, state)):
                     raise committed_before(state, done)
         else:
-            try:
-                item: Optional[Item] = Item.decode(entry.value)
-            except Junk:
-                item = None
+            item = item_of(entry)
             if item is not None and item.claim == state.lock.token:
                 if item.outcome:
                     raise committed_before(state, item.outcome)

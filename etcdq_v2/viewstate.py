@@ -506,7 +506,7 @@ class ViewState:
         (the value is hashed only for an id that has a skip entry: is_free runs
         for every item a pick passes)."""
         skipped = self.skip.get(item_id)
-        return skipped is not None and skipped == (index, digest(raw))
+        return skipped is not None and skipped[0] == index and skipped[1] == digest(raw)
 
     def version_of(self, item_id: str) -> Optional[Version]:
         """The version of the item a claim would be offered (None: not held)."""
