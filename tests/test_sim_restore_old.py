@@ -303,3 +303,16 @@ def test_a_marked_dead_letter_beside_the_item_its_requeue_made_is_one_copy(
     store = Stored(work={f"{81:020d}": (82, item)}, completed={}, failed={"x": (81, dead)})
     found = [v.name for v in invariants.check(History(), store, {}, None)]
     assert found == ([] if new_item == "named-by-the-mark" else ["stored-once"]), found
+
+
+@pytest.mark.xfail(strict=True, reason="a lock sign of a requeued dead letter's id stays in a "
+                   "view across a restore after its removal was delivered (view-taken-freed)")
+def test_a_view_frees_a_dead_letter_s_id_whose_requeue_lock_landed_late_after_a_restore() -> None:
+    # Seed 122 of --swarm --requeue-race --restore-old 1: two requeues of one
+    # cancelled dead letter (item 76), then a restore at 59 s to a backup at
+    # index 85, with a Q0 lock PUT of locks/76 held in flight landing at 59.5 s;
+    # c0's view still holds item 76 taken by a lock at index 137 at 66 s though
+    # its stream delivered that lock's removal at 60.1 s.
+    result = simulate(122, swarm=True, requeue_race=True, restore_old=1.0)
+    assert result.faults["restore_old"] == 1
+    assert result.violations == [], result.violations
