@@ -316,3 +316,14 @@ def test_a_view_frees_a_dead_letter_s_id_whose_requeue_lock_landed_late_after_a_
     result = simulate(122, swarm=True, requeue_race=True, restore_old=1.0)
     assert result.faults["restore_old"] == 1
     assert result.violations == [], result.violations
+
+
+@pytest.mark.xfail(strict=True, reason="seed 148: item 168 in completed/ and in failed/ "
+                   "(one-outcome); seed 128: an item listed in work/ stays out of w0's "
+                   "view (view-knows-work); not analysed yet")
+@pytest.mark.parametrize("seed", [148, 128])
+def test_requeue_races_across_a_restore_keep_one_outcome_and_a_view_that_knows_work(
+        seed: int) -> None:
+    result = simulate(seed, swarm=True, requeue_race=True, restore_old=1.0)
+    assert result.faults["restore_old"] == 1
+    assert result.violations == [], result.violations
